@@ -1,0 +1,86 @@
+//! GCRA, the generic cell rate algorithm: one theoretical arrival time (TAT).
+//!
+//! Permits are spaced by the emission interval `T = ⌈W / limit⌉` (in µs, so
+//! uneven rates lose at most 1 µs per permit and never exceed the quota), and
+//! a burst of up to `limit` permits is tolerated. A request of `cost` is
+//! allowed when `max(TAT, now) + cost × T ≤ now + limit × T`; it then moves
+//! TAT there. All state is that one number.
+
+use crate::decision::ceil_ms;
+use crate::{Decision, Quota};
+
+/// The theoretical arrival time of the next permit, in µs since the epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct State {
+    /// TAT in microseconds since the epoch.
+    pub tat_us: u64,
+}
+
+/// The emission interval `⌈W / limit⌉` in microseconds.
+pub fn emission_interval_us(quota: &Quota) -> u64 {
+    (quota.window_ms() * 1000).div_ceil(quota.limit())
+}
+
+/// Decides `cost` permits at `now_ms`.
+pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
+    let t = emission_interval_us(quota);
+    let now = now_ms * 1000;
+    let horizon = now + quota.limit() * t;
+    let start = state.tat_us.max(now);
+    let tat = start + cost * t;
+    let allowed = tat <= horizon;
+    let settled = if allowed { tat } else { start };
+    let decision = Decision {
+        allowed,
+        limit: quota.limit(),
+        remaining: (horizon - settled) / t,
+        reset_after: ceil_ms(settled - now),
+        retry_after: (!allowed).then(|| ceil_ms(tat - horizon)),
+    };
+    if allowed {
+        (State { tat_us: tat }, decision)
+    } else {
+        (state, decision)
+    }
+}
+
+/// Whether `state` has no effect any more at `now_ms` and may be forgotten.
+pub fn is_idle(state: &State, now_ms: u64) -> bool {
+    state.tat_us <= now_ms * 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn burst_of_limit_then_one_per_interval() {
+        let q = Quota::new(4, Duration::from_millis(1000)).unwrap();
+        let mut s = State::default();
+        for remaining in [3, 2, 1, 0] {
+            let (next, d) = decide(s, 10_000, 1, &q);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, remaining);
+            s = next;
+        }
+        let d = decide(s, 10_000, 1, &q).1;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_millis(250)));
+        assert_eq!(d.reset_after, Duration::from_millis(1000));
+        assert!(!decide(s, 10_249, 1, &q).1.allowed);
+        assert!(decide(s, 10_250, 1, &q).1.allowed);
+    }
+
+    #[test]
+    fn uneven_interval_rounds_retry_up() {
+        // 3 per second: T = 333,334 µs.
+        let q = Quota::new(3, Duration::from_millis(1000)).unwrap();
+        let (s, _) = decide(State::default(), 0, 3, &q);
+        let d = decide(s, 0, 1, &q).1;
+        assert_eq!(d.retry_after, Some(Duration::from_millis(334)));
+        assert!(!decide(s, 333, 1, &q).1.allowed);
+        assert!(decide(s, 334, 1, &q).1.allowed);
+    }
+}

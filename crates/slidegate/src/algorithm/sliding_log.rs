@@ -1,0 +1,113 @@
+//! Sliding log: one timestamp per admitted permit — exact, and the ground truth.
+//!
+//! A permit admitted at `t` counts while `now < t + W`. A request for `cost`
+//! is allowed when the permits still counting plus `cost` fit in the limit.
+//! Memory grows with the limit (up to `limit` timestamps per identity), which
+//! is why the sliding window counter exists.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::{Decision, Quota};
+
+/// The admission times of the permits that may still count, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    entries: VecDeque<u64>,
+}
+
+impl Log {
+    /// Admission times in ms, oldest first (one per permit).
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// Index of the first entry still counting at `now_ms`.
+    fn first_live(&self, now_ms: u64, w: u64) -> usize {
+        self.entries.partition_point(|&t| t + w <= now_ms)
+    }
+
+    /// Bytes this log holds on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<u64>()
+    }
+}
+
+/// Decides `cost` permits at `now_ms` without changing the log.
+///
+/// Use [`record`] to charge an allowed decision; [`decide`] does both.
+pub fn check(log: &Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
+    let (w, limit) = (quota.window_ms(), quota.limit());
+    let first = log.first_live(now_ms, w);
+    let live = log.entries.len() - first;
+    let count = live as u64;
+    let allowed = count + cost <= limit;
+    let newest =
+        if allowed && cost > 0 { Some(now_ms) } else { log.entries.back().copied().filter(|_| live > 0) };
+    Decision {
+        allowed,
+        limit,
+        remaining: limit - if allowed { count + cost } else { count },
+        reset_after: Duration::from_millis(newest.map_or(0, |t| t + w - now_ms)),
+        retry_after: (!allowed).then(|| {
+            // The request fits once the oldest `count + cost − limit` permits expire.
+            let must_expire = (count + cost - limit) as usize;
+            let t = log.entries[first + must_expire - 1];
+            Duration::from_millis(t + w - now_ms)
+        }),
+    }
+}
+
+/// Charges `cost` permits at `now_ms`, forgetting the entries that expired.
+pub fn record(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) {
+    let first = log.first_live(now_ms, quota.window_ms());
+    log.entries.drain(..first);
+    log.entries.extend(std::iter::repeat_n(now_ms, cost as usize));
+}
+
+/// Decides `cost` permits at `now_ms` and charges them when allowed.
+pub fn decide(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
+    let decision = check(log, now_ms, cost, quota);
+    if decision.allowed {
+        record(log, now_ms, cost, quota);
+    }
+    decision
+}
+
+/// Whether every entry expired at `now_ms`, so the log may be forgotten.
+pub fn is_idle(log: &Log, now_ms: u64, quota: &Quota) -> bool {
+    log.entries.back().is_none_or(|&t| t + quota.window_ms() <= now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_over_any_window_and_retry_waits_for_the_oldest_to_expire() {
+        let q = Quota::new(3, Duration::from_millis(1000)).unwrap();
+        let mut log = Log::default();
+        assert!(decide(&mut log, 100, 1, &q).allowed);
+        assert!(decide(&mut log, 400, 1, &q).allowed);
+        let d = decide(&mut log, 700, 1, &q);
+        assert_eq!((d.allowed, d.remaining), (true, 0));
+        assert_eq!(d.reset_after, Duration::from_millis(1000));
+        let d = decide(&mut log, 800, 2, &q);
+        assert!(!d.allowed);
+        // Two must expire: the one at 400 leaves at 1400.
+        assert_eq!(d.retry_after, Some(Duration::from_millis(600)));
+        assert!(!decide(&mut log, 1_399, 2, &q).allowed);
+        assert!(decide(&mut log, 1_400, 2, &q).allowed);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [700, 1_400, 1_400]);
+    }
+
+    #[test]
+    fn idle_once_the_newest_entry_expired() {
+        let q = Quota::new(3, Duration::from_millis(1000)).unwrap();
+        let mut log = Log::default();
+        assert!(is_idle(&log, 0, &q));
+        decide(&mut log, 100, 1, &q);
+        assert!(!is_idle(&log, 1_099, &q));
+        assert!(is_idle(&log, 1_100, &q));
+    }
+}

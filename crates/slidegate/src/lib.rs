@@ -1,0 +1,42 @@
+//! slidegate: rate limiting that is as accurate as an exact log and as cheap
+//! as two counters.
+//!
+//! The heart is Cloudflare's sliding window counter — `cur + prev × (1 −
+//! elapsed/window)` — decided atomically: under a lock shard in the embedded
+//! [`MemoryStore`], inside one Lua script in the Redis store. Beside it, for
+//! comparison and for other needs: fixed window, sliding log (exact), token
+//! bucket and GCRA. Every algorithm is pure integer arithmetic
+//! ([`algorithm`]); the stores only decide where state lives.
+//!
+//! ```
+//! use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+//!
+//! let clock = ManualClock::new(1_700_000_000_000);
+//! let store = MemoryStore::with_clock(clock.clone());
+//! let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(2)?);
+//!
+//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
+//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
+//! let denied = store.decide_sync("user:42", &limit, 1)?;
+//! assert!(!denied.allowed);
+//! assert_eq!(denied.remaining, 0);
+//! let wait = denied.retry_after.expect("a denial says when to retry");
+//! clock.advance(wait);
+//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod algorithm;
+mod clock;
+mod decision;
+mod quota;
+pub mod store;
+
+pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::Decision;
+pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_WINDOW};
+pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
+// pub use store::redis::{RedisStore, TimeSource};
+pub use store::{Store, StoreError};

@@ -1,0 +1,106 @@
+//! Where limiter state lives. A store makes each decision atomic; it never
+//! formats HTTP.
+//!
+//! Both stores run the same algorithms ([`crate::algorithm`]) and give the
+//! same decisions for the same trace — the conformance suite and the property
+//! test in `tests/` hold them to it.
+
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+use std::future::Future;
+
+use thiserror::Error;
+
+use crate::{Decision, Limit};
+
+/// Why a store could not decide. A denial is not an error: it is a [`Decision`].
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The request asked for more permits than the limit could ever allow.
+    #[error("cost {cost} exceeds the limit {limit}: such a request could never be allowed")]
+    CostExceedsLimit {
+        /// The requested cost.
+        cost: u64,
+        /// The limit it exceeded.
+        limit: u64,
+    },
+    /// The identity key was empty.
+    #[error("identity key must not be empty")]
+    EmptyKey,
+    /// No limits were given to `decide_all`.
+    #[error("decide_all needs at least one limit")]
+    NoLimits,
+    /// The same limit appeared twice in one `decide_all`.
+    #[error("limit {0} appears twice in one decide_all; merge the costs instead")]
+    DuplicateLimit(Limit),
+    /// Redis failed or could not be reached.
+    #[cfg(feature = "redis")]
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// Redis answered with something the script never returns.
+    #[error("unexpected reply from the store: {0}")]
+    UnexpectedReply(String),
+}
+
+impl StoreError {
+    /// Whether the store itself failed (unreachable, timed out, broken reply),
+    /// as opposed to a request that was invalid. Fail-open policies apply to these.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::CostExceedsLimit { .. }
+            | StoreError::EmptyKey
+            | StoreError::NoLimits
+            | StoreError::DuplicateLimit(_) => false,
+            #[cfg(feature = "redis")]
+            StoreError::Redis(_) => true,
+            StoreError::UnexpectedReply(_) => true,
+        }
+    }
+}
+
+/// A place that decides rate limits atomically.
+///
+/// `key` names the identity (an API key, a hashed IP, …). A store keeps one
+/// state per identity and [`Limit`]; the same identity under two limits has
+/// two independent states.
+pub trait Store: Send + Sync {
+    /// Decides `cost` permits for `key` under `limit`, charging them when allowed.
+    fn decide(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides several limits for `key` all-or-nothing: each `(limit, cost)`
+    /// is charged only if every one of them allows. The decisions come back in
+    /// the order given; when any is denied, none is charged and every
+    /// decision's `remaining` describes the state without this request.
+    fn decide_all(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+}
+
+/// Rejects requests no store could decide, before touching any state.
+pub(crate) fn validate(key: &str, charges: &[(Limit, u64)]) -> Result<(), StoreError> {
+    if key.is_empty() {
+        return Err(StoreError::EmptyKey);
+    }
+    if charges.is_empty() {
+        return Err(StoreError::NoLimits);
+    }
+    for (i, (limit, cost)) in charges.iter().enumerate() {
+        if charges[..i].iter().any(|(seen, _)| seen == limit) {
+            return Err(StoreError::DuplicateLimit(*limit));
+        }
+        if *cost > limit.quota.limit() {
+            return Err(StoreError::CostExceedsLimit { cost: *cost, limit: limit.quota.limit() });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! The Redis store (placeholder until the scripts land).
