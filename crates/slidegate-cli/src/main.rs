@@ -1,1 +1,54 @@
-fn main() {}
+//! The `slidegate` command: parses arguments and prints. The logic a library
+//! user would also need lives in the `slidegate` and `slidegate-http` crates.
+
+mod accuracy;
+mod bench;
+mod demo;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// slidegate: a sliding-window rate limiter, embedded or on Redis.
+#[derive(Parser)]
+#[command(name = "slidegate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reproduce the source article's experiments: boundary burst and memory per identity.
+    Demo(demo::DemoArgs),
+    /// Measure decision throughput, latency and server cost.
+    Bench(bench::BenchArgs),
+    /// Replay synthetic traffic through every algorithm against an exact log.
+    Accuracy(accuracy::AccuracyArgs),
+    /// Run the rate-limiting reverse proxy and decision API.
+    Serve(serve::ServeArgs),
+    /// Validate a configuration file.
+    CheckConfig(serve::CheckConfigArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Accuracy(args) => accuracy::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::CheckConfig(args) => serve::check_config(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("slidegate: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What a subcommand returns: its exit code, or an error to print.
+type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
