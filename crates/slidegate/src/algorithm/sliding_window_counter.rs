@@ -78,7 +78,9 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
         match fits_this_window {
             Some(at) => at - elapsed,
             None => {
-                let at_next = if cur == 0 { 0 } else { w - (limit - cost) * w / cur };
+                // `cur` becomes the previous window's count; when it alone leaves
+                // room for `cost`, the request fits as soon as that window starts.
+                let at_next = if cur == 0 { 0 } else { w.saturating_sub((limit - cost) * w / cur) };
                 (w - elapsed) + at_next
             }
         }

@@ -1,0 +1,132 @@
+//! What every `Decision` promises, checked on random reachable states of every
+//! algorithm (pure functions, no store):
+//! - `retry_after`: the same request passes after exactly that wait and is
+//!   still denied 1 ms earlier;
+//! - `remaining`: exactly that many single permits pass at the same instant;
+//! - `reset_after`: the full limit is available again after exactly that wait
+//!   and not 1 ms earlier.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use slidegate::algorithm::{fixed_window, gcra, sliding_log, sliding_window_counter, token_bucket};
+use slidegate::{Algorithm, Decision, Quota};
+
+#[derive(Clone, Debug)]
+enum State {
+    Counter(sliding_window_counter::State),
+    Fixed(fixed_window::State),
+    Log(sliding_log::Log),
+    Bucket(token_bucket::State),
+    Gcra(gcra::State),
+}
+
+impl State {
+    fn fresh(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingWindowCounter => State::Counter(Default::default()),
+            Algorithm::FixedWindow => State::Fixed(Default::default()),
+            Algorithm::SlidingLog => State::Log(Default::default()),
+            Algorithm::TokenBucket => State::Bucket(Default::default()),
+            Algorithm::Gcra => State::Gcra(Default::default()),
+        }
+    }
+
+    /// Decides and applies, like a store does.
+    fn decide(&mut self, now: u64, cost: u64, q: &Quota) -> Decision {
+        fn apply<S>(s: &mut S, (next, d): (S, Decision)) -> Decision {
+            *s = next;
+            d
+        }
+        match self {
+            State::Counter(s) => apply(s, sliding_window_counter::decide(*s, now, cost, q)),
+            State::Fixed(s) => apply(s, fixed_window::decide(*s, now, cost, q)),
+            State::Log(log) => sliding_log::decide(log, now, cost, q),
+            State::Bucket(s) => apply(s, token_bucket::decide(*s, now, cost, q)),
+            State::Gcra(s) => apply(s, gcra::decide(*s, now, cost, q)),
+        }
+    }
+
+    /// Decides on a copy, leaving `self` as it is.
+    fn probe(&self, now: u64, cost: u64, q: &Quota) -> Decision {
+        self.clone().decide(now, cost, q)
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).expect("test durations fit in u64")
+}
+
+/// A random algorithm, quota and trace of (gap ms, cost ≤ limit) steps.
+fn scenario() -> impl Strategy<Value = (Algorithm, u64, u64, Vec<(u64, u64)>)> {
+    (0..5usize, 1..12u64, prop_oneof![Just(1u64), Just(7), Just(100), Just(1000), 1..5000u64]).prop_flat_map(
+        |(a, limit, window)| {
+            let step = (0..window * 2, 0..=limit);
+            (Just(Algorithm::ALL[a]), Just(limit), Just(window), proptest::collection::vec(step, 1..40))
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn decisions_keep_their_promises((algorithm, limit, window, trace) in scenario()) {
+        let q = Quota::new(limit, Duration::from_millis(window)).unwrap();
+        let mut state = State::fresh(algorithm);
+        let mut now = 1_700_000_000_000u64;
+        for (gap, cost) in trace {
+            now += gap;
+            let before = state.clone();
+            let d = state.decide(now, cost, &q);
+            prop_assert_eq!(d.limit, limit);
+            if !d.allowed {
+                let wait = ms(d.retry_after.expect("a denial has retry_after"));
+                prop_assert!(wait > 0, "{algorithm}: denied with a zero wait");
+                prop_assert!(before.probe(now + wait, cost, &q).allowed,
+                    "{algorithm}: still denied after retry_after {wait} ms");
+                prop_assert!(!before.probe(now + wait - 1, cost, &q).allowed,
+                    "{algorithm}: allowed 1 ms before retry_after {wait} ms");
+            } else {
+                prop_assert!(d.retry_after.is_none());
+            }
+            // remaining: exactly that many single permits pass now.
+            let mut copy = state.clone();
+            for i in 0..d.remaining {
+                prop_assert!(copy.decide(now, 1, &q).allowed, "{algorithm}: permit {i} of remaining {} denied", d.remaining);
+            }
+            prop_assert!(!copy.decide(now, 1, &q).allowed, "{algorithm}: more than remaining {} passed", d.remaining);
+            // reset_after: the whole limit is available again then, not before.
+            let reset = ms(d.reset_after);
+            prop_assert!(state.probe(now + reset, limit, &q).allowed, "{algorithm}: not full after reset_after {reset} ms");
+            if reset > 0 {
+                prop_assert!(!state.probe(now + reset - 1, limit, &q).allowed,
+                    "{algorithm}: already full 1 ms before reset_after {reset} ms");
+            }
+        }
+    }
+}
+
+#[test]
+fn sliding_log_never_admits_more_than_the_limit_in_any_window() {
+    let q = Quota::new(5, Duration::from_millis(100)).unwrap();
+    let mut log = sliding_log::Log::default();
+    let mut admitted = Vec::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut now = 0;
+    for _ in 0..5000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        now += rng % 30;
+        let cost = 1 + rng % 3;
+        if sliding_log::decide(&mut log, now, cost, &q).allowed {
+            admitted.extend(std::iter::repeat_n(now, cost as usize));
+        }
+    }
+    for (i, &t) in admitted.iter().enumerate() {
+        let in_window = admitted[i..].iter().take_while(|&&u| u < t + 100).count();
+        assert!(in_window <= 5, "{in_window} permits within 100 ms of {t}");
+    }
+    assert!(admitted.len() > 1000, "the trace admitted too little to mean anything");
+}
