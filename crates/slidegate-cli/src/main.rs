@@ -4,6 +4,7 @@
 mod accuracy;
 mod bench;
 mod demo;
+mod plot;
 mod serve;
 
 use std::process::ExitCode;

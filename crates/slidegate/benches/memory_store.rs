@@ -1,0 +1,210 @@
+//! Decision time of the embedded store, side by side with governor's keyed
+//! limiter on the same identities and the same kind of clock (a fake clock
+//! each, advanced by hand), in one run:
+//!
+//! - `one_identity/<algorithm>`: one key decided over and over;
+//! - `keyed_1m/<algorithm>`: 1,000,000 identities, all present before timing
+//!   starts, visited in a scattered order;
+//! - `two_threads_one_identity/<algorithm>`: two threads deciding for the
+//!   same key at once (time per decision of each thread).
+//!
+//! Every loop advances its clock by 1 ms every 64 decisions and the quotas
+//! allow 100,000 per second, so every decision is an allowed, charged one —
+//! the path a healthy service takes — and the sliding log stays bounded.
+//!
+//! Run: `cargo bench -p slidegate --bench memory_store -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use governor::clock::FakeRelativeClock;
+use governor::RateLimiter;
+use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+
+const IDENTITIES: usize = 1_000_000;
+const RATE: u32 = 100_000;
+/// Decisions per simulated millisecond: below `RATE / 1000`, so all are allowed.
+const PER_MS: u64 = 64;
+
+fn limit(algorithm: Algorithm) -> Limit {
+    Limit::new(algorithm, Quota::per_second(u64::from(RATE)).expect("a valid quota"))
+}
+
+fn governor_quota() -> governor::Quota {
+    governor::Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
+}
+
+fn keys() -> Vec<String> {
+    (0..IDENTITIES).map(|i| format!("user:{i}")).collect()
+}
+
+/// The `i`-th identity visited: a stride coprime to the count scatters visits
+/// over the table instead of walking it in insertion order.
+fn scattered(i: u64) -> usize {
+    (i.wrapping_mul(7_919) % IDENTITIES as u64) as usize
+}
+
+fn one_identity(c: &mut Criterion) {
+    let mut group = c.benchmark_group("one_identity");
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = limit(algorithm);
+        let mut i = 0u64;
+        group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
+            b.iter(|| {
+                i += 1;
+                if i % PER_MS == 0 {
+                    clock.advance(Duration::from_millis(1));
+                }
+                black_box(store.decide_sync(black_box("user:42"), &limit, 1))
+            })
+        });
+    }
+    let clock = FakeRelativeClock::default();
+    let governor = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
+    let key = "user:42".to_owned();
+    let mut i = 0u64;
+    group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
+        b.iter(|| {
+            i += 1;
+            if i % PER_MS == 0 {
+                clock.advance(Duration::from_millis(1));
+            }
+            black_box(governor.check_key(black_box(&key)))
+        })
+    });
+    group.finish();
+}
+
+fn keyed(c: &mut Criterion) {
+    let keys = keys();
+    let mut group = c.benchmark_group("keyed_1m");
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = limit(algorithm);
+        for key in &keys {
+            store.decide_sync(key, &limit, 1).expect("valid request");
+        }
+        let mut i = 0u64;
+        group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
+            b.iter(|| {
+                i += 1;
+                if i % PER_MS == 0 {
+                    clock.advance(Duration::from_millis(1));
+                }
+                black_box(store.decide_sync(&keys[scattered(i)], &limit, 1))
+            })
+        });
+    }
+
+    // governor on the same string identities, then on integer identities
+    // (its best case: no string hashing).
+    let clock = FakeRelativeClock::default();
+    let dashmap = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
+    let hashmap = RateLimiter::hashmap_with_clock(governor_quota(), clock.clone());
+    let dashmap_u64 = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
+    for (n, key) in keys.iter().enumerate() {
+        let _ = dashmap.check_key(key);
+        let _ = hashmap.check_key(key);
+        let _ = dashmap_u64.check_key(&(n as u64));
+    }
+    let mut i = 0u64;
+    group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
+        b.iter(|| {
+            i += 1;
+            if i % PER_MS == 0 {
+                clock.advance(Duration::from_millis(1));
+            }
+            black_box(dashmap.check_key(&keys[scattered(i)]))
+        })
+    });
+    group.bench_function(BenchmarkId::new("governor", "hashmap"), |b| {
+        b.iter(|| {
+            i += 1;
+            if i % PER_MS == 0 {
+                clock.advance(Duration::from_millis(1));
+            }
+            black_box(hashmap.check_key(&keys[scattered(i)]))
+        })
+    });
+    group.bench_function(BenchmarkId::new("governor", "dashmap_u64_keys"), |b| {
+        b.iter(|| {
+            i += 1;
+            if i % PER_MS == 0 {
+                clock.advance(Duration::from_millis(1));
+            }
+            black_box(dashmap_u64.check_key(&(scattered(i) as u64)))
+        })
+    });
+    group.finish();
+}
+
+/// Runs `decide` `iters` times on each of two threads started together and
+/// returns the wall time: the time per decision of each thread.
+fn two_threads(iters: u64, decide: impl Fn(u64) + Sync) -> Duration {
+    let start = Barrier::new(3);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                start.wait();
+                for i in 0..iters {
+                    decide(i);
+                }
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        // The scope joins both threads before returning.
+        began
+    })
+    .elapsed()
+}
+
+fn contended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads_one_identity");
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = limit(algorithm);
+        group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
+            b.iter_custom(|iters| {
+                two_threads(iters, |i| {
+                    // Each thread advances every 128: 64 per ms between them.
+                    if i % (2 * PER_MS) == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                    black_box(store.decide_sync("user:42", &limit, 1).ok());
+                })
+            })
+        });
+    }
+    let clock = FakeRelativeClock::default();
+    let governor = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
+    let key = "user:42".to_owned();
+    group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |i| {
+                if i % (2 * PER_MS) == 0 {
+                    clock.advance(Duration::from_millis(1));
+                }
+                black_box(governor.check_key(&key).ok());
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30);
+    targets = one_identity, keyed, contended
+}
+criterion_main!(benches);
