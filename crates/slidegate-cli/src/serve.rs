@@ -1,23 +1,87 @@
-//! `slidegate serve` and `slidegate check-config` (not built yet).
+//! `slidegate serve` and `slidegate check-config`: load the config, print,
+//! and hand over to `slidegate_http::serve`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use slidegate_http::config::RuleLimits;
+use slidegate_http::serve::{init_logging, shutdown_signal, Server};
+use slidegate_http::{Config, ConfigError};
+
+/// EX_USAGE (sysexits.h): the configuration is wrong.
+const EXIT_CONFIG: u8 = 64;
 
 /// Arguments of `slidegate serve`.
 #[derive(clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// The configuration file (TOML).
+    #[arg(long, short, value_name = "FILE")]
+    config: PathBuf,
+}
 
 /// Arguments of `slidegate check-config`.
 #[derive(clap::Args)]
-pub struct CheckConfigArgs {}
+pub struct CheckConfigArgs {
+    /// The configuration file (TOML).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+fn load(path: &PathBuf) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|err: ConfigError| {
+        eprintln!("slidegate: {err}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
 
 /// Runs `slidegate serve`.
-pub fn run(_args: ServeArgs) -> crate::CommandResult {
-    eprintln!("slidegate serve is not built yet");
-    Ok(ExitCode::FAILURE)
+pub fn run(args: ServeArgs) -> crate::CommandResult {
+    let config = match load(&args.config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let server = Server::bind(&config).await?;
+        let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
+        let store = config.store.url.as_deref().unwrap_or("embedded");
+        eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
+        server.run(shutdown_signal()).await;
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// Runs `slidegate check-config`.
-pub fn check_config(_args: CheckConfigArgs) -> crate::CommandResult {
-    eprintln!("slidegate check-config is not built yet");
-    Ok(ExitCode::FAILURE)
+pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
+    let config = match load(&args.file) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    println!("{}: ok", args.file.display());
+    println!(
+        "  listen {}, upstream {}",
+        config.server.listen,
+        config.server.upstream.as_ref().map_or("(none)".into(), |u| u.to_string())
+    );
+    println!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
+    for rule in &config.rules {
+        let methods = if rule.methods.is_empty() {
+            "*".to_owned()
+        } else {
+            rule.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(",")
+        };
+        let describe = |limits: &[slidegate_http::config::LimitConfig]| {
+            limits.iter().map(|l| format!("{} = {}", l.name, l.limit)).collect::<Vec<_>>().join("; ")
+        };
+        let limits = match &rule.limits {
+            RuleLimits::Shared { limits, .. } => describe(limits),
+            RuleLimits::Split { authenticated, anonymous } => {
+                format!("authenticated: {}; anonymous: {}", describe(authenticated), describe(anonymous))
+            }
+            _ => String::new(),
+        };
+        println!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,319 @@
+//! Response headers and bodies: draft-ietf-httpapi-ratelimit-headers-11,
+//! the legacy `X-RateLimit-*` trio, 429 with `Retry-After`, RFC 9457 problems.
+//!
+//! Seconds are always rounded up: a client that waits the announced time
+//! must find the quota back.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::limiter::{PolicyResult, Verdict};
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (seconds until reset).
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers for an exceeded quota.
+pub const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// `d` in whole seconds, rounded up.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_nanos().div_ceil(1_000_000_000).try_into().unwrap_or(u64::MAX)
+}
+
+/// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
+/// `w` must be a positive integer, so sub-second windows announce 1.
+pub fn policy_header(policies: &[&PolicyResult]) -> String {
+    let mut out = String::new();
+    for (i, p) in policies.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "\"{}\";q={};w={}", p.name, p.quota.limit(), ceil_secs(p.quota.window()).max(1));
+    }
+    out
+}
+
+/// `RateLimit` items: `"name";r=9;t=1`.
+pub fn ratelimit_header(policies: &[&PolicyResult]) -> String {
+    let mut out = String::new();
+    for (i, p) in policies.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ =
+            write!(out, "\"{}\";r={};t={}", p.name, p.decision.remaining, ceil_secs(p.decision.reset_after));
+    }
+    out
+}
+
+fn number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+/// Adds the rate limit headers of `verdict` to `headers`: every policy when
+/// allowed, the violated ones when denied; `X-RateLimit-*` (when `legacy`)
+/// for the binding policy; `Retry-After` on a denial that blocks.
+pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
+    let Some(decisive) = verdict.decisive() else { return };
+    let listed: Vec<&PolicyResult> =
+        if verdict.allowed() { verdict.policies.iter().collect() } else { verdict.violated().collect() };
+    // Policy names are validated ASCII without quotes, so these are valid values.
+    if let Ok(v) = HeaderValue::try_from(policy_header(&listed)) {
+        headers.insert(RATELIMIT_POLICY.clone(), v);
+    }
+    if let Ok(v) = HeaderValue::try_from(ratelimit_header(&listed)) {
+        headers.insert(RATELIMIT.clone(), v);
+    }
+    if legacy {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(decisive.quota.limit()));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(decisive.decision.remaining));
+        headers.insert(X_RATELIMIT_RESET.clone(), number(ceil_secs(decisive.decision.reset_after)));
+    }
+    if verdict.blocks() {
+        if let Some(wait) = decisive.decision.retry_after {
+            headers.insert(RETRY_AFTER, number(ceil_secs(wait)));
+        }
+    }
+}
+
+/// An `application/problem+json` response; `extra` members are merged in.
+pub fn problem(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    instance: Option<&str>,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Response<Full<Bytes>> {
+    let mut body = serde_json::Map::new();
+    body.insert("type".into(), kind.into());
+    body.insert("title".into(), title.into());
+    body.insert("status".into(), status.as_u16().into());
+    body.insert("detail".into(), detail.into());
+    if let Some(instance) = instance {
+        body.insert("instance".into(), instance.into());
+    }
+    body.extend(extra);
+    let bytes = serde_json::to_vec(&serde_json::Value::Object(body)).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The response to a request `verdict` blocks: 429 naming the violated
+/// policy, or 503 when the store failed and the rule fails closed.
+pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response<Full<Bytes>> {
+    let Some(decisive) = verdict.violated().max_by_key(|p| p.decision.retry_after) else {
+        let mut response = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "about:blank",
+            "Service Unavailable",
+            &format!("the rate limit store is unavailable and rule {:?} fails closed", verdict.rule),
+            Some(path),
+            serde_json::Map::new(),
+        );
+        response.headers_mut().insert(RETRY_AFTER, number(1));
+        return response;
+    };
+    let wait = ceil_secs(decisive.decision.retry_after.unwrap_or_default());
+    let detail = format!(
+        "policy {:?} allows {} requests per {}; retry in {} s",
+        decisive.name,
+        decisive.quota.limit(),
+        window_text(decisive.quota.window()),
+        wait
+    );
+    let mut extra = serde_json::Map::new();
+    extra.insert("violated-policies".into(), verdict.violated().map(|p| p.name.to_string()).collect());
+    let mut response = problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        QUOTA_EXCEEDED_TYPE,
+        "Request cannot be satisfied as assigned quota has been exceeded",
+        &detail,
+        Some(path),
+        extra,
+    );
+    apply(response.headers_mut(), verdict, legacy);
+    response
+}
+
+/// `1 s`, `60 s`, `1 h`, `250 ms`: a window as a reader would write it.
+fn window_text(window: Duration) -> String {
+    let ms = window.as_millis();
+    match ms {
+        ms if ms % 3_600_000 == 0 => format!("{} h", ms / 3_600_000),
+        ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
+        ms => format!("{ms} ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+    use slidegate::{Decision, Quota};
+
+    use super::*;
+    use crate::limiter::DecisionSource;
+
+    fn policy(
+        name: &str,
+        limit: u64,
+        window_ms: u64,
+        remaining: u64,
+        reset_ms: u64,
+        retry_ms: Option<u64>,
+    ) -> PolicyResult {
+        PolicyResult {
+            name: Arc::from(name),
+            quota: Quota::new(limit, Duration::from_millis(window_ms)).unwrap(),
+            decision: Decision {
+                allowed: retry_ms.is_none(),
+                limit,
+                remaining,
+                reset_after: Duration::from_millis(reset_ms),
+                retry_after: retry_ms.map(Duration::from_millis),
+            },
+        }
+    }
+
+    fn verdict(policies: Vec<PolicyResult>, shadow: bool) -> Verdict {
+        Verdict { rule: Arc::from("search"), policies, source: DecisionSource::Store, shadow }
+    }
+
+    fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+        h.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(59_999)), 60);
+    }
+
+    #[test]
+    fn allowed_requests_carry_every_policy_and_the_tightest_legacy_trio() {
+        let v = verdict(
+            vec![
+                policy("search-1s", 10, 1000, 9, 100, None),
+                policy("search-1h", 500, 3_600_000, 498, 3_599_001, None),
+            ],
+            false,
+        );
+        let mut h = HeaderMap::new();
+        apply(&mut h, &v, true);
+        assert_eq!(
+            header(&h, "ratelimit-policy"),
+            Some("\"search-1s\";q=10;w=1, \"search-1h\";q=500;w=3600")
+        );
+        assert_eq!(header(&h, "ratelimit"), Some("\"search-1s\";r=9;t=1, \"search-1h\";r=498;t=3600"));
+        assert_eq!(header(&h, "x-ratelimit-limit"), Some("10"));
+        assert_eq!(header(&h, "x-ratelimit-remaining"), Some("9"));
+        assert_eq!(header(&h, "x-ratelimit-reset"), Some("1"));
+        assert_eq!(header(&h, "retry-after"), None);
+        let mut quiet = HeaderMap::new();
+        apply(&mut quiet, &v, false);
+        assert_eq!(quiet.len(), 2);
+    }
+
+    #[test]
+    fn sub_second_windows_announce_one_second() {
+        let p = policy("burst", 5, 250, 4, 250, None);
+        assert_eq!(policy_header(&[&p]), "\"burst\";q=5;w=1");
+    }
+
+    #[tokio::test]
+    async fn denials_are_429_problems_naming_the_violated_policy() {
+        let v = verdict(
+            vec![
+                policy("search-1s", 10, 1000, 0, 1000, Some(1)),
+                policy("search-1h", 500, 3_600_000, 490, 3_500_000, None),
+            ],
+            false,
+        );
+        assert!(v.blocks());
+        let response = blocked_response(&v, true, "/api/search");
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = response.headers();
+        assert_eq!(header(h, "retry-after"), Some("1"));
+        assert_eq!(header(h, "cache-control"), Some("no-store"));
+        assert_eq!(header(h, "content-type"), Some("application/problem+json"));
+        assert_eq!(header(h, "ratelimit-policy"), Some("\"search-1s\";q=10;w=1"));
+        assert_eq!(header(h, "ratelimit"), Some("\"search-1s\";r=0;t=1"));
+        assert_eq!(header(h, "x-ratelimit-limit"), Some("10"));
+        assert_eq!(header(h, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(header(h, "x-ratelimit-reset"), Some("1"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "type": QUOTA_EXCEEDED_TYPE,
+                "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                "status": 429,
+                "detail": "policy \"search-1s\" allows 10 requests per 1 s; retry in 1 s",
+                "instance": "/api/search",
+                "violated-policies": ["search-1s"],
+            })
+        );
+    }
+
+    #[test]
+    fn the_longest_wait_binds_when_several_limits_deny() {
+        let v = verdict(
+            vec![
+                policy("a", 10, 1000, 0, 1000, Some(400)),
+                policy("b", 100, 60_000, 0, 60_000, Some(30_500)),
+            ],
+            false,
+        );
+        let mut h = HeaderMap::new();
+        apply(&mut h, &v, true);
+        assert_eq!(header(&h, "retry-after"), Some("31"));
+        assert_eq!(header(&h, "ratelimit-policy"), Some("\"a\";q=10;w=1, \"b\";q=100;w=60"));
+        assert_eq!(header(&h, "x-ratelimit-limit"), Some("100"));
+    }
+
+    #[test]
+    fn shadow_denials_send_headers_but_no_retry_after() {
+        let v = verdict(vec![policy("a", 1, 1000, 0, 900, Some(900))], true);
+        assert!(!v.blocks() && !v.allowed());
+        let mut h = HeaderMap::new();
+        apply(&mut h, &v, true);
+        assert_eq!(header(&h, "ratelimit"), Some("\"a\";r=0;t=1"));
+        assert_eq!(header(&h, "retry-after"), None);
+    }
+
+    #[test]
+    fn fail_closed_is_503_not_429() {
+        let v = Verdict {
+            rule: Arc::from("search"),
+            policies: vec![],
+            source: DecisionSource::FailClosed,
+            shadow: false,
+        };
+        let response = blocked_response(&v, true, "/x");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(response.headers(), "retry-after"), Some("1"));
+    }
+}

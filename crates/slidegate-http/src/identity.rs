@@ -1,0 +1,325 @@
+//! Who a request is: an API key or a client IP, only ever stored as a keyed hash.
+//!
+//! The client IP is the socket peer unless the peer is a trusted proxy; then
+//! the forwarding chain (`Forwarded`, else `X-Forwarded-For`) is read from the
+//! right, and the first address that is not a trusted proxy is the client.
+//! Everything left of it was written by the client and is ignored, so a
+//! spoofed header changes nothing.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+
+/// Which kind of identity a request was counted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// The API key header.
+    ApiKey,
+    /// The client IP.
+    Ip,
+}
+
+/// Turns requests into store keys.
+#[derive(Clone)]
+pub struct IdentityExtractor {
+    api_key_header: Option<HeaderName>,
+    trusted_proxies: Vec<IpNet>,
+    ipv6_prefix: u8,
+    hash_key: [u8; 32],
+}
+
+impl std::fmt::Debug for IdentityExtractor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityExtractor")
+            .field("api_key_header", &self.api_key_header)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("ipv6_prefix", &self.ipv6_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdentityExtractor {
+    /// An extractor whose hashes are keyed by `secret` (every instance sharing
+    /// a store must use the same secret).
+    pub fn new(secret: &[u8]) -> Self {
+        Self {
+            api_key_header: None,
+            trusted_proxies: Vec::new(),
+            ipv6_prefix: 128,
+            hash_key: blake3::derive_key("slidegate 2026 identity hash v1", secret),
+        }
+    }
+
+    /// An extractor keyed by a random secret drawn now: fine for one process
+    /// on the embedded store, wrong for several instances sharing Redis.
+    pub fn with_random_secret() -> Self {
+        let mut secret = [0u8; 32];
+        if getrandom::fill(&mut secret).is_err() {
+            // No OS randomness is a broken machine; the time still separates runs.
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            secret[..16].copy_from_slice(&now.as_nanos().to_le_bytes());
+        }
+        Self::new(&secret)
+    }
+
+    /// Reads API keys from `header`.
+    pub fn api_key_header(mut self, header: HeaderName) -> Self {
+        self.api_key_header = Some(header);
+        self
+    }
+
+    /// Believes forwarding headers from peers in `proxies`.
+    pub fn trusted_proxies(mut self, proxies: Vec<IpNet>) -> Self {
+        self.trusted_proxies = proxies;
+        self
+    }
+
+    /// Counts IPv6 clients per `/prefix` network (64: one identity per /64).
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
+        self.ipv6_prefix = prefix.clamp(1, 128);
+        self
+    }
+
+    /// The API key the request carries, if any (empty values count as none).
+    pub fn api_key<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
+        let value = headers.get(self.api_key_header.as_ref()?)?.as_bytes();
+        (!value.is_empty()).then_some(value)
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client's address: `peer` itself, or — when `peer` is a trusted
+    /// proxy — the right-most address in the forwarding chain that is not.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let chain = forwarding_chain(headers);
+        let mut client = peer;
+        for hop in chain.iter().rev() {
+            match hop {
+                // An entry we cannot read: nothing left of it can be trusted,
+                // so the last trusted hop stands for the client.
+                None => return client,
+                Some(ip) => {
+                    client = *ip;
+                    if !self.is_trusted(*ip) {
+                        return client;
+                    }
+                }
+            }
+        }
+        client
+    }
+
+    /// The store key of a request: `{scope}:k:{hash}` for an API key,
+    /// `{scope}:ip:{hash}` for a client IP (IPv6 grouped by the prefix).
+    pub fn key(&self, scope: &str, source: IdentitySource, value: &[u8]) -> String {
+        let tag = match source {
+            IdentitySource::ApiKey => "k",
+            IdentitySource::Ip => "ip",
+        };
+        let mut hasher = blake3::Hasher::new_keyed(&self.hash_key);
+        hasher.update(tag.as_bytes());
+        hasher.update(&[0]);
+        hasher.update(value);
+        let digest = hasher.finalize();
+        // 128 bits: collisions are out of reach; the full 256 would only cost memory.
+        let mut key = String::with_capacity(scope.len() + 4 + 32);
+        key.push_str(scope);
+        key.push(':');
+        key.push_str(tag);
+        key.push(':');
+        for b in &digest.as_bytes()[..16] {
+            let _ = write!(key, "{b:02x}");
+        }
+        key
+    }
+
+    /// The bytes an IP address is hashed from, after IPv6 grouping.
+    pub fn ip_bytes(&self, ip: IpAddr) -> Vec<u8> {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => v4.octets().to_vec(),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let mask = if self.ipv6_prefix >= 128 { u128::MAX } else { !(u128::MAX >> self.ipv6_prefix) };
+                Ipv6Addr::from(bits & mask).octets().to_vec()
+            }
+        }
+    }
+}
+
+/// The hops of `Forwarded` (RFC 7239 `for=`) when present, else of
+/// `X-Forwarded-For`, left to right; `None` for an entry that is no address
+/// (`unknown`, an obfuscated `_name`, garbage).
+fn forwarding_chain(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let forwarded: Vec<&[u8]> =
+        headers.get_all(http::header::FORWARDED).iter().map(|v| v.as_bytes()).collect();
+    if !forwarded.is_empty() {
+        let mut hops = Vec::new();
+        for value in forwarded {
+            let Ok(text) = std::str::from_utf8(value) else {
+                hops.push(None);
+                continue;
+            };
+            for element in split_unquoted(text, ',') {
+                let for_value = split_unquoted(element, ';').into_iter().find_map(|pair| {
+                    let (name, value) = pair.split_once('=')?;
+                    name.trim().eq_ignore_ascii_case("for").then(|| value.trim())
+                });
+                // An element without `for=` still marks a hop we cannot place.
+                hops.push(for_value.and_then(parse_forwarded_node));
+            }
+        }
+        return hops;
+    }
+    let mut hops = Vec::new();
+    for value in headers.get_all("x-forwarded-for") {
+        match value.to_str() {
+            Ok(text) => hops.extend(text.split(',').map(|s| parse_node(s.trim()))),
+            Err(_) => hops.push(None),
+        }
+    }
+    hops
+}
+
+/// Splits on `sep` outside double quotes.
+fn split_unquoted(text: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// An RFC 7239 node: `192.0.2.43`, `"192.0.2.43:47011"`, `"[2001:db8::17]:4711"`.
+fn parse_forwarded_node(value: &str) -> Option<IpAddr> {
+    let unquoted = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value);
+    parse_node(unquoted)
+}
+
+/// An address with or without a port, IPv6 bare or in brackets.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(sock) = text.parse::<SocketAddr>() {
+        return Some(sock.ip().to_canonical());
+    }
+    let inner = text.strip_prefix('[')?;
+    let end = inner.find(']')?;
+    inner[..end].parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn extractor() -> IdentityExtractor {
+        IdentityExtractor::new(b"secret")
+            .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap(), "127.0.0.1/32".parse().unwrap()])
+    }
+
+    #[test]
+    fn untrusted_peers_forwarding_headers_are_ignored() {
+        let e = extractor();
+        let spoof = headers(&[("x-forwarded-for", "1.2.3.4"), ("forwarded", "for=5.6.7.8")]);
+        assert_eq!(e.client_ip(ip("203.0.113.9"), &spoof), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn trusted_proxies_yield_the_right_most_untrusted_hop() {
+        let e = extractor();
+        // The client wrote "6.6.6.6"; the edge proxy appended the real peer.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.2.3")]);
+        assert_eq!(e.client_ip(ip("127.0.0.1"), &h), ip("198.51.100.7"));
+        // Several header lines form one list.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "198.51.100.8")]);
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("198.51.100.8"));
+        // No header: the trusted peer is the client.
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &HeaderMap::new()), ip("10.0.0.1"));
+        // Every hop trusted: the left-most is the client.
+        let h = headers(&[("x-forwarded-for", "10.9.9.9, 10.0.0.2")]);
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("10.9.9.9"));
+        // Ports and IPv4-mapped IPv6 peers.
+        let h = headers(&[("x-forwarded-for", "198.51.100.9:5555")]);
+        assert_eq!(e.client_ip(ip("::ffff:127.0.0.1"), &h), ip("198.51.100.9"));
+    }
+
+    #[test]
+    fn forwarded_takes_precedence_and_is_parsed_per_rfc_7239() {
+        let e = extractor();
+        let h = headers(&[
+            ("x-forwarded-for", "7.7.7.7"),
+            ("forwarded", "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https"),
+            ("forwarded", "For=10.0.0.5;by=10.0.0.1"),
+        ]);
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("2001:db8:cafe::17"));
+        // An unreadable hop stops the walk at the trusted proxy that wrote it.
+        let h = headers(&[("forwarded", "for=198.51.100.1, for=unknown, for=10.0.0.5")]);
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.5"));
+        let h = headers(&[("x-forwarded-for", "198.51.100.1, garbage")]);
+        assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn keys_are_keyed_hashes_never_raw_values() {
+        let e = extractor();
+        let k = e.key("search", IdentitySource::Ip, &e.ip_bytes(ip("198.51.100.7")));
+        assert!(k.starts_with("search:ip:") && k.len() == "search:ip:".len() + 32, "{k}");
+        assert!(!k.contains("198"));
+        assert_eq!(k, e.key("search", IdentitySource::Ip, &[198, 51, 100, 7]));
+        // Another secret, another key; an API key never collides with an IP.
+        let other = IdentityExtractor::new(b"other");
+        assert_ne!(k, other.key("search", IdentitySource::Ip, &[198, 51, 100, 7]));
+        assert_ne!(e.key("s", IdentitySource::ApiKey, b"a")[4..], e.key("s", IdentitySource::Ip, b"a")[5..]);
+    }
+
+    #[test]
+    fn ipv6_clients_can_be_grouped_by_64() {
+        let grouped = IdentityExtractor::new(b"s").ipv6_prefix(64);
+        let a = grouped.ip_bytes(ip("2001:db8:1:2:aaaa::1"));
+        assert_eq!(a, grouped.ip_bytes(ip("2001:db8:1:2:ffff::9")));
+        assert_ne!(a, grouped.ip_bytes(ip("2001:db8:1:3::1")));
+        let exact = IdentityExtractor::new(b"s");
+        assert_ne!(exact.ip_bytes(ip("2001:db8:1:2::1")), exact.ip_bytes(ip("2001:db8:1:2::2")));
+        assert_eq!(grouped.ip_bytes(ip("192.0.2.1")), vec![192, 0, 2, 1]);
+    }
+
+    #[test]
+    fn api_keys_come_from_the_configured_header() {
+        let e = extractor().api_key_header(HeaderName::from_static("x-api-key"));
+        assert_eq!(e.api_key(&headers(&[("x-api-key", "abc")])), Some(&b"abc"[..]));
+        assert_eq!(e.api_key(&headers(&[("x-api-key", "")])), None);
+        assert_eq!(e.api_key(&headers(&[("authorization", "abc")])), None);
+        assert_eq!(extractor().api_key(&headers(&[("x-api-key", "abc")])), None);
+    }
+}

@@ -1,0 +1,196 @@
+//! Counters and the store latency histogram, rendered as Prometheus text.
+//!
+//! Hand-rolled on atomics: a handful of counters does not need a metrics
+//! framework, and rendering them is a page of code.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds of the store latency histogram, in microseconds.
+const BUCKETS_US: [u64; 12] =
+    [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000];
+
+/// Picks one counter of a rule.
+type CounterOf = fn(&RuleCounters) -> &AtomicU64;
+
+/// What happened to requests under one rule.
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    /// Decided and allowed.
+    pub allowed: AtomicU64,
+    /// Decided and denied (answered 429).
+    pub denied: AtomicU64,
+    /// Denied by a shadow-mode rule, and let through.
+    pub shadow_denied: AtomicU64,
+    /// Let through without a decision because the store failed.
+    pub fail_open: AtomicU64,
+    /// Refused without a decision because the store failed.
+    pub fail_closed: AtomicU64,
+    /// Decided by the embedded insurance limiter because the store failed.
+    pub insurance: AtomicU64,
+}
+
+/// Every metric of one limiter.
+#[derive(Debug)]
+pub struct Metrics {
+    rules: Vec<(String, RuleCounters)>,
+    /// Calls made to the store (probes excluded).
+    pub store_calls: AtomicU64,
+    /// Store calls that failed with an error.
+    pub store_errors: AtomicU64,
+    /// Store calls that hit the deadline.
+    pub store_timeouts: AtomicU64,
+    /// Decisions that skipped the store because the breaker was open.
+    pub store_skipped: AtomicU64,
+    /// Background probes of an open breaker.
+    pub store_probes: AtomicU64,
+    /// Times the breaker opened.
+    pub breaker_opened: AtomicU64,
+    latency_buckets: [AtomicU64; BUCKETS_US.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    /// Metrics for rules named `rules`, in rule order.
+    pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            rules: rules.into_iter().map(|name| (name, RuleCounters::default())).collect(),
+            store_calls: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
+            store_timeouts: AtomicU64::new(0),
+            store_skipped: AtomicU64::new(0),
+            store_probes: AtomicU64::new(0),
+            breaker_opened: AtomicU64::new(0),
+            latency_buckets: Default::default(),
+            latency_count: AtomicU64::new(0),
+            latency_sum_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters of rule number `index`.
+    pub fn rule(&self, index: usize) -> &RuleCounters {
+        &self.rules[index].1
+    }
+
+    /// Records the latency of one store call that answered.
+    pub fn observe_store_latency(&self, elapsed: Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
+            self.latency_buckets[i].fetch_add(1, Relaxed);
+        }
+        self.latency_count.fetch_add(1, Relaxed);
+        self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// The Prometheus text exposition of every metric; `breaker_open` is the
+    /// breaker's state now.
+    pub fn render(&self, breaker_open: bool) -> String {
+        let mut out = String::with_capacity(4096);
+        let per_rule: [(&str, &str, CounterOf); 6] = [
+            ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
+            ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
+            (
+                "slidegate_requests_shadow_denied_total",
+                "Requests a shadow-mode rule would have denied.",
+                |c| &c.shadow_denied,
+            ),
+            (
+                "slidegate_requests_fail_open_total",
+                "Requests let through undecided because the store failed.",
+                |c| &c.fail_open,
+            ),
+            (
+                "slidegate_requests_fail_closed_total",
+                "Requests refused undecided because the store failed.",
+                |c| &c.fail_closed,
+            ),
+            (
+                "slidegate_requests_insurance_total",
+                "Requests decided by the embedded insurance limiter because the store failed.",
+                |c| &c.insurance,
+            ),
+        ];
+        for (name, help, field) in per_rule {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (rule, counters) in &self.rules {
+                let _ =
+                    writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), field(counters).load(Relaxed));
+            }
+        }
+        let global: [(&str, &str, &AtomicU64); 6] = [
+            (
+                "slidegate_store_calls_total",
+                "Decisions asked of the store (probes excluded).",
+                &self.store_calls,
+            ),
+            ("slidegate_store_errors_total", "Store calls that failed.", &self.store_errors),
+            ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", &self.store_timeouts),
+            (
+                "slidegate_store_skipped_total",
+                "Decisions that did not call the store because the circuit breaker was open.",
+                &self.store_skipped,
+            ),
+            (
+                "slidegate_store_probes_total",
+                "Background probes while the circuit breaker was open.",
+                &self.store_probes,
+            ),
+            ("slidegate_breaker_opened_total", "Times the circuit breaker opened.", &self.breaker_opened),
+        ];
+        for (name, help, value) in global {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP slidegate_breaker_open Whether the circuit breaker is open (1) or closed (0).\n\
+             # TYPE slidegate_breaker_open gauge\nslidegate_breaker_open {}",
+            u8::from(breaker_open)
+        );
+        let name = "slidegate_store_latency_seconds";
+        let _ = writeln!(out, "# HELP {name} Latency of store calls that answered.\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in BUCKETS_US.iter().zip(&self.latency_buckets) {
+            cumulative += count.load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+        }
+        let count = self.latency_count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.latency_sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+        out
+    }
+}
+
+fn escape(label: &str) -> String {
+    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_per_rule_and_a_cumulative_histogram() {
+        let m = Metrics::new(["search".to_owned(), "trending".to_owned()]);
+        m.rule(0).denied.fetch_add(3, Relaxed);
+        m.rule(1).fail_open.fetch_add(2, Relaxed);
+        m.observe_store_latency(Duration::from_micros(80));
+        m.observe_store_latency(Duration::from_micros(300));
+        m.observe_store_latency(Duration::from_secs(3));
+        let text = m.render(true);
+        assert!(text.contains("slidegate_requests_denied_total{rule=\"search\"} 3\n"), "{text}");
+        assert!(text.contains("slidegate_requests_fail_open_total{rule=\"trending\"} 2\n"));
+        assert!(text.contains("slidegate_requests_fail_open_total{rule=\"search\"} 0\n"));
+        assert!(text.contains("slidegate_breaker_open 1\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.0001\"} 1\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.00025\"} 1\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.0005\"} 2\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"1\"} 2\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_sum 3.00038\n"));
+        assert!(text.contains("slidegate_store_latency_seconds_count 3\n"));
+    }
+}

@@ -1,0 +1,182 @@
+//! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`.
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::{boxed, full, ServeBody, State};
+use crate::headers::{self, ceil_secs};
+use crate::limiter::{CheckError, DecisionSource};
+
+/// The largest `/v1/check` body read.
+const MAX_CHECK_BODY: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Check,
+    Metrics,
+    Health,
+}
+
+impl Endpoint {
+    pub(crate) fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/check" => Some(Endpoint::Check),
+            "/metrics" => Some(Endpoint::Metrics),
+            "/healthz" => Some(Endpoint::Health),
+            _ => None,
+        }
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Endpoint::Check => Method::POST,
+            Endpoint::Metrics | Endpoint::Health => Method::GET,
+        }
+    }
+
+    fn allow(self) -> HeaderValue {
+        match self {
+            Endpoint::Check => HeaderValue::from_static("POST"),
+            Endpoint::Metrics | Endpoint::Health => HeaderValue::from_static("GET, HEAD"),
+        }
+    }
+}
+
+/// A `/v1/check` request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    rule: String,
+    key: String,
+    #[serde(default = "one")]
+    cost: u64,
+    #[serde(default)]
+    anonymous: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A `/v1/check` answer.
+#[derive(Debug, Serialize)]
+struct CheckResponse {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    retry_after_ms: Option<u64>,
+    policy: String,
+    /// Set when the store was unavailable and the answer is the failure policy's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<&'static str>,
+}
+
+pub(crate) async fn handle(
+    state: &State,
+    endpoint: Endpoint,
+    request: Request<Incoming>,
+) -> Response<ServeBody> {
+    let method = request.method().clone();
+    if method != endpoint.method() && !(method == Method::HEAD && endpoint.method() == Method::GET) {
+        let mut response = bad_request(
+            StatusCode::METHOD_NOT_ALLOWED,
+            request.uri().path(),
+            &format!("{} expects {}", request.uri().path(), endpoint.method()),
+        );
+        response.headers_mut().insert(ALLOW, endpoint.allow());
+        return response;
+    }
+    match endpoint {
+        Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
+        Endpoint::Metrics => {
+            text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.limiter.render_metrics())
+        }
+        Endpoint::Check => check(state, request).await,
+    }
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<ServeBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
+    let title = status.canonical_reason().unwrap_or("Bad Request");
+    boxed(headers::problem(status, "about:blank", title, detail, Some(path), Default::default()))
+}
+
+async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+    let path = request.uri().path().to_owned();
+    let body = match Limited::new(request.into_body(), MAX_CHECK_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            return bad_request(StatusCode::BAD_REQUEST, &path, &format!("cannot read the body: {err}"))
+        }
+    };
+    let parsed: CheckRequest = match serde_json::from_slice(&body) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let detail = format!(
+                "malformed check request: {err}; expected {{\"rule\": \"name\", \"key\": \"identity\", \"cost\": 1}}"
+            );
+            return bad_request(StatusCode::BAD_REQUEST, &path, &detail);
+        }
+    };
+    let verdict =
+        match state.limiter.check_key(&parsed.rule, &parsed.key, parsed.cost, parsed.anonymous).await {
+            Ok(verdict) => verdict,
+            Err(err) => {
+                let detail = match &err {
+                    CheckError::UnknownRule(_) => {
+                        format!("{err}; known rules: {}", state.limiter.rule_names().join(", "))
+                    }
+                    _ => err.to_string(),
+                };
+                return bad_request(StatusCode::BAD_REQUEST, &path, &detail);
+            }
+        };
+    let answer = match verdict.decisive() {
+        Some(p) => CheckResponse {
+            allowed: verdict.allowed(),
+            limit: p.quota.limit(),
+            remaining: p.decision.remaining,
+            reset_after_ms: duration_ms(p.decision.reset_after),
+            retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
+            policy: p.name.to_string(),
+            degraded: (verdict.source == DecisionSource::Insurance).then_some("insurance"),
+        },
+        // The store failed and nobody decided: say what the failure policy chose.
+        None => CheckResponse {
+            allowed: verdict.allowed(),
+            limit: 0,
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: (!verdict.allowed()).then_some(1000),
+            policy: verdict.rule.to_string(),
+            degraded: Some(if verdict.allowed() { "fail_open" } else { "fail_closed" }),
+        },
+    };
+    let bytes = serde_json::to_vec(&answer).unwrap_or_default();
+    let mut response = Response::new(full(Bytes::from(bytes)));
+    let legacy = state.limiter.legacy_headers();
+    headers::apply(response.headers_mut(), &verdict, legacy);
+    if !verdict.allowed() {
+        // The caller relays the denial: it gets the wait as the 429 would carry it.
+        if let Some(wait) = verdict.decisive().and_then(|p| p.decision.retry_after) {
+            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(ceil_secs(wait)));
+        }
+    }
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn duration_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,214 @@
+//! `slidegate serve`: a rate-limiting reverse proxy to one upstream, with a
+//! JSON decision API, Prometheus metrics and a health check.
+//!
+//! Requests under `[server] admin_prefix` go to the admin endpoints
+//! (`/v1/check`, `/metrics`, `/healthz`); every other request is decided by
+//! the rules and, unless denied, forwarded to the upstream with both bodies
+//! streamed.
+
+mod admin;
+mod proxy;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use slidegate::MemoryStore;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::limiter::RateLimiter;
+use crate::store::AnyStore;
+
+/// The body of every response `serve` sends.
+pub type ServeBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The config has no `[server] upstream`.
+    #[error("[server] upstream is required by serve: the address requests are forwarded to")]
+    NoUpstream,
+    /// The store could not be reached at start.
+    #[error("cannot connect to the store at {url}: {message}")]
+    Store {
+        /// The store URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Shared by every connection.
+pub(crate) struct State {
+    pub(crate) limiter: RateLimiter<AnyStore>,
+    pub(crate) proxy: proxy::Proxy,
+    pub(crate) admin_prefix: String,
+}
+
+/// A bound, ready server.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<State>,
+    grace: std::time::Duration,
+}
+
+impl Server {
+    /// Connects the store named by `config` (or makes the embedded one) and
+    /// binds the listen address.
+    ///
+    /// # Errors
+    /// [`ServeError`] when there is no upstream, the store is unreachable or the address is taken.
+    pub async fn bind(config: &Config) -> Result<Self, ServeError> {
+        let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
+        let store = connect_store(config).await?;
+        let limiter = RateLimiter::from_config(config, store);
+        Self::with_limiter(config, limiter, upstream).await
+    }
+
+    async fn with_limiter(
+        config: &Config,
+        limiter: RateLimiter<AnyStore>,
+        upstream: http::Uri,
+    ) -> Result<Self, ServeError> {
+        let addr = config.server.listen;
+        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+        let state = State {
+            limiter,
+            proxy: proxy::Proxy::new(upstream),
+            admin_prefix: config.server.admin_prefix.clone(),
+        };
+        Ok(Self { listener, state: Arc::new(state), grace: config.server.shutdown_grace })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and waits up to
+    /// the configured grace period for open connections to finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off briefly.
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let state = Arc::clone(&self.state);
+            let service = service_fn(move |request: Request<Incoming>| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service);
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    tracing::debug!(%err, %peer, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        tracing::info!("shutting down: waiting for open connections");
+        tokio::select! {
+            () = graceful.shutdown() => tracing::info!("all connections closed"),
+            () = tokio::time::sleep(self.grace) => tracing::warn!("grace period over: closing the remaining connections"),
+        }
+    }
+}
+
+async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
+    match &config.store.url {
+        None => Ok(AnyStore::Memory(MemoryStore::new())),
+        Some(url) => Err(ServeError::Store {
+            url: url.clone(),
+            message: "the Redis store is not built into this version yet".into(),
+        }),
+    }
+}
+
+async fn handle(state: &State, request: Request<Incoming>, peer: SocketAddr) -> Response<ServeBody> {
+    if let Some(rest) = request.uri().path().strip_prefix(state.admin_prefix.as_str()) {
+        if let Some(endpoint) = admin::Endpoint::from_path(rest) {
+            return admin::handle(state, endpoint, request).await;
+        }
+    }
+    proxy::forward(state, request, peer).await
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// A boxed body holding `bytes`.
+pub(crate) fn full(bytes: impl Into<Bytes>) -> ServeBody {
+    http_body_util::Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+/// Boxes a full-body response.
+pub(crate) fn boxed(response: Response<http_body_util::Full<Bytes>>) -> Response<ServeBody> {
+    response.map(|body| body.map_err(|never| match never {}).boxed())
+}
+
+/// Installs a log subscriber writing to stderr at the level in
+/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`; default `info`).
+pub fn init_logging() {
+    let level = std::env::var("SLIDEGATE_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,160 @@
+//! Forwarding to the upstream: bodies streamed both ways, hop-by-hop headers
+//! dropped, `X-Forwarded-For` appended.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::{boxed, ServeBody, State};
+use crate::headers;
+
+/// The client to the one upstream.
+pub(crate) struct Proxy {
+    upstream: Uri,
+    client: Client<HttpConnector, Incoming>,
+}
+
+/// Headers meaningful for one connection only (RFC 9110 §7.6.1), never forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+impl Proxy {
+    pub(crate) fn new(upstream: Uri) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build(connector);
+        Self { upstream, client }
+    }
+
+    fn target(&self, original: &Uri) -> Option<Uri> {
+        let mut parts = self.upstream.clone().into_parts();
+        parts.path_and_query = original.path_and_query().cloned().or_else(|| "/".parse().ok());
+        Uri::from_parts(parts).ok()
+    }
+}
+
+/// Removes hop-by-hop headers, those the `Connection` header names included.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    // Transfer-Encoding is hop-by-hop too; hyper re-frames the body itself.
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Appends `peer` to `X-Forwarded-For`, folding earlier lines into one.
+pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+    let peer_ip = peer.ip().to_canonical().to_string();
+    let mut chain: Vec<String> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .collect();
+    chain.push(peer_ip);
+    if let Ok(value) = HeaderValue::try_from(chain.join(", ")) {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    }
+}
+
+pub(crate) async fn forward(
+    state: &State,
+    mut request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<ServeBody> {
+    let limiter = &state.limiter;
+    let path = request.uri().path().to_owned();
+    let verdict = limiter.check_request(request.method(), &path, request.headers(), Some(peer.ip())).await;
+    if let Some(v) = &verdict {
+        if v.blocks() {
+            return boxed(headers::blocked_response(v, limiter.legacy_headers(), &path));
+        }
+    }
+    let Some(target) = state.proxy.target(request.uri()) else {
+        return bad_gateway(&path, "cannot build the upstream URI");
+    };
+    *request.uri_mut() = target;
+    *request.version_mut() = http::Version::HTTP_11;
+    strip_hop_by_hop(request.headers_mut());
+    append_forwarded_for(request.headers_mut(), peer);
+    match state.proxy.client.request(request).await {
+        Ok(response) => {
+            let mut response = response.map(|body| body.map_err(Into::into).boxed());
+            strip_hop_by_hop(response.headers_mut());
+            if let Some(v) = &verdict {
+                headers::apply(response.headers_mut(), v, limiter.legacy_headers());
+            }
+            response
+        }
+        Err(err) => {
+            tracing::warn!(%err, "upstream request failed");
+            bad_gateway(&path, "the upstream could not be reached")
+        }
+    }
+}
+
+fn bad_gateway(path: &str, detail: &str) -> Response<ServeBody> {
+    boxed(headers::problem(
+        StatusCode::BAD_GATEWAY,
+        "about:blank",
+        "Bad Gateway",
+        detail,
+        Some(path),
+        Default::default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-api-key"]);
+    }
+
+    #[test]
+    fn the_peer_is_appended_to_x_forwarded_for() {
+        let peer: SocketAddr = "198.51.100.7:5000".parse().unwrap();
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, peer);
+        assert_eq!(h["x-forwarded-for"], "198.51.100.7");
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2, 3.3.3.3"));
+        append_forwarded_for(&mut h, peer);
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 198.51.100.7");
+    }
+}
