@@ -57,7 +57,7 @@ fn one_identity(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
             b.iter(|| {
                 i += 1;
-                if i % PER_MS == 0 {
+                if i.is_multiple_of(PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
                 black_box(store.decide_sync(black_box("user:42"), &limit, 1))
@@ -71,7 +71,7 @@ fn one_identity(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
         b.iter(|| {
             i += 1;
-            if i % PER_MS == 0 {
+            if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
             black_box(governor.check_key(black_box(&key)))
@@ -94,7 +94,7 @@ fn keyed(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
             b.iter(|| {
                 i += 1;
-                if i % PER_MS == 0 {
+                if i.is_multiple_of(PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
                 black_box(store.decide_sync(&keys[scattered(i)], &limit, 1))
@@ -117,7 +117,7 @@ fn keyed(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
         b.iter(|| {
             i += 1;
-            if i % PER_MS == 0 {
+            if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
             black_box(dashmap.check_key(&keys[scattered(i)]))
@@ -126,7 +126,7 @@ fn keyed(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("governor", "hashmap"), |b| {
         b.iter(|| {
             i += 1;
-            if i % PER_MS == 0 {
+            if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
             black_box(hashmap.check_key(&keys[scattered(i)]))
@@ -135,7 +135,7 @@ fn keyed(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("governor", "dashmap_u64_keys"), |b| {
         b.iter(|| {
             i += 1;
-            if i % PER_MS == 0 {
+            if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
             black_box(dashmap_u64.check_key(&(scattered(i) as u64)))
@@ -175,7 +175,7 @@ fn contended(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 two_threads(iters, |i| {
                     // Each thread advances every 128: 64 per ms between them.
-                    if i % (2 * PER_MS) == 0 {
+                    if i.is_multiple_of(2 * PER_MS) {
                         clock.advance(Duration::from_millis(1));
                     }
                     black_box(store.decide_sync("user:42", &limit, 1).ok());
@@ -189,7 +189,7 @@ fn contended(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
         b.iter_custom(|iters| {
             two_threads(iters, |i| {
-                if i % (2 * PER_MS) == 0 {
+                if i.is_multiple_of(2 * PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
                 black_box(governor.check_key(&key).ok());

@@ -7,21 +7,35 @@
 //! hash, so every limit of one identity lives in one shard and
 //! [`MemoryStore::decide_all_sync`] is atomic under one lock.
 //!
+//! Every algorithm but the sliding log keeps its state in a compact table of
+//! `(identity hash, state)` slots, the window-based ones packed into one
+//! `u64` (see `packing.rs`): 16 bytes a slot, 20–30 bytes per identity at
+//! any count, so a million identities under the sliding window counter cost
+//! about 25 MB. Packing only changes how a state is stored; the algorithms
+//! decide on the unpacked state, so decisions are the same.
+//!
 //! Idle identities — whose state no longer changes any decision — are swept
 //! out as tables grow, and [`MemoryStore::evict_idle`] sweeps and shrinks
 //! everything (call it from a timer to give memory back after a burst).
+
+mod packing;
+mod slots;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::algorithm::{fixed_window, gcra, sliding_log, sliding_window_counter, token_bucket};
+use self::packing::{
+    BucketRule, CounterRule, FixedRule, GcraRule, PackedCounter, PackedFixed, Packing, Plain, Rule,
+};
+use self::slots::{slot_id, Slots};
+use crate::algorithm::sliding_log;
 use crate::store::{validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
-/// A table is not swept before it holds this many identities.
+/// A sliding-log table is not swept before it holds this many identities.
 const MIN_SWEEP: usize = 1024;
 
 /// Hashes a key that already is a keyed hash: passes it through.
@@ -42,117 +56,191 @@ impl Hasher for Prehashed {
     }
 }
 
-type Map<S> = HashMap<u64, S, BuildHasherDefault<Prehashed>>;
+/// The states of one limit whose state is a small copyable value, in a
+/// compact table ([`Slots`]) in the representation [`Packing`] chose.
+struct Keyed<P: Packing> {
+    packing: P,
+    slots: Slots<P::Packed>,
+    /// When the table was last swept: packed times are restored relative to
+    /// it, and every state in the table was written at most one horizon later.
+    swept_ms: u64,
+}
+
+impl<P: Packing> Keyed<P> {
+    fn new(packing: P, now: u64) -> Self {
+        Self { packing, slots: Slots::new(), swept_ms: now }
+    }
+
+    /// Decides for a copyable state: updates in place, inserts only when the
+    /// state changed, so denials and unknown identities store nothing; no
+    /// allocation unless the table grows.
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
+            self.rebuild(now, 0);
+        }
+        let (packing, rule, swept) = (self.packing, self.packing.rule(), self.swept_ms);
+        if let Some(slot) = self.slots.get_mut(id) {
+            let (next, decision) = rule.decide(packing.unpack(*slot, swept), now, cost);
+            if commit {
+                *slot = packing.pack(next);
+            }
+            return decision;
+        }
+        let fresh = <P::Rule as Rule>::State::default();
+        let (next, decision) = rule.decide(fresh, now, cost);
+        if commit && next != fresh {
+            if self.slots.is_full() {
+                // Growing is the moment to drop idle states: the table may not need to grow.
+                self.rebuild(now, 1);
+            }
+            self.slots.insert_new(id, packing.pack(next));
+        }
+        decision
+    }
+
+    /// Drops every idle state and resizes the table for the rest plus `room`.
+    ///
+    /// States are restored relative to the previous sweep (exact: none was
+    /// written more than a horizon after it); those that survive are at most
+    /// a window old, so the next horizon starts now.
+    fn rebuild(&mut self, now: u64, room: usize) {
+        let (packing, rule, swept) = (self.packing, self.packing.rule(), self.swept_ms);
+        self.slots.rebuild(|p| !rule.is_idle(&packing.unpack(*p, swept), now), room);
+        self.swept_ms = now;
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+/// The sliding logs of one limit, keyed by identity hash.
+struct Logs {
+    quota: Quota,
+    map: HashMap<u64, sliding_log::Log, BuildHasherDefault<Prehashed>>,
+    sweep_at: usize,
+}
+
+impl Logs {
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        let q = self.quota;
+        let (decision, inserted) = match self.map.get_mut(&id) {
+            Some(log) if commit => (sliding_log::decide(log, now, cost, &q), false),
+            Some(log) => (sliding_log::check(log, now, cost, &q), false),
+            None => {
+                let mut log = sliding_log::Log::default();
+                let decision = sliding_log::decide(&mut log, now, cost, &q);
+                let insert = commit && decision.allowed && cost > 0;
+                if insert {
+                    self.map.insert(id, log);
+                }
+                (decision, insert)
+            }
+        };
+        if inserted && self.map.len() >= self.sweep_at {
+            self.sweep(now);
+            self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+        }
+        decision
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.map.retain(|_, log| !sliding_log::is_idle(log, now, &self.quota));
+        if self.map.len() * 4 <= self.map.capacity() {
+            self.map.shrink_to_fit();
+        }
+    }
+
+    fn shrink(&mut self, now: u64) {
+        self.sweep(now);
+        self.map.shrink_to_fit();
+        self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+    }
+}
 
 /// The states of one limit, keyed by identity hash.
 enum States {
-    Counter(Map<sliding_window_counter::State>),
-    Fixed(Map<fixed_window::State>),
-    Log(Map<sliding_log::Log>),
-    Bucket(Map<token_bucket::State>),
-    Gcra(Map<gcra::State>),
+    Counter(Keyed<PackedCounter>),
+    /// For limits of 2^24 and more, whose counters leave no room to pack.
+    CounterPlain(Keyed<Plain<CounterRule>>),
+    Fixed(Keyed<PackedFixed>),
+    FixedPlain(Keyed<Plain<FixedRule>>),
+    Log(Logs),
+    Bucket(Keyed<Plain<BucketRule>>),
+    Gcra(Keyed<Plain<GcraRule>>),
+}
+
+/// Runs `$body` with `$k` bound to whichever table `$states` holds.
+macro_rules! each_table {
+    ($states:expr, $k:ident => $body:expr) => {
+        match $states {
+            States::Counter($k) => $body,
+            States::CounterPlain($k) => $body,
+            States::Fixed($k) => $body,
+            States::FixedPlain($k) => $body,
+            States::Log($k) => $body,
+            States::Bucket($k) => $body,
+            States::Gcra($k) => $body,
+        }
+    };
 }
 
 struct Table {
     limit: Limit,
     states: States,
-    sweep_at: usize,
-}
-
-/// Decides for a copyable state: updates in place, inserts only when the
-/// state changed, so denials and unknown identities allocate nothing.
-fn step<S: Copy + Default + PartialEq>(
-    map: &mut Map<S>,
-    id: u64,
-    commit: bool,
-    f: impl FnOnce(S) -> (S, Decision),
-) -> (Decision, bool) {
-    match map.get_mut(&id) {
-        Some(state) => {
-            let (next, decision) = f(*state);
-            if commit {
-                *state = next;
-            }
-            (decision, false)
-        }
-        None => {
-            let (next, decision) = f(S::default());
-            let insert = commit && next != S::default();
-            if insert {
-                map.insert(id, next);
-            }
-            (decision, insert)
-        }
-    }
 }
 
 impl Table {
-    fn new(limit: Limit) -> Self {
+    fn new(limit: Limit, now: u64) -> Self {
+        let q = limit.quota;
         let states = match limit.algorithm {
-            Algorithm::SlidingWindowCounter => States::Counter(Map::default()),
-            Algorithm::FixedWindow => States::Fixed(Map::default()),
-            Algorithm::SlidingLog => States::Log(Map::default()),
-            Algorithm::TokenBucket => States::Bucket(Map::default()),
-            Algorithm::Gcra => States::Gcra(Map::default()),
+            Algorithm::SlidingWindowCounter => match PackedCounter::new(q) {
+                Some(p) => States::Counter(Keyed::new(p, now)),
+                None => States::CounterPlain(Keyed::new(Plain(CounterRule(q)), now)),
+            },
+            Algorithm::FixedWindow => match PackedFixed::new(q) {
+                Some(p) => States::Fixed(Keyed::new(p, now)),
+                None => States::FixedPlain(Keyed::new(Plain(FixedRule(q)), now)),
+            },
+            Algorithm::SlidingLog => {
+                States::Log(Logs { quota: q, map: HashMap::default(), sweep_at: MIN_SWEEP })
+            }
+            Algorithm::TokenBucket => States::Bucket(Keyed::new(Plain(BucketRule(q)), now)),
+            Algorithm::Gcra => States::Gcra(Keyed::new(Plain(GcraRule(q)), now)),
         };
-        Self { limit, states, sweep_at: MIN_SWEEP }
+        Self { limit, states }
     }
 
     /// Decides `cost` for identity `id`; charges it only when `commit`.
+    #[inline]
     fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-        let q = self.limit.quota;
-        let (decision, inserted) = match &mut self.states {
-            States::Counter(m) => step(m, id, commit, |s| sliding_window_counter::decide(s, now, cost, &q)),
-            States::Fixed(m) => step(m, id, commit, |s| fixed_window::decide(s, now, cost, &q)),
-            States::Bucket(m) => step(m, id, commit, |s| token_bucket::decide(s, now, cost, &q)),
-            States::Gcra(m) => step(m, id, commit, |s| gcra::decide(s, now, cost, &q)),
-            States::Log(m) => match m.get_mut(&id) {
-                Some(log) if commit => (sliding_log::decide(log, now, cost, &q), false),
-                Some(log) => (sliding_log::check(log, now, cost, &q), false),
-                None => {
-                    let mut log = sliding_log::Log::default();
-                    let decision = sliding_log::decide(&mut log, now, cost, &q);
-                    let insert = commit && decision.allowed && cost > 0;
-                    if insert {
-                        m.insert(id, log);
-                    }
-                    (decision, insert)
-                }
-            },
-        };
-        if inserted && self.len() >= self.sweep_at {
-            self.sweep(now);
-            self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
-        }
-        decision
+        each_table!(&mut self.states, t => t.decide(id, now, cost, commit))
     }
 
     /// Forgets every identity whose state no longer matters and gives back
-    /// memory when the table is mostly empty.
-    fn sweep(&mut self, now: u64) {
-        fn retain<S>(m: &mut Map<S>, idle: impl Fn(&S) -> bool) {
-            m.retain(|_, s| !idle(s));
-            if m.len() * 4 <= m.capacity() {
-                m.shrink_to_fit();
-            }
-        }
-        let q: Quota = self.limit.quota;
+    /// the memory the rest does not need.
+    fn shrink(&mut self, now: u64) {
         match &mut self.states {
-            States::Counter(m) => retain(m, |s| sliding_window_counter::is_idle(s, now, &q)),
-            States::Fixed(m) => retain(m, |s| fixed_window::is_idle(s, now, &q)),
-            States::Log(m) => retain(m, |s| sliding_log::is_idle(s, now, &q)),
-            States::Bucket(m) => retain(m, |s| token_bucket::is_idle(s, now, &q)),
-            States::Gcra(m) => retain(m, |s| gcra::is_idle(s, now)),
+            States::Log(logs) => logs.shrink(now),
+            States::Counter(t) => t.rebuild(now, 0),
+            States::CounterPlain(t) => t.rebuild(now, 0),
+            States::Fixed(t) => t.rebuild(now, 0),
+            States::FixedPlain(t) => t.rebuild(now, 0),
+            States::Bucket(t) => t.rebuild(now, 0),
+            States::Gcra(t) => t.rebuild(now, 0),
         }
     }
 
     fn len(&self) -> usize {
         match &self.states {
-            States::Counter(m) => m.len(),
-            States::Fixed(m) => m.len(),
-            States::Log(m) => m.len(),
-            States::Bucket(m) => m.len(),
-            States::Gcra(m) => m.len(),
+            States::Log(logs) => logs.map.len(),
+            States::Counter(t) => t.len(),
+            States::CounterPlain(t) => t.len(),
+            States::Fixed(t) => t.len(),
+            States::FixedPlain(t) => t.len(),
+            States::Bucket(t) => t.len(),
+            States::Gcra(t) => t.len(),
         }
     }
 }
@@ -164,11 +252,11 @@ struct Shard {
 }
 
 impl Shard {
-    fn table(&mut self, limit: &Limit) -> &mut Table {
+    fn table(&mut self, limit: &Limit, now: u64) -> &mut Table {
         let index = match self.tables.iter().position(|t| t.limit == *limit) {
             Some(i) => i,
             None => {
-                self.tables.push(Table::new(*limit));
+                self.tables.push(Table::new(*limit, now));
                 self.tables.len() - 1
             }
         };
@@ -220,9 +308,10 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The identity hash of `key` and the shard it lives in.
     fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let id = self.hasher.hash_one(key);
-        // Bits 32.. pick the shard; the table uses the low bits for buckets and
-        // the top 7 for tags, so the three stay independent.
+        let id = slot_id(self.hasher.hash_one(key));
+        // Bits 32.. pick the shard; compact tables start probing from the
+        // high bits, the sliding log's map uses the low bits for buckets and
+        // the top 7 for tags: the choices stay independent.
         let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
         // A panic while holding the lock cannot leave a state half-written
         // (states are replaced whole), so a poisoned shard is still sound.
@@ -237,7 +326,7 @@ impl<C: Clock> MemoryStore<C> {
         validate(key, &[(*limit, cost)])?;
         let now = self.clock.now_ms();
         let (id, mut shard) = self.locate(key);
-        Ok(shard.table(limit).decide(id, now, cost, true))
+        Ok(shard.table(limit, now).decide(id, now, cost, true))
     }
 
     /// Decides several limits for `key` all-or-nothing; see [`Store::decide_all`].
@@ -248,20 +337,22 @@ impl<C: Clock> MemoryStore<C> {
         validate(key, charges)?;
         let now = self.clock.now_ms();
         let (id, mut shard) = self.locate(key);
-        let mut decisions: Vec<Decision> =
-            charges.iter().map(|(limit, cost)| shard.table(limit).decide(id, now, *cost, false)).collect();
+        let mut decisions: Vec<Decision> = charges
+            .iter()
+            .map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false))
+            .collect();
         if decisions.iter().all(|d| d.allowed) {
             // Same state, same time: committing reproduces each checked
             // decision, now with the charges of the limits before it applied.
             for ((limit, cost), decision) in charges.iter().zip(&mut decisions) {
-                *decision = shard.table(limit).decide(id, now, *cost, true);
+                *decision = shard.table(limit, now).decide(id, now, *cost, true);
             }
         } else {
             // Nothing is charged, so a limit that had room reports its
             // remaining permits without this request: a peek at cost 0.
             for ((limit, _), decision) in charges.iter().zip(&mut decisions) {
                 if decision.allowed {
-                    *decision = shard.table(limit).decide(id, now, 0, false);
+                    *decision = shard.table(limit, now).decide(id, now, 0, false);
                 }
             }
         }
@@ -276,8 +367,7 @@ impl<C: Clock> MemoryStore<C> {
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
             for table in &mut shard.tables {
-                table.sweep(now);
-                table.shrink();
+                table.shrink(now);
             }
             shard.tables.retain(|t| t.len() > 0);
             shard.tables.shrink_to_fit();
@@ -299,19 +389,6 @@ impl<C: Clock> MemoryStore<C> {
     /// Whether the store holds no state at all.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl Table {
-    fn shrink(&mut self) {
-        match &mut self.states {
-            States::Counter(m) => m.shrink_to_fit(),
-            States::Fixed(m) => m.shrink_to_fit(),
-            States::Log(m) => m.shrink_to_fit(),
-            States::Bucket(m) => m.shrink_to_fit(),
-            States::Gcra(m) => m.shrink_to_fit(),
-        }
-        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
     }
 }
 
@@ -390,6 +467,105 @@ mod tests {
             assert_eq!((d.allowed, d.remaining), (true, 5), "{a}");
         }
         assert!(store.is_empty());
+    }
+
+    /// The compact tables pack states and sweep on their own schedule; neither
+    /// may change a decision. Replays random traces — many identities, gaps
+    /// from 0 ms to many windows, limits near the packing bounds — through the
+    /// store and through the pure functions, and compares every decision.
+    #[test]
+    fn packed_tables_decide_exactly_like_the_algorithms() {
+        use crate::algorithm::{fixed_window, gcra, sliding_window_counter, token_bucket};
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        // Limits around the packed/plain switch (2^24 for the counter) and a
+        // 1 ms window with 16 window bits: packed window numbers wrap every
+        // 65,536 windows, so the forced sweeps and the restore are exercised.
+        let cases = [(5, 1_000), (100, 60_000), ((1 << 24) - 1, 1), (1 << 24, 1), (3, 1), ((1 << 48) - 1, 1)];
+        for (n, ms) in cases {
+            for algorithm in Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog) {
+                let l = limit(algorithm, n, ms);
+                let clock = ManualClock::new(1_700_000_000_000);
+                let store = MemoryStore::with_clock(clock.clone()).with_shards(2);
+                let mut plain: HashMap<u64, (u64, u64, u64, u64)> = HashMap::new();
+                for step in 0..20_000 {
+                    let gap = match next(10) {
+                        0..=5 => 0,
+                        6 | 7 => next(ms * 2),
+                        8 => next(ms * 200_000),
+                        _ => ms * 70_000,
+                    };
+                    clock.advance(Duration::from_millis(gap));
+                    let now = clock.now_ms();
+                    let who = next(3_000);
+                    let cost = next(n.min(4) + 1).min(n);
+                    let got = store.decide_sync(&format!("id-{who}"), &l, cost).unwrap();
+                    let s = plain.entry(who).or_default();
+                    let q = l.quota;
+                    let want = match algorithm {
+                        Algorithm::SlidingWindowCounter => {
+                            let st = sliding_window_counter::State { window: s.0, cur: s.1, prev: s.2 };
+                            let (st, d) = sliding_window_counter::decide(st, now, cost, &q);
+                            *s = (st.window, st.cur, st.prev, 0);
+                            d
+                        }
+                        Algorithm::FixedWindow => {
+                            let (st, d) = fixed_window::decide(
+                                fixed_window::State { window: s.0, count: s.1 },
+                                now,
+                                cost,
+                                &q,
+                            );
+                            *s = (st.window, st.count, 0, 0);
+                            d
+                        }
+                        Algorithm::TokenBucket => {
+                            let (st, d) = token_bucket::decide(
+                                token_bucket::State { used: s.0, last_ms: s.1 },
+                                now,
+                                cost,
+                                &q,
+                            );
+                            *s = (st.used, st.last_ms, 0, 0);
+                            d
+                        }
+                        Algorithm::Gcra => {
+                            let (st, d) = gcra::decide(gcra::State { tat_us: s.0 }, now, cost, &q);
+                            *s = (st.tat_us, 0, 0, 0);
+                            d
+                        }
+                        Algorithm::SlidingLog => unreachable!(),
+                    };
+                    assert_eq!(got, want, "{l} step {step} at {now}, identity {who}, cost {cost}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_packed_window_number_never_aliases_after_its_modulus() {
+        // 2^24 − 1 per ms leaves 16 window bits: window numbers repeat every
+        // 65,536 ms. A state left alone exactly that long must not come back,
+        // and a new one must not be mistaken for it.
+        for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+            let l = limit(algorithm, (1 << 24) - 1, 1);
+            let clock = ManualClock::new(1_700_000_000_000);
+            // One shard: both identities share a table.
+            let store = MemoryStore::with_clock(clock.clone()).with_shards(1);
+            assert!(store.decide_sync("k", &l, (1 << 24) - 1).unwrap().allowed);
+            clock.advance(Duration::from_millis(65_536));
+            let d = store.decide_sync("k", &l, 1).unwrap();
+            assert_eq!((d.allowed, d.remaining), (true, (1 << 24) - 2), "{algorithm}");
+            // A state written now shares its truncated window with the old one
+            // and must read as this window's, not as the old one's.
+            assert!(store.decide_sync("other", &l, (1 << 24) - 1).unwrap().allowed);
+            assert!(!store.decide_sync("other", &l, 1).unwrap().allowed, "{algorithm}");
+        }
     }
 
     #[test]
