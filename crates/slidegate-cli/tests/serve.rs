@@ -1,0 +1,545 @@
+//! End to end: a real upstream HTTP server, a real `slidegate serve` process,
+//! a real `redis-server`, and an HTTP client, all on loopback sockets.
+//!
+//! The client and upstream are a page of std-only HTTP/1.1 so that what is
+//! tested is slidegate's behaviour on the wire, headers byte for byte.
+//! Quotas use `sliding_log` with long windows so every header value is exact
+//! while a test runs (a test would have to stall for a second to shift one).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const SECRET_ENV: &str = "SLIDEGATE_TEST_IP_SECRET";
+
+// ---------------------------------------------------------------- upstream
+
+/// An HTTP/1.1 upstream: answers `{method} {target} xff={x-forwarded-for}`,
+/// or echoes the request body for `POST /echo`; counts requests.
+struct Upstream {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (Arc::clone(&hits), Arc::clone(&stop));
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let h = Arc::clone(&h);
+                thread::spawn(move || serve_upstream(stream, &h));
+            }
+        });
+        Upstream { addr, hits, stop }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve_upstream(stream: TcpStream, hits: &AtomicUsize) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    // Keep-alive: the proxy pools connections.
+    while let Some((request_line, headers)) = read_head(&mut reader) {
+        let mut parts = request_line.split(' ');
+        let (method, target) = (parts.next().unwrap_or("").to_owned(), parts.next().unwrap_or("").to_owned());
+        let body = read_body(&mut reader, &headers);
+        hits.fetch_add(1, Ordering::SeqCst);
+        let reply = if method == "POST" && target == "/echo" {
+            body
+        } else {
+            let xff = headers.get("x-forwarded-for").cloned().unwrap_or_default();
+            format!("{method} {target} xff={xff}").into_bytes()
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nx-upstream: yes\r\n\r\n",
+            reply.len()
+        );
+        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(&reply)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads a request or response head: first line and lower-cased headers.
+fn read_head(reader: &mut impl BufRead) -> Option<(String, HashMap<String, String>)> {
+    let mut first = String::new();
+    if reader.read_line(&mut first).ok()? == 0 {
+        return None;
+    }
+    let mut headers: HashMap<String, String> = HashMap::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        let name = name.trim().to_ascii_lowercase();
+        let value = value.trim().to_owned();
+        headers.entry(name).and_modify(|v| *v = format!("{v}, {value}")).or_insert(value);
+    }
+    Some((first.trim_end().to_owned(), headers))
+}
+
+fn read_body(reader: &mut impl BufRead, headers: &HashMap<String, String>) -> Vec<u8> {
+    if headers.get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).unwrap();
+            let size = usize::from_str_radix(size.trim().split(';').next().unwrap(), 16).unwrap();
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                return body;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    let len: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).unwrap();
+    body
+}
+
+// ---------------------------------------------------------------- client
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: String,
+    elapsed: Duration,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, target: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut head = format!("{method} {target} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status_line, headers) = read_head(&mut reader).expect("a response");
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = read_body(&mut reader, &headers);
+    Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned(), elapsed: start.elapsed() }
+}
+
+fn get(addr: SocketAddr, target: &str, headers: &[(&str, &str)]) -> Reply {
+    request(addr, "GET", target, headers, b"")
+}
+
+// ---------------------------------------------------------------- slidegate
+
+/// A `slidegate serve` process, killed on drop; its stderr is kept and
+/// printed when a test fails.
+struct Slidegate {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_slidegate")
+}
+
+fn write_config(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("slidegate.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+impl Slidegate {
+    fn start(config: &str) -> Slidegate {
+        let (dir, path) = write_config(config);
+        let mut child = Command::new(binary())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env(SECRET_ENV, "end-to-end-secret")
+            .env("SLIDEGATE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&log);
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if let Some(rest) = line.strip_prefix("slidegate: listening on ") {
+                    let addr: SocketAddr = rest.split(',').next().unwrap().parse().unwrap();
+                    let _ = tx.send(addr);
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("slidegate did not start:\n{}", log.lock().unwrap())
+        });
+        Slidegate { child, addr, log, _dir: dir }
+    }
+
+    fn get(&self, target: &str, headers: &[(&str, &str)]) -> Reply {
+        get(self.addr, target, headers)
+    }
+
+    fn metrics(&self) -> HashMap<String, f64> {
+        let reply = self.get("/metrics", &[]);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply
+            .body
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.rsplit_once(' '))
+            .map(|(name, value)| (name.to_owned(), value.parse().unwrap()))
+            .collect()
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        *self.metrics().get(name).unwrap_or_else(|| panic!("no metric {name}"))
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "slidegate did not stop on SIGTERM");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Slidegate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if thread::panicking() {
+            eprintln!("--- slidegate log ---\n{}", self.log.lock().unwrap());
+        }
+    }
+}
+
+/// The test configuration: quotas small enough to exhaust, exact by algorithm.
+fn config(upstream: &Upstream, store: &str, trusted: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+upstream = "http://{upstream}"
+
+{store}
+
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "{SECRET_ENV}"
+trusted_proxies = [{trusted}]
+
+[[rules]]
+name = "trending"
+path = "/api/videos/trending"
+methods = ["GET"]
+anonymous = [{{ limit = 3, window = "60s", algorithm = "sliding_log" }}]
+authenticated = [{{ limit = 5, window = "60s", algorithm = "sliding_log" }}]
+
+[[rules]]
+name = "search"
+path = "/api/search*"
+limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}, {{ limit = 100, window = "1h", algorithm = "sliding_log" }}]
+"#,
+        upstream = upstream.addr,
+    )
+}
+
+fn embedded(upstream: &Upstream) -> Slidegate {
+    Slidegate::start(&config(upstream, "", r#""10.0.0.0/8""#))
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn denies_after_the_limit_with_exact_headers_and_a_problem_body() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+
+    let first = sg.get("/api/search?q=cats", &[]);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.body, "GET /api/search?q=cats xff=127.0.0.1");
+    assert_eq!(first.header("x-upstream"), Some("yes"));
+    assert_eq!(first.header("ratelimit-policy"), Some("\"search-60s\";q=2;w=60, \"search-1h\";q=100;w=3600"));
+    assert_eq!(first.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-reset"), Some("60"));
+    assert_eq!(first.header("retry-after"), None);
+
+    let second = sg.get("/api/search?q=dogs", &[]);
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("ratelimit"), Some("\"search-60s\";r=0;t=60, \"search-1h\";r=98;t=3600"));
+    assert_eq!(second.header("x-ratelimit-remaining"), Some("0"));
+
+    let denied = sg.get("/api/search/users", &[]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(denied.header("retry-after"), Some("60"));
+    assert_eq!(denied.header("cache-control"), Some("no-store"));
+    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    assert_eq!(denied.header("ratelimit-policy"), Some("\"search-60s\";q=2;w=60"));
+    assert_eq!(denied.header("ratelimit"), Some("\"search-60s\";r=0;t=60"));
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-reset"), Some("60"));
+    assert_eq!(denied.header("x-upstream"), None);
+    let problem: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+    assert_eq!(
+        problem,
+        serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "title": "Request cannot be satisfied as assigned quota has been exceeded",
+            "status": 429,
+            "detail": "policy \"search-60s\" allows 2 requests per 60 s; retry in 60 s",
+            "instance": "/api/search/users",
+            "violated-policies": ["search-60s"],
+        })
+    );
+    // The denied request never reached the upstream, and was not charged to the hourly limit.
+    assert_eq!(upstream.hits(), 2);
+    let m = sg.metrics();
+    assert_eq!(m["slidegate_requests_allowed_total{rule=\"search\"}"], 2.0);
+    assert_eq!(m["slidegate_requests_denied_total{rule=\"search\"}"], 1.0);
+    assert_eq!(m["slidegate_requests_fail_open_total{rule=\"search\"}"], 0.0);
+    assert_eq!(m["slidegate_store_latency_seconds_count"], 3.0);
+}
+
+#[test]
+fn endpoints_have_independent_limits_and_unmatched_paths_are_not_limited() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    let statuses = |target: &str, n: usize| (0..n).map(|_| sg.get(target, &[]).status).collect::<Vec<_>>();
+    assert_eq!(statuses("/api/search", 3), [200, 200, 429]);
+    assert_eq!(statuses("/api/videos/trending", 4), [200, 200, 200, 429]);
+    assert_eq!(statuses("/api/search", 1), [429]);
+    // A method the rule does not name, and a path no rule names, pass unlimited.
+    let post = request(sg.addr, "POST", "/api/videos/trending", &[], b"");
+    assert_eq!((post.status, post.header("ratelimit")), (200, None));
+    assert_eq!(statuses("/api/videos/42", 5), [200; 5]);
+    assert_eq!(upstream.hits(), 2 + 3 + 1 + 5);
+}
+
+#[test]
+fn authenticated_clients_get_their_own_larger_quota_per_key() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    let trending = |headers: &[(&str, &str)], n: usize| {
+        (0..n).map(|_| sg.get("/api/videos/trending", headers).status).collect::<Vec<_>>()
+    };
+    assert_eq!(trending(&[], 4), [200, 200, 200, 429]);
+    let alice = sg.get("/api/videos/trending", &[("x-api-key", "alice")]);
+    assert_eq!(alice.header("ratelimit-policy"), Some("\"trending\";q=5;w=60"));
+    assert_eq!(alice.header("x-ratelimit-remaining"), Some("4"));
+    assert_eq!(trending(&[("x-api-key", "alice")], 5), [200, 200, 200, 200, 429]);
+    assert_eq!(trending(&[("x-api-key", "bob")], 1), [200]);
+    // Anonymous traffic from the same address is still denied.
+    let anonymous = sg.get("/api/videos/trending", &[]);
+    assert_eq!(
+        (anonymous.status, anonymous.header("ratelimit-policy")),
+        (429, Some("\"trending\";q=3;w=60"))
+    );
+}
+
+#[test]
+fn forwarding_headers_from_an_untrusted_peer_change_nothing() {
+    let upstream = Upstream::start();
+    // 127.0.0.1, the test client, is not a trusted proxy here.
+    let sg = embedded(&upstream);
+    let spoofed: Vec<u16> = ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"]
+        .iter()
+        .map(|ip| {
+            sg.get("/api/videos/trending", &[("x-forwarded-for", ip), ("forwarded", &format!("for={ip}"))])
+                .status
+        })
+        .collect();
+    assert_eq!(spoofed, [200, 200, 200, 429]);
+    // The upstream sees the client's chain with the real peer appended.
+    let reply = sg.get("/api/videos/42", &[("x-forwarded-for", "9.9.9.9")]);
+    assert_eq!(reply.body, "GET /api/videos/42 xff=9.9.9.9, 127.0.0.1");
+}
+
+#[test]
+fn forwarding_headers_from_a_trusted_proxy_name_the_client() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, "", r#""127.0.0.1/32""#));
+    let trending = |xff: &str| sg.get("/api/videos/trending", &[("x-forwarded-for", xff)]).status;
+    assert_eq!(
+        [trending("1.1.1.1"), trending("1.1.1.1"), trending("1.1.1.1"), trending("1.1.1.1")],
+        [200, 200, 200, 429]
+    );
+    // Another client behind the same proxy has its own quota; a spoofed
+    // left-most entry does not escape the right-most untrusted one.
+    assert_eq!(trending("2.2.2.2"), 200);
+    assert_eq!(trending("7.7.7.7, 1.1.1.1"), 429);
+}
+
+#[test]
+fn the_check_api_decides_for_a_given_key() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    let check = |body: &str| {
+        request(sg.addr, "POST", "/v1/check", &[("content-type", "application/json")], body.as_bytes())
+    };
+    let reply = check(r#"{"rule":"search","key":"user-42","cost":1}"#);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    assert_eq!(reply.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"allowed": true, "limit": 2, "remaining": 1, "reset_after_ms": json["reset_after_ms"], "retry_after_ms": null, "policy": "search-60s"})
+    );
+    assert!((59_000..=60_000).contains(&json["reset_after_ms"].as_u64().unwrap()), "{json}");
+    let reply = check(r#"{"rule":"search","key":"user-42","cost":2}"#);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!((reply.status, &json["allowed"], &json["remaining"]), (200, &false.into(), &1.into()));
+    assert!((59_000..=60_000).contains(&json["retry_after_ms"].as_u64().unwrap()), "{json}");
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    // The key shares quota with requests carrying it as their API key.
+    let proxied = sg.get("/api/search", &[("x-api-key", "user-42")]);
+    assert_eq!((proxied.status, proxied.header("x-ratelimit-remaining")), (200, Some("0")));
+
+    for (body, detail) in [
+        (r#"{"rule":"nope","key":"k"}"#, "unknown rule \"nope\"; known rules: trending, search"),
+        (
+            r#"{"rule":"search","key":"k","cost":3}"#,
+            "cost 3 exceeds the limit 2 of policy \"search-60s\": such a request could never be allowed",
+        ),
+    ] {
+        let reply = check(body);
+        assert_eq!(reply.status, 400, "{reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(json["detail"], detail);
+        assert_eq!(json["status"], 400);
+    }
+    let malformed = check("{\"rule\": \"search\"");
+    assert_eq!(malformed.status, 400);
+    assert!(malformed.body.contains("malformed check request"), "{}", malformed.body);
+    assert_eq!(request(sg.addr, "GET", "/v1/check", &[], b"").status, 405);
+}
+
+#[test]
+fn admin_endpoints_move_under_a_prefix_and_health_answers() {
+    let upstream = Upstream::start();
+    let text = config(&upstream, "", "").replace("[server]\n", "[server]\nadmin_prefix = \"/_slidegate\"\n");
+    let sg = Slidegate::start(&text);
+    let health = sg.get("/_slidegate/healthz", &[]);
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let metrics = sg.get("/_slidegate/metrics", &[]);
+    assert_eq!(metrics.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+    assert!(metrics.body.contains("# TYPE slidegate_store_latency_seconds histogram"));
+    // Without the prefix the upstream's own /metrics is reached.
+    assert_eq!(sg.get("/metrics", &[]).body, "GET /metrics xff=127.0.0.1");
+    assert_eq!(upstream.hits(), 1);
+}
+
+#[test]
+fn request_and_response_bodies_pass_through_the_proxy() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let reply =
+        request(sg.addr, "POST", "/echo", &[("connection", "keep-alive, x-hop"), ("x-hop", "1")], &body);
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.len(), body.len());
+    assert!(reply.body.as_bytes() == body.as_slice());
+}
+
+#[test]
+fn sigterm_stops_serve_gracefully() {
+    let upstream = Upstream::start();
+    let mut sg = embedded(&upstream);
+    assert_eq!(sg.get("/healthz", &[]).status, 200);
+    let status = sg.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(sg.log.lock().unwrap().contains("shutdown signal received"));
+}
+
+#[test]
+fn a_bad_config_exits_64_naming_line_and_column() {
+    let upstream = Upstream::start();
+    let text = config(&upstream, "", "").replace("window = \"1h\"", "window = \"1hour\"");
+    let (_dir, path) = write_config(&text);
+    for args in [vec!["serve", "--config"], vec!["check-config"]] {
+        let out = Command::new(binary()).args(&args).arg(&path).env(SECRET_ENV, "s").output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let first = stderr.lines().next().unwrap();
+        assert_eq!(
+            first,
+            format!(
+                "slidegate: {}:22:93: invalid duration \"1hour\": expected a whole number followed by ms, s, m, h or d, such as \"60s\"",
+                path.display()
+            )
+        );
+    }
+    // An unknown key is an error too, and a missing secret names its variable.
+    let (_dir, path) = write_config("[server]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n");
+    let out = Command::new(binary()).arg("check-config").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":3:1: unknown field `listen_port`"));
+    let (_dir, path) = write_config(&config(&upstream, "", ""));
+    let out = Command::new(binary()).arg("check-config").arg(&path).env_remove(SECRET_ENV).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains(&format!(":9:22: environment variable {SECRET_ENV} is not set")));
+}
