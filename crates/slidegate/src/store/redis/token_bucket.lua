@@ -1,0 +1,46 @@
+-- Token bucket, mirroring algorithm/token_bucket.rs.
+-- State: one string key, struct '<dd' = used (units of 1/W token missing
+-- from a full bucket), last_ms. No key is a full bucket.
+
+local function tb_load(key, w)
+  local v = call('GET', key)
+  if v then
+    local used, last = unpack_state('<dd', v)
+    return used, last
+  end
+  return 0, 0
+end
+
+-- -> allowed, remaining, reset_after, retry_after (-1: none), new state
+local function tb_decide(cost, limit, w, s_used, s_last)
+  local capacity = limit * w
+  local elapsed = now - s_last
+  if elapsed < 0 then
+    elapsed = 0
+  elseif elapsed > w then
+    elapsed = w
+  end
+  local used = s_used - elapsed * limit
+  if used < 0 then
+    used = 0
+  end
+  local need = cost * w
+  -- need ≤ capacity − used rather than used + need ≤ capacity: the sum could pass 2^53.
+  local allowed = need <= capacity - used
+  local used_after, retry = used, -1
+  if allowed then
+    used_after = used + need
+  else
+    retry = div_ceil(need - (capacity - used), limit)
+  end
+  local last = now
+  if s_last > now then
+    last = s_last
+  end
+  return allowed, div_floor(capacity - used_after, w), div_ceil(used_after, limit), retry, used_after, last
+end
+
+-- The bucket is full again, and the state forgettable, ⌈used / limit⌉ ms after last.
+local function tb_commit(key, limit, w, cost, used, last)
+  call('SET', key, pack_state('<dd', used, last), expiry(last + div_ceil(used, limit)))
+end

@@ -1,0 +1,299 @@
+//! One behaviour, two stores: every case runs against the embedded
+//! `MemoryStore` and against `RedisStore` on a spawned `redis-server`, both
+//! deciding on the same kind of `ManualClock`, and asserts exact values.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use slidegate::{Algorithm, Decision, Limit, ManualClock, Store, StoreError};
+use support::{limit, T0};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn one<S: Store>(store: &S, key: &str, limit: &Limit, cost: u64) -> Decision {
+    store.decide(key, limit, cost).await.unwrap_or_else(|e| panic!("decide {key} {limit} cost {cost}: {e}"))
+}
+
+/// Limit 3 per 1000 ms, three single permits from 250 ms into a window: the
+/// exact remaining / reset_after of every algorithm, then the denial's
+/// retry_after, honest to the millisecond.
+async fn fills_to_the_limit_with_exact_values<S: Store>(store: &S, clock: &ManualClock) {
+    // (algorithm, reset_after after each of the three permits, retry_after of the fourth)
+    let expected: [(Algorithm, [u64; 3], u64); 5] = [
+        // both windows count: 2 W − elapsed; next window at 334 ms: 3 × 666 ≤ 2 × 1000
+        (Algorithm::SlidingWindowCounter, [1750, 1750, 1750], 750 + 334),
+        (Algorithm::FixedWindow, [750, 750, 750], 750),
+        (Algorithm::SlidingLog, [1000, 1000, 1000], 1000),
+        // one token per 333⅓ ms
+        (Algorithm::TokenBucket, [334, 667, 1000], 334),
+        // T = 333,334 µs
+        (Algorithm::Gcra, [334, 667, 1001], 334),
+    ];
+    for (algorithm, resets, retry) in expected {
+        clock.set(T0 + 250);
+        let l = limit(algorithm, 3, 1000);
+        let key = format!("fill-{algorithm}");
+        for (i, reset) in resets.into_iter().enumerate() {
+            let d = one(store, &key, &l, 1).await;
+            let want = Decision {
+                allowed: true,
+                limit: 3,
+                remaining: 2 - i as u64,
+                reset_after: ms(reset),
+                retry_after: None,
+            };
+            assert_eq!(d, want, "{algorithm}, permit {}", i + 1);
+        }
+        let denied = one(store, &key, &l, 1).await;
+        assert!(!denied.allowed, "{algorithm}");
+        assert_eq!(denied.remaining, 0, "{algorithm}");
+        assert_eq!(denied.retry_after, Some(ms(retry)), "{algorithm}");
+
+        clock.advance(ms(retry) - MS);
+        let still = one(store, &key, &l, 1).await;
+        assert_eq!(
+            (still.allowed, still.retry_after),
+            (false, Some(MS)),
+            "{algorithm}: 1 ms before retry_after"
+        );
+        clock.advance(MS);
+        assert!(one(store, &key, &l, 1).await.allowed, "{algorithm}: at retry_after");
+    }
+}
+
+/// For every algorithm and several costs: waiting exactly `retry_after`
+/// passes, 1 ms less is still denied — including waits that span windows.
+async fn retry_after_is_exact_for_every_algorithm<S: Store>(store: &S, clock: &ManualClock) {
+    for algorithm in Algorithm::ALL {
+        for (cost, offset) in [(1, 0), (3, 999), (5, 480), (2, 1)] {
+            let l = limit(algorithm, 5, 1000);
+            let key = format!("retry-{algorithm}-{cost}-{offset}");
+            clock.set(T0 + 10_000 + offset);
+            // Spread permits over two windows so the counter has both counts.
+            assert!(one(store, &key, &l, 3).await.allowed);
+            clock.advance(ms(700));
+            let _ = one(store, &key, &l, 2).await;
+            let mut denied = one(store, &key, &l, cost).await;
+            while denied.allowed {
+                denied = one(store, &key, &l, cost).await;
+            }
+            let wait = denied.retry_after.expect("a denial has a retry_after");
+            assert!(wait > Duration::ZERO);
+            clock.advance(wait - MS);
+            let early = one(store, &key, &l, cost).await;
+            assert!(!early.allowed, "{algorithm} cost {cost}: passed 1 ms before retry_after {wait:?}");
+            assert_eq!(early.retry_after, Some(MS), "{algorithm} cost {cost}");
+            clock.advance(MS);
+            assert!(
+                one(store, &key, &l, cost).await.allowed,
+                "{algorithm} cost {cost}: denied at retry_after {wait:?}"
+            );
+        }
+    }
+}
+
+/// The counter weighs the previous window by the part still inside the sliding window.
+async fn counter_weighs_the_previous_window<S: Store>(store: &S, clock: &ManualClock) {
+    let l = limit(Algorithm::SlidingWindowCounter, 100, 1000);
+    clock.set(T0 + 500);
+    assert_eq!(one(store, "weigh", &l, 40).await.remaining, 60);
+    clock.set(T0 + 1250);
+    // 30 of the 40 still count: 30 + 70 = 100 fits exactly.
+    let d = one(store, "weigh", &l, 70).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_after), (true, 0, ms(1750)));
+    clock.set(T0 + 1251);
+    let d = one(store, "weigh", &l, 1).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(ms(24))));
+    clock.set(T0 + 1275);
+    assert!(one(store, "weigh", &l, 1).await.allowed);
+}
+
+/// The source article's boundary burst: 100 in the last 100 ms of a minute,
+/// 100 in the first 100 ms of the next.
+async fn boundary_burst<S: Store>(store: &S, clock: &ManualClock) {
+    let minute = 60_000;
+    let start = (T0 / minute + 1) * minute - 100;
+    for (algorithm, expected) in [
+        (Algorithm::FixedWindow, 200),
+        (Algorithm::SlidingWindowCounter, 100),
+        (Algorithm::SlidingLog, 100),
+        (Algorithm::TokenBucket, 100),
+        (Algorithm::Gcra, 100),
+    ] {
+        let l = limit(algorithm, 100, minute);
+        let mut allowed = 0;
+        for t in start..start + 200 {
+            clock.set(t);
+            allowed += u64::from(one(store, "burst", &l, 1).await.allowed);
+        }
+        assert_eq!(allowed, expected, "{algorithm}");
+    }
+}
+
+/// After the state stops mattering, an identity starts over with the full limit.
+async fn idle_identities_start_over<S: Store>(store: &S, clock: &ManualClock) {
+    for algorithm in Algorithm::ALL {
+        let l = limit(algorithm, 4, 1000);
+        clock.set(T0 + 100);
+        assert!(one(store, "idle", &l, 4).await.allowed);
+        assert!(!one(store, "idle", &l, 1).await.allowed);
+        clock.advance(ms(2000));
+        let d = one(store, "idle", &l, 1).await;
+        assert_eq!((d.allowed, d.remaining), (true, 3), "{algorithm}");
+    }
+}
+
+/// Cost 0 peeks: allowed, reports the state, charges nothing; cost = limit
+/// passes on a fresh identity.
+async fn zero_cost_peeks_and_whole_limit_costs<S: Store>(store: &S, clock: &ManualClock) {
+    clock.set(T0 + 400);
+    for algorithm in Algorithm::ALL {
+        let l = limit(algorithm, 6, 1000);
+        let d = one(store, "peek", &l, 0).await;
+        assert_eq!((d.allowed, d.remaining, d.reset_after), (true, 6, Duration::ZERO), "{algorithm}");
+        assert_eq!(one(store, "peek", &l, 2).await.remaining, 4, "{algorithm}");
+        assert_eq!(one(store, "peek", &l, 0).await.remaining, 4, "{algorithm}");
+        assert_eq!(one(store, "peek", &l, 0).await.remaining, 4, "{algorithm}");
+        let whole = one(store, "whole", &l, 6).await;
+        assert_eq!((whole.allowed, whole.remaining), (true, 0), "{algorithm}");
+    }
+}
+
+/// Invalid requests are errors before any state is touched.
+async fn invalid_requests_are_errors<S: Store>(store: &S, clock: &ManualClock) {
+    clock.set(T0);
+    let l = limit(Algorithm::Gcra, 5, 1000);
+    match store.decide("k", &l, 6).await {
+        Err(StoreError::CostExceedsLimit { cost: 6, limit: 5 }) => {}
+        other => panic!("cost 6 over limit 5 gave {other:?}"),
+    }
+    assert!(matches!(store.decide("", &l, 1).await, Err(StoreError::EmptyKey)));
+    assert!(matches!(store.decide_all("k", &[]).await, Err(StoreError::NoLimits)));
+    assert!(
+        matches!(store.decide_all("k", &[(l, 1), (l, 2)]).await, Err(StoreError::DuplicateLimit(d)) if d == l)
+    );
+    let other = limit(Algorithm::FixedWindow, 2, 1000);
+    assert!(matches!(
+        store.decide_all("k", &[(l, 1), (other, 3)]).await,
+        Err(StoreError::CostExceedsLimit { cost: 3, limit: 2 })
+    ));
+    // Nothing was charged by the failed calls.
+    assert_eq!(one(store, "k", &l, 0).await.remaining, 5);
+    assert_eq!(one(store, "k", &other, 0).await.remaining, 2);
+}
+
+/// decide_all charges every limit or none; on a denial, limits with room
+/// report their state without this request.
+async fn decide_all_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClock) {
+    clock.set(T0 + 100);
+    let per_second = limit(Algorithm::SlidingWindowCounter, 10, 1000);
+    let per_hour = limit(Algorithm::SlidingLog, 2, 3_600_000);
+    let bucket = limit(Algorithm::TokenBucket, 5, 1000);
+    let gcra = limit(Algorithm::Gcra, 8, 1000);
+    let fixed = limit(Algorithm::FixedWindow, 9, 1000);
+    let all = [(per_second, 1), (per_hour, 1), (bucket, 2), (gcra, 1), (fixed, 3)];
+
+    let first = store.decide_all("multi", &all).await.expect("decide_all");
+    let remaining: Vec<u64> = first.iter().map(|d| d.remaining).collect();
+    assert!(first.iter().all(|d| d.allowed));
+    assert_eq!(remaining, [9, 1, 3, 7, 6]);
+    assert_eq!(first[1].reset_after, ms(3_600_000));
+
+    let second = store.decide_all("multi", &all).await.expect("decide_all");
+    assert!(second.iter().all(|d| d.allowed));
+    assert_eq!(second.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 0, 1, 6, 3]);
+
+    clock.advance(ms(10));
+    let denied = store.decide_all("multi", &all).await.expect("decide_all");
+    let got: Vec<(bool, u64)> = denied.iter().map(|d| (d.allowed, d.remaining)).collect();
+    // The log denies, and so does the bucket: 10 ms refilled 0.05 token, 1.05
+    // are there, 2 are asked. The others report remaining as a cost-0 peek would.
+    assert_eq!(got, [(true, 8), (false, 0), (false, 1), (true, 6), (true, 3)]);
+    assert_eq!(denied[1].retry_after, Some(ms(3_600_000 - 10)));
+    // 0.95 token missing at 5 per second.
+    assert_eq!(denied[2].retry_after, Some(ms(190)));
+    assert!(denied.iter().enumerate().all(|(i, d)| (i == 1 || i == 2) == d.retry_after.is_some()));
+
+    // Nothing was charged by the denied call.
+    assert_eq!(one(store, "multi", &per_second, 0).await.remaining, 8);
+    assert_eq!(one(store, "multi", &bucket, 1).await.remaining, 0);
+    assert_eq!(one(store, "multi", &gcra, 1).await.remaining, 5);
+    assert_eq!(one(store, "multi", &fixed, 3).await.remaining, 0);
+
+    // Two denials: each reports its own retry_after.
+    let both =
+        store.decide_all("multi", &[(per_hour, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    assert_eq!(both.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, false, true]);
+    assert_eq!(both[1].retry_after, Some(ms(890)));
+    assert_eq!(both[2].remaining, 8);
+}
+
+/// State is per identity and per limit.
+async fn identities_and_limits_are_independent<S: Store>(store: &S, clock: &ManualClock) {
+    clock.set(T0);
+    for algorithm in Algorithm::ALL {
+        let a = limit(algorithm, 1, 1000);
+        let b = limit(algorithm, 2, 1000);
+        let c = limit(algorithm, 1, 2000);
+        assert!(one(store, "x", &a, 1).await.allowed);
+        assert!(!one(store, "x", &a, 1).await.allowed, "{algorithm}");
+        assert!(one(store, "y", &a, 1).await.allowed, "{algorithm}: another identity");
+        assert!(one(store, "x", &b, 1).await.allowed, "{algorithm}: another limit");
+        assert!(one(store, "x", &c, 1).await.allowed, "{algorithm}: another window");
+        // Identities that look like hash tags or key separators are just identities.
+        for odd in ["}x", "{x", "x}", "x}:swc:1:1000", "{}"] {
+            assert!(one(store, odd, &a, 1).await.allowed, "{algorithm}: {odd:?}");
+            assert!(!one(store, odd, &a, 1).await.allowed, "{algorithm}: {odd:?}");
+        }
+    }
+    let l = limit(Algorithm::FixedWindow, 1, 1000);
+    assert!(one(store, "x", &l, 0).await.allowed);
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use slidegate::{ManualClock, MemoryStore};
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = ManualClock::new(super::T0);
+                    let store = MemoryStore::with_clock(clock.clone());
+                    super::$case(&store, &clock).await;
+                }
+            )*
+        }
+
+        mod redis {
+            use slidegate::ManualClock;
+            use slidegate_test_redis::RedisServer;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = RedisServer::spawn();
+                    let clock = ManualClock::new(super::T0);
+                    let store = crate::support::client_time_store(&server, &clock, stringify!($case)).await;
+                    super::$case(&store, &clock).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    fills_to_the_limit_with_exact_values,
+    retry_after_is_exact_for_every_algorithm,
+    counter_weighs_the_previous_window,
+    boundary_burst,
+    idle_identities_start_over,
+    zero_cost_peeks_and_whole_limit_costs,
+    invalid_requests_are_errors,
+    decide_all_is_all_or_nothing,
+    identities_and_limits_are_independent,
+);
