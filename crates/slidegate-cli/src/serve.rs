@@ -43,11 +43,13 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
     init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
+        // Installed before the address is announced: a SIGTERM from then on stops gracefully.
+        let shutdown = shutdown_signal();
         let server = Server::bind(&config).await?;
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.url.as_deref().unwrap_or("embedded");
         eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
-        server.run(shutdown_signal()).await;
+        server.run(shutdown).await;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -542,4 +542,164 @@ fn a_bad_config_exits_64_naming_line_and_column() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains(&format!(":9:22: environment variable {SECRET_ENV} is not set")));
+}
+
+// ---------------------------------------------------------------- Redis
+
+use slidegate_test_redis::RedisServer;
+
+fn redis_store(redis: &RedisServer) -> String {
+    format!(
+        "[store]\nurl = \"{}\"\ntimeout_ms = 50\non_error = \"allow\"\nbreaker_failures = 3\nprobe_interval_ms = 100\n",
+        redis.url()
+    )
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn on_redis_limits_hold_fail_open_without_stalls_while_it_is_down_and_resume_after_restart() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    let statuses = |target: &str, n: usize| (0..n).map(|_| sg.get(target, &[]).status).collect::<Vec<_>>();
+
+    // Limiting on Redis, with the same exact headers as the embedded store.
+    let first = sg.get("/api/search", &[]);
+    assert_eq!(first.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    assert_eq!(statuses("/api/search", 2), [200, 429]);
+    assert_eq!(statuses("/api/videos/trending", 4), [200, 200, 200, 429]);
+    let before = sg.metrics();
+    assert_eq!(before["slidegate_store_calls_total"], 7.0);
+    assert_eq!(before["slidegate_breaker_open"], 0.0);
+
+    redis.kill();
+    // Fail open: the exhausted anonymous quota no longer blocks, nothing is stalled for long.
+    let down: Vec<Reply> = (0..10).map(|_| sg.get("/api/videos/trending", &[])).collect();
+    assert!(down.iter().all(|r| r.status == 200 && r.header("ratelimit").is_none()), "{down:?}");
+    let opened = sg.metrics();
+    assert_eq!(opened["slidegate_breaker_open"], 1.0);
+    assert_eq!(opened["slidegate_requests_fail_open_total{rule=\"trending\"}"], 10.0);
+    // The breaker opened after 3 failed calls: the other 7 never called the store.
+    assert_eq!(opened["slidegate_store_calls_total"], 7.0 + 3.0);
+    assert_eq!(opened["slidegate_store_skipped_total"], 7.0);
+
+    // Once open, requests do not wait on the store at all.
+    let fast: Vec<Reply> = (0..50).map(|_| sg.get("/api/videos/trending", &[])).collect();
+    assert!(fast.iter().all(|r| r.status == 200));
+    let slowest = fast.iter().map(|r| r.elapsed).max().unwrap();
+    assert!(slowest < Duration::from_millis(500), "slowest request took {slowest:?}");
+    let still = sg.metrics();
+    assert_eq!(still["slidegate_store_calls_total"], 10.0);
+    assert_eq!(still["slidegate_store_skipped_total"], 57.0);
+    assert_eq!(still["slidegate_requests_fail_open_total{rule=\"trending\"}"], 60.0);
+    assert!(still["slidegate_store_probes_total"] >= 1.0);
+
+    // Redis comes back (empty): the background probe closes the breaker and
+    // limiting resumes without restarting slidegate.
+    redis.restart();
+    wait_for("the breaker to close", Duration::from_secs(10), || sg.metric("slidegate_breaker_open") == 0.0);
+    assert_eq!(statuses("/api/videos/trending", 4), [200, 200, 200, 429]);
+    assert_eq!(sg.metric("slidegate_requests_fail_open_total{rule=\"trending\"}"), 60.0);
+}
+
+#[test]
+fn serve_starts_while_redis_is_down_and_connects_when_it_appears() {
+    let mut redis = RedisServer::spawn();
+    redis.kill();
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    assert_eq!(sg.get("/api/search", &[]).status, 200);
+    assert_eq!(sg.metric("slidegate_requests_fail_open_total{rule=\"search\"}"), 1.0);
+    redis.restart();
+    wait_for("limiting on Redis", Duration::from_secs(10), || {
+        sg.get("/api/search", &[]).header("ratelimit").is_some()
+    });
+    assert_eq!((0..3).map(|_| sg.get("/api/search", &[]).status).collect::<Vec<_>>(), [200, 429, 429]);
+}
+
+#[test]
+fn fail_closed_rules_answer_503_while_redis_is_down() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let text = config(&upstream, &redis_store(&redis), "")
+        .replace("name = \"search\"\n", "name = \"search\"\non_error = \"deny\"\n");
+    let sg = Slidegate::start(&text);
+    assert_eq!(sg.get("/api/search", &[]).status, 200);
+    redis.kill();
+    let reply = sg.get("/api/search", &[]);
+    assert_eq!((reply.status, reply.header("retry-after")), (503, Some("1")));
+    assert_eq!(sg.get("/api/videos/trending", &[]).status, 200);
+    let m = sg.metrics();
+    assert_eq!(m["slidegate_requests_fail_closed_total{rule=\"search\"}"], 1.0);
+    assert_eq!(m["slidegate_requests_fail_open_total{rule=\"trending\"}"], 1.0);
+    assert_eq!(upstream.hits(), 2);
+}
+
+/// The configuration of issue 4, word for word except for the addresses:
+/// tests never touch port 6379 or 8080.
+const ISSUE_EXAMPLE: &str = r#"[server]
+listen = "127.0.0.1:8080"
+upstream = "http://127.0.0.1:9000"
+
+[store]
+url = "redis://127.0.0.1:6379"   # omit for the embedded store
+timeout_ms = 50
+on_error = "allow"               # or "deny"
+
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "SLIDEGATE_IP_SECRET"
+trusted_proxies = ["127.0.0.1/32"]
+
+[[rules]]
+name = "trending"
+path = "/api/videos/trending"
+methods = ["GET"]
+anonymous = [{ limit = 100, window = "60s", algorithm = "sliding_window_counter" }]
+authenticated = [{ limit = 1000, window = "60s", algorithm = "sliding_log" }]
+
+[[rules]]
+name = "search"
+path = "/api/search*"
+limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
+"#;
+
+#[test]
+fn the_issue_example_config_checks_and_serves_on_redis() {
+    let redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let text = ISSUE_EXAMPLE
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("http://127.0.0.1:9000", &format!("http://{}", upstream.addr))
+        .replace("redis://127.0.0.1:6379", &redis.url());
+    assert_eq!(text.lines().count(), ISSUE_EXAMPLE.lines().count());
+    let (_dir, path) = write_config(&text);
+    let out = Command::new(binary())
+        .arg("check-config")
+        .arg(&path)
+        .env("SLIDEGATE_IP_SECRET", "s")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("rule search * /api/search*: search-1s = 10 per 1000 ms (sliding_window_counter); search-1h = 500 per 3600000 ms (sliding_window_counter)"), "{stdout}");
+
+    let text = text.replace("SLIDEGATE_IP_SECRET", SECRET_ENV);
+    let sg = Slidegate::start(&text);
+    let reply = sg.get("/api/search?q=x", &[]);
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("ratelimit-policy"), Some("\"search-1s\";q=10;w=1, \"search-1h\";q=500;w=3600"));
+    let trending = sg.get("/api/videos/trending", &[("x-api-key", "k1")]);
+    assert_eq!(trending.header("ratelimit-policy"), Some("\"trending\";q=1000;w=60"));
+    assert_eq!(trending.header("x-ratelimit-remaining"), Some("999"));
+    let anonymous = sg.get("/api/videos/trending", &[]);
+    assert_eq!(anonymous.header("ratelimit-policy"), Some("\"trending\";q=100;w=60"));
+    assert_eq!(anonymous.header("x-ratelimit-remaining"), Some("99"));
 }

@@ -48,4 +48,4 @@ pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
 pub use metrics::{Metrics, RuleCounters};
 pub use rules::{PathPattern, RuleMatcher};
-pub use store::AnyStore;
+pub use store::{AnyStore, LazyRedis};

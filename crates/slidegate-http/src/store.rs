@@ -3,25 +3,118 @@
 //! [`Store`] returns `impl Future` and so cannot be a trait object; an enum
 //! is the run-time choice instead, and costs one branch.
 
-use slidegate::{Decision, Limit, MemoryStore, Store, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use slidegate::{Decision, Limit, MemoryStore, RedisStore, Store, StoreError};
+use tokio::sync::OnceCell;
 
 /// The embedded store or Redis.
 #[non_exhaustive]
 pub enum AnyStore {
     /// The embedded store: state in this process only.
     Memory(MemoryStore),
+    /// Redis, connected in the background if it was down at start.
+    Redis(LazyRedis),
 }
 
 impl Store for AnyStore {
     async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         match self {
             AnyStore::Memory(store) => store.decide_sync(key, limit, cost),
+            AnyStore::Redis(store) => store.connected()?.decide(key, limit, cost).await,
         }
     }
 
     async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.decide_all_sync(key, charges),
+            AnyStore::Redis(store) => store.connected()?.decide_all(key, charges).await,
         }
     }
+}
+
+/// A [`RedisStore`] that may not be connected yet.
+///
+/// When Redis is down as `serve` starts, the proxy starts anyway (its rules
+/// fail open or closed as configured) and connects in the background: a
+/// decision asked before then fails at once as unavailable, and starts a
+/// connection attempt if none is running. Requests never wait for a connect.
+#[derive(Clone)]
+pub struct LazyRedis {
+    inner: Arc<LazyInner>,
+}
+
+struct LazyInner {
+    url: String,
+    prefix: Option<String>,
+    connect_timeout: Duration,
+    store: OnceCell<RedisStore>,
+    connecting: AtomicBool,
+}
+
+impl LazyRedis {
+    /// Connects to `url` now, waiting at most `connect_timeout`; on failure
+    /// returns the store unconnected (with the error) and keeps trying when asked.
+    pub async fn connect(
+        url: &str,
+        prefix: Option<String>,
+        connect_timeout: Duration,
+    ) -> (Self, Option<StoreError>) {
+        let lazy = LazyRedis {
+            inner: Arc::new(LazyInner {
+                url: url.to_owned(),
+                prefix,
+                connect_timeout,
+                store: OnceCell::new(),
+                connecting: AtomicBool::new(false),
+            }),
+        };
+        let error = LazyRedis::attempt(&lazy.inner).await.err();
+        (lazy, error)
+    }
+
+    async fn attempt(inner: &LazyInner) -> Result<(), StoreError> {
+        let connect = tokio::time::timeout(inner.connect_timeout, RedisStore::connect(&inner.url)).await;
+        let store = match connect {
+            Ok(result) => result?,
+            Err(_) => return Err(unavailable("timed out connecting to Redis")),
+        };
+        let store = match &inner.prefix {
+            Some(p) => store.with_prefix(p.clone()),
+            None => store,
+        };
+        let _ = inner.store.set(store);
+        tracing::info!(url = %inner.url, "connected to Redis");
+        Ok(())
+    }
+
+    /// Whether the connection is made.
+    pub fn is_connected(&self) -> bool {
+        self.inner.store.initialized()
+    }
+
+    fn connected(&self) -> Result<&RedisStore, StoreError> {
+        if let Some(store) = self.inner.store.get() {
+            return Ok(store);
+        }
+        if !self.inner.connecting.swap(true, Ordering::AcqRel) {
+            let inner = Arc::clone(&self.inner);
+            tokio::spawn(async move {
+                if let Err(err) = LazyRedis::attempt(&inner).await {
+                    tracing::warn!(%err, url = %inner.url, "still cannot connect to Redis");
+                }
+                inner.connecting.store(false, Ordering::Release);
+            });
+        }
+        Err(unavailable("not connected to Redis yet"))
+    }
+}
+
+fn unavailable(why: &str) -> StoreError {
+    StoreError::Redis(redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        why.to_owned(),
+    )))
 }

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::limiter::RateLimiter;
-use crate::store::AnyStore;
+use crate::store::{AnyStore, LazyRedis};
 
 /// The body of every response `serve` sends.
 pub type ServeBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -47,14 +47,6 @@ pub enum ServeError {
     /// The config has no `[server] upstream`.
     #[error("[server] upstream is required by serve: the address requests are forwarded to")]
     NoUpstream,
-    /// The store could not be reached at start.
-    #[error("cannot connect to the store at {url}: {message}")]
-    Store {
-        /// The store URL.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
 }
 
 /// Shared by every connection.
@@ -150,12 +142,20 @@ impl Server {
 async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
     match &config.store.url {
         None => Ok(AnyStore::Memory(MemoryStore::new())),
-        Some(url) => Err(ServeError::Store {
-            url: url.clone(),
-            message: "the Redis store is not built into this version yet".into(),
-        }),
+        Some(url) => {
+            let (store, error) = LazyRedis::connect(url, config.store.prefix.clone(), CONNECT_TIMEOUT).await;
+            if let Some(err) = error {
+                // Start anyway: rules fail open or closed as configured, and
+                // the store connects in the background once Redis is back.
+                tracing::error!(%err, %url, "cannot connect to Redis at start; serving with the failure policy until it answers");
+            }
+            Ok(AnyStore::Redis(store))
+        }
     }
 }
+
+/// How long `serve` waits for Redis at start before serving without it.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn handle(state: &State, request: Request<Incoming>, peer: SocketAddr) -> Response<ServeBody> {
     if let Some(rest) = request.uri().path().strip_prefix(state.admin_prefix.as_str()) {
@@ -166,27 +166,41 @@ async fn handle(state: &State, request: Request<Incoming>, peer: SocketAddr) -> 
     proxy::forward(state, request, peer).await
 }
 
-/// Completes on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+///
+/// The handlers are installed when this is called, not when the future is
+/// first polled, so a signal that arrives while the server is busy is not lost
+/// to the default action. Call it inside the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async move {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match term.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = term => {},
+                () = int => {},
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received");
     }
-    tracing::info!("shutdown signal received");
 }
 
 /// A boxed body holding `bytes`.
