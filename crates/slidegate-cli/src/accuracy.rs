@@ -1,13 +1,220 @@
-//! `slidegate accuracy` (not built yet).
+//! `slidegate accuracy`: synthetic traffic replayed through every algorithm
+//! and scored against the exact sliding log (see `accuracy/replay.rs` for the
+//! precise definitions of the three figures).
 
+mod replay;
+mod traffic;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use serde_json::{json, Map, Value};
+use slidegate::{Algorithm, Quota};
+
+use self::replay::AlgorithmReport;
+use self::traffic::Class;
 
 /// Arguments of `slidegate accuracy`.
 #[derive(clap::Args)]
-pub struct AccuracyArgs {}
+pub struct AccuracyArgs {
+    /// Requests to replay (about 16 bytes of memory each).
+    #[arg(long, default_value_t = 1_000_000)]
+    requests: usize,
+    /// Distinct sources (55% steady, 25% near the limit, 12% bursty scrapers, 8% boundary attackers).
+    #[arg(long, default_value_t = 2_000)]
+    sources: usize,
+    /// Seed of the traffic generator: the same seed gives the same figures.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The limit every source is held to, per window.
+    #[arg(long, default_value_t = 100)]
+    limit: u64,
+    /// The window, in seconds.
+    #[arg(long, default_value_t = 60)]
+    window_secs: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write SVG charts into this directory.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+}
 
 /// Runs `slidegate accuracy`.
-pub fn run(_args: AccuracyArgs) -> crate::CommandResult {
-    eprintln!("slidegate accuracy is not built yet");
-    Ok(ExitCode::FAILURE)
+pub fn run(args: AccuracyArgs) -> crate::CommandResult {
+    let quota = Quota::new(args.limit, std::time::Duration::from_secs(args.window_secs))?;
+    let traffic = traffic::generate(args.requests, args.sources, quota.limit(), quota.window_ms(), args.seed);
+    let total = traffic.requests.len() as u64 * Algorithm::ALL.len() as u64;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>22} {wide_bar} {pos}/{len} decisions ({eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut reports = Vec::new();
+    for algorithm in Algorithm::ALL {
+        bar.set_message(algorithm.name());
+        let report = replay::replay(algorithm, &traffic, &quota, |n| bar.inc(n));
+        reports.push((algorithm, report));
+    }
+    bar.finish_and_clear();
+
+    if let Some(dir) = &args.plot {
+        plot(dir, &quota, &reports)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&args, &traffic, &quota, &reports))?);
+    } else {
+        print_table(&args, &traffic, &quota, &reports);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn to_json(
+    args: &AccuracyArgs,
+    traffic: &traffic::Traffic,
+    quota: &Quota,
+    reports: &[(Algorithm, AlgorithmReport)],
+) -> Value {
+    let mut algorithms = Map::new();
+    for (algorithm, report) in reports {
+        let t = &report.total;
+        let mut classes = Map::new();
+        for (class, s) in &report.by_class {
+            classes.insert(
+                class.name().to_owned(),
+                json!({
+                    "requests": s.requests,
+                    "wrongly_allowed_pct": s.wrongly_allowed_pct(),
+                    "wrongly_denied_pct": s.wrongly_denied_pct(),
+                    "avg_rate_diff_pct": s.avg_rate_diff_pct(),
+                }),
+            );
+        }
+        algorithms.insert(
+            algorithm.name().to_owned(),
+            json!({
+                "wrongly_allowed_pct": t.wrongly_allowed_pct(),
+                "wrongly_denied_pct": t.wrongly_denied_pct(),
+                "avg_rate_diff_pct": t.avg_rate_diff_pct(),
+                "allowed": t.allowed,
+                "wrongly_allowed": t.wrongly_allowed,
+                "wrongly_denied": t.wrongly_denied,
+                "classes": classes,
+            }),
+        );
+    }
+    json!({
+        "requests": traffic.requests.len(),
+        "sources": traffic.classes.len(),
+        "seed": args.seed,
+        "limit": quota.limit(),
+        "window_ms": quota.window_ms(),
+        "algorithms": algorithms,
+    })
+}
+
+fn print_table(
+    args: &AccuracyArgs,
+    traffic: &traffic::Traffic,
+    quota: &Quota,
+    reports: &[(Algorithm, AlgorithmReport)],
+) {
+    println!(
+        "{} requests from {} sources, limit {} (seed {}); ground truth: the exact sliding log",
+        traffic.requests.len(),
+        traffic.classes.len(),
+        quota,
+        args.seed
+    );
+    println!(
+        "{:<24} {:>18} {:>18} {:>18}",
+        "algorithm", "wrongly allowed %", "wrongly denied %", "avg rate diff %"
+    );
+    for (algorithm, report) in reports {
+        let t = &report.total;
+        println!(
+            "{:<24} {:>18.4} {:>18.4} {:>18.2}",
+            algorithm.name(),
+            t.wrongly_allowed_pct(),
+            t.wrongly_denied_pct(),
+            t.avg_rate_diff_pct()
+        );
+    }
+    println!();
+    println!("wrongly allowed % by traffic class:");
+    print!("{:<24}", "algorithm");
+    for class in Class::ALL {
+        print!(" {:>18}", class.name());
+    }
+    println!();
+    for (algorithm, report) in reports {
+        print!("{:<24}", algorithm.name());
+        for class in Class::ALL {
+            print!(" {:>18.4}", report.by_class[&class].wrongly_allowed_pct());
+        }
+        println!();
+    }
+}
+
+fn plot(
+    dir: &std::path::Path,
+    quota: &Quota,
+    reports: &[(Algorithm, AlgorithmReport)],
+) -> std::io::Result<()> {
+    let categories: Vec<&str> = Class::ALL.iter().map(|c| c.name()).collect();
+    let per_class = |f: fn(&replay::Score) -> f64| -> Vec<(&str, Vec<f64>)> {
+        reports
+            .iter()
+            .map(|(a, r)| (a.name(), Class::ALL.iter().map(|c| f(&r.by_class[c])).collect()))
+            .collect()
+    };
+    crate::plot::grouped_bars_svg(
+        &dir.join("accuracy_wrongly_allowed.svg"),
+        "Requests wrongly allowed, by traffic class (vs exact sliding log)",
+        "% of the class's requests",
+        &categories,
+        &per_class(replay::Score::wrongly_allowed_pct),
+    )?;
+    crate::plot::grouped_bars_svg(
+        &dir.join("accuracy_wrongly_denied.svg"),
+        "Requests wrongly denied, by traffic class (vs exact sliding log)",
+        "% of the class's requests",
+        &categories,
+        &per_class(replay::Score::wrongly_denied_pct),
+    )?;
+    crate::plot::grouped_bars_svg(
+        &dir.join("accuracy_rate_diff.svg"),
+        "Average difference between estimated and real rate, by traffic class",
+        "% of the real rate",
+        &categories,
+        &per_class(replay::Score::avg_rate_diff_pct),
+    )?;
+    // The first boundary attack of the first attacker, as each algorithm admitted it.
+    let w = quota.window_ms();
+    let first = reports.iter().filter_map(|(_, r)| r.attacker_admissions.first().copied()).min();
+    if let Some(first) = first {
+        // Attacks start just before a boundary: show the window before it and the one after.
+        let origin = (first / w) * w;
+        let series: Vec<(&str, Vec<(u64, u64)>)> = reports
+            .iter()
+            .map(|(a, r)| {
+                let points = r
+                    .attacker_admissions
+                    .iter()
+                    .filter(|&&t| t >= origin && t < origin + 2 * w)
+                    .enumerate()
+                    .map(|(n, &t)| (t - origin, n as u64 + 1))
+                    .collect();
+                (a.name(), points)
+            })
+            .collect();
+        crate::plot::boundary_burst_svg(&dir.join("accuracy_boundary_attack.svg"), w, &series)?;
+    }
+    Ok(())
 }

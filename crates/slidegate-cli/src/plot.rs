@@ -35,7 +35,8 @@ pub fn boundary_burst_svg(path: &Path, window_ms: u64, series: &[(&str, Vec<(u64
     let y = Axis::new(0.0, nice_ceiling(y_max as f64), HEIGHT - BOTTOM, TOP);
     svg.axes(&x, &y, "time (ms)", "admitted so far");
     if window_ms > 0 {
-        let mut boundary = t_min.div_ceil(window_ms) * window_ms;
+        // Boundaries strictly inside the span: one at its very start is the axis.
+        let mut boundary = (t_min / window_ms + 1) * window_ms;
         while boundary <= t_max {
             let bx = x.at(boundary as f64);
             let _ = write!(
@@ -266,7 +267,7 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("fixed_window: 200") && svg.contains("sliding_window_counter: 100"));
-        assert_eq!(svg.matches("window boundary").count(), 2, "boundaries at 100 and 200");
+        assert_eq!(svg.matches("stroke-dasharray").count(), 2, "boundaries at 100 and 200");
     }
 
     #[test]

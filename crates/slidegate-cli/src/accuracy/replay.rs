@@ -1,0 +1,234 @@
+//! Replays a trace through every algorithm and scores each decision against
+//! the exact sliding log.
+//!
+//! Each algorithm runs on its own: its state per source evolves with its own
+//! decisions. For each request, the ground truth is the exact sliding log's
+//! rule — a permit admitted at `t` counts while `now < t + W`; a request fits
+//! when fewer than `limit` permits count — applied to the permits *this
+//! algorithm* admitted from that source: the decision an exact limiter would
+//! make given the same history.
+//!
+//! - **wrongly allowed**: the algorithm allowed a request that would make
+//!   more than `limit` admitted within one window (exact log: denied);
+//! - **wrongly denied**: the algorithm denied a request that fit (exact log:
+//!   allowed);
+//! - **average rate difference**: before each request, the algorithm's own
+//!   estimate of the source's current rate (permits in the last window, as
+//!   its state implies) against the real count of permits it admitted in
+//!   that window: `100 × Σ|estimate − real| / Σ real` over all requests.
+//!
+//! For the sliding log itself all three are 0 by construction.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use slidegate::algorithm::{fixed_window, gcra, sliding_log, sliding_window_counter, token_bucket};
+use slidegate::{Algorithm, Quota};
+
+use super::traffic::{Class, Traffic};
+
+/// Counts for one algorithm (and one traffic class).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Score {
+    /// Requests decided.
+    pub requests: u64,
+    /// Requests allowed.
+    pub allowed: u64,
+    /// Allowed although the exact log would deny.
+    pub wrongly_allowed: u64,
+    /// Denied although the exact log would allow.
+    pub wrongly_denied: u64,
+    /// Σ |estimated − real| permits in the window, over requests.
+    pub rate_diff_sum: f64,
+    /// Σ real permits in the window, over requests.
+    pub real_rate_sum: f64,
+}
+
+impl Score {
+    /// Wrongly allowed requests, % of all requests.
+    pub fn wrongly_allowed_pct(&self) -> f64 {
+        pct(self.wrongly_allowed as f64, self.requests as f64)
+    }
+
+    /// Wrongly denied requests, % of all requests.
+    pub fn wrongly_denied_pct(&self) -> f64 {
+        pct(self.wrongly_denied as f64, self.requests as f64)
+    }
+
+    /// Average difference between the estimated and the real rate, % of the real rate.
+    pub fn avg_rate_diff_pct(&self) -> f64 {
+        pct(self.rate_diff_sum, self.real_rate_sum)
+    }
+
+    fn add(&mut self, other: &Score) {
+        self.requests += other.requests;
+        self.allowed += other.allowed;
+        self.wrongly_allowed += other.wrongly_allowed;
+        self.wrongly_denied += other.wrongly_denied;
+        self.rate_diff_sum += other.rate_diff_sum;
+        self.real_rate_sum += other.real_rate_sum;
+    }
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole == 0.0 {
+        0.0
+    } else {
+        100.0 * part / whole
+    }
+}
+
+/// The outcome for one algorithm.
+#[derive(Debug, Clone)]
+pub struct AlgorithmReport {
+    /// Over all requests.
+    pub total: Score,
+    /// Per traffic class.
+    pub by_class: BTreeMap<Class, Score>,
+    /// Admission times (ms since the epoch) of the first boundary attacker,
+    /// for the boundary chart.
+    pub attacker_admissions: Vec<u64>,
+}
+
+/// One algorithm's state for one source.
+#[derive(Clone)]
+enum State {
+    Counter(sliding_window_counter::State),
+    Fixed(fixed_window::State),
+    Log(sliding_log::Log),
+    Bucket(token_bucket::State),
+    Gcra(gcra::State),
+}
+
+impl State {
+    fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingWindowCounter => State::Counter(Default::default()),
+            Algorithm::FixedWindow => State::Fixed(Default::default()),
+            Algorithm::SlidingLog => State::Log(Default::default()),
+            Algorithm::TokenBucket => State::Bucket(Default::default()),
+            Algorithm::Gcra => State::Gcra(Default::default()),
+        }
+    }
+
+    /// What the state says about permits in the last window at `now`.
+    fn estimate(&self, now: u64, q: &Quota) -> f64 {
+        let (w, limit) = (q.window_ms(), q.limit());
+        match self {
+            State::Counter(s) => {
+                let window = now / w;
+                let (cur, prev) = if s.window == window {
+                    (s.cur, s.prev)
+                } else if s.window + 1 == window {
+                    (0, s.cur)
+                } else {
+                    (0, 0)
+                };
+                cur as f64 + prev as f64 * (w - now % w) as f64 / w as f64
+            }
+            State::Fixed(s) => {
+                if s.window == now / w {
+                    s.count as f64
+                } else {
+                    0.0
+                }
+            }
+            State::Log(log) => log.entries().filter(|&t| t + w > now).count() as f64,
+            State::Bucket(s) => {
+                // Tokens missing from a full bucket: the permits it still remembers.
+                let elapsed = now.saturating_sub(s.last_ms).min(w);
+                s.used.saturating_sub(elapsed * limit) as f64 / w as f64
+            }
+            State::Gcra(s) => {
+                let t = gcra::emission_interval_us(q);
+                s.tat_us.saturating_sub(now * 1000) as f64 / t as f64
+            }
+        }
+    }
+
+    fn decide(&mut self, now: u64, q: &Quota) -> bool {
+        fn apply<S>(s: &mut S, (next, d): (S, slidegate::Decision)) -> bool {
+            *s = next;
+            d.allowed
+        }
+        match self {
+            State::Counter(s) => apply(s, sliding_window_counter::decide(*s, now, 1, q)),
+            State::Fixed(s) => apply(s, fixed_window::decide(*s, now, 1, q)),
+            State::Log(log) => sliding_log::decide(log, now, 1, q).allowed,
+            State::Bucket(s) => apply(s, token_bucket::decide(*s, now, 1, q)),
+            State::Gcra(s) => apply(s, gcra::decide(*s, now, 1, q)),
+        }
+    }
+}
+
+/// Replays `traffic` through `algorithm` under `quota`, calling `progress`
+/// with the number of requests done every so often.
+pub fn replay(
+    algorithm: Algorithm,
+    traffic: &Traffic,
+    quota: &Quota,
+    mut progress: impl FnMut(u64),
+) -> AlgorithmReport {
+    let sources = traffic.classes.len();
+    let mut states = vec![State::new(algorithm); sources];
+    // What this algorithm admitted, per source: the exact log of its output.
+    // Admission times, oldest first, of the permits still in the window.
+    let mut admitted = vec![VecDeque::<u64>::new(); sources];
+    let mut by_class: BTreeMap<Class, Score> = Class::ALL.iter().map(|c| (*c, Score::default())).collect();
+    let attacker = traffic.classes.iter().position(|c| *c == Class::BoundaryAttacker);
+    let mut attacker_admissions = Vec::new();
+    let (limit, window) = (quota.limit(), quota.window_ms());
+    for (i, request) in traffic.requests.iter().enumerate() {
+        let (now, source) = (request.at_ms, request.source as usize);
+        // The sliding log's rule: a permit admitted at t counts while now < t + W.
+        let log = &mut admitted[source];
+        while log.front().is_some_and(|&t| t + window <= now) {
+            log.pop_front();
+        }
+        let real = log.len() as u64;
+        let exact_allows = real < limit;
+        let estimate = states[source].estimate(now, quota);
+        let allowed = states[source].decide(now, quota);
+        if allowed {
+            log.push_back(now);
+            if Some(source) == attacker {
+                attacker_admissions.push(now);
+            }
+        }
+        let score = by_class.get_mut(&traffic.classes[source]).expect("every class has a score");
+        score.requests += 1;
+        score.allowed += u64::from(allowed);
+        score.wrongly_allowed += u64::from(allowed && !exact_allows);
+        score.wrongly_denied += u64::from(!allowed && exact_allows);
+        score.rate_diff_sum += (estimate - real as f64).abs();
+        score.real_rate_sum += real as f64;
+        if i % 65_536 == 65_535 {
+            progress(65_536);
+        }
+    }
+    progress(traffic.requests.len() as u64 % 65_536);
+    let mut total = Score::default();
+    for score in by_class.values() {
+        total.add(score);
+    }
+    AlgorithmReport { total, by_class, attacker_admissions }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::traffic::generate;
+    use super::*;
+
+    #[test]
+    fn the_exact_log_scores_zero_and_the_fixed_window_leaks_at_boundaries() {
+        let q = Quota::per_minute(100).unwrap();
+        let traffic = generate(50_000, 200, 100, 60_000, 3);
+        let log = replay(Algorithm::SlidingLog, &traffic, &q, |_| {});
+        assert_eq!(log.total.requests, 50_000);
+        assert_eq!((log.total.wrongly_allowed, log.total.wrongly_denied), (0, 0));
+        assert!(log.total.avg_rate_diff_pct() < 1e-9);
+        let fixed = replay(Algorithm::FixedWindow, &traffic, &q, |_| {});
+        let attackers = fixed.by_class[&Class::BoundaryAttacker];
+        assert!(attackers.wrongly_allowed > 1_000, "{attackers:?}");
+        assert_eq!(fixed.by_class[&Class::Steady].wrongly_allowed, 0);
+    }
+}
