@@ -90,6 +90,21 @@ impl LazyRedis {
         Ok(())
     }
 
+    /// A store that is already connected.
+    pub fn from_store(store: RedisStore) -> Self {
+        let cell = OnceCell::new();
+        let _ = cell.set(store);
+        LazyRedis {
+            inner: Arc::new(LazyInner {
+                url: String::new(),
+                prefix: None,
+                connect_timeout: Duration::ZERO,
+                store: cell,
+                connecting: AtomicBool::new(false),
+            }),
+        }
+    }
+
     /// Whether the connection is made.
     pub fn is_connected(&self) -> bool {
         self.inner.store.initialized()

@@ -1,0 +1,190 @@
+//! The tower layer inside an axum app, and the limiter's failure policy
+//! (deadline, circuit breaker, insurance, shadow mode) on a store that can be
+//! switched off. Time is tokio's paused clock: nothing here sleeps for real.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::routing::get;
+use axum::Router;
+use http::{HeaderMap, Method, StatusCode};
+use slidegate::{Decision, Limit, MemoryStore, Store, StoreError};
+use slidegate_http::{Config, DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
+use tower::ServiceExt;
+
+const RULES: &str = r#"
+[identity]
+api_key_header = "x-api-key"
+
+[[rules]]
+name = "search"
+path = "/api/search*"
+limits = [{ limit = 2, window = "60s", algorithm = "sliding_log" }]
+
+[[rules]]
+name = "feed"
+path = "/api/feed"
+shadow = true
+limits = [{ limit = 1, window = "60s", algorithm = "sliding_log" }]
+"#;
+
+fn app(limiter: RateLimiter<MemoryStore>) -> Router {
+    let layer = RateLimitLayer::new(limiter)
+        .peer_addr(|r: &Request| r.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    Router::new()
+        .route("/api/search", get(|| async { "results" }))
+        .route("/api/feed", get(|| async { "feed" }))
+        .route("/", get(|| async { "home" }))
+        .layer(layer)
+}
+
+async fn call(app: &Router, path: &str, peer: &str) -> (StatusCode, HeaderMap) {
+    let mut request = Request::builder().uri(path).body(Body::empty()).unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    let response = app.clone().oneshot(request).await.unwrap();
+    (response.status(), response.headers().clone())
+}
+
+#[tokio::test]
+async fn the_layer_limits_an_axum_router_per_client_address() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let app = app(RateLimiter::from_config(&config, MemoryStore::new()));
+    let (status, headers) = call(&app, "/api/search?q=1", "198.51.100.1:4000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["ratelimit-policy"], "\"search\";q=2;w=60");
+    assert_eq!(headers["ratelimit"], "\"search\";r=1;t=60");
+    assert_eq!(call(&app, "/api/search", "198.51.100.1:4001").await.0, StatusCode::OK);
+    let (status, headers) = call(&app, "/api/search", "198.51.100.1:4002").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "60");
+    // Another address, its own quota; an unmatched path, no headers at all.
+    assert_eq!(call(&app, "/api/search", "198.51.100.2:4000").await.0, StatusCode::OK);
+    let (status, headers) = call(&app, "/", "198.51.100.1:4000").await;
+    assert_eq!((status, headers.get("ratelimit")), (StatusCode::OK, None));
+}
+
+#[tokio::test]
+async fn shadow_rules_decide_and_count_but_never_block() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let limiter = RateLimiter::from_config(&config, MemoryStore::new());
+    let app = app(limiter.clone());
+    assert_eq!(call(&app, "/api/feed", "198.51.100.1:1").await.0, StatusCode::OK);
+    let (status, headers) = call(&app, "/api/feed", "198.51.100.1:1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["ratelimit"], "\"feed\";r=0;t=60");
+    assert_eq!(headers.get("retry-after"), None);
+    let text = limiter.render_metrics();
+    assert!(text.contains("slidegate_requests_shadow_denied_total{rule=\"feed\"} 1\n"), "{text}");
+    assert!(text.contains("slidegate_requests_allowed_total{rule=\"feed\"} 1\n"), "{text}");
+    assert!(text.contains("slidegate_requests_denied_total{rule=\"feed\"} 0\n"), "{text}");
+}
+
+/// A store that answers from memory, fails at once, or hangs, as told; counts calls.
+#[derive(Default)]
+struct Switchable {
+    memory: MemoryStore,
+    down: AtomicBool,
+    hang: AtomicBool,
+    calls: AtomicUsize,
+}
+
+/// The limiter's handle on a [`Switchable`] the test keeps too.
+struct Shared(Arc<Switchable>);
+
+impl Store for Shared {
+    async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
+        Ok(self.decide_all(key, &[(*limit, cost)]).await?[0])
+    }
+
+    async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
+        let store = &*self.0;
+        store.calls.fetch_add(1, Ordering::SeqCst);
+        if store.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if store.down.load(Ordering::SeqCst) {
+            return Err(StoreError::UnexpectedReply("switched off".into()));
+        }
+        store.memory.decide_all_sync(key, charges)
+    }
+}
+
+fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {
+    let text = format!("[store]\nbreaker_failures = 2\nprobe_interval_ms = 1000\n{extra}\n{RULES}");
+    RateLimiter::from_config(&Config::parse(&text, "t.toml").unwrap(), Shared(Arc::clone(store)))
+}
+
+async fn search(limiter: &RateLimiter<Shared>) -> slidegate_http::Verdict {
+    let peer = Some("198.51.100.1".parse().unwrap());
+    limiter.check_request(&Method::GET, "/api/search", &HeaderMap::new(), peer).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_costs_the_deadline_until_the_breaker_opens_then_nothing() {
+    let store = Arc::new(Switchable::default());
+    let limiter = limiter(&store, "timeout_ms = 50");
+    store.hang.store(true, Ordering::SeqCst);
+    let start = tokio::time::Instant::now();
+    assert_eq!(search(&limiter).await.source, DecisionSource::FailOpen);
+    assert_eq!(start.elapsed(), Duration::from_millis(50));
+    assert_eq!(search(&limiter).await.source, DecisionSource::FailOpen);
+    assert!(limiter.breaker_open());
+    // Open: no store call, no waiting.
+    let open_at = tokio::time::Instant::now();
+    for _ in 0..100 {
+        assert_eq!(search(&limiter).await.source, DecisionSource::FailOpen);
+    }
+    assert_eq!(open_at.elapsed(), Duration::ZERO);
+    assert_eq!(store.calls.load(Ordering::SeqCst), 2);
+    // The store recovers; the background probe notices within one interval.
+    store.hang.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert!(!limiter.breaker_open());
+    assert_eq!(store.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(search(&limiter).await.source, DecisionSource::Store);
+    let text = limiter.render_metrics();
+    assert!(text.contains("slidegate_requests_fail_open_total{rule=\"search\"} 102\n"), "{text}");
+    assert!(text.contains("slidegate_store_timeouts_total 2\n"), "{text}");
+    assert!(text.contains("slidegate_store_skipped_total 100\n"), "{text}");
+    assert!(text.contains("slidegate_store_probes_total 1\n"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_insurance_limiter_applies_the_rules_while_the_store_is_down() {
+    let store = Arc::new(Switchable::default());
+    let limiter = limiter(&store, "insurance = true");
+    store.down.store(true, Ordering::SeqCst);
+    let verdicts: Vec<_> = [search(&limiter).await, search(&limiter).await, search(&limiter).await].into();
+    assert!(verdicts.iter().all(|v| v.source == DecisionSource::Insurance));
+    assert_eq!(verdicts.iter().map(|v| v.blocks()).collect::<Vec<_>>(), [false, false, true]);
+    assert!(limiter.render_metrics().contains("slidegate_requests_insurance_total{rule=\"search\"} 3\n"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_closed_rules_block_when_the_store_fails() {
+    let store = Arc::new(Switchable::default());
+    let limiter = limiter(&store, "on_error = \"deny\"");
+    store.down.store(true, Ordering::SeqCst);
+    let verdict = search(&limiter).await;
+    assert_eq!((verdict.source, verdict.blocks()), (DecisionSource::FailClosed, true));
+}
+
+#[tokio::test]
+async fn serve_inserts_the_peer_as_an_extension_other_servers_can_too() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+    let app = Router::new().route("/api/search", get(|| async { "results" })).layer(layer);
+    for (i, expected) in
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].into_iter().enumerate()
+    {
+        let mut request = Request::builder().uri("/api/search").body(Body::empty()).unwrap();
+        request.extensions_mut().insert(PeerAddr(format!("203.0.113.7:{}", 1000 + i).parse().unwrap()));
+        assert_eq!(app.clone().oneshot(request).await.unwrap().status(), expected);
+    }
+}
