@@ -114,6 +114,24 @@ async fn counter_weighs_the_previous_window<S: Store>(store: &S, clock: &ManualC
     assert!(one(store, "weigh", &l, 1).await.allowed);
 }
 
+/// A denial whose wait ends as the next window starts: the current count
+/// alone leaves room there, so retry_after is the rest of this window.
+async fn counter_retry_when_the_current_count_alone_leaves_room<S: Store>(store: &S, clock: &ManualClock) {
+    let l = limit(Algorithm::SlidingWindowCounter, 6, 3);
+    let start = T0 + 1; // a multiple of 3
+    clock.set(start);
+    assert!(one(store, "room", &l, 4).await.allowed);
+    clock.set(start + 3);
+    // 4 × 3 ≤ (6 − 1) × 3: one more fits beside the previous window's four.
+    assert!(one(store, "room", &l, 1).await.allowed);
+    let d = one(store, "room", &l, 4).await;
+    assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 1, Some(ms(3))));
+    clock.set(start + 5);
+    assert_eq!(one(store, "room", &l, 4).await.retry_after, Some(MS));
+    clock.set(start + 6);
+    assert!(one(store, "room", &l, 4).await.allowed);
+}
+
 /// The source article's boundary burst: 100 in the last 100 ms of a minute,
 /// 100 in the first 100 ms of the next.
 async fn boundary_burst<S: Store>(store: &S, clock: &ManualClock) {
@@ -290,6 +308,7 @@ conformance!(
     fills_to_the_limit_with_exact_values,
     retry_after_is_exact_for_every_algorithm,
     counter_weighs_the_previous_window,
+    counter_retry_when_the_current_count_alone_leaves_room,
     boundary_burst,
     idle_identities_start_over,
     zero_cost_peeks_and_whole_limit_costs,

@@ -1,0 +1,338 @@
+//! What only the Redis store can get wrong: TTLs, atomicity under concurrent
+//! connections, the script cache going away, server time, the key layout.
+//! Each test spawns its own `redis-server` on an ephemeral loopback port.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slidegate::{Algorithm, Limit, ManualClock, RedisStore, Store, TimeSource};
+use slidegate_test_redis::RedisServer;
+use support::{admin, client_time_store, keys_with_pttl, limit, unique_prefix, T0};
+
+/// Slack `TimeSource::Client` adds to every TTL (see `prelude.lua`).
+const CLIENT_TTL_SLACK_MS: i64 = 10_000;
+/// Real time a test may take between a decision and reading the key's PTTL.
+const TOLERANCE_MS: i64 = 2_000;
+
+/// A small deterministic generator, so a failing trace can be replayed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+async fn pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(&mut admin(server).await).await.expect("PTTL")
+}
+
+#[tokio::test]
+async fn no_key_without_ttl_after_a_random_trace_over_every_algorithm() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 17);
+    let store = client_time_store(&server, &clock, "ttl").await;
+    let limits: Vec<Limit> = Algorithm::ALL
+        .into_iter()
+        .flat_map(|a| [limit(a, 3, 5), limit(a, 4, 100), limit(a, 10, 1000), limit(a, 2, 60_000)])
+        .collect();
+    let identities = ["a", "b", "c", "}d{"];
+    let mut rng = XorShift(0x5eed_cafe);
+    for _ in 0..3000 {
+        clock.advance(Duration::from_millis(rng.below(40)));
+        let identity = identities[rng.below(4) as usize];
+        if rng.below(5) == 0 {
+            let first = rng.below(limits.len() as u64 - 3) as usize;
+            let charges: Vec<(Limit, u64)> =
+                limits[first..first + 3].iter().map(|l| (*l, rng.below(3))).collect();
+            store.decide_all(identity, &charges).await.expect("decide_all");
+        } else {
+            let l = &limits[rng.below(limits.len() as u64) as usize];
+            store.decide(identity, l, rng.below(l.quota.limit() + 1)).await.expect("decide");
+        }
+    }
+
+    let keys = keys_with_pttl(&server).await;
+    let expected: HashSet<String> =
+        identities.iter().flat_map(|i| limits.iter().flat_map(|l| store.keys_for(i, l))).collect();
+    assert!(keys.len() >= 5, "the trace left {} keys; expected state for every algorithm", keys.len());
+    for (key, pttl) in &keys {
+        assert!(*pttl > 0, "{key} has PTTL {pttl}");
+        assert!(expected.contains(key), "{key} is not a key of this store's identities and limits");
+    }
+    for tag in [":swc:", ":fw:", ":log:", ":tb:", ":gcra:"] {
+        assert!(keys.iter().any(|(k, _)| k.contains(tag)), "no {tag} key left by the trace");
+    }
+}
+
+/// Every write sets the TTL to exactly when the state stops mattering, which
+/// after an allowed request is its `reset_after`: on the server's clock in
+/// server time, plus the fixed slack in client time.
+#[tokio::test]
+async fn ttl_is_the_time_until_the_state_stops_mattering() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 4321);
+    let client = client_time_store(&server, &clock, "life").await;
+    let server_time =
+        RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("life"));
+    for (store, slack) in [(&client, CLIENT_TTL_SLACK_MS), (&server_time, 0)] {
+        for algorithm in Algorithm::ALL {
+            let l = limit(algorithm, 7, 30_000);
+            for cost in [1, 2, 3] {
+                let d = store.decide("life", &l, cost).await.expect("decide");
+                assert!(d.allowed);
+                let [key] = &store.keys_for("life", &l)[..] else { panic!("one key per limit") };
+                let reset = d.reset_after.as_millis() as i64 + slack;
+                let ttl = pttl(&server, key).await;
+                assert!(
+                    ttl <= reset && ttl > reset - TOLERANCE_MS,
+                    "{algorithm} {key}: PTTL {ttl}, reset_after + slack {reset}"
+                );
+                clock.advance(Duration::from_millis(1234));
+            }
+        }
+    }
+}
+
+/// Exact to the millisecond, in server time: the keys one `decide_all` writes
+/// (one script, one `TIME`) expire at `now + reset_after` (`SET … PXAT`), so
+/// `PEXPIRETIME − reset_after` is the same instant for every algorithm, and
+/// the window-aligned states expire on a window boundary. (In client time
+/// the TTL is relative, counted from each command's own clock reading, and
+/// the test above bounds it.)
+#[tokio::test]
+async fn expiry_is_exactly_when_the_state_stops_mattering() {
+    let server = RedisServer::spawn();
+    let store =
+        RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("expiry"));
+    let w = 30_000;
+    // 97 does not divide the window: the bucket and GCRA round their times.
+    let limits: Vec<Limit> = Algorithm::ALL.into_iter().map(|a| limit(a, 97, w)).collect();
+    let mut conn = admin(&server).await;
+    for round in 1..=4u64 {
+        let charges: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, round)).collect();
+        let decisions = store.decide_all("exp", &charges).await.expect("decide_all");
+        let mut instants = Vec::new();
+        for ((l, _), d) in charges.iter().zip(&decisions) {
+            assert!(d.allowed);
+            let key = &store.keys_for("exp", l)[0];
+            let at: i64 =
+                redis::cmd("PEXPIRETIME").arg(key).query_async(&mut conn).await.expect("PEXPIRETIME");
+            if matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindowCounter) {
+                assert_eq!(at % w as i64, 0, "{}: expires off a window boundary", l.algorithm);
+            }
+            instants.push((l.algorithm, at - d.reset_after.as_millis() as i64));
+        }
+        assert!(instants.iter().all(|(_, t)| *t == instants[0].1), "round {round}: {instants:?}");
+    }
+}
+
+async fn admitted<S: Store + Clone + 'static>(stores: &[S], identity: &str, l: Limit, tasks: usize) -> u64 {
+    let mut handles = Vec::with_capacity(tasks);
+    for i in 0..tasks {
+        let store = stores[i % stores.len()].clone();
+        let identity = identity.to_owned();
+        handles
+            .push(tokio::spawn(async move { store.decide(&identity, &l, 1).await.expect("decide").allowed }));
+    }
+    let mut allowed = 0;
+    for h in handles {
+        allowed += u64::from(h.await.expect("task"));
+    }
+    allowed
+}
+
+/// 96 tasks over 4 connections at one identity within one window: exactly
+/// `limit` permits from a fresh state, for every algorithm, in client and in
+/// server time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_over_four_connections_admit_exactly_the_limit() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 777);
+    let mut client_stores = Vec::new();
+    let mut server_stores = Vec::new();
+    let (client_prefix, server_prefix) = (unique_prefix("race"), unique_prefix("race"));
+    for _ in 0..4 {
+        let store = RedisStore::connect(&server.url()).await.expect("connect");
+        client_stores.push(
+            store
+                .clone()
+                .with_prefix(&client_prefix)
+                .with_time_source(TimeSource::Client(Arc::new(clock.clone()))),
+        );
+        server_stores.push(store.with_prefix(&server_prefix));
+    }
+    for algorithm in Algorithm::ALL {
+        // A day-long window: the test cannot straddle a boundary in any practical run.
+        let l = limit(algorithm, 40, 86_400_000);
+        assert_eq!(admitted(&client_stores, "hot", l, 96).await, 40, "{algorithm}, client time");
+        assert_eq!(admitted(&server_stores, "hot", l, 96).await, 40, "{algorithm}, server time");
+    }
+}
+
+/// Concurrent all-or-nothing calls: the tighter limit decides, and the
+/// looser one is charged only for the admitted calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_decide_all_charges_only_admitted_calls() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 5);
+    let prefix = unique_prefix("race-all");
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(
+            RedisStore::connect(&server.url())
+                .await
+                .expect("connect")
+                .with_prefix(&prefix)
+                .with_time_source(TimeSource::Client(Arc::new(clock.clone()))),
+        );
+    }
+    let loose = limit(Algorithm::SlidingWindowCounter, 30, 60_000);
+    let tight = limit(Algorithm::Gcra, 20, 60_000);
+    let mut handles = Vec::new();
+    for i in 0..80 {
+        let store = stores[i % 4].clone();
+        handles.push(tokio::spawn(async move {
+            let d = store.decide_all("hot", &[(loose, 1), (tight, 1)]).await.expect("decide_all");
+            assert_eq!(d[0].allowed && d[1].allowed, d[1].allowed, "the loose limit never denies here");
+            d[1].allowed
+        }));
+    }
+    let mut allowed = 0;
+    for h in handles {
+        allowed += u64::from(h.await.expect("task"));
+    }
+    assert_eq!(allowed, 20);
+    assert_eq!(stores[0].decide("hot", &loose, 0).await.expect("peek").remaining, 10);
+}
+
+async fn noscript_errors(server: &RedisServer) -> u64 {
+    let info: String =
+        redis::cmd("INFO").arg("errorstats").query_async(&mut admin(server).await).await.expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_NOSCRIPT:count="))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// SCRIPT FLUSH in the middle of a run: the next call meets NOSCRIPT, the
+/// store loads the script again and the counts go on where they were.
+#[tokio::test]
+async fn script_flush_mid_run_reloads_and_keeps_counting() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 100);
+    let store = client_time_store(&server, &clock, "flush").await;
+    let l = limit(Algorithm::SlidingWindowCounter, 25, 60_000);
+    let other = limit(Algorithm::SlidingLog, 25, 60_000);
+    let mut expected_remaining = 25;
+    for round in 0..3 {
+        for _ in 0..5 {
+            expected_remaining -= 1;
+            let d = store.decide("flush", &l, 1).await.expect("decide after SCRIPT FLUSH");
+            assert_eq!((d.allowed, d.remaining), (true, expected_remaining), "round {round}");
+        }
+        let all = store.decide_all("flush", &[(other, 1)]).await.expect("decide_all after SCRIPT FLUSH");
+        assert_eq!(all[0].remaining, 24 - round);
+        let _: () =
+            redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin(&server).await).await.expect("FLUSH");
+    }
+    // Each flush cost one NOSCRIPT per script used afterwards, then no more.
+    assert_eq!(noscript_errors(&server).await, 4);
+    assert_eq!(store.decide("flush", &l, 1).await.expect("decide").remaining, 9);
+    assert_eq!(noscript_errors(&server).await, 5);
+    assert_eq!(store.decide("flush", &l, 1).await.expect("decide").remaining, 8);
+    assert_eq!(noscript_errors(&server).await, 5);
+}
+
+/// A restarted Redis has neither the state nor the scripts: once the
+/// connection is back, the store decides again, from scratch.
+#[tokio::test]
+async fn decisions_resume_after_a_restart() {
+    let mut server = RedisServer::spawn();
+    let clock = ManualClock::new(T0);
+    let store = client_time_store(&server, &clock, "restart").await;
+    let l = limit(Algorithm::FixedWindow, 5, 60_000);
+    for remaining in [4, 3, 2] {
+        assert_eq!(store.decide("r", &l, 1).await.expect("decide").remaining, remaining);
+    }
+    server.restart();
+    let mut result = store.decide("r", &l, 1).await;
+    for _ in 0..100 {
+        match &result {
+            Err(e) if e.is_unavailable() => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                result = store.decide("r", &l, 1).await;
+            }
+            _ => break,
+        }
+    }
+    let d = result.expect("the store reconnects and reloads its scripts");
+    assert_eq!((d.allowed, d.remaining), (true, 4), "a restarted server starts empty");
+}
+
+/// In server time two stores (two app servers) share one clock: the
+/// decisions continue each other's and the reset values are sane.
+#[tokio::test]
+async fn server_time_is_shared_by_every_store() {
+    let server = RedisServer::spawn();
+    let prefix = unique_prefix("server-time");
+    let a = RedisStore::connect(&server.url()).await.expect("connect").with_prefix(&prefix);
+    let b = RedisStore::connect(&server.url()).await.expect("connect").with_prefix(&prefix);
+    assert!(matches!(a.time_source(), TimeSource::Server));
+    let minute = 60_000;
+    for algorithm in Algorithm::ALL {
+        let l = limit(algorithm, 6, minute);
+        for (i, store) in [&a, &b, &a, &b, &b, &a].into_iter().enumerate() {
+            let d = store.decide("shared", &l, 1).await.expect("decide");
+            assert_eq!((d.allowed, d.remaining), (true, 5 - i as u64), "{algorithm}");
+            let reset = d.reset_after.as_millis() as u64;
+            let max = if algorithm == Algorithm::SlidingWindowCounter { 2 * minute } else { minute };
+            assert!(reset > 0 && reset <= max, "{algorithm}: reset_after {reset} ms");
+        }
+        let d = b.decide("shared", &l, 1).await.expect("decide");
+        assert!(!d.allowed, "{algorithm}");
+        let retry = d.retry_after.expect("retry_after").as_millis() as u64;
+        assert!(retry > 0 && retry <= 2 * minute, "{algorithm}: retry_after {retry} ms");
+    }
+}
+
+/// `keys_for` names the keys the scripts write, and each algorithm keeps
+/// the compact layout: one string (an integer for GCRA), or one sorted set.
+#[tokio::test]
+async fn keys_for_names_the_one_key_each_algorithm_writes() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect")
+        .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
+    assert_eq!(store.prefix(), "slidegate:");
+    let mut conn = admin(&server).await;
+    for (algorithm, tag, kind, encoding) in [
+        (Algorithm::SlidingWindowCounter, "swc", "string", "embstr"),
+        (Algorithm::FixedWindow, "fw", "string", "embstr"),
+        (Algorithm::SlidingLog, "log", "zset", "listpack"),
+        (Algorithm::TokenBucket, "tb", "string", "embstr"),
+        (Algorithm::Gcra, "gcra", "string", "int"),
+    ] {
+        let l = limit(algorithm, 100, 60_000);
+        assert!(store.decide("user-42", &l, 0).await.expect("peek").allowed);
+        let keys = store.keys_for("user-42", &l);
+        assert_eq!(keys, [format!("slidegate:{{user-42}}:{tag}:100:60000")]);
+        let exists: i64 = redis::cmd("EXISTS").arg(&keys[0]).query_async(&mut conn).await.expect("EXISTS");
+        assert_eq!(exists, 0, "{algorithm}: a cost-0 peek writes nothing");
+        store.decide("user-42", &l, 3).await.expect("decide");
+        let t: String = redis::cmd("TYPE").arg(&keys[0]).query_async(&mut conn).await.expect("TYPE");
+        let e: String =
+            redis::cmd("OBJECT").arg("ENCODING").arg(&keys[0]).query_async(&mut conn).await.expect("OBJECT");
+        assert_eq!((t.as_str(), e.as_str()), (kind, encoding), "{algorithm}");
+    }
+    let dbsize: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.expect("DBSIZE");
+    assert_eq!(dbsize, 5);
+}
