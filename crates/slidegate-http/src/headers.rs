@@ -89,27 +89,36 @@ pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
     }
 }
 
-/// An `application/problem+json` response; `extra` members are merged in.
+/// An RFC 9457 problem, members in the order the RFC lists them.
+#[derive(serde::Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<&'a str>,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<Vec<&'a str>>,
+}
+
+/// An `application/problem+json` response.
 pub fn problem(
     status: StatusCode,
     kind: &str,
     title: &str,
     detail: &str,
     instance: Option<&str>,
-    extra: serde_json::Map<String, serde_json::Value>,
 ) -> Response<Full<Bytes>> {
-    let mut body = serde_json::Map::new();
-    body.insert("type".into(), kind.into());
-    body.insert("title".into(), title.into());
-    body.insert("status".into(), status.as_u16().into());
-    body.insert("detail".into(), detail.into());
-    if let Some(instance) = instance {
-        body.insert("instance".into(), instance.into());
-    }
-    body.extend(extra);
-    let bytes = serde_json::to_vec(&serde_json::Value::Object(body)).unwrap_or_default();
+    problem_with(Problem { kind, title, status: status.as_u16(), detail, instance, violated_policies: None })
+}
+
+fn problem_with(problem: Problem<'_>) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(&problem).unwrap_or_default();
     let mut response = Response::new(Full::new(Bytes::from(bytes)));
-    *response.status_mut() = status;
+    *response.status_mut() =
+        StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -126,7 +135,6 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
             "Service Unavailable",
             &format!("the rate limit store is unavailable and rule {:?} fails closed", verdict.rule),
             Some(path),
-            serde_json::Map::new(),
         );
         response.headers_mut().insert(RETRY_AFTER, number(1));
         return response;
@@ -139,16 +147,14 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
         window_text(decisive.quota.window()),
         wait
     );
-    let mut extra = serde_json::Map::new();
-    extra.insert("violated-policies".into(), verdict.violated().map(|p| p.name.to_string()).collect());
-    let mut response = problem(
-        StatusCode::TOO_MANY_REQUESTS,
-        QUOTA_EXCEEDED_TYPE,
-        "Request cannot be satisfied as assigned quota has been exceeded",
-        &detail,
-        Some(path),
-        extra,
-    );
+    let mut response = problem_with(Problem {
+        kind: QUOTA_EXCEEDED_TYPE,
+        title: "Request cannot be satisfied as assigned quota has been exceeded",
+        status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+        detail: &detail,
+        instance: Some(path),
+        violated_policies: Some(verdict.violated().map(|p| &*p.name).collect()),
+    });
     apply(response.headers_mut(), verdict, legacy);
     response
 }

@@ -109,7 +109,7 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
 
 fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
     let title = status.canonical_reason().unwrap_or("Bad Request");
-    boxed(headers::problem(status, "about:blank", title, detail, Some(path), Default::default()))
+    boxed(headers::problem(status, "about:blank", title, detail, Some(path)))
 }
 
 async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody> {

@@ -102,6 +102,8 @@ pub(crate) async fn forward(
     match state.proxy.client.request(request).await {
         Ok(response) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
+            // Speak HTTP/1.1 to the client whatever the upstream spoke.
+            *response.version_mut() = http::Version::HTTP_11;
             strip_hop_by_hop(response.headers_mut());
             if let Some(v) = &verdict {
                 headers::apply(response.headers_mut(), v, limiter.legacy_headers());
@@ -116,14 +118,7 @@ pub(crate) async fn forward(
 }
 
 fn bad_gateway(path: &str, detail: &str) -> Response<ServeBody> {
-    boxed(headers::problem(
-        StatusCode::BAD_GATEWAY,
-        "about:blank",
-        "Bad Gateway",
-        detail,
-        Some(path),
-        Default::default(),
-    ))
+    boxed(headers::problem(StatusCode::BAD_GATEWAY, "about:blank", "Bad Gateway", detail, Some(path)))
 }
 
 #[cfg(test)]
