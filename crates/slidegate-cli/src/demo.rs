@@ -1,12 +1,405 @@
-//! `slidegate demo` (being built).
+//! `slidegate demo`: the source article's two experiments, on the embedded
+//! store by default or on a Redis given with `--redis-url`.
+//!
+//! A. Boundary burst: limit 100 per 60 s; 100 requests in the last 100 ms of
+//!    window 0, then 100 in the first 100 ms of window 1, on a manual clock.
+//! B. Memory per identity: what one identity costs after 10,000 requests, and
+//!    what 100,000 identities cost each (allocation accounting in process,
+//!    `INFO memory` on Redis).
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisStore, Store, TimeSource};
+use tokio::task::JoinSet;
 
 /// Arguments of `slidegate demo`.
 #[derive(clap::Args)]
-pub struct DemoArgs {}
+pub struct DemoArgs {
+    /// Run both experiments against this Redis instead of the embedded store
+    /// (keys use a prefix of their own and are deleted afterwards).
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG chart of the boundary burst into DIR.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+    /// Identities in the memory experiment (each sends one request).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    identities: u64,
+}
+
+/// Window 0 of the boundary burst starts here: a multiple of 60 s.
+const WINDOW_0_MS: u64 = 1_700_000_040_000;
+const BURST_LIMIT: u64 = 100;
+const BURST_WINDOW_MS: u64 = 60_000;
+/// Requests in each half of the burst, one per millisecond.
+const BURST_HALF: u64 = 100;
+/// Experiment B: one identity sends this many requests (all admitted) …
+const ONE_IDENTITY_REQUESTS: u64 = 10_000;
+/// Requests in flight at once against Redis.
+const IN_FLIGHT: u64 = 512;
+
+#[derive(Serialize)]
+struct Report {
+    store: &'static str,
+    identities: u64,
+    boundary_burst: BoundaryBurst,
+    memory: BTreeMap<&'static str, Memory>,
+}
+
+#[derive(Serialize)]
+struct BoundaryBurst {
+    limit: u64,
+    window_ms: u64,
+    sent: u64,
+    allowed: BTreeMap<&'static str, u64>,
+    /// The article's own Lua script on the same Redis (Redis only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference_script: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Memory {
+    /// Real cost per identity over `--identities` identities.
+    bytes_per_identity: u64,
+    /// `MEMORY USAGE` summed over one identity's keys after [`ONE_IDENTITY_REQUESTS`] requests (Redis only).
+    memory_usage_one_identity: Option<u64>,
+    /// What one identity costs after [`ONE_IDENTITY_REQUESTS`] requests, on either store.
+    bytes_one_identity_after_10000_requests: u64,
+}
 
 /// Runs `slidegate demo`.
-pub fn run(_args: DemoArgs) -> crate::CommandResult {
-    Ok(ExitCode::FAILURE)
+pub fn run(args: DemoArgs) -> crate::CommandResult {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (report, curves) = runtime.block_on(async {
+        match &args.redis_url {
+            None => embedded(args.identities).await,
+            Some(url) => on_redis(url, args.identities).await,
+        }
+    })?;
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("boundary_burst.svg");
+        crate::plot::boundary_burst_svg(&path, BURST_WINDOW_MS, &curves)?;
+        if !args.json {
+            println!("chart written to {}", path.display());
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cumulative admissions over time, per algorithm, for the chart.
+type Curves = Vec<(&'static str, Vec<(u64, u64)>)>;
+
+async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let (allowed, curves) = boundary_burst(&store, &clock, "burst").await?;
+    let mut memory = BTreeMap::new();
+    for algorithm in Algorithm::ALL {
+        let limit = memory_limit(algorithm)?;
+        let one = {
+            let store = MemoryStore::with_clock(clock.clone());
+            let before = crate::allocated_bytes();
+            one_identity(&store, &clock, &limit).await?;
+            crate::allocated_bytes().saturating_sub(before)
+        };
+        let per_identity = {
+            clock.set(WINDOW_0_MS);
+            let before = crate::allocated_bytes();
+            let store = MemoryStore::with_clock(clock.clone());
+            let mut key = String::new();
+            for i in 0..identities {
+                key.clear();
+                write!(key, "identity:{i}")?;
+                store.decide_sync(&key, &limit, 1)?;
+            }
+            let used = crate::allocated_bytes().saturating_sub(before);
+            drop(store);
+            used as u64 / identities
+        };
+        memory.insert(
+            algorithm.name(),
+            Memory {
+                bytes_per_identity: per_identity,
+                memory_usage_one_identity: None,
+                bytes_one_identity_after_10000_requests: one as u64,
+            },
+        );
+    }
+    let report = Report { store: "memory", identities, boundary_burst: burst_report(allowed, None), memory };
+    Ok((report, curves))
+}
+
+async fn on_redis(url: &str, identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let prefix = format!("slidegate-demo:{}:", std::process::id());
+    let clock = ManualClock::new(0);
+    let store = RedisStore::connect(url)
+        .await?
+        .with_prefix(prefix.clone())
+        .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
+    let result = redis_experiments(&store, &clock, &mut conn, &prefix, identities).await;
+    // Leave the user's Redis as we found it, whatever happened.
+    delete_prefix(&mut conn, &prefix).await?;
+    result
+}
+
+async fn redis_experiments(
+    store: &RedisStore,
+    clock: &ManualClock,
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    identities: u64,
+) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+    let (allowed, curves) = boundary_burst(store, clock, "burst").await?;
+    let reference = reference_burst(conn, &format!("{prefix}reference")).await?;
+    delete_prefix(conn, prefix).await?;
+
+    let mut memory = BTreeMap::new();
+    for algorithm in Algorithm::ALL {
+        let limit = memory_limit(algorithm)?;
+        one_identity(store, clock, &limit).await?;
+        let mut usage = 0;
+        for key in store.keys_for("one", &limit) {
+            let bytes: Option<u64> =
+                redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(conn).await?;
+            usage += bytes.unwrap_or(0);
+        }
+        delete_prefix(conn, prefix).await?;
+        settle(conn).await?;
+
+        clock.set(WINDOW_0_MS);
+        let before = used_memory(conn).await?;
+        let mut tasks = JoinSet::new();
+        for chunk in 0..identities.div_ceil(IN_FLIGHT) {
+            for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
+                let store = store.clone();
+                tasks.spawn(async move { store.decide(&format!("identity:{i}"), &limit, 1).await });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done??;
+            }
+        }
+        let after = used_memory(conn).await?;
+        delete_prefix(conn, prefix).await?;
+        settle(conn).await?;
+        memory.insert(
+            algorithm.name(),
+            Memory {
+                bytes_per_identity: after.saturating_sub(before) / identities,
+                memory_usage_one_identity: Some(usage),
+                bytes_one_identity_after_10000_requests: usage,
+            },
+        );
+    }
+    let report =
+        Report { store: "redis", identities, boundary_burst: burst_report(allowed, Some(reference)), memory };
+    Ok((report, curves))
+}
+
+/// Experiment A through `store`: returns admissions per algorithm and their curves.
+async fn boundary_burst<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    key: &str,
+) -> Result<(BTreeMap<&'static str, u64>, Curves), Box<dyn std::error::Error>> {
+    let quota = Quota::new(BURST_LIMIT, Duration::from_millis(BURST_WINDOW_MS))?;
+    let mut allowed = BTreeMap::new();
+    let mut curves = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(algorithm, quota);
+        let mut admitted = 0;
+        let mut curve = Vec::new();
+        for t in burst_times() {
+            clock.set(t);
+            admitted += u64::from(store.decide(key, &limit, 1).await?.allowed);
+            curve.push((t - WINDOW_0_MS, admitted));
+        }
+        allowed.insert(algorithm.name(), admitted);
+        curves.push((algorithm.name(), curve));
+    }
+    Ok((allowed, curves))
+}
+
+/// The article's script on the same timestamps, called with EVALSHA.
+async fn reference_burst(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let script = redis::Script::new(include_str!("reference_script.lua"));
+    let mut admitted = 0;
+    for t in burst_times() {
+        let reply: u64 =
+            script.key(key).arg(t).arg(BURST_WINDOW_MS).arg(BURST_LIMIT).invoke_async(conn).await?;
+        admitted += reply;
+    }
+    Ok(admitted)
+}
+
+/// The last [`BURST_HALF`] ms of window 0 and the first of window 1, one request per ms.
+fn burst_times() -> std::ops::Range<u64> {
+    let boundary = WINDOW_0_MS + BURST_WINDOW_MS;
+    boundary - BURST_HALF..boundary + BURST_HALF
+}
+
+fn burst_report(allowed: BTreeMap<&'static str, u64>, reference_script: Option<u64>) -> BoundaryBurst {
+    BoundaryBurst {
+        limit: BURST_LIMIT,
+        window_ms: BURST_WINDOW_MS,
+        sent: 2 * BURST_HALF,
+        allowed,
+        reference_script,
+    }
+}
+
+/// Experiment B's limit: large enough that all 10,000 requests of one identity are admitted.
+fn memory_limit(algorithm: Algorithm) -> Result<Limit, slidegate::QuotaError> {
+    Ok(Limit::new(algorithm, Quota::new(ONE_IDENTITY_REQUESTS, Duration::from_millis(BURST_WINDOW_MS))?))
+}
+
+/// 10,000 requests from identity `one`, 5 ms apart, all inside window 0.
+async fn one_identity<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    limit: &Limit,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for i in 0..ONE_IDENTITY_REQUESTS {
+        clock.set(WINDOW_0_MS + i * 5);
+        let decision = store.decide("one", limit, 1).await?;
+        if !decision.allowed {
+            return Err(format!("request {i} of identity `one` was denied under {limit}").into());
+        }
+    }
+    Ok(())
+}
+
+async fn used_memory(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "INFO memory has no used_memory line".into())
+}
+
+/// Lets Redis shrink its key tables after a delete, so the next measurement
+/// pays for its own table growth (`serverCron` resizes them, 10 times a second).
+async fn settle(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), redis::RedisError> {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis::cmd("PING").query_async::<()>(conn).await
+}
+
+async fn delete_prefix(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) -> Result<(), redis::RedisError> {
+    let pattern = format!("{}*", glob_escape(prefix));
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("UNLINK").arg(&keys).query_async::<()>(conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Escapes the glob metacharacters of a `SCAN MATCH` pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let b = &report.boundary_burst;
+    let store = if report.store == "redis" { "Redis" } else { "embedded store" };
+    let _ = writeln!(out, "slidegate demo on the {store}\n");
+    let _ = writeln!(out, "A. Boundary burst: limit {} per {} s", b.limit, b.window_ms / 1000);
+    let _ = writeln!(
+        out,
+        "   {} requests in the last {} ms of window 0, then {} in the first {} ms of window 1\n",
+        BURST_HALF, BURST_HALF, BURST_HALF, BURST_HALF
+    );
+    let _ = writeln!(out, "   {:<26} {:>7}", "algorithm", "allowed");
+    for algorithm in Algorithm::ALL {
+        let n = b.allowed[algorithm.name()];
+        let note = match n {
+            n if n > b.limit => format!("  {:.1}× the limit within {} ms", n as f64 / b.limit as f64, b.sent),
+            n if n == b.limit => "  = the limit".to_owned(),
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "   {:<26} {:>7} of {}{note}", algorithm.name(), n, b.sent);
+    }
+    if let Some(n) = b.reference_script {
+        let _ = writeln!(
+            out,
+            "   {:<26} {:>7} of {}  (the article's Lua script, est < limit)",
+            "reference script", n, b.sent
+        );
+    }
+    let _ = writeln!(out, "\nB. Memory per identity (limit {ONE_IDENTITY_REQUESTS} per 60 s)\n");
+    let (one_header, many_header) = if report.store == "redis" {
+        ("MEMORY USAGE, 1 identity", "used_memory Δ / identity")
+    } else {
+        ("heap, 1 identity + table", "heap / identity")
+    };
+    let _ = writeln!(out, "   {:<26} {:>26} {:>28}", "algorithm", one_header, many_header);
+    let _ = writeln!(
+        out,
+        "   {:<26} {:>26} {:>28}",
+        "",
+        format!("after {ONE_IDENTITY_REQUESTS} requests"),
+        format!("over {} identities", report.identities)
+    );
+    for algorithm in Algorithm::ALL {
+        let m = &report.memory[algorithm.name()];
+        let _ = writeln!(
+            out,
+            "   {:<26} {:>24} B {:>26} B",
+            algorithm.name(),
+            m.bytes_one_identity_after_10000_requests,
+            m.bytes_per_identity
+        );
+    }
+    let log = report.memory["sliding_log"].bytes_one_identity_after_10000_requests;
+    let counter = report.memory["sliding_window_counter"].bytes_one_identity_after_10000_requests.max(1);
+    let _ = writeln!(
+        out,
+        "\n   After {ONE_IDENTITY_REQUESTS} requests the exact log holds {log} B, the sliding window counter {counter} B: {:.0}× less.",
+        log as f64 / counter as f64
+    );
+    out
 }

@@ -51,5 +51,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// Counts live heap bytes so `demo` can report what state costs per identity.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+/// Heap bytes allocated by this process and not yet freed.
+fn allocated_bytes() -> usize {
+    ALLOCATOR.allocated()
+}
+
 /// What a subcommand returns: its exit code, or an error to print.
 type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
