@@ -163,7 +163,9 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
     }
     let quota = Quota::new(args.limit, Duration::from_secs(args.window_secs))?;
     let mut admin = ConnectionManager::new(client.clone()).await?;
-    let run_prefix = format!("sgbench:{}:", std::process::id());
+    // Short: key length is part of the memory per identity, and the
+    // reference script's keys get the same prefix length.
+    let run_prefix = "sgb:";
     let tasks = args.connections.max(1) * args.in_flight.max(1);
     let mut conns = Vec::new();
     for _ in 0..args.connections.max(1) {
@@ -174,9 +176,9 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
 
     let mut results: Vec<(String, Figures)> = Vec::new();
     let subjects: Vec<Option<Algorithm>> = Algorithm::ALL.into_iter().map(Some).chain([None]).collect();
-    for subject in subjects {
+    for (index, subject) in subjects.into_iter().enumerate() {
         let name = subject.map_or("reference_script", Algorithm::name).to_owned();
-        let prefix = format!("{run_prefix}{name}:");
+        let prefix = format!("{run_prefix}{index}:");
         // One subject per connection, for load on the server's clock ...
         let make = |conn: &ConnectionManager, clock: Option<ManualClock>| -> Subject {
             match subject {

@@ -4,7 +4,8 @@
 //!
 //! - `one_identity/<algorithm>`: one key decided over and over;
 //! - `keyed_1m/<algorithm>`: 1,000,000 identities, all present before timing
-//!   starts, visited in a scattered order;
+//!   starts, visited in a scattered order (each key written into a reused
+//!   buffer, as a server finds it in the request at hand);
 //! - `two_threads_one_identity/<algorithm>`: two threads deciding for the
 //!   same key at once (time per decision of each thread).
 //!
@@ -37,8 +38,37 @@ fn governor_quota() -> governor::Quota {
     governor::Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
 }
 
-fn keys() -> Vec<String> {
-    (0..IDENTITIES).map(|i| format!("user:{i}")).collect()
+/// Writes identity keys `user:<i>` into one reused buffer, as a server
+/// would find the key in the request it is handling: in cache, no
+/// allocation. (A pre-built `Vec<String>` of a million keys would add two
+/// cache misses per decision that have nothing to do with the limiter.)
+struct KeyWriter {
+    buf: [u8; 32],
+}
+
+impl KeyWriter {
+    fn new() -> Self {
+        let mut buf = [0; 32];
+        buf[..5].copy_from_slice(b"user:");
+        Self { buf }
+    }
+
+    fn key(&mut self, mut i: usize) -> &str {
+        let mut digits = [0u8; 20];
+        let mut n = 0;
+        loop {
+            digits[n] = b'0' + (i % 10) as u8;
+            n += 1;
+            i /= 10;
+            if i == 0 {
+                break;
+            }
+        }
+        for (slot, digit) in self.buf[5..5 + n].iter_mut().zip(digits[..n].iter().rev()) {
+            *slot = *digit;
+        }
+        std::str::from_utf8(&self.buf[..5 + n]).expect("ASCII digits")
+    }
 }
 
 /// The `i`-th identity visited: a stride coprime to the count scatters visits
@@ -64,9 +94,25 @@ fn one_identity(c: &mut Criterion) {
             })
         });
     }
+    // Each on its own real clock: what a user gets out of the box (slidegate
+    // reads SystemTime, governor a TSC-based quanta clock).
+    let store = MemoryStore::new();
+    // 2^20 per ms: every decision is allowed and the state stays packed.
+    let limit = Limit::new(
+        Algorithm::SlidingWindowCounter,
+        Quota::new(1 << 20, Duration::from_millis(1)).expect("a valid quota"),
+    );
+    group.bench_function(BenchmarkId::new("slidegate", "sliding_window_counter_system_clock"), |b| {
+        b.iter(|| black_box(store.decide_sync(black_box("user:42"), &limit, 1)))
+    });
+    let governor = RateLimiter::dashmap(governor::Quota::per_second(NonZeroU32::MAX));
+    let key = "user:42".to_owned();
+    group.bench_function(BenchmarkId::new("governor", "dashmap_default_clock"), |b| {
+        b.iter(|| black_box(governor.check_key(black_box(&key))))
+    });
+
     let clock = FakeRelativeClock::default();
     let governor = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
-    let key = "user:42".to_owned();
     let mut i = 0u64;
     group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
         b.iter(|| {
@@ -81,14 +127,14 @@ fn one_identity(c: &mut Criterion) {
 }
 
 fn keyed(c: &mut Criterion) {
-    let keys = keys();
+    let mut keys = KeyWriter::new();
     let mut group = c.benchmark_group("keyed_1m");
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
         let limit = limit(algorithm);
-        for key in &keys {
-            store.decide_sync(key, &limit, 1).expect("valid request");
+        for i in 0..IDENTITIES {
+            store.decide_sync(keys.key(i), &limit, 1).expect("valid request");
         }
         let mut i = 0u64;
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
@@ -97,22 +143,26 @@ fn keyed(c: &mut Criterion) {
                 if i.is_multiple_of(PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
-                black_box(store.decide_sync(&keys[scattered(i)], &limit, 1))
+                black_box(store.decide_sync(keys.key(scattered(i)), &limit, 1))
             })
         });
     }
 
     // governor on the same string identities, then on integer identities
-    // (its best case: no string hashing).
+    // (its best case: no string to hash or compare, no key to build).
     let clock = FakeRelativeClock::default();
     let dashmap = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
     let hashmap = RateLimiter::hashmap_with_clock(governor_quota(), clock.clone());
     let dashmap_u64 = RateLimiter::dashmap_with_clock(governor_quota(), clock.clone());
-    for (n, key) in keys.iter().enumerate() {
-        let _ = dashmap.check_key(key);
-        let _ = hashmap.check_key(key);
+    for n in 0..IDENTITIES {
+        let key = keys.key(n).to_owned();
+        let _ = dashmap.check_key(&key);
+        let _ = hashmap.check_key(&key);
         let _ = dashmap_u64.check_key(&(n as u64));
     }
+    // governor's keys are `String`s; looking one up needs a `&String`, so the
+    // key is written into one reused `String` (no allocation per decision).
+    let mut key = String::with_capacity(32);
     let mut i = 0u64;
     group.bench_function(BenchmarkId::new("governor", "dashmap"), |b| {
         b.iter(|| {
@@ -120,7 +170,9 @@ fn keyed(c: &mut Criterion) {
             if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
-            black_box(dashmap.check_key(&keys[scattered(i)]))
+            key.clear();
+            key.push_str(keys.key(scattered(i)));
+            black_box(dashmap.check_key(&key))
         })
     });
     group.bench_function(BenchmarkId::new("governor", "hashmap"), |b| {
@@ -129,7 +181,9 @@ fn keyed(c: &mut Criterion) {
             if i.is_multiple_of(PER_MS) {
                 clock.advance(Duration::from_millis(1));
             }
-            black_box(hashmap.check_key(&keys[scattered(i)]))
+            key.clear();
+            key.push_str(keys.key(scattered(i)));
+            black_box(hashmap.check_key(&key))
         })
     });
     group.bench_function(BenchmarkId::new("governor", "dashmap_u64_keys"), |b| {
