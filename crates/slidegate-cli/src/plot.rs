@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
-const WIDTH: f64 = 760.0;
+const WIDTH: f64 = 820.0;
 const HEIGHT: f64 = 420.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 190.0;
+const RIGHT: f64 = 250.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
 /// Distinct on white and for the common colour-vision deficiencies (Okabe–Ito).
@@ -32,12 +32,13 @@ pub fn boundary_burst_svg(path: &Path, window_ms: u64, series: &[(&str, Vec<(u64
     let y_max = series.iter().flat_map(|(_, p)| p.iter().map(|&(_, n)| n)).max().unwrap_or(0).max(1);
     let mut svg = Svg::new("Admitted requests around a window boundary");
     let x = Axis::new(t_min as f64, t_max as f64, LEFT, WIDTH - RIGHT);
-    let y = Axis::new(0.0, nice_ceiling(y_max as f64), HEIGHT - BOTTOM, TOP);
+    let y = Axis::new(0.0, y_max as f64, HEIGHT - BOTTOM, TOP);
     svg.axes(&x, &y, "time (ms)", "admitted so far");
     if window_ms > 0 {
-        // Boundaries strictly inside the span: one at its very start is the axis.
-        let mut boundary = (t_min / window_ms + 1) * window_ms;
-        while boundary <= t_max {
+        // Boundaries strictly inside the axis: one at either end is the frame.
+        let (lo, hi) = (x.min as u64, x.max as u64);
+        let mut boundary = (lo / window_ms + 1) * window_ms;
+        while boundary < hi {
             let bx = x.at(boundary as f64);
             let _ = write!(
                 svg.body,
@@ -85,8 +86,9 @@ pub fn grouped_bars_svg(
 ) -> io::Result<()> {
     let y_max = series.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0_f64, f64::max);
     let mut svg = Svg::new(title);
-    let x = Axis::new(0.0, categories.len().max(1) as f64, LEFT, WIDTH - RIGHT);
-    let y = Axis::new(0.0, nice_ceiling(y_max), HEIGHT - BOTTOM, TOP);
+    let groups = categories.len().max(1) as f64;
+    let x = Axis { min: 0.0, max: groups, step: 1.0, from: LEFT, to: WIDTH - RIGHT };
+    let y = Axis::new(0.0, y_max, HEIGHT - BOTTOM, TOP);
     svg.y_axis(&y, y_label);
     let group = x.at(1.0) - x.at(0.0);
     let bar = group * 0.8 / series.len().max(1) as f64;
@@ -127,23 +129,28 @@ pub fn grouped_bars_svg(
 struct Axis {
     min: f64,
     max: f64,
+    step: f64,
     from: f64,
     to: f64,
 }
 
 impl Axis {
+    /// An axis covering `min..=max`, widened to whole multiples of a round step.
     fn new(min: f64, max: f64, from: f64, to: f64) -> Self {
         let max = if max > min { max } else { min + 1.0 };
-        Self { min, max, from, to }
+        let step = nice_ceiling((max - min) / 5.0);
+        let (min, max) = ((min / step).floor() * step, (max / step).ceil() * step);
+        Self { min, max, step, from, to }
     }
 
     fn at(&self, v: f64) -> f64 {
         self.from + (v - self.min) / (self.max - self.min) * (self.to - self.from)
     }
 
-    /// Five evenly spaced tick values, ends included.
+    /// Tick values at every step, ends included.
     fn ticks(&self) -> impl Iterator<Item = f64> + '_ {
-        (0..=4).map(|i| self.min + (self.max - self.min) * f64::from(i) / 4.0)
+        let n = ((self.max - self.min) / self.step).round() as u32;
+        (0..=n).map(move |i| self.min + self.step * f64::from(i))
     }
 }
 
@@ -260,7 +267,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("burst.svg");
         let series = [
-            ("fixed_window", vec![(0, 1), (100, 100), (200, 200)]),
+            ("fixed_window", vec![(0, 1), (100, 100), (250, 200)]),
             ("sliding_window_counter", vec![(0, 1), (100, 100)]),
         ];
         boundary_burst_svg(&path, 100, &series).unwrap();
