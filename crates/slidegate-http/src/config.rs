@@ -117,6 +117,8 @@ pub struct ServerConfig {
     pub admin_prefix: String,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Duration,
+    /// Worker threads, each with its own listener and upstream pool; `None`: one per CPU.
+    pub threads: Option<usize>,
 }
 
 /// What to do with a request when the store failed or timed out.
@@ -256,6 +258,7 @@ struct RawServer {
     upstream: Option<Spanned<String>>,
     admin_prefix: Option<Spanned<String>>,
     shutdown_grace: Option<WindowValue>,
+    threads: Option<Spanned<u16>>,
 }
 
 #[derive(Deserialize)]
@@ -601,6 +604,11 @@ impl Validator<'_> {
             upstream,
             admin_prefix,
             shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(10), |w| w.duration),
+            threads: match raw.threads {
+                Some(t) if *t.get_ref() == 0 => return Err(self.err(t.span(), "threads must be at least 1")),
+                Some(t) => Some(usize::from(*t.get_ref())),
+                None => None,
+            },
         })
     }
 

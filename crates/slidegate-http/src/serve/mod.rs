@@ -50,92 +50,174 @@ pub enum ServeError {
 }
 
 /// Shared by every connection.
+/// What one worker thread serves with.
 pub(crate) struct State {
     pub(crate) limiter: RateLimiter<AnyStore>,
-    pub(crate) proxy: proxy::Proxy,
+    /// Set once the thread's runtime runs.
+    pub(crate) proxy: Option<proxy::Proxy>,
     pub(crate) admin_prefix: String,
 }
 
 /// A bound, ready server.
+///
+/// It runs one single-threaded runtime per thread, each accepting on its own
+/// `SO_REUSEPORT` listener and keeping its own upstream connection pool, the
+/// way nginx runs workers: a request is parsed, decided, forwarded and answered
+/// on one thread, with no wake-ups across threads on the way. Only the store
+/// (and Redis' connection) is shared.
 pub struct Server {
-    listener: TcpListener,
-    state: Arc<State>,
+    listeners: Vec<std::net::TcpListener>,
+    local_addr: SocketAddr,
+    limiter: RateLimiter<AnyStore>,
+    upstream: http::Uri,
+    admin_prefix: String,
     grace: std::time::Duration,
 }
 
 impl Server {
     /// Connects the store named by `config` (or makes the embedded one) and
-    /// binds the listen address.
+    /// binds the listen address, once per thread. Call it inside a tokio runtime.
     ///
     /// # Errors
-    /// [`ServeError`] when there is no upstream, the store is unreachable or the address is taken.
+    /// [`ServeError`] when there is no upstream or the address is taken.
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
         let store = connect_store(config).await?;
         let limiter = RateLimiter::from_config(config, store);
-        Self::with_limiter(config, limiter, upstream).await
-    }
-
-    async fn with_limiter(
-        config: &Config,
-        limiter: RateLimiter<AnyStore>,
-        upstream: http::Uri,
-    ) -> Result<Self, ServeError> {
-        let addr = config.server.listen;
-        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
-        let state = State {
+        let threads = config
+            .server
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        let mut addr = config.server.listen;
+        let bind_error = |addr, source| ServeError::Bind { addr, source };
+        let mut listeners = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()
+            } else {
+                tokio::net::TcpSocket::new_v6()
+            }
+            .map_err(|e| bind_error(addr, e))?;
+            #[cfg(unix)]
+            socket.set_reuseport(true).map_err(|e| bind_error(addr, e))?;
+            socket.set_reuseaddr(true).map_err(|e| bind_error(addr, e))?;
+            socket.bind(addr).map_err(|e| bind_error(addr, e))?;
+            let listener = socket.listen(1024).map_err(|e| bind_error(addr, e))?;
+            // Port 0 picks a port once; the other threads join it.
+            addr = listener.local_addr().map_err(|e| bind_error(addr, e))?;
+            listeners.push(listener.into_std().map_err(|e| bind_error(addr, e))?);
+            if cfg!(not(unix)) {
+                break;
+            }
+        }
+        Ok(Self {
+            listeners,
+            local_addr: addr,
             limiter,
-            proxy: proxy::Proxy::new(upstream),
+            upstream,
             admin_prefix: config.server.admin_prefix.clone(),
-        };
-        Ok(Self { listener, state: Arc::new(state), grace: config.server.shutdown_grace })
+            grace: config.server.shutdown_grace,
+        })
     }
 
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+        self.local_addr
     }
 
     /// Serves until `shutdown` completes, then stops accepting and waits up to
     /// the configured grace period for open connections to finish.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let graceful = GracefulShutdown::new();
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off briefly.
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        continue;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut threads = Vec::with_capacity(self.listeners.len());
+        for (i, listener) in self.listeners.into_iter().enumerate() {
+            let state =
+                State { limiter: self.limiter.clone(), proxy: None, admin_prefix: self.admin_prefix.clone() };
+            let (upstream, stopped, grace) = (self.upstream.clone(), stopped.clone(), self.grace);
+            let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(err) => return tracing::error!(%err, "cannot start a worker runtime"),
+                };
+                runtime.block_on(async move {
+                    // The pool's connections belong to this thread's runtime.
+                    let state = State { proxy: Some(proxy::Proxy::new(upstream)), ..state };
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => accept_loop(listener, Arc::new(state), stopped, grace).await,
+                        Err(err) => tracing::error!(%err, "cannot register the listener"),
                     }
-                },
-                () = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let state = Arc::clone(&self.state);
-            let service = service_fn(move |request: Request<Incoming>| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+                });
             });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service);
-            let connection = graceful.watch(connection);
-            tokio::spawn(async move {
-                if let Err(err) = connection.await {
-                    tracing::debug!(%err, %peer, "connection ended with an error");
-                }
-            });
+            match thread {
+                Ok(handle) => threads.push(handle),
+                Err(err) => tracing::error!(%err, "cannot start a worker thread"),
+            }
         }
-        drop(self.listener);
+        shutdown.await;
+        let _ = stop.send(true);
         tracing::info!("shutting down: waiting for open connections");
-        tokio::select! {
-            () = graceful.shutdown() => tracing::info!("all connections closed"),
-            () = tokio::time::sleep(self.grace) => tracing::warn!("grace period over: closing the remaining connections"),
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+    grace: std::time::Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    // hyper arms a 30 s header-read timer per request (slowloris protection).
+    // tokio wakes its driver through an eventfd whenever a new timer is due
+    // before every other one — with no other timer, that is every request.
+    // A timer that always fires within a second keeps the driver's next wake
+    // early, so arming the 30 s timers costs no system call.
+    let heartbeat = tokio::spawn(async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tick.tick().await;
         }
+    });
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off briefly.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = stopped.wait_for(|stop| *stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let service = service_fn(move |request: Request<Incoming>| {
+            let state = Arc::clone(&state);
+            async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    heartbeat.abort();
+    tokio::select! {
+        () = graceful.shutdown() => tracing::debug!("all connections of this thread closed"),
+        () = tokio::time::sleep(grace) => tracing::warn!("grace period over: closing the remaining connections"),
     }
 }
 

@@ -92,14 +92,17 @@ pub(crate) async fn forward(
             return boxed(headers::blocked_response(v, limiter.legacy_headers(), &path));
         }
     }
-    let Some(target) = state.proxy.target(request.uri()) else {
+    let Some(proxy) = &state.proxy else {
+        return bad_gateway(&path, "no upstream client");
+    };
+    let Some(target) = proxy.target(request.uri()) else {
         return bad_gateway(&path, "cannot build the upstream URI");
     };
     *request.uri_mut() = target;
     *request.version_mut() = http::Version::HTTP_11;
     strip_hop_by_hop(request.headers_mut());
     append_forwarded_for(request.headers_mut(), peer);
-    match state.proxy.client.request(request).await {
+    match proxy.client.request(request).await {
         Ok(response) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
