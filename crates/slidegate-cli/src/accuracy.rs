@@ -93,6 +93,8 @@ fn to_json(
                     "wrongly_allowed_pct": s.wrongly_allowed_pct(),
                     "wrongly_denied_pct": s.wrongly_denied_pct(),
                     "avg_rate_diff_pct": s.avg_rate_diff_pct(),
+                    "sources_over_limit": s.sources_over_limit,
+                    "peak_admitted_in_a_window": s.peak_admitted,
                 }),
             );
         }
@@ -105,6 +107,8 @@ fn to_json(
                 "allowed": t.allowed,
                 "wrongly_allowed": t.wrongly_allowed,
                 "wrongly_denied": t.wrongly_denied,
+                "sources_over_limit": t.sources_over_limit,
+                "peak_admitted_in_a_window": t.peak_admitted,
                 "classes": classes,
             }),
         );
@@ -133,17 +137,24 @@ fn print_table(
         args.seed
     );
     println!(
-        "{:<24} {:>18} {:>18} {:>18}",
-        "algorithm", "wrongly allowed %", "wrongly denied %", "avg rate diff %"
+        "{:<24} {:>18} {:>18} {:>16} {:>14} {:>12}",
+        "algorithm",
+        "wrongly allowed %",
+        "wrongly denied %",
+        "avg rate diff %",
+        "sources over",
+        "peak/window"
     );
     for (algorithm, report) in reports {
         let t = &report.total;
         println!(
-            "{:<24} {:>18.4} {:>18.4} {:>18.2}",
+            "{:<24} {:>18.4} {:>18.4} {:>16.2} {:>14} {:>12}",
             algorithm.name(),
             t.wrongly_allowed_pct(),
             t.wrongly_denied_pct(),
-            t.avg_rate_diff_pct()
+            t.avg_rate_diff_pct(),
+            t.sources_over_limit,
+            t.peak_admitted
         );
     }
     println!();

@@ -18,6 +18,10 @@
 //!   that window: `100 × Σ|estimate − real| / Σ real` over all requests.
 //!
 //! For the sliding log itself all three are 0 by construction.
+//!
+//! Per source, as Cloudflare also reported: how many sources ever had more
+//! than `limit` permits admitted within one window (any window, not only the
+//! aligned ones), and the largest such count.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -41,6 +45,10 @@ pub struct Score {
     pub rate_diff_sum: f64,
     /// Σ real permits in the window, over requests.
     pub real_rate_sum: f64,
+    /// Sources that had more than `limit` permits admitted within some window.
+    pub sources_over_limit: u64,
+    /// The largest number of permits admitted to one source within one window.
+    pub peak_admitted: u64,
 }
 
 impl Score {
@@ -66,6 +74,8 @@ impl Score {
         self.wrongly_denied += other.wrongly_denied;
         self.rate_diff_sum += other.rate_diff_sum;
         self.real_rate_sum += other.real_rate_sum;
+        self.sources_over_limit += other.sources_over_limit;
+        self.peak_admitted = self.peak_admitted.max(other.peak_admitted);
     }
 }
 
@@ -173,6 +183,8 @@ pub fn replay(
     // What this algorithm admitted, per source: the exact log of its output.
     // Admission times, oldest first, of the permits still in the window.
     let mut admitted = vec![VecDeque::<u64>::new(); sources];
+    // The most permits each source had admitted within one window.
+    let mut peak = vec![0u64; sources];
     let mut by_class: BTreeMap<Class, Score> = Class::ALL.iter().map(|c| (*c, Score::default())).collect();
     let attacker = traffic.classes.iter().position(|c| *c == Class::BoundaryAttacker);
     let mut attacker_admissions = Vec::new();
@@ -190,6 +202,7 @@ pub fn replay(
         let allowed = states[source].decide(now, quota);
         if allowed {
             log.push_back(now);
+            peak[source] = peak[source].max(log.len() as u64);
             if Some(source) == attacker {
                 attacker_admissions.push(now);
             }
@@ -206,6 +219,11 @@ pub fn replay(
         }
     }
     progress(traffic.requests.len() as u64 % 65_536);
+    for (source, &p) in peak.iter().enumerate() {
+        let score = by_class.get_mut(&traffic.classes[source]).expect("every class has a score");
+        score.sources_over_limit += u64::from(p > limit);
+        score.peak_admitted = score.peak_admitted.max(p);
+    }
     let mut total = Score::default();
     for score in by_class.values() {
         total.add(score);
