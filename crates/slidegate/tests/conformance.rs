@@ -132,6 +132,45 @@ async fn counter_retry_when_the_current_count_alone_leaves_room<S: Store>(store:
     assert!(one(store, "room", &l, 4).await.allowed);
 }
 
+/// Limits beyond 32 bits count exactly (the Redis store packs larger states
+/// for them). The sliding log is left out: it would hold billions of entries.
+async fn huge_limits_count_exactly<S: Store>(store: &S, clock: &ManualClock) {
+    let huge = (1u64 << 33) + 7;
+    clock.set(T0 + 1);
+    for algorithm in Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog) {
+        let l = limit(algorithm, huge, 1000);
+        let d = one(store, "huge", &l, huge - 3).await;
+        assert_eq!((d.allowed, d.remaining), (true, 3), "{algorithm}");
+        let d = one(store, "huge", &l, 4).await;
+        assert_eq!((d.allowed, d.remaining), (false, 3), "{algorithm}");
+        let d = one(store, "huge", &l, 3).await;
+        assert_eq!((d.allowed, d.remaining), (true, 0), "{algorithm}");
+        assert!(!one(store, "huge", &l, 1).await.allowed, "{algorithm}");
+    }
+}
+
+/// Window numbers past 2^32 (1 ms windows today, 1 s windows in 2106) and
+/// the step from window 2^32 − 1 to 2^32 keep their meaning.
+async fn window_numbers_past_32_bits<S: Store>(store: &S, clock: &ManualClock) {
+    let w = 1000;
+    let boundary = (1u64 << 32) * w;
+    let counter = limit(Algorithm::SlidingWindowCounter, 4, w);
+    let fixed = limit(Algorithm::FixedWindow, 4, w);
+    clock.set(boundary - 500);
+    assert_eq!(one(store, "wrap", &counter, 3).await.remaining, 1);
+    assert_eq!(one(store, "wrap", &fixed, 3).await.remaining, 1);
+    clock.set(boundary + 250);
+    // 3 × 750 / 1000 of the previous window still counts: 2.25, rounded up for remaining.
+    let d = one(store, "wrap", &counter, 1).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_after), (true, 0, ms(1750)));
+    assert_eq!(one(store, "wrap", &fixed, 1).await.remaining, 3);
+    clock.set(boundary + w + 500);
+    // Window 2^32's one permit is now the previous window's, half inside.
+    assert_eq!(one(store, "wrap", &counter, 0).await.remaining, 3);
+    clock.set(boundary + 2 * w);
+    assert_eq!(one(store, "wrap", &counter, 0).await.remaining, 4);
+}
+
 /// The source article's boundary burst: 100 in the last 100 ms of a minute,
 /// 100 in the first 100 ms of the next.
 async fn boundary_burst<S: Store>(store: &S, clock: &ManualClock) {
@@ -308,6 +347,8 @@ conformance!(
     fills_to_the_limit_with_exact_values,
     retry_after_is_exact_for_every_algorithm,
     counter_weighs_the_previous_window,
+    huge_limits_count_exactly,
+    window_numbers_past_32_bits,
     counter_retry_when_the_current_count_alone_leaves_room,
     boundary_burst,
     idle_identities_start_over,

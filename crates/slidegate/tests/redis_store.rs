@@ -72,9 +72,11 @@ async fn no_key_without_ttl_after_a_random_trace_over_every_algorithm() {
     }
 }
 
-/// Every write sets the TTL to exactly when the state stops mattering, which
-/// after an allowed request is its `reset_after`: on the server's clock in
-/// server time, plus the fixed slack in client time.
+/// After an allowed request the key lives exactly until its state stops
+/// mattering, which is the decision's `reset_after`, in server time. In
+/// client time it lives at least that long plus the slack (the counter and
+/// the fixed window keep the expiry set by their window's first write, so it
+/// may be longer when the client clock ran ahead of Redis's).
 #[tokio::test]
 async fn ttl_is_the_time_until_the_state_stops_mattering() {
     let server = RedisServer::spawn();
@@ -91,8 +93,10 @@ async fn ttl_is_the_time_until_the_state_stops_mattering() {
                 let [key] = &store.keys_for("life", &l)[..] else { panic!("one key per limit") };
                 let reset = d.reset_after.as_millis() as i64 + slack;
                 let ttl = pttl(&server, key).await;
+                let exact = slack == 0
+                    || matches!(algorithm, Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::Gcra);
                 assert!(
-                    ttl <= reset && ttl > reset - TOLERANCE_MS,
+                    ttl > reset - TOLERANCE_MS && (ttl <= reset || !exact),
                     "{algorithm} {key}: PTTL {ttl}, reset_after + slack {reset}"
                 );
                 clock.advance(Duration::from_millis(1234));

@@ -1,19 +1,29 @@
 -- Fixed window, mirroring algorithm/fixed_window.rs.
--- State: one string key, struct '<dd' = window number, count.
+-- State: one string key, struct '<I4I4' = window number modulo 2^32, count
+-- ('<I4d' when the limit needs more than 32 bits). No key reads as window
+-- -1, which no window matches.
 
-local function fw_load(key, w)
-  local v = call('GET', key)
-  if v then
-    local window, count = unpack_state('<dd', v)
-    return window, count
+local function fw_format(limit)
+  if limit < TWO_32 then
+    return '<I4I4'
   end
-  return 0, 0
+  return '<I4d'
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new state
+local function fw_load(key, limit, w)
+  local v = call('GET', key)
+  if v then
+    local window, count = struct_unpack(fw_format(limit), v)
+    return window, count
+  end
+  return -1, 0
+end
+
+-- -> allowed, remaining, reset_after, retry_after (-1: none), new state,
+--    and whether the key already holds this window (its TTL is then right).
 local function fw_decide(cost, limit, w, s_window, s_count)
   local elapsed = fmod(now, w)
-  local window = (now - elapsed) / w
+  local window = fmod((now - elapsed) / w, TWO_32)
   local count = 0
   if s_window == window then
     count = s_count
@@ -30,10 +40,17 @@ local function fw_decide(cost, limit, w, s_window, s_count)
   if not allowed then
     retry = until_next
   end
-  return allowed, limit - count, reset, retry, window, count
+  return allowed, limit - count, reset, retry, window, count, s_window == window
 end
 
--- The state matters until its window ends.
-local function fw_commit(key, limit, w, cost, window, count)
-  call('SET', key, pack_state('<dd', window, count), expiry((window + 1) * w))
+-- The state matters until its window ends; a key already in this window
+-- carries that expiry.
+local function fw_commit(key, limit, w, cost, window, count, same_window)
+  local value = struct_pack(fw_format(limit), window, count)
+  if same_window then
+    call('SET', key, value, 'KEEPTTL')
+  else
+    local elapsed = fmod(now, w)
+    call('SET', key, value, expiry(now - elapsed + w))
+  end
 end

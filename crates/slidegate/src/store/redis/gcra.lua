@@ -1,7 +1,7 @@
 -- GCRA, mirroring algorithm/gcra.rs.
 -- State: one integer key, the theoretical arrival time (TAT) in µs.
 
-local function gcra_load(key, w)
+local function gcra_load(key, limit, w)
   local v = call('GET', key)
   if v then
     return tonumber(v)

@@ -17,7 +17,7 @@ use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
 use crate::{Algorithm, Limit};
 
-/// The short name of an algorithm in keys and in the `decide_all` script's ARGV.
+/// The short name of an algorithm in keys and in the Lua function names.
 pub(super) fn tag(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::SlidingWindowCounter => "swc",
@@ -91,8 +91,8 @@ mod tests {
             .into_iter()
             .flat_map(|a| {
                 [
-                    Limit::new(a, Quota::per_minute(100).unwrap()),
-                    Limit::new(a, Quota::new(5, Duration::from_millis(1500)).unwrap()),
+                    Limit::new(a, Quota::per_minute(100).expect("valid")),
+                    Limit::new(a, Quota::new(5, Duration::from_millis(1500)).expect("valid")),
                 ]
             })
             .collect()
@@ -100,9 +100,9 @@ mod tests {
 
     #[test]
     fn layout_names_prefix_identity_algorithm_and_quota() {
-        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100).unwrap());
+        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100).expect("valid"));
         assert_eq!(key("user-42", &limit), "slidegate:{user-42}:swc:100:60000");
-        let gcra = Limit::new(Algorithm::Gcra, Quota::per_second(7).unwrap());
+        let gcra = Limit::new(Algorithm::Gcra, Quota::per_second(7).expect("valid"));
         assert_eq!(key("1.2.3.4", &gcra), "slidegate:{1.2.3.4}:gcra:7:1000");
     }
 
@@ -113,7 +113,7 @@ mod tests {
             let tags: HashSet<String> =
                 limits().iter().map(|l| hash_tag(&key(identity, l)).to_owned()).collect();
             assert_eq!(tags.len(), 1, "{identity:?} spreads over tags {tags:?}");
-            let tag = tags.into_iter().next().unwrap();
+            let tag = tags.into_iter().next().expect("one tag");
             assert!(!tag.is_empty() && !tag.contains(':'), "{identity:?} got tag {tag:?}");
         }
     }

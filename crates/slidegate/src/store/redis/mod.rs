@@ -23,15 +23,16 @@
 
 mod key;
 mod scripts;
+mod wire;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 
-use self::key::{tag, StateKey};
+use self::key::StateKey;
+use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{validate, Store, StoreError};
 use crate::{Clock, Decision, Limit};
 
@@ -150,12 +151,12 @@ impl RedisStore {
         StateKey { prefix: &self.prefix, identity, limit }
     }
 
-    /// Appends ARGV[1]: the client's time in ms, or empty for Redis `TIME`.
-    fn push_time(&self, cmd: &mut Cmd) {
+    /// The client's time in ms, or `None` for Redis `TIME`.
+    fn client_now(&self) -> Option<u64> {
         match &self.time {
-            TimeSource::Server => cmd.arg(""),
-            TimeSource::Client(clock) => cmd.arg(clock.now_ms()),
-        };
+            TimeSource::Server => None,
+            TimeSource::Client(clock) => Some(clock.now_ms()),
+        }
     }
 
     /// Runs `cmd`, an `EVALSHA` of `script`; loads the script and retries once
@@ -174,73 +175,28 @@ impl RedisStore {
     }
 }
 
-/// One decision from four script integers: allowed, remaining, reset_after
-/// ms, retry_after ms (-1 when allowed).
-fn decision(limit: u64, reply: &[Value]) -> Result<Decision, StoreError> {
-    let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
-    let int = |v: &Value| match *v {
-        Value::Int(n) => Ok(n),
-        _ => Err(unexpected()),
-    };
-    let [allowed, remaining, reset_after, retry_after] = reply else {
-        return Err(unexpected());
-    };
-    let allowed = match int(allowed)? {
-        1 => true,
-        0 => false,
-        _ => return Err(unexpected()),
-    };
-    let remaining = u64::try_from(int(remaining)?).map_err(|_| unexpected())?;
-    let reset_after = u64::try_from(int(reset_after)?).map_err(|_| unexpected())?;
-    let retry_after = match (allowed, int(retry_after)?) {
-        (true, -1) => None,
-        (false, ms) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
-        _ => return Err(unexpected()),
-    };
-    Ok(Decision { allowed, limit, remaining, reset_after: Duration::from_millis(reset_after), retry_after })
-}
-
-fn array(reply: &Value) -> Result<&[Value], StoreError> {
-    match reply {
-        Value::Array(items) => Ok(items),
-        other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
-    }
-}
-
 impl Store for RedisStore {
     async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
         let script = scripts::decide(limit.algorithm);
-        let mut cmd = Cmd::with_capacity(8, 64 + self.prefix.len() + key.len() + 40);
+        let mut cmd = Cmd::with_capacity(5, 96 + self.prefix.len() + key.len());
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(key, limit));
-        self.push_time(&mut cmd);
-        cmd.arg(limit.quota.limit()).arg(limit.quota.window_ms()).arg(cost);
+        cmd.arg(DecideArgs { now_ms: self.client_now(), limit: *limit, cost });
         let reply = self.eval(script, &cmd).await?;
-        decision(limit.quota.limit(), array(&reply)?)
+        wire::single_decision(&reply, limit.quota.limit())
     }
 
     async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         validate(key, charges)?;
         let script = scripts::decide_all();
         let n = charges.len();
-        let mut cmd = Cmd::with_capacity(4 + 5 * n, 64 + n * (self.prefix.len() + key.len() + 80));
+        let mut cmd = Cmd::with_capacity(4 + n, 64 + n * (self.prefix.len() + key.len() + 64));
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(n);
         for (limit, _) in charges {
             cmd.arg(self.state_key(key, limit));
         }
-        self.push_time(&mut cmd);
-        for (limit, cost) in charges {
-            cmd.arg(tag(limit.algorithm)).arg(limit.quota.limit()).arg(limit.quota.window_ms()).arg(*cost);
-        }
+        cmd.arg(DecideAllArgs { now_ms: self.client_now(), charges });
         let reply = self.eval(script, &cmd).await?;
-        let items = array(&reply)?;
-        if items.len() != 4 * n {
-            return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
-        }
-        charges
-            .iter()
-            .zip(items.chunks_exact(4))
-            .map(|((limit, _), d)| decision(limit.quota.limit(), d))
-            .collect()
+        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.limit()))
     }
 }

@@ -1,8 +1,11 @@
--- slidegate prelude: the clock and exact integer division. Every script
--- starts with this file; the algorithm files and one main follow it.
+-- slidegate prelude: arguments, the clock and exact integer division. Every
+-- script starts with this file; the algorithm files and one main follow it.
 --
--- ARGV[1]: '' to read the time from Redis TIME (the default: one clock for
--- every app server), or now in ms since the Unix epoch (client time).
+-- ARGV[1] is binary: little-endian doubles (struct format '<d'), the first
+-- being now in ms since the Unix epoch, or -1 to read Redis TIME (the
+-- default: one clock for every app server). The main script reads the rest
+-- from `args` at `next_arg`. Doubles hold every integer up to 2^53 exactly,
+-- and decoding them costs far less than tonumber on decimal strings.
 --
 -- Lua 5.1 numbers are doubles. Quota keeps limit × window_ms ≤ 2^53 and the
 -- algorithms are written so every sum and product stays below that bound,
@@ -15,15 +18,15 @@
 -- 7.0, integer printing on later versions): exact for integers below 1e17.
 local call = redis.call
 local fmod = math.fmod
-local pack_state, unpack_state = struct.pack, struct.unpack
+local struct_pack, struct_unpack = struct.pack, struct.unpack
 
-local now, client_time
-if ARGV[1] == '' then
+local args = ARGV[1]
+local now, next_arg = struct_unpack('<d', args)
+local client_time = now >= 0
+if not client_time then
   local t = call('TIME')
-  now = t[1] * 1000 + (t[2] - fmod(t[2], 1000)) / 1000
-else
-  now = tonumber(ARGV[1])
-  client_time = true
+  local us = tonumber(t[2])
+  now = tonumber(t[1]) * 1000 + (us - fmod(us, 1000)) / 1000
 end
 
 -- In client time a key's TTL runs on Redis's clock from the write, while the
@@ -31,6 +34,12 @@ end
 -- (or manual) client clock still needs it. An idle key changes no decision,
 -- so living longer is always safe.
 local CLIENT_TTL_SLACK_MS = 10000
+
+-- Packed states keep window numbers modulo 2^32 and counts in 32 bits when
+-- the limit allows: 12-byte values fit Redis's smallest string allocation.
+-- A key lives at most two windows (plus the client-time slack), far less
+-- than 2^32 windows, so a window number modulo 2^32 never aliases.
+local TWO_32, TWO_48 = 4294967296, 281474976710656
 
 local function div_floor(a, b)
   return (a - fmod(a, b)) / b

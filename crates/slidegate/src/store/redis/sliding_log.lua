@@ -5,7 +5,7 @@
 -- expired entries, adds its own); a denial reads.
 
 -- -> key, permits still counting
-local function log_load(key, w)
+local function log_load(key, limit, w)
   return key, call('ZCOUNT', key, now - w + 1, '+inf')
 end
 

@@ -1,23 +1,33 @@
 -- Sliding window counter, mirroring algorithm/sliding_window_counter.rs.
--- State: one string key, struct '<ddd' = window number, cur, prev.
+-- State: one string key, struct '<I4I4I4' = window number modulo 2^32,
+-- cur, prev ('<I4dd' when the limit needs more than 32 bits). No key reads
+-- as window -1: no count in any window that matters.
 
-local function swc_load(key, w)
-  local v = call('GET', key)
-  if v then
-    local window, cur, prev = unpack_state('<ddd', v)
-    return window, cur, prev
+local function swc_format(limit)
+  if limit < TWO_32 then
+    return '<I4I4I4'
   end
-  return 0, 0, 0
+  return '<I4dd'
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new state
+local function swc_load(key, limit, w)
+  local v = call('GET', key)
+  if v then
+    local window, cur, prev = struct_unpack(swc_format(limit), v)
+    return window, cur, prev
+  end
+  return -1, 0, 0
+end
+
+-- -> allowed, remaining, reset_after, retry_after (-1: none), new state,
+--    and whether the key already holds this window (its TTL is then right).
 local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
   local elapsed = fmod(now, w)
-  local window = (now - elapsed) / w
+  local window = fmod((now - elapsed) / w, TWO_32)
   local cur, prev = 0, 0
   if s_window == window then
     cur, prev = s_cur, s_prev
-  elseif s_window + 1 == window then
+  elseif fmod(s_window + 1, TWO_32) == window then
     prev = s_cur
   end
   -- prev × (W − e) ≤ limit × W ≤ 2^53
@@ -58,10 +68,18 @@ local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
       retry = (w - elapsed) + at_next
     end
   end
-  return allowed, remaining, reset, retry, window, cur_after, prev
+  return allowed, remaining, reset, retry, window, cur_after, prev, s_window == window
 end
 
--- The state matters until the end of the window after `window`.
-local function swc_commit(key, limit, w, cost, window, cur, prev)
-  call('SET', key, pack_state('<ddd', window, cur, prev), expiry((window + 2) * w))
+-- The state matters until the end of the next window. A key that already
+-- holds this window has exactly that expiry: keep it (KEEPTTL skips
+-- rewriting the expiry, a third of the cost of the write).
+local function swc_commit(key, limit, w, cost, window, cur, prev, same_window)
+  local value = struct_pack(swc_format(limit), window, cur, prev)
+  if same_window then
+    call('SET', key, value, 'KEEPTTL')
+  else
+    local elapsed = fmod(now, w)
+    call('SET', key, value, expiry(now - elapsed + 2 * w))
+  end
 end

@@ -1,11 +1,20 @@
 -- Token bucket, mirroring algorithm/token_bucket.rs.
--- State: one string key, struct '<dd' = used (units of 1/W token missing
--- from a full bucket), last_ms. No key is a full bucket.
+-- State: one string key, struct '<I6I6' = used (units of 1/W token missing
+-- from a full bucket), last_ms ('<dI6' when limit × W needs more than 48
+-- bits; ms since the epoch fit 48 bits until the year 10889). No key is a
+-- full bucket.
 
-local function tb_load(key, w)
+local function tb_format(limit, w)
+  if limit * w < TWO_48 then
+    return '<I6I6'
+  end
+  return '<dI6'
+end
+
+local function tb_load(key, limit, w)
   local v = call('GET', key)
   if v then
-    local used, last = unpack_state('<dd', v)
+    local used, last = struct_unpack(tb_format(limit, w), v)
     return used, last
   end
   return 0, 0
@@ -42,5 +51,5 @@ end
 
 -- The bucket is full again, and the state forgettable, ⌈used / limit⌉ ms after last.
 local function tb_commit(key, limit, w, cost, used, last)
-  call('SET', key, pack_state('<dd', used, last), expiry(last + div_ceil(used, limit)))
+  call('SET', key, struct_pack(tb_format(limit, w), used, last), expiry(last + div_ceil(used, limit)))
 end

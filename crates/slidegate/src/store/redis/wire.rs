@@ -1,0 +1,207 @@
+//! What travels to and from the scripts: little-endian doubles.
+//!
+//! ARGV[1] and the reply are byte strings of little-endian `f64`s (Lua's
+//! `struct` format `'<d'`), not decimal strings: decoding a double in Lua
+//! costs a fraction of `tonumber` on a decimal string, and a string reply
+//! converts faster than a table. Every value is an integer below 2^53, which
+//! a double holds exactly; the decoder checks that it got integers.
+
+use std::time::Duration;
+
+use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
+
+use crate::store::StoreError;
+use crate::{Algorithm, Decision, Limit};
+
+/// The time argument that makes a script read Redis `TIME`.
+const NOW_FROM_REDIS: f64 = -1.0;
+/// Bytes of one decision in a reply.
+const DECISION_BYTES: usize = 32;
+
+fn now_arg(now_ms: Option<u64>) -> f64 {
+    now_ms.map_or(NOW_FROM_REDIS, |ms| ms as f64)
+}
+
+/// An algorithm's number in `decide_all.lua`: its place in [`Algorithm::ALL`], from 1.
+fn algorithm_number(algorithm: Algorithm) -> f64 {
+    match algorithm {
+        Algorithm::SlidingWindowCounter => 1.0,
+        Algorithm::FixedWindow => 2.0,
+        Algorithm::SlidingLog => 3.0,
+        Algorithm::TokenBucket => 4.0,
+        Algorithm::Gcra => 5.0,
+    }
+}
+
+/// ARGV[1] of `decide.lua`: now (or -1), limit, window in ms, cost.
+pub(super) struct DecideArgs {
+    pub(super) now_ms: Option<u64>,
+    pub(super) limit: Limit,
+    pub(super) cost: u64,
+}
+
+impl ToRedisArgs for DecideArgs {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let values = [
+            now_arg(self.now_ms),
+            self.limit.quota.limit() as f64,
+            self.limit.quota.window_ms() as f64,
+            self.cost as f64,
+        ];
+        let mut bytes = [0u8; 32];
+        for (chunk, v) in bytes.chunks_exact_mut(8).zip(values) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        out.write_arg(&bytes);
+    }
+}
+
+impl ToSingleRedisArg for DecideArgs {}
+
+/// ARGV[1] of `decide_all.lua`: now (or -1), then per limit its algorithm
+/// number, limit, window in ms and cost.
+pub(super) struct DecideAllArgs<'a> {
+    pub(super) now_ms: Option<u64>,
+    pub(super) charges: &'a [(Limit, u64)],
+}
+
+impl ToRedisArgs for DecideAllArgs<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let mut bytes = Vec::with_capacity(8 + 32 * self.charges.len());
+        bytes.extend_from_slice(&now_arg(self.now_ms).to_le_bytes());
+        for (limit, cost) in self.charges {
+            for v in [
+                algorithm_number(limit.algorithm),
+                limit.quota.limit() as f64,
+                limit.quota.window_ms() as f64,
+                *cost as f64,
+            ] {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out.write_arg(&bytes);
+    }
+}
+
+impl ToSingleRedisArg for DecideAllArgs<'_> {}
+
+/// The decisions in a script's reply, one per limit in `limits`.
+pub(super) fn decisions(
+    reply: &Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+) -> Result<Vec<Decision>, StoreError> {
+    let bytes = reply_bytes(reply, limits.len())?;
+    bytes.chunks_exact(DECISION_BYTES).zip(limits).map(|(chunk, limit)| decision(chunk, limit)).collect()
+}
+
+/// The one decision in a `decide.lua` reply.
+pub(super) fn single_decision(reply: &Value, limit: u64) -> Result<Decision, StoreError> {
+    decision(reply_bytes(reply, 1)?, limit)
+}
+
+fn reply_bytes(reply: &Value, count: usize) -> Result<&[u8], StoreError> {
+    match reply {
+        Value::BulkString(bytes) if bytes.len() == count * DECISION_BYTES => Ok(bytes),
+        other => Err(StoreError::UnexpectedReply(format!(
+            "expected {} bytes ({count} decisions), got {other:?}",
+            count * DECISION_BYTES
+        ))),
+    }
+}
+
+/// allowed (1|0), remaining, reset_after ms, retry_after ms (-1 when allowed).
+fn decision(chunk: &[u8], limit: u64) -> Result<Decision, StoreError> {
+    let mut values = [0.0f64; 4];
+    for (v, bytes) in values.iter_mut().zip(chunk.chunks_exact(8)) {
+        let mut le = [0u8; 8];
+        le.copy_from_slice(bytes);
+        *v = f64::from_le_bytes(le);
+    }
+    let [allowed, remaining, reset_after, retry_after] = values;
+    let unexpected = || StoreError::UnexpectedReply(format!("decision {values:?}"));
+    // An integer in 0..=2^53, as every count and duration here is.
+    let whole = |v: f64| (v >= 0.0 && v <= crate::MAX_EXACT as f64 && v.fract() == 0.0).then_some(v as u64);
+    let allowed = match allowed {
+        1.0 => true,
+        0.0 => false,
+        _ => return Err(unexpected()),
+    };
+    let retry_after = match (allowed, retry_after) {
+        (true, NOW_FROM_REDIS) => None,
+        (false, ms) => Some(Duration::from_millis(whole(ms).ok_or_else(unexpected)?)),
+        _ => return Err(unexpected()),
+    };
+    Ok(Decision {
+        allowed,
+        limit,
+        remaining: whole(remaining).ok_or_else(unexpected)?,
+        reset_after: Duration::from_millis(whole(reset_after).ok_or_else(unexpected)?),
+        retry_after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(values: &[f64]) -> Value {
+        Value::BulkString(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+
+    #[test]
+    fn decodes_allowed_and_denied_decisions() {
+        let d = single_decision(&reply(&[1.0, 4.0, 1750.0, -1.0]), 5).expect("valid reply");
+        let want = Decision {
+            allowed: true,
+            limit: 5,
+            remaining: 4,
+            reset_after: Duration::from_millis(1750),
+            retry_after: None,
+        };
+        assert_eq!(d, want);
+        let two = decisions(
+            &reply(&[1.0, 4.0, 1750.0, -1.0, 0.0, 0.0, 9.0, 9_007_199_254_740_992.0]),
+            [5, 7].into_iter(),
+        )
+        .expect("valid reply");
+        assert_eq!(two[0], want);
+        assert_eq!(two[1].retry_after, Some(Duration::from_millis(1 << 53)));
+        assert_eq!((two[1].allowed, two[1].limit), (false, 7));
+    }
+
+    #[test]
+    fn rejects_what_a_script_never_returns() {
+        for bad in [
+            reply(&[1.0, 4.0, 1750.0]),
+            reply(&[2.0, 4.0, 1750.0, -1.0]),
+            reply(&[1.0, 4.5, 1750.0, -1.0]),
+            reply(&[1.0, -4.0, 1750.0, -1.0]),
+            reply(&[1.0, 4.0, 1750.0, 3.0]),
+            reply(&[0.0, 4.0, 1750.0, -1.0]),
+            reply(&[0.0, 4.0, f64::NAN, 1.0]),
+            Value::Int(1),
+        ] {
+            let Err(err) = single_decision(&bad, 5) else { panic!("accepted {bad:?}") };
+            assert!(matches!(err, StoreError::UnexpectedReply(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn arguments_are_little_endian_doubles() {
+        let limit = Limit::new(Algorithm::Gcra, crate::Quota::per_minute(100).expect("valid"));
+        let args = DecideArgs { now_ms: Some(1_700_000_000_123), limit, cost: 3 }.to_redis_args();
+        let expected: Vec<u8> =
+            [1_700_000_000_123.0f64, 100.0, 60_000.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(args, [expected]);
+        let all = DecideAllArgs { now_ms: None, charges: &[(limit, 2)] }.to_redis_args();
+        let expected: Vec<u8> =
+            [-1.0f64, 5.0, 100.0, 60_000.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(all, [expected]);
+    }
+}
