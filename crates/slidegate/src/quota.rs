@@ -80,7 +80,7 @@ impl Quota {
         if window < Duration::from_millis(1) {
             return Err(QuotaError::WindowTooShort(window));
         }
-        if window.subsec_nanos() % 1_000_000 != 0 {
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(QuotaError::WindowNotWholeMillis(window));
         }
         if window > MAX_WINDOW {

@@ -80,7 +80,7 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
             None => {
                 // `cur` becomes the previous window's count; when it alone leaves
                 // room for `cost`, the request fits as soon as that window starts.
-                let at_next = if cur == 0 { 0 } else { w.saturating_sub((limit - cost) * w / cur) };
+                let at_next = ((limit - cost) * w).checked_div(cur).map_or(0, |fits| w.saturating_sub(fits));
                 (w - elapsed) + at_next
             }
         }
