@@ -8,6 +8,7 @@
 
 mod admin;
 mod proxy;
+mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -142,7 +143,7 @@ impl Server {
                 };
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
-                    let state = State { proxy: Some(proxy::Proxy::new(upstream)), ..state };
+                    let state = State { proxy: proxy::Proxy::new(&upstream), ..state };
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => accept_loop(listener, Arc::new(state), stopped, grace).await,
                         Err(err) => tracing::error!(%err, "cannot register the listener"),

@@ -5,19 +5,18 @@ use std::net::SocketAddr;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use std::sync::Arc;
+
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
+use super::upstream::Upstream;
 use super::{boxed, ServeBody, State};
 use crate::headers;
 
-/// The client to the one upstream.
+/// The one upstream, as one worker thread reaches it.
 pub(crate) struct Proxy {
-    upstream: Uri,
-    client: Client<HttpConnector, Incoming>,
+    upstream: Arc<Upstream>,
 }
 
 /// Headers meaningful for one connection only (RFC 9110 §7.6.1), never forwarded.
@@ -33,17 +32,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 impl Proxy {
-    pub(crate) fn new(upstream: Uri) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build(connector);
-        Self { upstream, client }
-    }
-
-    fn target(&self, original: &Uri) -> Option<Uri> {
-        let mut parts = self.upstream.clone().into_parts();
-        parts.path_and_query = original.path_and_query().cloned().or_else(|| "/".parse().ok());
-        Uri::from_parts(parts).ok()
+    /// A proxy to `upstream` (`http://host:port`, checked by the config).
+    pub(crate) fn new(upstream: &Uri) -> Option<Self> {
+        Some(Self { upstream: Upstream::new(upstream.authority()?.clone()) })
     }
 }
 
@@ -95,14 +86,19 @@ pub(crate) async fn forward(
     let Some(proxy) = &state.proxy else {
         return bad_gateway(&path, "no upstream client");
     };
-    let Some(target) = proxy.target(request.uri()) else {
-        return bad_gateway(&path, "cannot build the upstream URI");
-    };
+    // Origin-form towards the upstream: the path and query only.
+    let target =
+        request.uri().path_and_query().map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
     *request.uri_mut() = target;
     *request.version_mut() = http::Version::HTTP_11;
+    if !request.headers().contains_key(header::HOST) {
+        if let Ok(host) = HeaderValue::from_str(proxy.upstream.authority().as_str()) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
     strip_hop_by_hop(request.headers_mut());
     append_forwarded_for(request.headers_mut(), peer);
-    match proxy.client.request(request).await {
+    match proxy.upstream.send(request).await {
         Ok(response) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
