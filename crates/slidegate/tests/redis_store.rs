@@ -267,7 +267,8 @@ async fn decisions_resume_after_a_restart() {
     }
     server.restart();
     let mut result = store.decide("r", &l, 1).await;
-    for _ in 0..100 {
+    // Up to 10 s for the connection manager to reconnect on a loaded machine.
+    for _ in 0..500 {
         match &result {
             Err(e) if e.is_unavailable() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;

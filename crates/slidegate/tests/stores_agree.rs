@@ -15,7 +15,7 @@ use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisStore, S
 use slidegate_test_redis::RedisServer;
 
 /// Enough to hit every boundary kind many times; the whole test takes a few seconds.
-const CASES: u32 = 192;
+const CASES: u32 = 384;
 
 #[derive(Debug, Clone)]
 enum Call {

@@ -9,11 +9,15 @@
 //! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`
 //!   (see [`RedisStore::keys_for`]); the `{identity}` hash tag keeps all keys of
 //!   an identity in one Redis Cluster slot. The sliding window counter, fixed
-//!   window and token bucket keep a packed string, GCRA one integer, the
-//!   sliding log a sorted set with one member per admitted permit.
-//! - Every write sets its TTL in the same command (`SET … PXAT`) or script,
-//!   so idle identities free their memory by themselves. Denied requests and
-//!   cost-0 requests write nothing.
+//!   window and token bucket keep a packed string (12 bytes for limits below
+//!   2^32), GCRA one integer, the sliding log a sorted set with one member per
+//!   admitted permit.
+//! - Every write sets its TTL in the same command (`SET … PXAT`, or `KEEPTTL`
+//!   while a window's expiry is already right) or script, so idle identities
+//!   free their memory by themselves. Denied requests and cost-0 requests
+//!   write nothing.
+//! - Arguments and replies are little-endian doubles (see `wire.rs`): cheaper
+//!   for Lua to decode than decimal strings, and never truncated.
 //! - The Lua mirrors `crate::algorithm` formula for formula; a property test
 //!   replays random traces through this store and [`crate::MemoryStore`] and
 //!   asserts identical decisions.
@@ -105,8 +109,9 @@ impl RedisStore {
         Ok(Self::from_connection(conn))
     }
 
-    /// A store on an existing connection (to choose its timeouts and retries).
-    /// Scripts are loaded on first use.
+    /// A store on an existing connection, to choose its timeouts and retries
+    /// ([`connect`](Self::connect) keeps the `redis` crate's defaults: 1 s to
+    /// connect, 500 ms per response). Scripts are loaded on first use.
     pub fn from_connection(conn: ConnectionManager) -> Self {
         Self { conn, prefix: DEFAULT_PREFIX.into(), time: TimeSource::Server }
     }
