@@ -11,7 +11,7 @@
 //! `(identity hash, state)` slots, the window-based ones packed into one
 //! `u64` (see `packing.rs`): 16 bytes a slot, 20–30 bytes per identity at
 //! any count, so a million identities under the sliding window counter cost
-//! about 25 MB. Packing only changes how a state is stored; the algorithms
+//! about 21 MB. Packing only changes how a state is stored; the algorithms
 //! decide on the unpacked state, so decisions are the same.
 //!
 //! Idle identities — whose state no longer changes any decision — are swept
@@ -64,11 +64,13 @@ struct Keyed<P: Packing> {
     /// When the table was last swept: packed times are restored relative to
     /// it, and every state in the table was written at most one horizon later.
     swept_ms: u64,
+    /// [`Packing::reference`] of `swept_ms`.
+    reference: u64,
 }
 
 impl<P: Packing> Keyed<P> {
     fn new(packing: P, now: u64) -> Self {
-        Self { packing, slots: Slots::new(), swept_ms: now }
+        Self { packing, slots: Slots::new(), swept_ms: now, reference: packing.reference(now) }
     }
 
     /// Decides for a copyable state: updates in place, inserts only when the
@@ -79,9 +81,9 @@ impl<P: Packing> Keyed<P> {
         if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
             self.rebuild(now, 0);
         }
-        let (packing, rule, swept) = (self.packing, self.packing.rule(), self.swept_ms);
+        let (packing, rule, reference) = (self.packing, self.packing.rule(), self.reference);
         if let Some(slot) = self.slots.get_mut(id) {
-            let (next, decision) = rule.decide(packing.unpack(*slot, swept), now, cost);
+            let (next, decision) = rule.decide(packing.unpack(*slot, reference), now, cost);
             if commit {
                 *slot = packing.pack(next);
             }
@@ -105,9 +107,10 @@ impl<P: Packing> Keyed<P> {
     /// written more than a horizon after it); those that survive are at most
     /// a window old, so the next horizon starts now.
     fn rebuild(&mut self, now: u64, room: usize) {
-        let (packing, rule, swept) = (self.packing, self.packing.rule(), self.swept_ms);
-        self.slots.rebuild(|p| !rule.is_idle(&packing.unpack(*p, swept), now), room);
+        let (packing, rule, reference) = (self.packing, self.packing.rule(), self.reference);
+        self.slots.rebuild(|p| !rule.is_idle(&packing.unpack(*p, reference), now), room);
         self.swept_ms = now;
+        self.reference = packing.reference(now);
     }
 
     fn len(&self) -> usize {

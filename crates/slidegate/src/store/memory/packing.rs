@@ -57,8 +57,11 @@ pub(super) trait Packing: Copy {
     type Packed: Copy + Default;
     fn rule(&self) -> Self::Rule;
     fn pack(&self, state: <Self::Rule as Rule>::State) -> Self::Packed;
-    /// The state `packed` holds, for a state written near `reference_ms`.
-    fn unpack(&self, packed: Self::Packed, reference_ms: u64) -> <Self::Rule as Rule>::State;
+    /// What [`Packing::unpack`] needs to know about the reference time
+    /// `at_ms`, computed once per sweep rather than once per decision.
+    fn reference(&self, at_ms: u64) -> u64;
+    /// The state `packed` holds, for a state written near the time `reference` describes.
+    fn unpack(&self, packed: Self::Packed, reference: u64) -> <Self::Rule as Rule>::State;
     /// The table must sweep idle states at least this often for [`Packing::unpack`] to be exact.
     fn horizon_ms(&self) -> u64;
 }
@@ -77,8 +80,11 @@ impl<R: Rule> Packing for Plain<R> {
     fn pack(&self, state: R::State) -> R::State {
         state
     }
+    fn reference(&self, _at_ms: u64) -> u64 {
+        0
+    }
     #[inline]
-    fn unpack(&self, packed: R::State, _now_ms: u64) -> R::State {
+    fn unpack(&self, packed: R::State, _reference: u64) -> R::State {
         packed
     }
     fn horizon_ms(&self) -> u64 {
@@ -105,11 +111,9 @@ impl WindowBits {
         window & self.mask()
     }
 
-    /// The window number congruent to `truncated` nearest to the window of `now_ms`
-    /// (the reference time).
+    /// The window number congruent to `truncated` nearest to window `current`.
     #[inline]
-    fn restore(&self, truncated: u64, now_ms: u64) -> u64 {
-        let current = now_ms / self.window_ms;
+    fn restore(&self, truncated: u64, current: u64) -> u64 {
         let behind = current.wrapping_sub(truncated) & self.mask();
         // Sign-extend the k-bit distance: a state may also be slightly ahead.
         let behind = ((behind << (64 - self.bits)) as i64 >> (64 - self.bits)) as u64;
@@ -158,12 +162,15 @@ impl Packing for PackedCounter {
         let b = self.count_bits;
         (self.window.truncate(s.window) << (2 * b)) | (s.cur << b) | s.prev
     }
+    fn reference(&self, at_ms: u64) -> u64 {
+        at_ms / self.window.window_ms
+    }
     #[inline]
-    fn unpack(&self, packed: u64, now_ms: u64) -> sliding_window_counter::State {
+    fn unpack(&self, packed: u64, reference: u64) -> sliding_window_counter::State {
         let b = self.count_bits;
         let counter = u64::MAX >> (64 - b);
         sliding_window_counter::State {
-            window: self.window.restore(packed >> (2 * b), now_ms),
+            window: self.window.restore(packed >> (2 * b), reference),
             cur: (packed >> b) & counter,
             prev: packed & counter,
         }
@@ -204,11 +211,14 @@ impl Packing for PackedFixed {
     fn pack(&self, s: fixed_window::State) -> u64 {
         (self.window.truncate(s.window) << self.count_bits) | s.count
     }
+    fn reference(&self, at_ms: u64) -> u64 {
+        at_ms / self.window.window_ms
+    }
     #[inline]
-    fn unpack(&self, packed: u64, now_ms: u64) -> fixed_window::State {
+    fn unpack(&self, packed: u64, reference: u64) -> fixed_window::State {
         let b = self.count_bits;
         fixed_window::State {
-            window: self.window.restore(packed >> b, now_ms),
+            window: self.window.restore(packed >> b, reference),
             count: packed & (u64::MAX >> (64 - b)),
         }
     }
@@ -232,7 +242,7 @@ mod tests {
         let w = now / 1000;
         for window in [w - 5, w - 1, w, w + 3] {
             let s = sliding_window_counter::State { window, cur: 100, prev: 37 };
-            assert_eq!(p.unpack(p.pack(s), now), s);
+            assert_eq!(p.unpack(p.pack(s), p.reference(now)), s);
         }
     }
 
