@@ -4,7 +4,6 @@
 //! Seconds are always rounded up: a client that waits the announced time
 //! must find the quota back.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,34 +32,71 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_nanos().div_ceil(1_000_000_000).try_into().unwrap_or(u64::MAX)
 }
 
-/// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
-/// `w` must be a positive integer, so sub-second windows announce 1.
-pub fn policy_header(policies: &[&PolicyResult]) -> String {
-    let mut out = String::new();
+/// Appends `n` in decimal: header values are built per request, without the
+/// formatting machinery.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+fn policy_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 * policies.len());
     for (i, p) in policies.iter().enumerate() {
         if i > 0 {
-            out.push_str(", ");
+            out.extend_from_slice(b", ");
         }
-        let _ = write!(out, "\"{}\";q={};w={}", p.name, p.quota.limit(), ceil_secs(p.quota.window()).max(1));
+        out.push(b'"');
+        out.extend_from_slice(p.name.as_bytes());
+        out.extend_from_slice(b"\";q=");
+        push_u64(&mut out, p.quota.limit());
+        out.extend_from_slice(b";w=");
+        push_u64(&mut out, ceil_secs(p.quota.window()).max(1));
     }
     out
 }
 
-/// `RateLimit` items: `"name";r=9;t=1`.
-pub fn ratelimit_header(policies: &[&PolicyResult]) -> String {
-    let mut out = String::new();
+fn ratelimit_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 * policies.len());
     for (i, p) in policies.iter().enumerate() {
         if i > 0 {
-            out.push_str(", ");
+            out.extend_from_slice(b", ");
         }
-        let _ =
-            write!(out, "\"{}\";r={};t={}", p.name, p.decision.remaining, ceil_secs(p.decision.reset_after));
+        out.push(b'"');
+        out.extend_from_slice(p.name.as_bytes());
+        out.extend_from_slice(b"\";r=");
+        push_u64(&mut out, p.decision.remaining);
+        out.extend_from_slice(b";t=");
+        push_u64(&mut out, ceil_secs(p.decision.reset_after));
     }
     out
+}
+
+/// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
+/// `w` must be a positive integer, so sub-second windows announce 1.
+pub fn policy_header(policies: &[&PolicyResult<'_>]) -> String {
+    String::from_utf8_lossy(&policy_items(policies)).into_owned()
+}
+
+/// `RateLimit` items: `"name";r=9;t=1`.
+pub fn ratelimit_header(policies: &[&PolicyResult<'_>]) -> String {
+    String::from_utf8_lossy(&ratelimit_items(policies)).into_owned()
 }
 
 fn number(n: u64) -> HeaderValue {
     HeaderValue::from(n)
+}
+
+fn value(bytes: Vec<u8>) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from(bytes)).ok()
 }
 
 /// Adds the rate limit headers of `verdict` to `headers`: every policy when
@@ -71,10 +107,10 @@ pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
     let listed: Vec<&PolicyResult> =
         if verdict.allowed() { verdict.policies.iter().collect() } else { verdict.violated().collect() };
     // Policy names are validated ASCII without quotes, so these are valid values.
-    if let Ok(v) = HeaderValue::try_from(policy_header(&listed)) {
+    if let Some(v) = value(policy_items(&listed)) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Ok(v) = HeaderValue::try_from(ratelimit_header(&listed)) {
+    if let Some(v) = value(ratelimit_items(&listed)) {
         headers.insert(RATELIMIT.clone(), v);
     }
     if legacy {
@@ -153,7 +189,7 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
         status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
         detail: &detail,
         instance: Some(path),
-        violated_policies: Some(verdict.violated().map(|p| &*p.name).collect()),
+        violated_policies: Some(verdict.violated().map(|p| p.name).collect()),
     });
     apply(response.headers_mut(), verdict, legacy);
     response
@@ -171,8 +207,6 @@ fn window_text(window: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use http_body_util::BodyExt;
     use slidegate::{Decision, Quota};
 
@@ -180,15 +214,15 @@ mod tests {
     use crate::limiter::DecisionSource;
 
     fn policy(
-        name: &str,
+        name: &'static str,
         limit: u64,
         window_ms: u64,
         remaining: u64,
         reset_ms: u64,
         retry_ms: Option<u64>,
-    ) -> PolicyResult {
+    ) -> PolicyResult<'static> {
         PolicyResult {
-            name: Arc::from(name),
+            name,
             quota: Quota::new(limit, Duration::from_millis(window_ms)).unwrap(),
             decision: Decision {
                 allowed: retry_ms.is_none(),
@@ -200,8 +234,8 @@ mod tests {
         }
     }
 
-    fn verdict(policies: Vec<PolicyResult>, shadow: bool) -> Verdict {
-        Verdict { rule: Arc::from("search"), policies, source: DecisionSource::Store, shadow }
+    fn verdict(policies: Vec<PolicyResult<'static>>, shadow: bool) -> Verdict<'static> {
+        Verdict { rule: "search", policies, source: DecisionSource::Store, shadow }
     }
 
     fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -312,12 +346,8 @@ mod tests {
 
     #[test]
     fn fail_closed_is_503_not_429() {
-        let v = Verdict {
-            rule: Arc::from("search"),
-            policies: vec![],
-            source: DecisionSource::FailClosed,
-            shadow: false,
-        };
+        let v =
+            Verdict { rule: "search", policies: vec![], source: DecisionSource::FailClosed, shadow: false };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(response.headers(), "retry-after"), Some("1"));

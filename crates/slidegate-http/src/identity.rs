@@ -6,7 +6,6 @@
 //! Everything left of it was written by the client and is ignored, so a
 //! spoofed header changes nothing.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::{HeaderMap, HeaderName};
@@ -135,20 +134,23 @@ impl IdentityExtractor {
         key.push(':');
         key.push_str(tag);
         key.push(':');
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in &digest.as_bytes()[..16] {
-            let _ = write!(key, "{b:02x}");
+            key.push(char::from(HEX[usize::from(b >> 4)]));
+            key.push(char::from(HEX[usize::from(b & 15)]));
         }
         key
     }
 
-    /// The bytes an IP address is hashed from, after IPv6 grouping.
-    pub fn ip_bytes(&self, ip: IpAddr) -> Vec<u8> {
+    /// The 16 bytes an IP address is hashed from: IPv6 after grouping,
+    /// IPv4 as its IPv4-mapped IPv6 form.
+    pub fn ip_bytes(&self, ip: IpAddr) -> [u8; 16] {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let mask = if self.ipv6_prefix >= 128 { u128::MAX } else { !(u128::MAX >> self.ipv6_prefix) };
-                Ipv6Addr::from(bits & mask).octets().to_vec()
+                Ipv6Addr::from(bits & mask).octets()
             }
         }
     }
@@ -296,10 +298,10 @@ mod tests {
         let k = e.key("search", IdentitySource::Ip, &e.ip_bytes(ip("198.51.100.7")));
         assert!(k.starts_with("search:ip:") && k.len() == "search:ip:".len() + 32, "{k}");
         assert!(!k.contains("198"));
-        assert_eq!(k, e.key("search", IdentitySource::Ip, &[198, 51, 100, 7]));
+        assert_eq!(k, e.key("search", IdentitySource::Ip, &Ipv6Addr::from(0xffff_c633_6407u128).octets()));
         // Another secret, another key; an API key never collides with an IP.
         let other = IdentityExtractor::new(b"other");
-        assert_ne!(k, other.key("search", IdentitySource::Ip, &[198, 51, 100, 7]));
+        assert_ne!(k, other.key("search", IdentitySource::Ip, &e.ip_bytes(ip("198.51.100.7"))));
         assert_ne!(e.key("s", IdentitySource::ApiKey, b"a")[4..], e.key("s", IdentitySource::Ip, b"a")[5..]);
     }
 
@@ -311,7 +313,8 @@ mod tests {
         assert_ne!(a, grouped.ip_bytes(ip("2001:db8:1:3::1")));
         let exact = IdentityExtractor::new(b"s");
         assert_ne!(exact.ip_bytes(ip("2001:db8:1:2::1")), exact.ip_bytes(ip("2001:db8:1:2::2")));
-        assert_eq!(grouped.ip_bytes(ip("192.0.2.1")), vec![192, 0, 2, 1]);
+        assert_eq!(grouped.ip_bytes(ip("192.0.2.1"))[10..], [0xff, 0xff, 192, 0, 2, 1]);
+        assert_eq!(grouped.ip_bytes(ip("192.0.2.1")), grouped.ip_bytes(ip("::ffff:192.0.2.1")));
     }
 
     #[test]

@@ -46,6 +46,6 @@ pub use config::{Config, ConfigError, OnError};
 pub use identity::{IdentityExtractor, IdentitySource};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
-pub use metrics::{Metrics, RuleCounters};
+pub use metrics::{Metrics, RuleCounters, StoreCounters};
 pub use rules::{PathPattern, RuleMatcher};
 pub use store::{AnyStore, LazyRedis};

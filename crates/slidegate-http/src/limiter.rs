@@ -17,9 +17,9 @@ use crate::rules::RuleMatcher;
 
 /// One named limit of a rule and what it decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyResult {
+pub struct PolicyResult<'a> {
     /// The policy name (`RateLimit-Policy` item).
-    pub name: Arc<str>,
+    pub name: &'a str,
     /// The quota enforced.
     pub quota: Quota,
     /// The decision.
@@ -40,19 +40,22 @@ pub enum DecisionSource {
 }
 
 /// The outcome of checking one request against the rule it matched.
+///
+/// It borrows the names from the [`RateLimiter`]: no reference count is
+/// touched per request.
 #[derive(Debug, Clone)]
-pub struct Verdict {
+pub struct Verdict<'a> {
     /// The rule's name.
-    pub rule: Arc<str>,
+    pub rule: &'a str,
     /// Every limit of the rule with its decision; empty when nobody decided.
-    pub policies: Vec<PolicyResult>,
+    pub policies: Vec<PolicyResult<'a>>,
     /// Who decided.
     pub source: DecisionSource,
     /// Whether the rule is in shadow mode (never blocks).
     pub shadow: bool,
 }
 
-impl Verdict {
+impl<'a> Verdict<'a> {
     /// Whether every limit allowed (true for fail-open, false for fail-closed).
     pub fn allowed(&self) -> bool {
         match self.source {
@@ -70,13 +73,13 @@ impl Verdict {
     }
 
     /// The limits that denied.
-    pub fn violated(&self) -> impl Iterator<Item = &PolicyResult> {
+    pub fn violated(&self) -> impl Iterator<Item = &PolicyResult<'a>> {
         self.policies.iter().filter(|p| !p.decision.allowed)
     }
 
     /// The limit that binds: for a denial, the violated one with the longest
     /// wait; otherwise the one with the fewest permits left.
-    pub fn decisive(&self) -> Option<&PolicyResult> {
+    pub fn decisive(&self) -> Option<&PolicyResult<'a>> {
         if self.policies.iter().any(|p| !p.decision.allowed) {
             self.violated().max_by_key(|p| p.decision.retry_after)
         } else {
@@ -89,14 +92,14 @@ impl Verdict {
 /// The named limits one identity is charged together.
 #[derive(Debug, Clone)]
 struct PolicySet {
-    names: Vec<Arc<str>>,
+    names: Vec<String>,
     charges: Vec<(Limit, u64)>,
 }
 
 impl PolicySet {
     fn new(limits: &[LimitConfig]) -> Self {
         Self {
-            names: limits.iter().map(|l| Arc::from(l.name.as_str())).collect(),
+            names: limits.iter().map(|l| l.name.clone()).collect(),
             charges: limits.iter().map(|l| (l.limit, l.cost)).collect(),
         }
     }
@@ -110,7 +113,7 @@ enum RuleSets {
 
 #[derive(Debug)]
 struct Rule {
-    name: Arc<str>,
+    name: String,
     sets: RuleSets,
     on_error: OnError,
     shadow: bool,
@@ -212,7 +215,7 @@ pub enum CheckError {
 impl<S> RateLimiter<S> {
     /// The rule names, in order.
     pub fn rule_names(&self) -> Vec<&str> {
-        self.inner.rules.iter().map(|r| &*r.name).collect()
+        self.inner.rules.iter().map(|r| r.name.as_str()).collect()
     }
 
     /// The metrics, for rendering.
@@ -283,7 +286,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let rules: Vec<Rule> = rules
             .iter()
             .map(|r| Rule {
-                name: Arc::from(r.name.as_str()),
+                name: r.name.clone(),
                 sets: match &r.limits {
                     RuleLimits::Shared { identity, limits } => {
                         RuleSets::Shared { identity: *identity, set: PolicySet::new(limits) }
@@ -323,7 +326,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         path: &str,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
-    ) -> Option<Verdict> {
+    ) -> Option<Verdict<'_>> {
         let index = self.inner.matcher.find(method, path)?;
         let rule = &self.inner.rules[index];
         let identity = &self.inner.identity;
@@ -359,12 +362,12 @@ impl<S: Store + 'static> RateLimiter<S> {
         key: &str,
         cost: u64,
         anonymous: bool,
-    ) -> Result<Verdict, CheckError> {
+    ) -> Result<Verdict<'_>, CheckError> {
         let index = self
             .inner
             .rules
             .iter()
-            .position(|r| &*r.name == rule)
+            .position(|r| r.name == rule)
             .ok_or_else(|| CheckError::UnknownRule(rule.to_owned()))?;
         if key.is_empty() {
             return Err(CheckError::EmptyKey);
@@ -389,7 +392,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(self.decide(index, &key, set, cost).await)
     }
 
-    async fn decide(&self, index: usize, key: &str, set: &PolicySet, cost: u64) -> Verdict {
+    async fn decide<'s>(&'s self, index: usize, key: &str, set: &'s PolicySet, cost: u64) -> Verdict<'s> {
         let rule = &self.inner.rules[index];
         let counters = self.inner.metrics.rule(index);
         let scaled: Vec<(Limit, u64)>;
@@ -418,16 +421,16 @@ impl<S: Store + 'static> RateLimiter<S> {
                 (None, Failure::Unavailable) => (Vec::new(), self.fail(rule, counters)),
             },
         };
-        let policies: Vec<PolicyResult> = decisions
+        let policies: Vec<PolicyResult<'s>> = decisions
             .into_iter()
             .zip(set.names.iter().zip(charges))
             .map(|(decision, (name, (limit, _)))| PolicyResult {
-                name: Arc::clone(name),
+                name: name.as_str(),
                 quota: limit.quota,
                 decision,
             })
             .collect();
-        let verdict = Verdict { rule: Arc::clone(&rule.name), policies, source, shadow: rule.shadow };
+        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow };
         if matches!(source, DecisionSource::Store | DecisionSource::Insurance) {
             match (verdict.allowed(), rule.shadow) {
                 (true, _) => counters.allowed.fetch_add(1, Relaxed),
@@ -455,27 +458,27 @@ impl<S: Store + 'static> RateLimiter<S> {
     async fn call_store(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, Failure> {
         let inner = &*self.inner;
         if inner.breaker.is_open() {
-            inner.metrics.store_skipped.fetch_add(1, Relaxed);
+            inner.metrics.store().skipped.fetch_add(1, Relaxed);
             return Err(Failure::Unavailable);
         }
-        inner.metrics.store_calls.fetch_add(1, Relaxed);
+        inner.metrics.store().calls.fetch_add(1, Relaxed);
         let start = Instant::now();
         let result = tokio::time::timeout(inner.policy.timeout, inner.store.decide_all(key, charges)).await;
         match result {
             Ok(Ok(decisions)) => {
-                inner.metrics.observe_store_latency(start.elapsed());
+                inner.metrics.store().observe_latency(start.elapsed());
                 inner.breaker.record_success();
                 Ok(decisions)
             }
             Ok(Err(err)) if !err.is_unavailable() => Err(Failure::Invalid(err)),
             Ok(Err(err)) => {
-                inner.metrics.store_errors.fetch_add(1, Relaxed);
+                inner.metrics.store().errors.fetch_add(1, Relaxed);
                 tracing::warn!(%err, "rate limit store failed");
                 self.store_failed();
                 Err(Failure::Unavailable)
             }
             Err(_) => {
-                inner.metrics.store_timeouts.fetch_add(1, Relaxed);
+                inner.metrics.store().timeouts.fetch_add(1, Relaxed);
                 tracing::warn!(
                     timeout_ms = inner.policy.timeout.as_millis() as u64,
                     "rate limit store timed out"
@@ -488,7 +491,7 @@ impl<S: Store + 'static> RateLimiter<S> {
 
     fn store_failed(&self) {
         if self.inner.breaker.record_failure() {
-            self.inner.metrics.breaker_opened.fetch_add(1, Relaxed);
+            self.inner.metrics.store().breaker_opened.fetch_add(1, Relaxed);
             tracing::error!(
                 probe_interval_ms = self.inner.policy.probe_interval.as_millis() as u64,
                 "rate limit store unavailable: circuit breaker open, probing in the background"
@@ -511,7 +514,7 @@ async fn probe<S: Store>(inner: Arc<Inner<S>>) {
     )];
     loop {
         tokio::time::sleep(inner.policy.probe_interval).await;
-        inner.metrics.store_probes.fetch_add(1, Relaxed);
+        inner.metrics.store().probes.fetch_add(1, Relaxed);
         let answer =
             tokio::time::timeout(inner.policy.timeout, inner.store.decide_all("slidegate-probe", &probe))
                 .await;

@@ -4,7 +4,7 @@
 //! framework, and rendering them is a page of code.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds of the store latency histogram, in microseconds.
@@ -13,9 +13,16 @@ const BUCKETS_US: [u64; 12] =
 
 /// Picks one counter of a rule.
 type CounterOf = fn(&RuleCounters) -> &AtomicU64;
+/// Picks one store counter.
+type StoreCounterOf = fn(&StoreCounters) -> &AtomicU64;
+
+/// Counter shards: threads spread over them so that busy threads do not
+/// bounce one cache line between cores on every request.
+const SHARDS: usize = 16;
 
 /// What happened to requests under one rule.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct RuleCounters {
     /// Decided and allowed.
     pub allowed: AtomicU64,
@@ -31,20 +38,20 @@ pub struct RuleCounters {
     pub insurance: AtomicU64,
 }
 
-/// Every metric of one limiter.
-#[derive(Debug)]
-pub struct Metrics {
-    rules: Vec<(String, RuleCounters)>,
+/// What happened to calls to the store.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct StoreCounters {
     /// Calls made to the store (probes excluded).
-    pub store_calls: AtomicU64,
+    pub calls: AtomicU64,
     /// Store calls that failed with an error.
-    pub store_errors: AtomicU64,
+    pub errors: AtomicU64,
     /// Store calls that hit the deadline.
-    pub store_timeouts: AtomicU64,
+    pub timeouts: AtomicU64,
     /// Decisions that skipped the store because the breaker was open.
-    pub store_skipped: AtomicU64,
+    pub skipped: AtomicU64,
     /// Background probes of an open breaker.
-    pub store_probes: AtomicU64,
+    pub probes: AtomicU64,
     /// Times the breaker opened.
     pub breaker_opened: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS_US.len()],
@@ -52,36 +59,65 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
 }
 
-impl Metrics {
-    /// Metrics for rules named `rules`, in rule order.
-    pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
-        Self {
-            rules: rules.into_iter().map(|name| (name, RuleCounters::default())).collect(),
-            store_calls: AtomicU64::new(0),
-            store_errors: AtomicU64::new(0),
-            store_timeouts: AtomicU64::new(0),
-            store_skipped: AtomicU64::new(0),
-            store_probes: AtomicU64::new(0),
-            breaker_opened: AtomicU64::new(0),
-            latency_buckets: Default::default(),
-            latency_count: AtomicU64::new(0),
-            latency_sum_us: AtomicU64::new(0),
-        }
-    }
-
-    /// The counters of rule number `index`.
-    pub fn rule(&self, index: usize) -> &RuleCounters {
-        &self.rules[index].1
-    }
-
+impl StoreCounters {
     /// Records the latency of one store call that answered.
-    pub fn observe_store_latency(&self, elapsed: Duration) {
+    pub fn observe_latency(&self, elapsed: Duration) {
         let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
             self.latency_buckets[i].fetch_add(1, Relaxed);
         }
         self.latency_count.fetch_add(1, Relaxed);
         self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+}
+
+#[derive(Debug)]
+struct Shard {
+    rules: Box<[RuleCounters]>,
+    store: StoreCounters,
+}
+
+/// Every metric of one limiter, sharded by thread and summed when rendered.
+#[derive(Debug)]
+pub struct Metrics {
+    rule_names: Vec<String>,
+    shards: Box<[Shard]>,
+}
+
+/// The shard of the calling thread.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
+
+impl Metrics {
+    /// Metrics for rules named `rules`, in rule order.
+    pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
+        let rule_names: Vec<String> = rules.into_iter().collect();
+        let shards = (0..SHARDS)
+            .map(|_| Shard {
+                rules: rule_names.iter().map(|_| RuleCounters::default()).collect(),
+                store: StoreCounters::default(),
+            })
+            .collect();
+        Self { rule_names, shards }
+    }
+
+    /// The calling thread's counters of rule number `index`.
+    pub fn rule(&self, index: usize) -> &RuleCounters {
+        &self.shards[shard_index()].rules[index]
+    }
+
+    /// The calling thread's store counters.
+    pub fn store(&self) -> &StoreCounters {
+        &self.shards[shard_index()].store
+    }
+
+    fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards.iter().map(|s| f(s).load(Relaxed)).sum()
     }
 
     /// The Prometheus text exposition of every metric; `breaker_open` is the
@@ -114,34 +150,28 @@ impl Metrics {
         ];
         for (name, help, field) in per_rule {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (rule, counters) in &self.rules {
-                let _ =
-                    writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), field(counters).load(Relaxed));
+            for (i, rule) in self.rule_names.iter().enumerate() {
+                let value = self.sum(|s| field(&s.rules[i]));
+                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
         }
-        let global: [(&str, &str, &AtomicU64); 6] = [
-            (
-                "slidegate_store_calls_total",
-                "Decisions asked of the store (probes excluded).",
-                &self.store_calls,
-            ),
-            ("slidegate_store_errors_total", "Store calls that failed.", &self.store_errors),
-            ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", &self.store_timeouts),
+        let global: [(&str, &str, StoreCounterOf); 6] = [
+            ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
+            ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
+            ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
             (
                 "slidegate_store_skipped_total",
                 "Decisions that did not call the store because the circuit breaker was open.",
-                &self.store_skipped,
+                |c| &c.skipped,
             ),
-            (
-                "slidegate_store_probes_total",
-                "Background probes while the circuit breaker was open.",
-                &self.store_probes,
-            ),
-            ("slidegate_breaker_opened_total", "Times the circuit breaker opened.", &self.breaker_opened),
+            ("slidegate_store_probes_total", "Background probes while the circuit breaker was open.", |c| {
+                &c.probes
+            }),
+            ("slidegate_breaker_opened_total", "Times the circuit breaker opened.", |c| &c.breaker_opened),
         ];
-        for (name, help, value) in global {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
+        for (name, help, field) in global {
+            let value = self.sum(|s| field(&s.store));
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         }
         let _ = writeln!(
             out,
@@ -152,13 +182,13 @@ impl Metrics {
         let name = "slidegate_store_latency_seconds";
         let _ = writeln!(out, "# HELP {name} Latency of store calls that answered.\n# TYPE {name} histogram");
         let mut cumulative = 0;
-        for (bound, count) in BUCKETS_US.iter().zip(&self.latency_buckets) {
-            cumulative += count.load(Relaxed);
+        for (i, bound) in BUCKETS_US.iter().enumerate() {
+            cumulative += self.sum(|s| &s.store.latency_buckets[i]);
             let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
         }
-        let count = self.latency_count.load(Relaxed);
+        let count = self.sum(|s| &s.store.latency_count);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.latency_sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_sum {}", self.sum(|s| &s.store.latency_sum_us) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {count}");
         out
     }
@@ -177,9 +207,12 @@ mod tests {
         let m = Metrics::new(["search".to_owned(), "trending".to_owned()]);
         m.rule(0).denied.fetch_add(3, Relaxed);
         m.rule(1).fail_open.fetch_add(2, Relaxed);
-        m.observe_store_latency(Duration::from_micros(80));
-        m.observe_store_latency(Duration::from_micros(300));
-        m.observe_store_latency(Duration::from_secs(3));
+        m.store().observe_latency(Duration::from_micros(80));
+        m.store().observe_latency(Duration::from_micros(300));
+        // Another thread counts in another shard; the sum is the same.
+        std::thread::scope(|scope| {
+            scope.spawn(|| m.store().observe_latency(Duration::from_secs(3)));
+        });
         let text = m.render(true);
         assert!(text.contains("slidegate_requests_denied_total{rule=\"search\"} 3\n"), "{text}");
         assert!(text.contains("slidegate_requests_fail_open_total{rule=\"trending\"} 2\n"));

@@ -120,7 +120,7 @@ fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {
     RateLimiter::from_config(&Config::parse(&text, "t.toml").unwrap(), Shared(Arc::clone(store)))
 }
 
-async fn search(limiter: &RateLimiter<Shared>) -> slidegate_http::Verdict {
+async fn search(limiter: &RateLimiter<Shared>) -> slidegate_http::Verdict<'_> {
     let peer = Some("198.51.100.1".parse().unwrap());
     limiter.check_request(&Method::GET, "/api/search", &HeaderMap::new(), peer).await.unwrap()
 }
