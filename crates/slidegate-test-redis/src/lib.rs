@@ -154,7 +154,10 @@ impl RedisServer {
                 self.child = None;
                 return Err(format!("redis-server exited early ({status})"));
             }
-            if ping(self.addr()) {
+            // Answering is not enough: when two tests pick the same free port at
+            // once, the loser's server exits on bind while the winner answers.
+            let pid = self.child.as_ref().map(Child::id);
+            if pid.is_some() && server_pid(self.addr()) == pid {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -207,6 +210,7 @@ fn free_port() -> u16 {
 }
 
 /// Whether a Redis server at `addr` answers an inline `PING` with `+PONG`.
+#[cfg(test)]
 fn ping(addr: SocketAddr) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
@@ -226,6 +230,32 @@ fn ping(addr: SocketAddr) -> bool {
     reply.starts_with(b"+PONG")
 }
 
+/// The `process_id` a Redis server at `addr` reports in `INFO server`.
+fn server_pid(addr: SocketAddr) -> Option<u32> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    // A bulk reply, "$<len>\r\n<text>\r\n", read until the whole text is in.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        let (header, body) = text.split_once("\r\n")?;
+        let len: usize = header.strip_prefix('$')?.parse().ok()?;
+        if body.len() >= len {
+            return body
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|p| p.trim().parse().ok());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +268,7 @@ mod tests {
         assert_eq!(server.url(), format!("redis://127.0.0.1:{port}/"));
         assert!(ping(server.addr()));
         assert!(server.is_running());
+        assert_eq!(server_pid(server.addr()), server.child.as_ref().map(Child::id));
 
         server.kill();
         assert!(!server.is_running());
