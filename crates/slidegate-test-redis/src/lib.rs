@@ -284,6 +284,31 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_redis_server_fails_and_says_how_to_install_it() {
+        const CHILD: &str = "SLIDEGATE_TEST_REDIS_NO_PATH";
+        if std::env::var_os(CHILD).is_some() {
+            RedisServer::spawn();
+            return;
+        }
+        // Run this very test again in a child process whose PATH has no redis-server.
+        let exe = std::env::current_exe().expect("the test binary");
+        let out = Command::new(exe)
+            .args([
+                "--exact",
+                "tests::a_missing_redis_server_fails_and_says_how_to_install_it",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env("PATH", "/nonexistent")
+            .output()
+            .expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "spawn without redis-server must fail:\n{text}");
+        assert!(text.contains("redis-server is not installed"), "{text}");
+        assert!(text.contains("apt-get install redis-server"), "{text}");
+    }
+
+    #[test]
     fn servers_get_distinct_ports() {
         let a = RedisServer::spawn();
         let b = RedisServer::spawn();
