@@ -106,6 +106,8 @@ pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
     let Some(decisive) = verdict.decisive() else { return };
     let listed: Vec<&PolicyResult> =
         if verdict.allowed() { verdict.policies.iter().collect() } else { verdict.violated().collect() };
+    // Room for every header below at once: growing a map parsed to size rehashes it.
+    headers.reserve(6);
     // Policy names are validated ASCII without quotes, so these are valid values.
     if let Some(v) = value(policy_items(&listed)) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
