@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ConnectionAddr, Script};
 use serde_json::{json, Map, Value};
 use slidegate::{Algorithm, Limit, ManualClock, Quota, RedisStore, Store, TimeSource};
@@ -162,14 +162,19 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
         return Ok(ExitCode::from(64));
     }
     let quota = Quota::new(args.limit, Duration::from_secs(args.window_secs))?;
-    let mut admin = ConnectionManager::new(client.clone()).await?;
+    // A loaded machine may stall Redis past the client's default 500 ms; a
+    // stall belongs in the latency figures, not in an error.
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
+    let mut admin = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
     // Short: key length is part of the memory per identity, and the
     // reference script's keys get the same prefix length.
     let run_prefix = "sgb:";
     let tasks = args.connections.max(1) * args.in_flight.max(1);
     let mut conns = Vec::new();
     for _ in 0..args.connections.max(1) {
-        conns.push(ConnectionManager::new(client.clone()).await?);
+        conns.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
     }
     let script = Arc::new(Script::new(REFERENCE_SCRIPT));
     script.load_async(&mut admin).await?;
