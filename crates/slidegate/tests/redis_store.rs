@@ -133,7 +133,9 @@ async fn expiry_is_exactly_when_the_state_stops_mattering() {
     let mut conn = admin(&server).await;
     for round in 1..=4u64 {
         let charges: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, round)).collect();
+        let before = redis_time_ms(&mut conn).await;
         let decisions = store.decide_all("exp", &charges).await.expect("decide_all");
+        let after = redis_time_ms(&mut conn).await;
         let mut instants = Vec::new();
         for ((l, _), d) in charges.iter().zip(&decisions) {
             assert!(d.allowed);
@@ -146,7 +148,15 @@ async fn expiry_is_exactly_when_the_state_stops_mattering() {
             instants.push((l.algorithm, at - d.reset_after.as_millis() as i64));
         }
         assert!(instants.iter().all(|(_, t)| *t == instants[0].1), "round {round}: {instants:?}");
+        // ... and that instant is the script's reading of Redis TIME, in ms.
+        let now = instants[0].1;
+        assert!(before <= now && now <= after, "TIME read as {now}, between {before} and {after}");
     }
+}
+
+async fn redis_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1000 + us / 1000
 }
 
 async fn admitted<S: Store + Clone + 'static>(stores: &[S], identity: &str, l: Limit, tasks: usize) -> u64 {
