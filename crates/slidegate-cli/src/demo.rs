@@ -124,7 +124,7 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
             let mut key = String::new();
             for i in 0..identities {
                 key.clear();
-                write!(key, "identity:{i}")?;
+                write!(key, "user-{i}")?;
                 store.decide_sync(&key, &limit, 1)?;
             }
             let used = crate::allocated_bytes().saturating_sub(before);
@@ -147,7 +147,8 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
 async fn on_redis(url: &str, identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let prefix = format!("slidegate-demo:{}:", std::process::id());
+    // Short, like a production prefix: key length is part of the cost per identity.
+    let prefix = format!("sgdemo{}:", std::process::id());
     let clock = ManualClock::new(0);
     let store = RedisStore::connect(url)
         .await?
@@ -189,7 +190,7 @@ async fn redis_experiments(
         for chunk in 0..identities.div_ceil(IN_FLIGHT) {
             for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
                 let store = store.clone();
-                tasks.spawn(async move { store.decide(&format!("identity:{i}"), &limit, 1).await });
+                tasks.spawn(async move { store.decide(&format!("user-{i}"), &limit, 1).await });
             }
             while let Some(done) = tasks.join_next().await {
                 done??;
