@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ConnectionAddr, Script};
 use serde_json::{json, Map, Value};
-use slidegate::{Algorithm, Limit, ManualClock, Quota, RedisStore, Store, TimeSource};
+use slidegate::{Algorithm, Limit, ManualClock, Quota, RedisStore, Store, SystemClock, TimeSource};
 
 /// The source article's sliding window counter (seeds/000), the published
 /// baseline slidegate is measured against. Used only here and in `demo`.
@@ -63,6 +63,10 @@ struct RedisArgs {
     /// The window in seconds.
     #[arg(long, default_value_t = 60)]
     window_secs: u64,
+    /// Send the client's clock with each decision instead of reading Redis
+    /// `TIME` in the script (saves one call; app servers must then agree on the time).
+    #[arg(long)]
+    client_time: bool,
     /// Skip the `redis-benchmark -P 16` measurement even if it is on PATH.
     #[arg(long)]
     no_redis_benchmark: bool,
@@ -209,7 +213,19 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
                 args.seconds, args.identities
             );
         }
-        let load: Vec<Subject> = conns.iter().map(|c| make(c, None)).collect();
+        let load: Vec<Subject> = conns
+            .iter()
+            .map(|c| match (subject, args.client_time) {
+                (Some(_), true) => {
+                    let mut s = make(c, None);
+                    if let Subject::Store(store, _) = &mut s {
+                        *store = store.clone().with_time_source(TimeSource::Client(Arc::new(SystemClock)));
+                    }
+                    s
+                }
+                _ => make(c, None),
+            })
+            .collect();
         let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut admin).await?;
         let (decisions, allowed, elapsed, histogram) = drive(
             &load,
@@ -277,7 +293,7 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
                 "memory_identities": args.memory_identities,
                 "limit": quota.limit(),
                 "window_ms": quota.window_ms(),
-                "time_source": "server (Redis TIME) for slidegate; client ms in ARGV for the reference script",
+                "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
