@@ -6,6 +6,7 @@
 #   nginx          wrk -> nginx limit_req (one zone keyed by client address) -> upstream
 #   slidegate      wrk -> slidegate serve, embedded store -> upstream
 #   slidegate+redis wrk -> slidegate serve, Redis store (own redis-server) -> upstream
+#   proxy-only     wrk -> slidegate serve with no rule matching: the cost of the proxy alone
 # Each limiter admits everything (the limit is far above what is sent), so
 # what is measured is the cost of deciding and proxying. Two passes:
 #   throughput: wrk -t2 -c32, requests/s (saturating the machine)
@@ -39,7 +40,7 @@ NICE=()
 [ "$(id -u)" = 0 ] && NICE=(nice -n -19)
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UPSTREAM=$(free_port); NGINX=$(free_port); SG=$(free_port); SGR=$(free_port); REDIS=$(free_port)
+UPSTREAM=$(free_port); NGINX=$(free_port); SG=$(free_port); SGR=$(free_port); SGP=$(free_port); REDIS=$(free_port)
 
 nginx_conf() { # name, workers, server block
     mkdir -p "$WORK/$1"
@@ -77,7 +78,7 @@ nginx_conf limiter auto "
         }
     }"
 
-sg_conf() { # port, store section
+sg_conf() { # port, store section, path pattern
     cat <<EOF
 [server]
 listen = "127.0.0.1:$1"
@@ -90,13 +91,14 @@ ip_hash_secret_env = "SLIDEGATE_BENCH_SECRET"
 
 [[rules]]
 name = "all"
-path = "/*"
+path = "${3:-/*}"
 limits = [{ limit = 1000000000, window = "1s" }]
 EOF
 }
 sg_conf "$SG" "" > "$WORK/sg.toml"
 sg_conf "$SGR" "[store]
 url = \"redis://127.0.0.1:$REDIS/\"" > "$WORK/sgr.toml"
+sg_conf "$SGP" "" "/never-requested" > "$WORK/sgp.toml"
 
 "${NICE[@]}" nginx -c "$WORK/upstream/nginx.conf" & PIDS+=($!); UPSTREAM_PID=$!
 "${NICE[@]}" nginx -c "$WORK/limiter/nginx.conf" & PIDS+=($!); NGINX_PID=$!
@@ -105,8 +107,9 @@ sleep 0.5
 export SLIDEGATE_BENCH_SECRET=bench SLIDEGATE_LOG=warn
 "${NICE[@]}" "$BIN" serve --config "$WORK/sg.toml" 2>"$WORK/sg.log" & PIDS+=($!); SG_PID=$!
 "${NICE[@]}" "$BIN" serve --config "$WORK/sgr.toml" 2>"$WORK/sgr.log" & PIDS+=($!); SGR_PID=$!
+"${NICE[@]}" "$BIN" serve --config "$WORK/sgp.toml" 2>"$WORK/sgp.log" & PIDS+=($!); SGP_PID=$!
 
-for port in $UPSTREAM $NGINX $SG $SGR; do
+for port in $UPSTREAM $NGINX $SG $SGR $SGP; do
     for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
 done
 # Every path admits: a limiter that rejected would skew the figures.
@@ -132,9 +135,9 @@ run() { # label, port, threads, connections -> the file holding wrk's report
 to_us() { # wrk latency like 85.00us, 1.20ms, 2.00s -> microseconds
     awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'
 }
-LABELS=(direct nginx slidegate slidegate+redis)
-PORTS=($UPSTREAM $NGINX $SG $SGR)
-OWNERS=("$UPSTREAM_PID" "$NGINX_PID" "$SG_PID" "$SGR_PID")
+LABELS=(direct nginx slidegate slidegate+redis proxy-only)
+PORTS=($UPSTREAM $NGINX $SG $SGR $SGP)
+OWNERS=("$UPSTREAM_PID" "$NGINX_PID" "$SG_PID" "$SGR_PID" "$SGP_PID")
 HZ=$(getconf CLK_TCK)
 for i in "${!LABELS[@]}"; do
     warm_up "${PORTS[$i]}" 2 32

@@ -135,11 +135,16 @@ impl RuleMatcher {
         Self { entries }
     }
 
-    /// The index of the first entry matching `method` and `path`.
+    /// The index of the first entry matching `method` and `path`. `HEAD`
+    /// counts as `GET` (it is a GET without the body), so a rule on `GET`
+    /// cannot be sidestepped with `HEAD`.
     pub fn find(&self, method: &Method, path: &str) -> Option<usize> {
-        self.entries.iter().position(|(methods, pattern)| {
-            (methods.is_empty() || methods.contains(method)) && pattern.matches(path)
-        })
+        let applies = |methods: &[Method]| {
+            methods.is_empty()
+                || methods.contains(method)
+                || (*method == Method::HEAD && methods.contains(&Method::GET))
+        };
+        self.entries.iter().position(|(methods, pattern)| applies(methods) && pattern.matches(path))
     }
 }
 
@@ -204,7 +209,8 @@ mod tests {
             (vec![Method::POST], p("/api/*")),
         ]);
         assert_eq!(m.find(&Method::GET, "/api/videos/trending"), Some(0));
-        assert_eq!(m.find(&Method::HEAD, "/api/videos/trending"), None);
+        assert_eq!(m.find(&Method::HEAD, "/api/videos/trending"), Some(0));
+        assert_eq!(m.find(&Method::PUT, "/api/videos/trending"), None);
         assert_eq!(m.find(&Method::DELETE, "/api/search/x"), Some(1));
         assert_eq!(m.find(&Method::POST, "/api/videos/trending"), Some(2));
         assert_eq!(m.find(&Method::GET, "/health"), None);
