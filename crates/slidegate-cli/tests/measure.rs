@@ -1,0 +1,94 @@
+//! `slidegate accuracy --json` and `slidegate bench redis --json` print the
+//! JSON the issue promises. Tiny runs: these check shapes and invariants,
+//! never timings.
+
+use std::process::Command;
+
+use serde_json::Value;
+use slidegate_test_redis::RedisServer;
+
+const ALGORITHMS: [&str; 5] =
+    ["sliding_window_counter", "fixed_window", "sliding_log", "token_bucket", "gcra"];
+
+fn slidegate(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_slidegate")).args(args).output().expect("run slidegate");
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+#[test]
+fn accuracy_json_scores_every_algorithm_and_the_exact_log_is_exact() {
+    let args = ["accuracy", "--json", "--requests", "30000", "--sources", "300", "--seed", "9"];
+    let report = slidegate(&args);
+    assert_eq!(report["requests"], 30_000);
+    assert_eq!(report["sources"], 300);
+    for name in ALGORITHMS {
+        let a = &report["algorithms"][name];
+        for field in ["wrongly_allowed_pct", "wrongly_denied_pct"] {
+            assert!(a[field].as_f64().is_some_and(|v| (0.0..=100.0).contains(&v)), "{name}.{field}: {a}");
+        }
+        assert!(a["avg_rate_diff_pct"].as_f64().is_some_and(|v| v >= 0.0), "{name}: {a}");
+    }
+    let exact = &report["algorithms"]["sliding_log"];
+    assert_eq!(
+        (exact["wrongly_allowed_pct"].as_f64(), exact["wrongly_denied_pct"].as_f64()),
+        (Some(0.0), Some(0.0))
+    );
+    assert_eq!(exact["avg_rate_diff_pct"].as_f64(), Some(0.0));
+    // Boundary attackers get twice the limit through the fixed window.
+    assert!(
+        report["algorithms"]["fixed_window"]["classes"]["boundary_attacker"]["wrongly_allowed_pct"].as_f64()
+            > Some(40.0)
+    );
+    assert_eq!(slidegate(&args), report, "the same seed gives the same figures");
+}
+
+#[test]
+fn bench_redis_json_reports_every_algorithm_and_the_reference_script() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let report = slidegate(&[
+        "bench",
+        "redis",
+        "--redis-url",
+        &url,
+        "--json",
+        "--seconds",
+        "0.1",
+        "--identities",
+        "200",
+        "--memory-identities",
+        "200",
+        "--connections",
+        "1",
+        "--in-flight",
+        "4",
+        "--no-redis-benchmark",
+    ]);
+    let fields = ["decisions_per_sec", "p50_us", "p99_us", "server_us_per_decision", "bytes_per_identity"];
+    for name in ALGORITHMS {
+        for field in fields {
+            assert!(report["algorithms"][name][field].is_number(), "{name}.{field}: {report}");
+        }
+        assert!(report["algorithms"][name]["decisions_per_sec"].as_f64() > Some(0.0));
+        assert!(report["algorithms"][name]["server_us_per_decision"].as_f64() > Some(0.0));
+    }
+    for field in fields {
+        assert!(report["reference_script"][field].is_number(), "reference_script.{field}: {report}");
+    }
+    assert!(report["redis_benchmark_p16_per_sec"].is_null());
+    // The run deletes what it wrote.
+    let mut conn = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).expect("connect");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+#[test]
+fn bench_redis_refuses_a_remote_redis() {
+    let out = Command::new(env!("CARGO_BIN_EXE_slidegate"))
+        .args(["bench", "redis", "--redis-url", "redis://192.0.2.1:7000/", "--seconds", "0.1"])
+        .output()
+        .expect("run slidegate");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+}
