@@ -34,10 +34,10 @@ pub fn boundary_burst_svg(path: &Path, window_ms: u64, series: &[(&str, Vec<(u64
     let x = Axis::new(t_min as f64, t_max as f64, LEFT, WIDTH - RIGHT);
     let y = Axis::new(0.0, y_max as f64, HEIGHT - BOTTOM, TOP);
     svg.axes(&x, &y, "time (ms)", "admitted so far");
-    if window_ms > 0 {
-        // Boundaries strictly inside the axis: one at either end is the frame.
-        let (lo, hi) = (x.min as u64, x.max as u64);
-        let mut boundary = (lo / window_ms + 1) * window_ms;
+    // Boundaries strictly inside the axis: one at either end is the frame.
+    let (lo, hi) = (x.min as u64, x.max as u64);
+    if let Some(first) = lo.checked_div(window_ms) {
+        let mut boundary = (first + 1) * window_ms;
         while boundary < hi {
             let bx = x.at(boundary as f64);
             let _ = write!(
