@@ -9,15 +9,18 @@
 #   proxy-only     wrk -> slidegate serve with no rule matching: the cost of the proxy alone
 # Each limiter admits everything (the limit is far above what is sent), so
 # what is measured is the cost of deciding and proxying. Two passes:
-#   throughput: wrk -t2 -c32, requests/s (saturating the machine)
+#   throughput: wrk -t2 -c32, requests/s (saturating the machine), and the CPU
+#               time the server under test spent per request
 #   latency:    wrk -t1 -c1, one request at a time: p50/p99 per request, and the
 #               proxy overhead = p99 through a proxy - p99 direct.
+# Paths are measured in interleaved rounds; medians and ranges are reported.
 # Needs: nginx, wrk, redis-server (apt-get install nginx wrk redis-server).
-# Usage: scripts/bench-http.sh [seconds per run, default 10]
+# Usage: scripts/bench-http.sh [seconds per run, default 3] [rounds, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SECS="${1:-10}"
+SECS="${1:-3}"
+ROUNDS="${2:-5}"
 for tool in nginx wrk redis-server; do
     command -v "$tool" >/dev/null || { echo "bench-http: $tool is not installed" >&2; exit 1; }
 done
@@ -115,7 +118,6 @@ done
 # Every path admits: a limiter that rejected would skew the figures.
 curl -sf -D - -o /dev/null "http://127.0.0.1:$SGR/" | grep -qi '^ratelimit:' || { echo "slidegate+redis is not limiting" >&2; exit 1; }
 
-declare -A RPS P50 P99 ERRORS CPU
 # CPU time (user + system, clock ticks) of processes and their children.
 ticks() {
     local total=0 pid
@@ -124,42 +126,60 @@ ticks() {
     done
     echo "$total"
 }
-warm_up() { # port, threads, connections
-    "${NICE[@]}" wrk -t"$2" -c"$3" -d2s "http://127.0.0.1:$1/" >/dev/null
-}
-run() { # label, port, threads, connections -> the file holding wrk's report
-    local out="$WORK/wrk-$1-$4.txt"
-    "${NICE[@]}" wrk -t"$3" -c"$4" -d"${SECS}s" --latency "http://127.0.0.1:$2/" > "$out"
+run() { # port, threads, connections -> the file holding wrk's report
+    local out="$WORK/wrk-$1-$3.txt"
+    "${NICE[@]}" wrk -t"$2" -c"$3" -d"${SECS}s" --latency "http://127.0.0.1:$1/" > "$out"
     echo "$out"
 }
 to_us() { # wrk latency like 85.00us, 1.20ms, 2.00s -> microseconds
     awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'
 }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
+
 LABELS=(direct nginx slidegate slidegate+redis proxy-only)
 PORTS=($UPSTREAM $NGINX $SG $SGR $SGP)
 OWNERS=("$UPSTREAM_PID" "$NGINX_PID" "$SG_PID" "$SGR_PID" "$SGP_PID")
 HZ=$(getconf CLK_TCK)
+RES="$WORK/results"   # one line per round and path: label rps cpu_us p50_us p99_us non2xx
 for i in "${!LABELS[@]}"; do
-    warm_up "${PORTS[$i]}" 2 32
-    before=$(ticks ${OWNERS[$i]})
-    out=$(run "${LABELS[$i]}" "${PORTS[$i]}" 2 32)
-    after=$(ticks ${OWNERS[$i]})
-    requests=$(awk '/requests in/ { print $1 }' "$out")
-    CPU[${LABELS[$i]}]=$(awk -v t=$((after - before)) -v hz="$HZ" -v r="$requests" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
-    RPS[${LABELS[$i]}]=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
-    ERRORS[${LABELS[$i]}]=$(awk '/Non-2xx/ { print $NF } END { }' "$out")
-    warm_up "${PORTS[$i]}" 1 1
-    out=$(run "${LABELS[$i]}" "${PORTS[$i]}" 1 1)
-    P50[${LABELS[$i]}]=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
-    P99[${LABELS[$i]}]=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+    "${NICE[@]}" wrk -t2 -c32 -d2s "http://127.0.0.1:${PORTS[$i]}/" >/dev/null   # warm up
+done
+# The machine may be shared: paths are measured round by round, interleaved,
+# so each round compares them under the same conditions; medians are reported.
+for round in $(seq "$ROUNDS"); do
+    for i in "${!LABELS[@]}"; do
+        before=$(ticks ${OWNERS[$i]})
+        out=$(run "${PORTS[$i]}" 2 32)
+        after=$(ticks ${OWNERS[$i]})
+        requests=$(awk '/requests in/ { print $1 }' "$out")
+        cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v r="$requests" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
+        rps=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
+        errors=$(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' "$out")
+        out=$(run "${PORTS[$i]}" 1 1)
+        p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
+        p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+        echo "${LABELS[$i]} $rps $cpu $p50 $p99 $errors" >> "$RES"
+    done
 done
 
-echo "| path | req/s, 32 connections | CPU µs per request (that server) | p50 µs, 1 connection | p99 µs, 1 connection | p99 overhead vs direct µs | non-2xx |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+col() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$RES"; }
+ratio() { # per-round ratio of column c: label a / label b
+    paste <(col "$1" "$3") <(col "$2" "$3") | awk '{ printf "%.2f\n", $1 / $2 }'
+}
+echo "| path | req/s, 32 connections | CPU µs per request (that server) | p50 µs, 1 connection | p99 µs, 1 connection | non-2xx |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: |"
 for label in "${LABELS[@]}"; do
-    overhead=$(awk -v a="${P99[$label]}" -v b="${P99[direct]}" 'BEGIN { printf "%.0f", a - b }')
-    [ "$label" = direct ] && overhead="–"
-    echo "| $label | ${RPS[$label]} | ${CPU[$label]} | ${P50[$label]} | ${P99[$label]} | $overhead | ${ERRORS[$label]:-0} |"
+    printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s |\n' "$label" \
+        "$(col "$label" 2 | median)" "$(col "$label" 2 | range)" \
+        "$(col "$label" 3 | median)" "$(col "$label" 3 | range)" \
+        "$(col "$label" 4 | median)" "$(col "$label" 4 | range)" \
+        "$(col "$label" 5 | median)" "$(col "$label" 5 | range)" \
+        "$(col "$label" 6 | awk '{ s += $1 } END { print s + 0 }')"
 done
 echo
-echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), $(redis-server --version | awk '{print $3}'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(nproc) cores, ${SECS} s per run"
+echo "medians (ranges) over $ROUNDS interleaved rounds of ${SECS} s per path and mode"
+echo "slidegate / nginx throughput, per round: median $(ratio slidegate nginx 2 | median) (range $(ratio slidegate nginx 2 | range))"
+echo "slidegate p99 - direct p99, per round: median $(paste <(col slidegate 5) <(col direct 5) | awk '{ print $1 - $2 }' | median) µs (range $(paste <(col slidegate 5) <(col direct 5) | awk '{ print $1 - $2 }' | range))"
+echo "nginx p99 - direct p99, per round: median $(paste <(col nginx 5) <(col direct 5) | awk '{ print $1 - $2 }' | median) µs"
+echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), redis $(redis-server --version | awk '{print $3}' | sed 's/v=//'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(nproc) cores"

@@ -50,7 +50,6 @@ pub enum ServeError {
     NoUpstream,
 }
 
-/// Shared by every connection.
 /// What one worker thread serves with.
 pub(crate) struct State {
     pub(crate) limiter: RateLimiter<AnyStore>,
@@ -61,23 +60,29 @@ pub(crate) struct State {
 
 /// A bound, ready server.
 ///
-/// It runs one single-threaded runtime per thread, each accepting on its own
-/// `SO_REUSEPORT` listener and keeping its own upstream connection pool, the
-/// way nginx runs workers: a request is parsed, decided, forwarded and answered
-/// on one thread, with no wake-ups across threads on the way. Only the store
+/// It runs one single-threaded runtime per worker thread, each with its own
+/// upstream connection pool, the way nginx runs workers: a request is parsed,
+/// decided, forwarded and answered on one thread, with no wake-ups across
+/// threads on the way. One acceptor deals connections to the workers in turn
+/// (`SO_REUSEPORT` would spread them by address hash, unevenly: with 32
+/// connections one worker got three times the other's load). Only the store
 /// (and Redis' connection) is shared.
 pub struct Server {
-    listeners: Vec<std::net::TcpListener>,
-    local_addr: SocketAddr,
+    listener: TcpListener,
+    threads: usize,
     limiter: RateLimiter<AnyStore>,
     upstream: http::Uri,
     admin_prefix: String,
     grace: std::time::Duration,
 }
 
+/// A connection handed to a worker thread.
+type Accepted = (std::net::TcpStream, SocketAddr);
+
 impl Server {
     /// Connects the store named by `config` (or makes the embedded one) and
-    /// binds the listen address, once per thread. Call it inside a tokio runtime.
+    /// binds the listen address. Call it inside a tokio runtime, which then
+    /// runs the acceptor.
     ///
     /// # Errors
     /// [`ServeError`] when there is no upstream or the address is taken.
@@ -90,31 +95,11 @@ impl Server {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .max(1);
-        let mut addr = config.server.listen;
-        let bind_error = |addr, source| ServeError::Bind { addr, source };
-        let mut listeners = Vec::with_capacity(threads);
-        for _ in 0..threads {
-            let socket = if addr.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()
-            } else {
-                tokio::net::TcpSocket::new_v6()
-            }
-            .map_err(|e| bind_error(addr, e))?;
-            #[cfg(unix)]
-            socket.set_reuseport(true).map_err(|e| bind_error(addr, e))?;
-            socket.set_reuseaddr(true).map_err(|e| bind_error(addr, e))?;
-            socket.bind(addr).map_err(|e| bind_error(addr, e))?;
-            let listener = socket.listen(1024).map_err(|e| bind_error(addr, e))?;
-            // Port 0 picks a port once; the other threads join it.
-            addr = listener.local_addr().map_err(|e| bind_error(addr, e))?;
-            listeners.push(listener.into_std().map_err(|e| bind_error(addr, e))?);
-            if cfg!(not(unix)) {
-                break;
-            }
-        }
+        let addr = config.server.listen;
+        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
         Ok(Self {
-            listeners,
-            local_addr: addr,
+            listener,
+            threads,
             limiter,
             upstream,
             admin_prefix: config.server.admin_prefix.clone(),
@@ -124,18 +109,19 @@ impl Server {
 
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
     /// Serves until `shutdown` completes, then stops accepting and waits up to
     /// the configured grace period for open connections to finish.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let mut threads = Vec::with_capacity(self.listeners.len());
-        for (i, listener) in self.listeners.into_iter().enumerate() {
+        let mut workers = Vec::with_capacity(self.threads);
+        let mut threads = Vec::with_capacity(self.threads);
+        for i in 0..self.threads {
+            let (hand, connections) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
             let state =
                 State { limiter: self.limiter.clone(), proxy: None, admin_prefix: self.admin_prefix.clone() };
-            let (upstream, stopped, grace) = (self.upstream.clone(), stopped.clone(), self.grace);
+            let (upstream, grace) = (self.upstream.clone(), self.grace);
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
@@ -144,19 +130,43 @@ impl Server {
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
                     let state = State { proxy: proxy::Proxy::new(&upstream), ..state };
-                    match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => accept_loop(listener, Arc::new(state), stopped, grace).await,
-                        Err(err) => tracing::error!(%err, "cannot register the listener"),
-                    }
+                    worker(connections, Arc::new(state), grace).await;
                 });
             });
             match thread {
-                Ok(handle) => threads.push(handle),
+                Ok(handle) => {
+                    threads.push(handle);
+                    workers.push(hand);
+                }
                 Err(err) => tracing::error!(%err, "cannot start a worker thread"),
             }
         }
-        shutdown.await;
-        let _ = stop.send(true);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut next = 0;
+        while !workers.is_empty() {
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off briefly.
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(stream) = stream.into_std() else { continue };
+            next = (next + 1) % workers.len();
+            if workers[next].send((stream, peer)).is_err() {
+                tracing::error!("a worker thread stopped");
+                workers.remove(next);
+            }
+        }
+        drop(self.listener);
+        // Closing the channels tells every worker to finish its connections.
+        drop(workers);
         tracing::info!("shutting down: waiting for open connections");
         let _ = tokio::task::spawn_blocking(move || {
             for thread in threads {
@@ -167,10 +177,11 @@ impl Server {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// One worker thread: serves the connections it is dealt until the acceptor
+/// closes the channel, then waits up to `grace` for them to finish.
+async fn worker(
+    mut connections: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     state: Arc<State>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
     grace: std::time::Duration,
 ) {
     let graceful = GracefulShutdown::new();
@@ -185,20 +196,14 @@ async fn accept_loop(
             tick.tick().await;
         }
     });
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off briefly.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-            _ = stopped.wait_for(|stop| *stop) => break,
+    while let Some((stream, peer)) = connections.recv().await {
+        let stream = match tokio::net::TcpStream::from_std(stream) {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::warn!(%err, "cannot register a connection");
+                continue;
+            }
         };
-        let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         let service = service_fn(move |request: Request<Incoming>| {
             let state = Arc::clone(&state);
@@ -214,10 +219,9 @@ async fn accept_loop(
             }
         });
     }
-    drop(listener);
     heartbeat.abort();
     tokio::select! {
-        () = graceful.shutdown() => tracing::debug!("all connections of this thread closed"),
+        () = graceful.shutdown() => tracing::debug!("all connections of this worker closed"),
         () = tokio::time::sleep(grace) => tracing::warn!("grace period over: closing the remaining connections"),
     }
 }
