@@ -67,7 +67,9 @@ pub fn boundary_burst_svg(path: &Path, window_ms: u64, series: &[(&str, Vec<(u64
             }
             last = Some((px, py));
         }
-        let _ = write!(svg.body, r#"<path d="{d}" fill="none" stroke="{colour}" stroke-width="2"/>"#);
+        // Earlier series wider: where curves coincide, each stays visible as a band.
+        let width = 1.5 + 1.5 * (series.len() - 1 - i) as f64;
+        let _ = write!(svg.body, r#"<path d="{d}" fill="none" stroke="{colour}" stroke-width="{width}"/>"#);
         let total = points.last().map_or(0, |&(_, n)| n);
         svg.legend(i, colour, &format!("{name}: {total}"));
     }
