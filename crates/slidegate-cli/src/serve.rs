@@ -40,6 +40,13 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
+    if config.server.upstream.is_none() {
+        eprintln!(
+            "slidegate: {}: [server] upstream is required by serve: expected upstream = \"http://host:port\"",
+            args.config.display()
+        );
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
     init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

@@ -532,6 +532,11 @@ fn a_bad_config_exits_64_naming_line_and_column() {
             )
         );
     }
+    // serve needs an upstream; check-config alone does not.
+    let (_dir, path) = write_config("[server]\nlisten = \"127.0.0.1:0\"\n");
+    let out = Command::new(binary()).args(["serve", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[server] upstream is required by serve"));
     // An unknown key is an error too, and a missing secret names its variable.
     let (_dir, path) = write_config("[server]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n");
     let out = Command::new(binary()).arg("check-config").arg(&path).output().unwrap();

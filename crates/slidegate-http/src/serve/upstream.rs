@@ -17,6 +17,9 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
+/// How long a new upstream connection may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Idle connections kept per worker thread.
 const MAX_IDLE: usize = 256;
 
@@ -69,7 +72,10 @@ impl Upstream {
                 return Ok(sender);
             }
         }
-        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
+        let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream")
+        })??;
         stream.set_nodelay(true)?;
         let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
