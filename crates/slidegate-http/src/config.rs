@@ -117,7 +117,7 @@ pub struct ServerConfig {
     pub admin_prefix: String,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Duration,
-    /// Worker threads, each with its own listener and upstream pool; `None`: one per CPU.
+    /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
     pub threads: Option<usize>,
 }
 
