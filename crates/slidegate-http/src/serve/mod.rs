@@ -205,9 +205,11 @@ async fn worker(
             }
         };
         let state = Arc::clone(&state);
+        let peer_value = proxy::forwarded_for_value(peer);
         let service = service_fn(move |request: Request<Incoming>| {
             let state = Arc::clone(&state);
-            async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+            let peer_value = peer_value.clone();
+            async move { Ok::<_, Infallible>(handle(&state, request, peer, &peer_value).await) }
         });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
@@ -244,13 +246,18 @@ async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
 /// How long `serve` waits for Redis at start before serving without it.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn handle(state: &State, request: Request<Incoming>, peer: SocketAddr) -> Response<ServeBody> {
+async fn handle(
+    state: &State,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    peer_value: &http::HeaderValue,
+) -> Response<ServeBody> {
     if let Some(rest) = request.uri().path().strip_prefix(state.admin_prefix.as_str()) {
         if let Some(endpoint) = admin::Endpoint::from_path(rest) {
             return admin::handle(state, endpoint, request).await;
         }
     }
-    proxy::forward(state, request, peer).await
+    proxy::forward(state, request, peer, peer_value).await
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).

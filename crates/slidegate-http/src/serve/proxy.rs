@@ -60,20 +60,28 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-/// Appends `peer` to `X-Forwarded-For`, folding earlier lines into one.
-pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
-    let peer_ip = peer.ip().to_canonical().to_string();
-    let mut chain = String::new();
+/// The `X-Forwarded-For` entry of a peer, made once per connection.
+pub(crate) fn forwarded_for_value(peer: SocketAddr) -> HeaderValue {
+    HeaderValue::try_from(peer.ip().to_canonical().to_string()).unwrap_or(HeaderValue::from_static("unknown"))
+}
+
+/// Appends `peer` (its [`forwarded_for_value`]) to `X-Forwarded-For`,
+/// folding earlier lines into one.
+pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue) {
+    if !headers.contains_key(X_FORWARDED_FOR) {
+        headers.insert(X_FORWARDED_FOR, peer.clone());
+        return;
+    }
+    let mut chain: Vec<u8> = Vec::with_capacity(64);
     for value in headers.get_all(X_FORWARDED_FOR).iter() {
-        let Ok(text) = value.to_str() else { continue };
-        let text = text.trim();
+        let text = value.as_bytes().trim_ascii();
         if !text.is_empty() {
-            chain.push_str(text);
-            chain.push_str(", ");
+            chain.extend_from_slice(text);
+            chain.extend_from_slice(b", ");
         }
     }
-    chain.push_str(&peer_ip);
-    if let Ok(value) = HeaderValue::try_from(chain) {
+    chain.extend_from_slice(peer.as_bytes());
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(chain)) {
         headers.insert(X_FORWARDED_FOR, value);
     }
 }
@@ -84,17 +92,21 @@ pub(crate) async fn forward(
     state: &State,
     mut request: Request<Incoming>,
     peer: SocketAddr,
+    peer_value: &HeaderValue,
 ) -> Response<ServeBody> {
     let limiter = &state.limiter;
-    let path = request.uri().path().to_owned();
-    let verdict = limiter.check_request(request.method(), &path, request.headers(), Some(peer.ip())).await;
+    let verdict = limiter
+        .check_request(request.method(), request.uri().path(), request.headers(), Some(peer.ip()))
+        .await;
     if let Some(v) = &verdict {
         if v.blocks() {
-            return boxed(headers::blocked_response(v, limiter.legacy_headers(), &path));
+            return boxed(headers::blocked_response(v, limiter.legacy_headers(), request.uri().path()));
         }
     }
+    // Kept for a 502: a Uri clone shares its bytes.
+    let uri = request.uri().clone();
     let Some(proxy) = &state.proxy else {
-        return bad_gateway(&path, "no upstream client");
+        return bad_gateway(uri.path(), "no upstream client");
     };
     // Origin-form towards the upstream: the path and query only.
     let target =
@@ -107,7 +119,7 @@ pub(crate) async fn forward(
         }
     }
     strip_hop_by_hop(request.headers_mut());
-    append_forwarded_for(request.headers_mut(), peer);
+    append_forwarded_for(request.headers_mut(), peer_value);
     match proxy.upstream.send(request).await {
         Ok(response) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
@@ -121,7 +133,7 @@ pub(crate) async fn forward(
         }
         Err(err) => {
             tracing::warn!(%err, "upstream request failed");
-            bad_gateway(&path, "the upstream could not be reached")
+            bad_gateway(uri.path(), "the upstream could not be reached")
         }
     }
 }
@@ -150,15 +162,16 @@ mod tests {
 
     #[test]
     fn the_peer_is_appended_to_x_forwarded_for() {
-        let peer: SocketAddr = "198.51.100.7:5000".parse().unwrap();
+        let peer = forwarded_for_value("198.51.100.7:5000".parse().unwrap());
         let mut h = HeaderMap::new();
-        append_forwarded_for(&mut h, peer);
+        append_forwarded_for(&mut h, &peer);
         assert_eq!(h["x-forwarded-for"], "198.51.100.7");
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2, 3.3.3.3"));
-        append_forwarded_for(&mut h, peer);
+        append_forwarded_for(&mut h, &peer);
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 198.51.100.7");
+        assert_eq!(forwarded_for_value("[::ffff:10.0.0.1]:80".parse().unwrap()), "10.0.0.1");
     }
 }
