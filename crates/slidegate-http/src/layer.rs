@@ -1,9 +1,16 @@
 //! The tower middleware: [`RateLimitLayer`] builds [`RateLimit`] services.
 //!
-//! Works with anything built on `http` requests and responses — axum, hyper
-//! (through `hyper-util`'s tower adapter), tonic. Denied requests are answered
-//! here and never reach the inner service; allowed ones get the rate limit
-//! headers added to the inner service's response.
+//! Works with anything built on `http` requests and responses. Denied
+//! requests are answered here and never reach the inner service; allowed ones
+//! get the rate limit headers added to the inner service's response.
+//!
+//! - axum: `Router::layer(RateLimitLayer::new(limiter).peer_addr(..))`, the peer
+//!   read from `ConnectInfo<SocketAddr>` (see `examples/axum.rs`).
+//! - hyper: wrap the service with `hyper_util::service::TowerToHyperService`
+//!   and insert a [`PeerAddr`] extension per connection (as `serve` does).
+//! - tonic: `Server::builder().layer(..)`; a denial is an HTTP 429, which gRPC
+//!   clients see as `UNAVAILABLE` (tonic's own status mapping), with the
+//!   `Retry-After` and `RateLimit` headers as response metadata.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
