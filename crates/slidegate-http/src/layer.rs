@@ -9,8 +9,8 @@
 //! - hyper: wrap the service with `hyper_util::service::TowerToHyperService`
 //!   and insert a [`PeerAddr`] extension per connection (as `serve` does).
 //! - tonic: `Server::builder().layer(..)`; a denial is an HTTP 429, which gRPC
-//!   clients see as `UNAVAILABLE` (tonic's own status mapping), with the
-//!   `Retry-After` and `RateLimit` headers as response metadata.
+//!   clients map to `UNAVAILABLE` (gRPC's HTTP-to-status mapping). Not
+//!   exercised by a test here.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
