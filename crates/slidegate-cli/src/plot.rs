@@ -111,7 +111,7 @@ pub fn grouped_bars_svg(
                 (bar - 1.0).max(1.0),
                 (HEIGHT - BOTTOM - top).max(0.0),
                 COLOURS[s % COLOURS.len()],
-                escape(&series[s].0)
+                escape(series[s].0)
             );
         }
     }
