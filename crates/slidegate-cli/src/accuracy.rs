@@ -19,10 +19,10 @@ use self::traffic::Class;
 #[derive(clap::Args)]
 pub struct AccuracyArgs {
     /// Requests to replay (about 16 bytes of memory each).
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = at_least_one)]
     requests: usize,
     /// Distinct sources (55% steady, 25% near the limit, 12% bursty scrapers, 8% boundary attackers).
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 2_000, value_parser = at_least_one)]
     sources: usize,
     /// Seed of the traffic generator: the same seed gives the same figures.
     #[arg(long, default_value_t = 1)]
@@ -68,7 +68,7 @@ pub fn run(args: AccuracyArgs) -> crate::CommandResult {
         plot(dir, &quota, &reports)?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&args, &traffic, &quota, &reports))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&args, &traffic, &quota, &reports))?);
     } else {
         print_table(&args, &traffic, &quota, &reports);
     }
@@ -129,14 +129,14 @@ fn print_table(
     quota: &Quota,
     reports: &[(Algorithm, AlgorithmReport)],
 ) {
-    println!(
+    outln!(
         "{} requests from {} sources, limit {} (seed {}); ground truth: the exact sliding log",
         traffic.requests.len(),
         traffic.classes.len(),
         quota,
         args.seed
     );
-    println!(
+    outln!(
         "{:<24} {:>18} {:>18} {:>16} {:>14} {:>12}",
         "algorithm",
         "wrongly allowed %",
@@ -147,7 +147,7 @@ fn print_table(
     );
     for (algorithm, report) in reports {
         let t = &report.total;
-        println!(
+        outln!(
             "{:<24} {:>18.4} {:>18.4} {:>16.2} {:>14} {:>12}",
             algorithm.name(),
             t.wrongly_allowed_pct(),
@@ -157,19 +157,19 @@ fn print_table(
             t.peak_admitted
         );
     }
-    println!();
-    println!("wrongly allowed % by traffic class:");
-    print!("{:<24}", "algorithm");
+    outln!();
+    outln!("wrongly allowed % by traffic class:");
+    out!("{:<24}", "algorithm");
     for class in Class::ALL {
-        print!(" {:>18}", class.name());
+        out!(" {:>18}", class.name());
     }
-    println!();
+    outln!();
     for (algorithm, report) in reports {
-        print!("{:<24}", algorithm.name());
+        out!("{:<24}", algorithm.name());
         for class in Class::ALL {
-            print!(" {:>18.4}", report.by_class[&class].wrongly_allowed_pct());
+            out!(" {:>18.4}", report.by_class[&class].wrongly_allowed_pct());
         }
-        println!();
+        outln!();
     }
 }
 
@@ -228,4 +228,13 @@ fn plot(
         crate::plot::boundary_burst_svg(&dir.join("accuracy_boundary_attack.svg"), w, &series)?;
     }
     Ok(())
+}
+
+/// Parses a count that must be at least 1, so clap names the flag and the value.
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1, got 0".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("must be a whole number of at least 1: {e}")),
+    }
 }

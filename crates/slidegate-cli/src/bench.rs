@@ -43,19 +43,19 @@ struct RedisArgs {
     #[arg(long)]
     redis_url: String,
     /// Seconds of load per algorithm.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     seconds: f64,
     /// Redis connections (each multiplexed: requests in flight share it).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::accuracy::at_least_one)]
     connections: usize,
     /// Requests in flight per connection.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::accuracy::at_least_one)]
     in_flight: usize,
     /// Identities the load cycles through.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = crate::accuracy::at_least_one)]
     identities: usize,
     /// Identities created to measure memory per identity (used_memory delta).
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, value_parser = crate::accuracy::at_least_one)]
     memory_identities: usize,
     /// The limit per window (the article's 100 per 60 s by default).
     #[arg(long, default_value_t = 100)]
@@ -296,14 +296,20 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
                 "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
             },
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!(
+        outln!(
             "{:<24} {:>12} {:>9} {:>9} {:>12} {:>10} {:>9}",
-            "", "decisions/s", "p50 µs", "p99 µs", "server µs", "B/identity", "allowed%"
+            "",
+            "decisions/s",
+            "p50 µs",
+            "p99 µs",
+            "server µs",
+            "B/identity",
+            "allowed%"
         );
         for (name, f) in &results {
-            println!(
+            outln!(
                 "{:<24} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>10.1} {:>9.1}",
                 name,
                 f.decisions_per_sec,
@@ -315,13 +321,16 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
             );
         }
         if let Some(r) = reference {
-            println!();
-            println!(
+            outln!();
+            outln!(
                 "{:<24} {:>12} {:>12} {:>12}",
-                "vs reference script", "throughput", "server CPU", "memory"
+                "vs reference script",
+                "throughput",
+                "server CPU",
+                "memory"
             );
             for (name, f) in results.iter().filter(|(n, _)| n != "reference_script") {
-                println!(
+                outln!(
                     "{:<24} {:>11.2}× {:>11.2}× {:>11.2}×",
                     name,
                     f.decisions_per_sec / r.decisions_per_sec,
@@ -331,8 +340,8 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
             }
         }
         match redis_benchmark {
-            Some(v) => println!("\nredis-benchmark -P 16, reference script: {v:.0} calls/s"),
-            None => println!("\nredis-benchmark: not run (not on PATH, or --no-redis-benchmark)"),
+            Some(v) => outln!("\nredis-benchmark -P 16, reference script: {v:.0} calls/s"),
+            None => outln!("\nredis-benchmark: not run (not on PATH, or --no-redis-benchmark)"),
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -482,4 +491,13 @@ async fn redis_benchmark_p16(host: &str, port: u16, sha: &str, prefix: &str, quo
     let line = text.rsplit('\r').next()?.lines().find(|l| l.contains("requests per second"))?;
     let before = line.split(" requests per second").next()?;
     before.rsplit(' ').next()?.parse().ok()
+}
+
+/// Parses `--seconds`: a finite number above zero.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("must be a number of seconds above 0, got {v}")),
+        Err(e) => Err(format!("must be a number of seconds above 0: {e}")),
+    }
 }

@@ -90,13 +90,13 @@ pub fn run(args: DemoArgs) -> crate::CommandResult {
         let path = dir.join("boundary_burst.svg");
         crate::plot::boundary_burst_svg(&path, BURST_WINDOW_MS, &curves)?;
         if !args.json {
-            println!("chart written to {}", path.display());
+            outln!("chart written to {}", path.display());
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", render(&report));
+        out!("{}", render(&report));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -145,8 +145,9 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
 }
 
 async fn on_redis(url: &str, identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    let unreachable = |e: redis::RedisError| format!("cannot reach Redis at {url}: {e}");
+    let client = redis::Client::open(url).map_err(unreachable)?;
+    let mut conn = client.get_multiplexed_async_connection().await.map_err(unreachable)?;
     // Short, like a production prefix: key length is part of the cost per identity.
     let prefix = format!("sgdemo{}:", std::process::id());
     let clock = ManualClock::new(0);

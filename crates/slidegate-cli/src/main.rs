@@ -1,6 +1,18 @@
 //! The `slidegate` command: parses arguments and prints. The logic a library
 //! user would also need lives in the `slidegate` and `slidegate-http` crates.
 
+/// `print!` that ends the process quietly when stdout is closed early
+/// (`slidegate accuracy | head`), as Unix tools do, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!($($arg)*)) };
+}
+
+/// `println!` with the same broken-pipe behaviour as [`out!`].
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 mod accuracy;
 mod bench;
 mod demo;
@@ -58,6 +70,18 @@ static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::Syste
 /// Heap bytes allocated by this process and not yet freed.
 fn allocated_bytes() -> usize {
     ALLOCATOR.allocated()
+}
+
+/// Writes to stdout; a reader that went away ends the process with success.
+fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("slidegate: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// What a subcommand returns: its exit code, or an error to print.

@@ -67,13 +67,13 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    println!("{}: ok", args.file.display());
-    println!(
+    outln!("{}: ok", args.file.display());
+    outln!(
         "  listen {}, upstream {}",
         config.server.listen,
         config.server.upstream.as_ref().map_or("(none)".into(), |u| u.to_string())
     );
-    println!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
+    outln!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
     for rule in &config.rules {
         let methods = if rule.methods.is_empty() {
             "*".to_owned()
@@ -90,7 +90,7 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
             }
             _ => String::new(),
         };
-        println!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
+        outln!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
     }
     Ok(ExitCode::SUCCESS)
 }
