@@ -35,7 +35,7 @@ pub mod store;
 pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
-pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_WINDOW};
+pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, TimeSource};

@@ -13,6 +13,13 @@ use thiserror::Error;
 /// scripts decide exactly like the Rust code, boundary cases included.
 pub const MAX_EXACT: u64 = 1 << 53;
 
+/// The largest limit a quota may have: 2^50.
+///
+/// Below [`MAX_EXACT`] with room to spare, so that sums the scripts form on
+/// top of a product near the limit (a count plus a cost, a time plus a
+/// horizon) stay exact in Lua's doubles too.
+pub const MAX_LIMIT: u64 = 1 << 50;
+
 /// The longest window a quota may have: ten years.
 ///
 /// GCRA keeps its state in microseconds; this bound keeps `now + window` in
@@ -26,6 +33,9 @@ pub enum QuotaError {
     /// The limit was zero: a quota must admit at least one permit.
     #[error("limit must be at least 1, got 0")]
     ZeroLimit,
+    /// The limit was above [`MAX_LIMIT`].
+    #[error("limit must be at most 2^50 ({MAX_LIMIT}), got {0}")]
+    LimitTooLarge(u64),
     /// The window was shorter than one millisecond.
     #[error("window must be at least 1 ms, got {0:?}")]
     WindowTooShort(Duration),
@@ -70,12 +80,15 @@ impl Quota {
     /// A quota of `limit` permits per `window`.
     ///
     /// # Errors
-    /// [`QuotaError`] when the limit is zero, the window is not a whole number
+    /// [`QuotaError`] when the limit is zero or above [`MAX_LIMIT`], the window is not a whole number
     /// of milliseconds between 1 ms and [`MAX_WINDOW`], or `limit × window_ms`
     /// exceeds [`MAX_EXACT`].
     pub fn new(limit: u64, window: Duration) -> Result<Self, QuotaError> {
         if limit == 0 {
             return Err(QuotaError::ZeroLimit);
+        }
+        if limit > MAX_LIMIT {
+            return Err(QuotaError::LimitTooLarge(limit));
         }
         if window < Duration::from_millis(1) {
             return Err(QuotaError::WindowTooShort(window));
@@ -154,10 +167,12 @@ mod tests {
         );
         let long = MAX_WINDOW + Duration::from_millis(1);
         assert_eq!(Quota::new(1, long), Err(QuotaError::WindowTooLong { window: long }));
+        assert_eq!(Quota::new(u64::MAX, Duration::from_secs(1)), Err(QuotaError::LimitTooLarge(u64::MAX)));
         assert_eq!(
-            Quota::new(u64::MAX, Duration::from_secs(1)),
-            Err(QuotaError::TooLarge { limit: u64::MAX, window_ms: 1000 })
+            Quota::new(MAX_LIMIT, Duration::from_millis(9)),
+            Err(QuotaError::TooLarge { limit: MAX_LIMIT, window_ms: 9 })
         );
+        assert!(Quota::new(MAX_LIMIT, Duration::from_millis(8)).is_ok());
         let msg = Quota::new(1 << 40, Duration::from_secs(3600)).unwrap_err().to_string();
         assert!(msg.contains("1099511627776 × 3600000 ms"), "{msg}");
     }

@@ -10,6 +10,15 @@ use std::time::Duration;
 
 use crate::{Decision, Quota};
 
+/// The largest limit a sliding log accepts.
+///
+/// The log holds one entry per admitted permit, so its limit bounds the
+/// memory of one identity and the work of one request (a cost of `limit`
+/// writes `limit` entries). A million keeps both bounded (8 MB in process,
+/// about 100 MB in a Redis sorted set) where larger limits want the sliding
+/// window counter.
+pub const MAX_LIMIT: u64 = 1_000_000;
+
 /// The admission times of the permits that may still count, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Log {

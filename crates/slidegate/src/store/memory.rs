@@ -460,6 +460,12 @@ mod tests {
         assert_eq!(err.to_string(), "cost 6 exceeds the limit 5: such a request could never be allowed");
         assert!(matches!(store.decide_sync("", &l, 1), Err(StoreError::EmptyKey)));
         assert!(matches!(store.decide_all_sync("k", &[]), Err(StoreError::NoLimits)));
+        // A sliding log past its cap would let one request allocate gigabytes.
+        let huge = limit(Algorithm::SlidingLog, 4_000_000_000, 1000);
+        let err = store.decide_sync("k", &huge, 4_000_000_000).unwrap_err();
+        assert!(err.to_string().starts_with("sliding_log limits must be at most 1000000"), "{err}");
+        let largest = limit(Algorithm::SlidingLog, crate::algorithm::sliding_log::MAX_LIMIT, 1000);
+        assert!(store.decide_sync("k", &largest, 3).unwrap().allowed);
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::future::Future;
 
 use thiserror::Error;
 
-use crate::{Decision, Limit};
+use crate::algorithm::sliding_log;
+use crate::{Algorithm, Decision, Limit};
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
@@ -36,6 +37,12 @@ pub enum StoreError {
     /// The same limit appeared twice in one `decide_all`.
     #[error("limit {0} appears twice in one decide_all; merge the costs instead")]
     DuplicateLimit(Limit),
+    /// A sliding log limit above [`crate::algorithm::sliding_log::MAX_LIMIT`].
+    #[error("sliding_log limits must be at most {max} (one entry per permit), got {limit}; use sliding_window_counter for larger limits", max = crate::algorithm::sliding_log::MAX_LIMIT)]
+    SlidingLogTooLarge {
+        /// The rejected limit.
+        limit: u64,
+    },
     /// Redis failed or could not be reached.
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
@@ -53,7 +60,8 @@ impl StoreError {
             StoreError::CostExceedsLimit { .. }
             | StoreError::EmptyKey
             | StoreError::NoLimits
-            | StoreError::DuplicateLimit(_) => false,
+            | StoreError::DuplicateLimit(_)
+            | StoreError::SlidingLogTooLarge { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
             StoreError::UnexpectedReply(_) => true,
@@ -97,6 +105,9 @@ pub(crate) fn validate(key: &str, charges: &[(Limit, u64)]) -> Result<(), StoreE
     for (i, (limit, cost)) in charges.iter().enumerate() {
         if charges[..i].iter().any(|(seen, _)| seen == limit) {
             return Err(StoreError::DuplicateLimit(*limit));
+        }
+        if limit.algorithm == Algorithm::SlidingLog && limit.quota.limit() > sliding_log::MAX_LIMIT {
+            return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.limit() });
         }
         if *cost > limit.quota.limit() {
             return Err(StoreError::CostExceedsLimit { cost: *cost, limit: limit.quota.limit() });
