@@ -432,6 +432,22 @@ fn forwarding_headers_from_a_trusted_proxy_name_the_client() {
 }
 
 #[test]
+fn a_client_forwarded_header_passed_through_a_trusted_proxy_is_not_believed() {
+    let upstream = Upstream::start();
+    // The trusted proxy (the test client) appends X-Forwarded-For, as nginx
+    // does, and passes the client's own `Forwarded` through untouched.
+    let sg = Slidegate::start(&config(&upstream, "", r#""127.0.0.1/32""#));
+    let statuses: Vec<u16> = ["6.6.6.1", "6.6.6.2", "6.6.6.3"]
+        .iter()
+        .map(|spoof| {
+            let forwarded = format!("for={spoof}");
+            sg.get("/api/search", &[("forwarded", &forwarded), ("x-forwarded-for", "198.51.100.7")]).status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[test]
 fn the_check_api_decides_for_a_given_key() {
     let upstream = Upstream::start();
     let sg = embedded(&upstream);

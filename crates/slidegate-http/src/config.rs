@@ -19,6 +19,7 @@ use serde::Deserialize;
 use slidegate::{Algorithm, Limit, Quota};
 use toml::Spanned;
 
+use crate::identity::ForwardedHeader;
 use crate::rules::PathPattern;
 
 /// Why a configuration could not be used.
@@ -159,8 +160,10 @@ pub struct IdentityConfig {
     pub api_key_header: Option<HeaderName>,
     /// The secret keying the identity hashes; `None` draws a random one per process.
     pub secret: Option<Vec<u8>>,
-    /// Peers whose `X-Forwarded-For` / `Forwarded` headers are believed.
+    /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one forwarding header trusted proxies write (`X-Forwarded-For` by default).
+    pub forwarded_header: ForwardedHeader,
     /// IPv6 clients are grouped by this prefix length (128: no grouping; 64: one identity per /64).
     pub ipv6_prefix: u8,
 }
@@ -312,6 +315,8 @@ struct RawIdentity {
     ip_hash_secret_env: Option<Spanned<String>>,
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
+    #[serde(default)]
+    forwarded_header: Option<Parsed<ForwardedHeader>>,
     #[serde(default = "default_ipv6_prefix")]
     ipv6_prefix: Spanned<u8>,
 }
@@ -322,6 +327,7 @@ impl Default for RawIdentity {
             api_key_header: None,
             ip_hash_secret_env: None,
             trusted_proxies: Vec::new(),
+            forwarded_header: None,
             ipv6_prefix: default_ipv6_prefix(),
         }
     }
@@ -668,6 +674,7 @@ impl Validator<'_> {
             api_key_header: raw.api_key_header.map(|h| h.0),
             secret,
             trusted_proxies: self.each::<Cidr>(raw.trusted_proxies)?.into_iter().map(|c| c.0).collect(),
+            forwarded_header: raw.forwarded_header.map_or(ForwardedHeader::XForwardedFor, |h| h.0),
             ipv6_prefix: prefix,
         })
     }
@@ -893,6 +900,25 @@ limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
         assert!(m.contains("https is not supported"), "{m}");
         let (l, c, _) = err("[identity]\nip_hash_secret_env = \"SLIDEGATE_TEST_SURELY_UNSET\"\n");
         assert_eq!((l, c), (2, 22));
+    }
+
+    #[test]
+    fn forwarded_header_defaults_to_x_forwarded_for_and_bad_values_are_located() {
+        let c = Config::parse("[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\n", "t.toml").unwrap();
+        assert_eq!(c.identity.forwarded_header, ForwardedHeader::XForwardedFor);
+        let c = Config::parse("[identity]\nforwarded_header = \"forwarded\"\n", "t.toml").unwrap();
+        assert_eq!(c.identity.forwarded_header, ForwardedHeader::Forwarded);
+        let (l, c, m) = err("[identity]\nforwarded_header = \"x-real-ip\"\n");
+        assert_eq!((l, c), (2, 20));
+        assert!(
+            m.starts_with(
+                "invalid forwarded_header \"x-real-ip\": expected \"x-forwarded-for\" or \"forwarded\""
+            ),
+            "{m}"
+        );
+        let (l, c, m) = err("[identity]\nforwarded_headers = \"forwarded\"\n");
+        assert_eq!((l, c), (2, 1));
+        assert!(m.starts_with("unknown field `forwarded_headers`"), "{m}");
     }
 
     #[test]

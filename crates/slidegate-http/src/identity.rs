@@ -1,10 +1,13 @@
 //! Who a request is: an API key or a client IP, only ever stored as a keyed hash.
 //!
 //! The client IP is the socket peer unless the peer is a trusted proxy; then
-//! the forwarding chain (`Forwarded`, else `X-Forwarded-For`) is read from the
-//! right, and the first address that is not a trusted proxy is the client.
-//! Everything left of it was written by the client and is ignored, so a
-//! spoofed header changes nothing.
+//! the forwarding chain of the one configured header (`X-Forwarded-For` by
+//! default, or `Forwarded`) is read from the right, and the first address that
+//! is not a trusted proxy is the client. Everything left of it was written by
+//! the client and is ignored, so a spoofed header changes nothing. The other
+//! header is never read: a proxy that appends `X-Forwarded-For` passes a
+//! client's `Forwarded` through untouched, and reading it would let the client
+//! pick its own identity.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -20,11 +23,38 @@ pub enum IdentitySource {
     Ip,
 }
 
+/// The one forwarding header trusted proxies write the client address into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1` (nginx, HAProxy, cloud load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
+impl std::str::FromStr for ForwardedHeader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
+            "forwarded" => Ok(ForwardedHeader::Forwarded),
+            _ => Err(format!(
+                "invalid forwarded_header {s:?}: expected \"x-forwarded-for\" or \"forwarded\" \
+                 (the header your trusted proxies append the client address to)"
+            )),
+        }
+    }
+}
+
 /// Turns requests into store keys.
 #[derive(Clone)]
 pub struct IdentityExtractor {
     api_key_header: Option<HeaderName>,
     trusted_proxies: Vec<IpNet>,
+    forwarded_header: ForwardedHeader,
     ipv6_prefix: u8,
     hash_key: [u8; 32],
 }
@@ -34,6 +64,7 @@ impl std::fmt::Debug for IdentityExtractor {
         f.debug_struct("IdentityExtractor")
             .field("api_key_header", &self.api_key_header)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("forwarded_header", &self.forwarded_header)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .finish_non_exhaustive()
     }
@@ -46,6 +77,7 @@ impl IdentityExtractor {
         Self {
             api_key_header: None,
             trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 128,
             hash_key: blake3::derive_key("slidegate 2026 identity hash v1", secret),
         }
@@ -75,6 +107,12 @@ impl IdentityExtractor {
         self
     }
 
+    /// Reads the client address from `header` only (default `X-Forwarded-For`).
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.forwarded_header = header;
+        self
+    }
+
     /// Counts IPv6 clients per `/prefix` network (64: one identity per /64).
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
         self.ipv6_prefix = prefix.clamp(1, 128);
@@ -98,7 +136,7 @@ impl IdentityExtractor {
         if !self.is_trusted(peer) {
             return peer;
         }
-        let chain = forwarding_chain(headers);
+        let chain = forwarding_chain(self.forwarded_header, headers);
         let mut client = peer;
         for hop in chain.iter().rev() {
             match hop {
@@ -156,15 +194,13 @@ impl IdentityExtractor {
     }
 }
 
-/// The hops of `Forwarded` (RFC 7239 `for=`) when present, else of
-/// `X-Forwarded-For`, left to right; `None` for an entry that is no address
+/// The hops of `header` — `X-Forwarded-For`, or `Forwarded` (RFC 7239
+/// `for=`) — left to right; `None` for an entry that is no address
 /// (`unknown`, an obfuscated `_name`, garbage).
-fn forwarding_chain(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let forwarded: Vec<&[u8]> =
-        headers.get_all(http::header::FORWARDED).iter().map(|v| v.as_bytes()).collect();
-    if !forwarded.is_empty() {
+fn forwarding_chain(header: ForwardedHeader, headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    if header == ForwardedHeader::Forwarded {
         let mut hops = Vec::new();
-        for value in forwarded {
+        for value in headers.get_all(http::header::FORWARDED).iter().map(|v| v.as_bytes()) {
             let Ok(text) = std::str::from_utf8(value) else {
                 hops.push(None);
                 continue;
@@ -277,8 +313,8 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_takes_precedence_and_is_parsed_per_rfc_7239() {
-        let e = extractor();
+    fn forwarded_is_parsed_per_rfc_7239_when_configured() {
+        let e = extractor().forwarded_header(ForwardedHeader::Forwarded);
         let h = headers(&[
             ("x-forwarded-for", "7.7.7.7"),
             ("forwarded", "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https"),
@@ -289,7 +325,31 @@ mod tests {
         let h = headers(&[("forwarded", "for=198.51.100.1, for=unknown, for=10.0.0.5")]);
         assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.5"));
         let h = headers(&[("x-forwarded-for", "198.51.100.1, garbage")]);
+        assert_eq!(extractor().client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+        // Configured for `Forwarded`, an `X-Forwarded-For` is ignored.
+        let h = headers(&[("x-forwarded-for", "198.51.100.1")]);
         assert_eq!(e.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn only_the_configured_forwarding_header_is_read() {
+        // nginx appends the real peer to X-Forwarded-For and passes the
+        // client's own `Forwarded` through: the default ignores the latter.
+        let e = extractor();
+        assert_eq!(e.forwarded_header, ForwardedHeader::XForwardedFor);
+        for spoof in ["for=6.6.6.6", "for=6.6.6.7", "for=\"[2001:db8::1]\""] {
+            let h = headers(&[("forwarded", spoof), ("x-forwarded-for", "198.51.100.7")]);
+            assert_eq!(e.client_ip(ip("127.0.0.1"), &h), ip("198.51.100.7"), "{spoof}");
+        }
+        // A `Forwarded` alone changes nothing either.
+        let h = headers(&[("forwarded", "for=6.6.6.6")]);
+        assert_eq!(e.client_ip(ip("127.0.0.1"), &h), ip("127.0.0.1"));
+        assert_eq!("Forwarded".parse(), Ok(ForwardedHeader::Forwarded));
+        assert_eq!("x-forwarded-for".parse(), Ok(ForwardedHeader::XForwardedFor));
+        assert!("x-real-ip"
+            .parse::<ForwardedHeader>()
+            .unwrap_err()
+            .starts_with("invalid forwarded_header \"x-real-ip\""));
     }
 
     #[test]

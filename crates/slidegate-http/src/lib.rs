@@ -43,7 +43,7 @@ pub mod serve;
 mod store;
 
 pub use config::{Config, ConfigError, OnError};
-pub use identity::{IdentityExtractor, IdentitySource};
+pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};

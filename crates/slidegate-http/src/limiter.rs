@@ -259,6 +259,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             };
             let base = base
                 .trusted_proxies(config.identity.trusted_proxies.clone())
+                .forwarded_header(config.identity.forwarded_header)
                 .ipv6_prefix(config.identity.ipv6_prefix);
             match &config.identity.api_key_header {
                 Some(h) => base.api_key_header(h.clone()),
