@@ -9,48 +9,12 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use slidegate::algorithm::{fixed_window, gcra, sliding_log, sliding_window_counter, token_bucket};
+use slidegate::algorithm::{sliding_log, IdentityState};
 use slidegate::{Algorithm, Decision, Quota};
 
-#[derive(Clone, Debug)]
-enum State {
-    Counter(sliding_window_counter::State),
-    Fixed(fixed_window::State),
-    Log(sliding_log::Log),
-    Bucket(token_bucket::State),
-    Gcra(gcra::State),
-}
-
-impl State {
-    fn fresh(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::SlidingWindowCounter => State::Counter(Default::default()),
-            Algorithm::FixedWindow => State::Fixed(Default::default()),
-            Algorithm::SlidingLog => State::Log(Default::default()),
-            Algorithm::TokenBucket => State::Bucket(Default::default()),
-            Algorithm::Gcra => State::Gcra(Default::default()),
-        }
-    }
-
-    /// Decides and applies, like a store does.
-    fn decide(&mut self, now: u64, cost: u64, q: &Quota) -> Decision {
-        fn apply<S>(s: &mut S, (next, d): (S, Decision)) -> Decision {
-            *s = next;
-            d
-        }
-        match self {
-            State::Counter(s) => apply(s, sliding_window_counter::decide(*s, now, cost, q)),
-            State::Fixed(s) => apply(s, fixed_window::decide(*s, now, cost, q)),
-            State::Log(log) => sliding_log::decide(log, now, cost, q),
-            State::Bucket(s) => apply(s, token_bucket::decide(*s, now, cost, q)),
-            State::Gcra(s) => apply(s, gcra::decide(*s, now, cost, q)),
-        }
-    }
-
-    /// Decides on a copy, leaving `self` as it is.
-    fn probe(&self, now: u64, cost: u64, q: &Quota) -> Decision {
-        self.clone().decide(now, cost, q)
-    }
+/// Decides on a copy, leaving `state` as it is.
+fn probe(state: &IdentityState, now: u64, cost: u64, q: &Quota) -> Decision {
+    state.clone().decide(now, cost, q)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -73,7 +37,7 @@ proptest! {
     #[test]
     fn decisions_keep_their_promises((algorithm, limit, window, trace) in scenario()) {
         let q = Quota::new(limit, Duration::from_millis(window)).unwrap();
-        let mut state = State::fresh(algorithm);
+        let mut state = IdentityState::new(algorithm);
         let mut now = 1_700_000_000_000u64;
         for (gap, cost) in trace {
             now += gap;
@@ -83,9 +47,9 @@ proptest! {
             if !d.allowed {
                 let wait = ms(d.retry_after.expect("a denial has retry_after"));
                 prop_assert!(wait > 0, "{algorithm}: denied with a zero wait");
-                prop_assert!(before.probe(now + wait, cost, &q).allowed,
+                prop_assert!(probe(&before, now + wait, cost, &q).allowed,
                     "{algorithm}: still denied after retry_after {wait} ms");
-                prop_assert!(!before.probe(now + wait - 1, cost, &q).allowed,
+                prop_assert!(!probe(&before, now + wait - 1, cost, &q).allowed,
                     "{algorithm}: allowed 1 ms before retry_after {wait} ms");
             } else {
                 prop_assert!(d.retry_after.is_none());
@@ -98,9 +62,9 @@ proptest! {
             prop_assert!(!copy.decide(now, 1, &q).allowed, "{algorithm}: more than remaining {} passed", d.remaining);
             // reset_after: the whole limit is available again then, not before.
             let reset = ms(d.reset_after);
-            prop_assert!(state.probe(now + reset, limit, &q).allowed, "{algorithm}: not full after reset_after {reset} ms");
+            prop_assert!(probe(&state, now + reset, limit, &q).allowed, "{algorithm}: not full after reset_after {reset} ms");
             if reset > 0 {
-                prop_assert!(!state.probe(now + reset - 1, limit, &q).allowed,
+                prop_assert!(!probe(&state, now + reset - 1, limit, &q).allowed,
                     "{algorithm}: already full 1 ms before reset_after {reset} ms");
             }
         }

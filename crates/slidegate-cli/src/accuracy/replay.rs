@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use slidegate::algorithm::{fixed_window, gcra, sliding_log, sliding_window_counter, token_bucket};
+use slidegate::algorithm::{gcra, IdentityState};
 use slidegate::{Algorithm, Quota};
 
 use super::traffic::{Class, Traffic};
@@ -99,32 +99,17 @@ pub struct AlgorithmReport {
     pub attacker_admissions: Vec<u64>,
 }
 
-/// One algorithm's state for one source.
-#[derive(Clone)]
-enum State {
-    Counter(sliding_window_counter::State),
-    Fixed(fixed_window::State),
-    Log(sliding_log::Log),
-    Bucket(token_bucket::State),
-    Gcra(gcra::State),
+/// What a state says about permits in the last window at `now`.
+trait Estimate {
+    fn estimate(&self, now: u64, q: &Quota) -> f64;
 }
 
-impl State {
-    fn new(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::SlidingWindowCounter => State::Counter(Default::default()),
-            Algorithm::FixedWindow => State::Fixed(Default::default()),
-            Algorithm::SlidingLog => State::Log(Default::default()),
-            Algorithm::TokenBucket => State::Bucket(Default::default()),
-            Algorithm::Gcra => State::Gcra(Default::default()),
-        }
-    }
-
+impl Estimate for IdentityState {
     /// What the state says about permits in the last window at `now`.
     fn estimate(&self, now: u64, q: &Quota) -> f64 {
         let (w, limit) = (q.window_ms(), q.limit());
         match self {
-            State::Counter(s) => {
+            IdentityState::SlidingWindowCounter(s) => {
                 let window = now / w;
                 let (cur, prev) = if s.window == window {
                     (s.cur, s.prev)
@@ -135,37 +120,23 @@ impl State {
                 };
                 cur as f64 + prev as f64 * (w - now % w) as f64 / w as f64
             }
-            State::Fixed(s) => {
+            IdentityState::FixedWindow(s) => {
                 if s.window == now / w {
                     s.count as f64
                 } else {
                     0.0
                 }
             }
-            State::Log(log) => log.entries().filter(|&t| t + w > now).count() as f64,
-            State::Bucket(s) => {
+            IdentityState::SlidingLog(log) => log.entries().filter(|&t| t + w > now).count() as f64,
+            IdentityState::TokenBucket(s) => {
                 // Tokens missing from a full bucket: the permits it still remembers.
                 let elapsed = now.saturating_sub(s.last_ms).min(w);
                 s.used.saturating_sub(elapsed * limit) as f64 / w as f64
             }
-            State::Gcra(s) => {
+            IdentityState::Gcra(s) => {
                 let t = gcra::emission_interval_us(q);
                 s.tat_us.saturating_sub(now * 1000) as f64 / t as f64
             }
-        }
-    }
-
-    fn decide(&mut self, now: u64, q: &Quota) -> bool {
-        fn apply<S>(s: &mut S, (next, d): (S, slidegate::Decision)) -> bool {
-            *s = next;
-            d.allowed
-        }
-        match self {
-            State::Counter(s) => apply(s, sliding_window_counter::decide(*s, now, 1, q)),
-            State::Fixed(s) => apply(s, fixed_window::decide(*s, now, 1, q)),
-            State::Log(log) => sliding_log::decide(log, now, 1, q).allowed,
-            State::Bucket(s) => apply(s, token_bucket::decide(*s, now, 1, q)),
-            State::Gcra(s) => apply(s, gcra::decide(*s, now, 1, q)),
         }
     }
 }
@@ -179,7 +150,7 @@ pub fn replay(
     mut progress: impl FnMut(u64),
 ) -> AlgorithmReport {
     let sources = traffic.classes.len();
-    let mut states = vec![State::new(algorithm); sources];
+    let mut states = vec![IdentityState::new(algorithm); sources];
     // What this algorithm admitted, per source: the exact log of its output.
     // Admission times, oldest first, of the permits still in the window.
     let mut admitted = vec![VecDeque::<u64>::new(); sources];
@@ -199,7 +170,7 @@ pub fn replay(
         let real = log.len() as u64;
         let exact_allows = real < limit;
         let estimate = states[source].estimate(now, quota);
-        let allowed = states[source].decide(now, quota);
+        let allowed = states[source].decide(now, 1, quota).allowed;
         if allowed {
             log.push_back(now);
             peak[source] = peak[source].max(log.len() as u64);

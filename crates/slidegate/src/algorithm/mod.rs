@@ -110,6 +110,53 @@ impl fmt::Display for Limit {
     }
 }
 
+/// The state of one identity under any of the five algorithms, for callers
+/// that keep state themselves (simulations, replays, custom stores).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityState {
+    /// [`sliding_window_counter`] state.
+    SlidingWindowCounter(sliding_window_counter::State),
+    /// [`fixed_window`] state.
+    FixedWindow(fixed_window::State),
+    /// [`sliding_log`] state.
+    SlidingLog(sliding_log::Log),
+    /// [`token_bucket`] state.
+    TokenBucket(token_bucket::State),
+    /// [`gcra`] state.
+    Gcra(gcra::State),
+}
+
+impl IdentityState {
+    /// A fresh identity under `algorithm`: nothing admitted yet.
+    pub fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingWindowCounter => Self::SlidingWindowCounter(Default::default()),
+            Algorithm::FixedWindow => Self::FixedWindow(Default::default()),
+            Algorithm::SlidingLog => Self::SlidingLog(Default::default()),
+            Algorithm::TokenBucket => Self::TokenBucket(Default::default()),
+            Algorithm::Gcra => Self::Gcra(Default::default()),
+        }
+    }
+
+    /// Decides `cost` permits at `now_ms` and charges them when allowed, as a
+    /// store does. Expects `cost <= quota.limit()`.
+    pub fn decide(&mut self, now_ms: u64, cost: u64, quota: &Quota) -> crate::Decision {
+        fn apply<S>(state: &mut S, (next, decision): (S, crate::Decision)) -> crate::Decision {
+            *state = next;
+            decision
+        }
+        match self {
+            Self::SlidingWindowCounter(s) => {
+                apply(s, sliding_window_counter::decide(*s, now_ms, cost, quota))
+            }
+            Self::FixedWindow(s) => apply(s, fixed_window::decide(*s, now_ms, cost, quota)),
+            Self::SlidingLog(log) => sliding_log::decide(log, now_ms, cost, quota),
+            Self::TokenBucket(s) => apply(s, token_bucket::decide(*s, now_ms, cost, quota)),
+            Self::Gcra(s) => apply(s, gcra::decide(*s, now_ms, cost, quota)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
