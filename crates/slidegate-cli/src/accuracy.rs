@@ -19,10 +19,10 @@ use self::traffic::Class;
 #[derive(clap::Args)]
 pub struct AccuracyArgs {
     /// Requests to replay (about 16 bytes of memory each).
-    #[arg(long, default_value_t = 1_000_000, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = crate::args::count(1..=100_000_000))]
     requests: usize,
     /// Distinct sources (55% steady, 25% near the limit, 12% bursty scrapers, 8% boundary attackers).
-    #[arg(long, default_value_t = 2_000, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 2_000, value_parser = crate::args::count(1..=10_000_000))]
     sources: usize,
     /// Seed of the traffic generator: the same seed gives the same figures.
     #[arg(long, default_value_t = 1)]
@@ -228,13 +228,4 @@ fn plot(
         crate::plot::boundary_burst_svg(&dir.join("accuracy_boundary_attack.svg"), w, &series)?;
     }
     Ok(())
-}
-
-/// Parses a count that must be at least 1, so clap names the flag and the value.
-pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1, got 0".to_owned()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("must be a whole number of at least 1: {e}")),
-    }
 }

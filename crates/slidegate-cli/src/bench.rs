@@ -43,19 +43,19 @@ struct RedisArgs {
     #[arg(long)]
     redis_url: String,
     /// Seconds of load per algorithm.
-    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::seconds(3600.0))]
     seconds: f64,
     /// Redis connections (each multiplexed: requests in flight share it).
-    #[arg(long, default_value_t = 4, value_parser = crate::accuracy::at_least_one)]
+    #[arg(long, default_value_t = 4, value_parser = crate::args::count(1..=64))]
     connections: usize,
     /// Requests in flight per connection.
-    #[arg(long, default_value_t = 32, value_parser = crate::accuracy::at_least_one)]
+    #[arg(long, default_value_t = 32, value_parser = crate::args::count(1..=1024))]
     in_flight: usize,
     /// Identities the load cycles through.
-    #[arg(long, default_value_t = 100_000, value_parser = crate::accuracy::at_least_one)]
+    #[arg(long, default_value_t = 100_000, value_parser = crate::args::count(1..=10_000_000))]
     identities: usize,
     /// Identities created to measure memory per identity (used_memory delta).
-    #[arg(long, default_value_t = 200_000, value_parser = crate::accuracy::at_least_one)]
+    #[arg(long, default_value_t = 200_000, value_parser = crate::args::count(1..=10_000_000))]
     memory_identities: usize,
     /// The limit per window (the article's 100 per 60 s by default).
     #[arg(long, default_value_t = 100)]
@@ -491,13 +491,4 @@ async fn redis_benchmark_p16(host: &str, port: u16, sha: &str, prefix: &str, quo
     let line = text.rsplit('\r').next()?.lines().find(|l| l.contains("requests per second"))?;
     let before = line.split(" requests per second").next()?;
     before.rsplit(' ').next()?.parse().ok()
-}
-
-/// Parses `--seconds`: a finite number above zero.
-fn positive_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(v) => Err(format!("must be a number of seconds above 0, got {v}")),
-        Err(e) => Err(format!("must be a number of seconds above 0: {e}")),
-    }
 }

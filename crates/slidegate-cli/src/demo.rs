@@ -32,8 +32,8 @@ pub struct DemoArgs {
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
     /// Identities in the memory experiment (each sends one request).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    identities: u64,
+    #[arg(long, default_value_t = 100_000, value_parser = crate::args::count(1..=10_000_000))]
+    identities: usize,
 }
 
 /// Window 0 of the boundary burst starts here: a multiple of 60 s.
@@ -81,8 +81,8 @@ pub fn run(args: DemoArgs) -> crate::CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (report, curves) = runtime.block_on(async {
         match &args.redis_url {
-            None => embedded(args.identities).await,
-            Some(url) => on_redis(url, args.identities).await,
+            None => embedded(args.identities as u64).await,
+            Some(url) => on_redis(url, args.identities as u64).await,
         }
     })?;
     if let Some(dir) = &args.plot {

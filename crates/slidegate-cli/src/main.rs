@@ -14,6 +14,7 @@ macro_rules! outln {
 }
 
 mod accuracy;
+mod args;
 mod bench;
 mod demo;
 mod plot;

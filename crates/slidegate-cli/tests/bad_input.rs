@@ -11,21 +11,22 @@ fn stderr(out: &Output) -> String {
 }
 
 #[test]
-fn zero_counts_are_rejected_with_the_flag_named() {
-    for (args, flag) in [
-        (&["accuracy", "--requests", "0"][..], "--requests"),
-        (&["accuracy", "--sources", "0"][..], "--sources"),
-        (&["demo", "--identities", "0"][..], "--identities"),
-        (&["bench", "redis", "--redis-url", "redis://127.0.0.1:1", "--seconds", "0"][..], "--seconds"),
-        (
-            &["bench", "redis", "--redis-url", "redis://127.0.0.1:1", "--connections", "0"][..],
-            "--connections",
-        ),
+fn out_of_range_values_are_rejected_with_the_flag_named() {
+    let bench = ["bench", "redis", "--redis-url", "redis://127.0.0.1:1"];
+    for (args, flag, value) in [
+        (vec!["accuracy", "--requests", "0"], "--requests", "0"),
+        (vec!["accuracy", "--requests", "18446744073709551615"], "--requests", "18446744073709551615"),
+        (vec!["accuracy", "--sources", "0"], "--sources", "0"),
+        (vec!["demo", "--identities", "0"], "--identities", "0"),
+        ([&bench[..], &["--seconds", "0"]].concat(), "--seconds", "0"),
+        ([&bench[..], &["--seconds", "1e300"]].concat(), "--seconds", "1e300"),
+        ([&bench[..], &["--seconds", "NaN"]].concat(), "--seconds", "NaN"),
+        ([&bench[..], &["--connections", "0"]].concat(), "--connections", "0"),
     ] {
-        let out = slidegate(args);
+        let out = slidegate(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = stderr(&out);
-        assert!(err.contains(&format!("invalid value '0' for '{flag}")), "{args:?}: {err}");
+        assert!(err.contains(&format!("invalid value '{value}' for '{flag}")), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
