@@ -378,6 +378,28 @@ fn endpoints_have_independent_limits_and_unmatched_paths_are_not_limited() {
 }
 
 #[test]
+fn path_variants_count_against_the_rule_and_are_forwarded_as_received() {
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    let replies: Vec<Reply> = [
+        "/api/videos/trending/",
+        "//api/videos/trending",
+        "/api/videos/%74rending",
+        "/api/./videos/trending",
+    ]
+    .iter()
+    .map(|target| sg.get(target, &[]))
+    .collect();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(replies[0].header("ratelimit"), Some("\"trending\";r=2;t=60"));
+    assert_eq!(replies[1].body, "GET //api/videos/trending xff=127.0.0.1");
+    assert_eq!(replies[2].body, "GET /api/videos/%74rending xff=127.0.0.1");
+    assert_eq!(replies[3].header("retry-after"), Some("60"));
+    assert_eq!(upstream.hits(), 3);
+}
+
+#[test]
 fn authenticated_clients_get_their_own_larger_quota_per_key() {
     let upstream = Upstream::start();
     let sg = embedded(&upstream);

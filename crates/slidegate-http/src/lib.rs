@@ -47,5 +47,5 @@ pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
-pub use rules::{PathPattern, RuleMatcher};
+pub use rules::{normalize_path, PathPattern, RuleMatcher};
 pub use store::{AnyStore, LazyRedis};

@@ -1,5 +1,12 @@
 //! Which rule a request falls under: method and path pattern, first match wins.
+//!
+//! Rules match the *normalised* path, so that `/api/videos/trending/`,
+//! `//api/videos/trending`, `/api/./videos/trending` and
+//! `/api/videos/%74rending` — which most upstreams serve as the same
+//! resource — fall under the same rule. The request itself is forwarded
+//! with its URI as received.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -80,6 +87,11 @@ impl FromStr for PathPattern {
                 c => literal.push(c),
             }
         }
+        if s.len() > 1 && s.ends_with('/') {
+            return Err(bad(
+                "paths are matched without a trailing '/', so a pattern ending in '/' never matches",
+            ));
+        }
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
@@ -135,10 +147,13 @@ impl RuleMatcher {
         Self { entries }
     }
 
-    /// The index of the first entry matching `method` and `path`. `HEAD`
-    /// counts as `GET` (it is a GET without the body), so a rule on `GET`
-    /// cannot be sidestepped with `HEAD`.
+    /// The index of the first entry matching `method` and `path`, the path
+    /// [normalised](normalize_path) first. `HEAD` counts as `GET` (it is a
+    /// GET without the body), so a rule on `GET` cannot be sidestepped with
+    /// `HEAD`.
     pub fn find(&self, method: &Method, path: &str) -> Option<usize> {
+        let path = normalize_path(path);
+        let path = path.as_ref();
         let applies = |methods: &[Method]| {
             methods.is_empty()
                 || methods.contains(method)
@@ -146,6 +161,81 @@ impl RuleMatcher {
         };
         self.entries.iter().position(|(methods, pattern)| applies(methods) && pattern.matches(path))
     }
+}
+
+/// `path` as rules see it: percent-encoded unreserved characters
+/// (`A-Z a-z 0-9 - . _ ~`) decoded, repeated `/` merged, `.` and `..`
+/// segments resolved (`..` never climbs above the root) and a trailing `/`
+/// dropped except for the root itself. Other escapes (`%2F`, `%20`, …) stay
+/// as they are. Borrows, allocating nothing, when `path` is already normal;
+/// a path not starting with `/` (`*`, an absolute URI) is returned as is.
+///
+/// ```
+/// use slidegate_http::normalize_path;
+///
+/// assert_eq!(normalize_path("/api//videos/./%74rending/"), "/api/videos/trending");
+/// assert_eq!(normalize_path("/a/b/../c%2Fd"), "/a/c%2Fd");
+/// assert!(matches!(normalize_path("/api/videos"), std::borrow::Cow::Borrowed(_)));
+/// ```
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    if !path.starts_with('/') || is_normal(path) {
+        return Cow::Borrowed(path);
+    }
+    let mut decoded = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(i) = rest.find('%') {
+        decoded.push_str(&rest[..i]);
+        match unreserved_escape(&rest.as_bytes()[i..]) {
+            Some(c) => {
+                decoded.push(char::from(c));
+                rest = &rest[i + 3..];
+            }
+            None => {
+                decoded.push('%');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    decoded.push_str(rest);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
+
+/// Whether `path` (starting with `/`) is already what [`normalize_path`] returns.
+fn is_normal(path: &str) -> bool {
+    if path == "/" {
+        return true;
+    }
+    let bytes = path.as_bytes();
+    if bytes.iter().enumerate().any(|(i, &b)| b == b'%' && unreserved_escape(&bytes[i..]).is_some()) {
+        return false;
+    }
+    path[1..].split('/').all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// The unreserved character `%XX` at the start of `bytes` encodes, if any.
+fn unreserved_escape(bytes: &[u8]) -> Option<u8> {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let (hi, lo) = (hex(*bytes.get(1)?)?, hex(*bytes.get(2)?)?);
+    let c = u8::try_from(hi * 16 + lo).ok()?;
+    (c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~')).then_some(c)
 }
 
 #[cfg(test)]
@@ -199,6 +289,8 @@ mod tests {
         assert!("/{id}x".parse::<PathPattern>().unwrap_err().contains("whole path segment"));
         assert!("/{}".parse::<PathPattern>().unwrap_err().contains("needs a name"));
         assert!("/a?b=1".parse::<PathPattern>().unwrap_err().contains("without query"));
+        assert!("/users/".parse::<PathPattern>().unwrap_err().contains("never matches"));
+        assert!("/".parse::<PathPattern>().is_ok());
     }
 
     #[test]
@@ -214,5 +306,54 @@ mod tests {
         assert_eq!(m.find(&Method::DELETE, "/api/search/x"), Some(1));
         assert_eq!(m.find(&Method::POST, "/api/videos/trending"), Some(2));
         assert_eq!(m.find(&Method::GET, "/health"), None);
+    }
+
+    #[test]
+    fn path_variants_fall_under_the_same_rule() {
+        let m = RuleMatcher::new(vec![
+            (vec![Method::GET], p("/api/videos/trending")),
+            (vec![], p("/users/{id}")),
+        ]);
+        for variant in [
+            "/api/videos/trending",
+            "/api/videos/trending/",
+            "//api/videos/trending",
+            "/api//videos///trending//",
+            "/api/videos/%74rending",
+            "/%61pi/videos/TRENDING/../%74%72%65%6E%64%69%6e%67",
+            "/api/./videos/trending",
+            "/api/videos/./trending/.",
+            "/api/x/../videos/trending",
+            "/../../api/videos/trending",
+            "/api/videos/%2e/trending",
+        ] {
+            assert_eq!(m.find(&Method::GET, variant), Some(0), "{variant}");
+        }
+        assert_eq!(m.find(&Method::GET, "/users/7/"), Some(1));
+        // Reserved characters stay encoded: %2F is not a path separator.
+        assert_eq!(m.find(&Method::GET, "/api/videos%2Ftrending"), None);
+        assert_eq!(m.find(&Method::GET, "/api/videos/trending/x/.."), Some(0));
+        assert_eq!(m.find(&Method::GET, "/api/videos/trending/x"), None);
+    }
+
+    #[test]
+    fn normal_paths_are_borrowed_and_others_rewritten() {
+        for normal in ["/", "/api/videos/trending", "/a/b.c/%2F/%20/%zz/%4", "/a/...", "/a%", "*"] {
+            assert!(matches!(normalize_path(normal), Cow::Borrowed(_)), "{normal}");
+        }
+        for (path, expected) in [
+            ("//", "/"),
+            ("/./", "/"),
+            ("/..", "/"),
+            ("/a/", "/a"),
+            ("/a//b", "/a/b"),
+            ("/a/./b/../c", "/a/c"),
+            ("/%7Euser/%41%2f%25", "/~user/A%2f%25"),
+            ("/a/%2E%2E/b", "/b"),
+        ] {
+            let normalised = normalize_path(path);
+            assert!(matches!(normalised, Cow::Owned(_)), "{path}");
+            assert_eq!(normalised, expected, "{path}");
+        }
     }
 }
