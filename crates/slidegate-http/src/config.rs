@@ -16,6 +16,7 @@ use http::{HeaderName, Method, Uri};
 use ipnet::IpNet;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use slidegate::algorithm::sliding_log;
 use slidegate::{Algorithm, Limit, Quota};
 use toml::Spanned;
 
@@ -762,8 +763,23 @@ impl Validator<'_> {
                 };
                 self.err(at, format!("invalid limit: {e}"))
             })?;
-            let limit = Limit::new(raw.algorithm.0 .0, quota);
+            let algorithm = raw.algorithm.0 .0;
+            if algorithm == Algorithm::SlidingLog && quota.limit() > sliding_log::MAX_LIMIT {
+                return Err(self.err(
+                    raw.limit.span(),
+                    format!(
+                        "invalid limit: sliding_log keeps one entry per permit, so its limit must be at most {}, \
+                         got {}; use sliding_window_counter for larger limits",
+                        sliding_log::MAX_LIMIT,
+                        quota.limit()
+                    ),
+                ));
+            }
+            let limit = Limit::new(algorithm, quota);
             let cost = *raw.cost.get_ref();
+            if cost == 0 {
+                return Err(self.err(raw.cost.span(), "cost must be at least 1, got 0"));
+            }
             if cost > quota.limit() {
                 return Err(self.err(
                     raw.cost.span(),
@@ -775,7 +791,10 @@ impl Validator<'_> {
                 None if single => rule.to_owned(),
                 None => format!("{rule}-{}", raw.window.text),
             };
-            if name.is_empty() || name.contains(['"', '\\']) || !name.is_ascii() {
+            if name.is_empty()
+                || name.contains(['"', '\\'])
+                || !name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+            {
                 let at = raw.name.as_ref().map_or(span.clone(), Spanned::span);
                 return Err(self.err(
                     at,
@@ -885,6 +904,34 @@ limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
         assert_eq!(
             err(&rule("{ limit = 5, window = \"1s\", cost = 6 }")),
             (4, 46, "cost 6 exceeds the limit 5: no request could ever pass".into())
+        );
+        assert_eq!(
+            err(&rule("{ limit = 5, window = \"1s\", cost = 0 }")),
+            (4, 46, "cost must be at least 1, got 0".into())
+        );
+        assert_eq!(
+            err(&rule("{ limit = 1000001, window = \"1h\", algorithm = \"sliding_log\" }")),
+            (
+                4,
+                21,
+                "invalid limit: sliding_log keeps one entry per permit, so its limit must be at most 1000000, \
+                 got 1000001; use sliding_window_counter for larger limits"
+                    .into()
+            )
+        );
+        assert!(Config::parse(
+            &rule("{ limit = 1000000, window = \"1h\", algorithm = \"sliding_log\" }"),
+            "t.toml"
+        )
+        .is_ok());
+        assert!(Config::parse(&rule("{ limit = 1000001, window = \"1h\" }"), "t.toml").is_ok());
+        assert_eq!(
+            err(&rule("{ name = \"a\\u0007b\", limit = 1, window = \"1s\" }")),
+            (4, 20, "invalid policy name \"a\\u{7}b\": expected printable ASCII without quotes".into())
+        );
+        assert_eq!(
+            err(&rule("{ name = \"a\\tb\", limit = 1, window = \"1s\" }")),
+            (4, 20, "invalid policy name \"a\\tb\": expected printable ASCII without quotes".into())
         );
         let (l, c, m) = err("[server]\nlisten = \"localhost\"\n");
         assert_eq!((l, c), (2, 10));
