@@ -55,6 +55,10 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         let server = Server::bind(&config).await?;
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.url.as_deref().unwrap_or("embedded");
+        if let Some(admin) = server.admin_addr() {
+            // Announced first: whoever waits for "listening on" knows both.
+            eprintln!("slidegate: admin endpoints on {admin}");
+        }
         eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
         server.run(shutdown).await;
         Ok(ExitCode::SUCCESS)

@@ -233,6 +233,13 @@ impl Slidegate {
         get(self.addr, target, headers)
     }
 
+    /// The admin listener's address, announced before the public one.
+    fn admin_addr(&self) -> SocketAddr {
+        let log = self.log.lock().unwrap();
+        let line = log.lines().find_map(|l| l.strip_prefix("slidegate: admin endpoints on "));
+        line.unwrap_or_else(|| panic!("no admin address announced:\n{log}")).parse().unwrap()
+    }
+
     fn metrics(&self) -> HashMap<String, f64> {
         let reply = self.get("/metrics", &[]);
         assert_eq!(reply.status, 200, "{reply:?}");
@@ -528,6 +535,36 @@ fn admin_endpoints_move_under_a_prefix_and_health_answers() {
     // Without the prefix the upstream's own /metrics is reached.
     assert_eq!(sg.get("/metrics", &[]).body, "GET /metrics xff=127.0.0.1");
     assert_eq!(upstream.hits(), 1);
+}
+
+#[test]
+fn with_admin_listen_the_admin_endpoints_leave_the_public_listener() {
+    let upstream = Upstream::start();
+    let text = config(&upstream, "", "").replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    let sg = Slidegate::start(&text);
+    let admin = sg.admin_addr();
+    assert_ne!(admin, sg.addr);
+    let body = br#"{"rule":"search","key":"user-42","cost":1}"#;
+    // On the public port /v1/check is just another upstream path.
+    let public = request(sg.addr, "POST", "/v1/check", &[("content-type", "application/json")], body);
+    assert_eq!((public.status, public.body.as_str()), (200, "POST /v1/check xff=127.0.0.1"));
+    assert_eq!(sg.get("/metrics", &[]).body, "GET /metrics xff=127.0.0.1");
+    assert_eq!(upstream.hits(), 2);
+    // On the admin port it answers the decision, and nothing is forwarded.
+    let decided = request(admin, "POST", "/v1/check", &[("content-type", "application/json")], body);
+    assert_eq!(decided.status, 200, "{decided:?}");
+    assert_eq!(decided.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    let json: serde_json::Value = serde_json::from_str(&decided.body).unwrap();
+    assert_eq!(
+        (&json["allowed"], &json["remaining"], &json["policy"]),
+        (&true.into(), &1.into(), &"search-60s".into())
+    );
+    let health = get(admin, "/healthz", &[]);
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let metrics = get(admin, "/metrics", &[]);
+    assert!(metrics.body.contains("# TYPE slidegate_store_latency_seconds histogram"), "{}", metrics.body);
+    assert_eq!(get(admin, "/api/search", &[]).status, 404);
+    assert_eq!(upstream.hits(), 2);
 }
 
 #[test]

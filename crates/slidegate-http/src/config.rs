@@ -117,6 +117,9 @@ pub struct ServerConfig {
     pub upstream: Option<Uri>,
     /// The prefix of the admin endpoints (`{prefix}/v1/check`, `/metrics`, `/healthz`); empty by default.
     pub admin_prefix: String,
+    /// A separate address for the admin endpoints; when set they are served
+    /// only there, and the public listener forwards those paths upstream.
+    pub admin_listen: Option<SocketAddr>,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Duration,
     /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
@@ -261,6 +264,7 @@ struct RawServer {
     listen: Option<Parsed<SocketAddr>>,
     upstream: Option<Spanned<String>>,
     admin_prefix: Option<Spanned<String>>,
+    admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
     shutdown_grace: Option<WindowValue>,
     threads: Option<Spanned<u16>>,
 }
@@ -606,10 +610,25 @@ impl Validator<'_> {
                 text.to_owned()
             }
         };
+        let listen = raw.listen.map_or(SocketAddr::from(([127, 0, 0, 1], 8080)), |p| p.0);
+        let admin_listen = match raw.admin_listen {
+            None => None,
+            Some(a) if a.get_ref().0 == listen && listen.port() != 0 => {
+                return Err(self.err(
+                    a.span(),
+                    format!(
+                        "admin_listen {} is the listen address: expected another address, such as \"127.0.0.1:9091\"",
+                        a.get_ref().0
+                    ),
+                ))
+            }
+            Some(a) => Some(a.into_inner().0),
+        };
         Ok(ServerConfig {
-            listen: raw.listen.map_or(SocketAddr::from(([127, 0, 0, 1], 8080)), |p| p.0),
+            listen,
             upstream,
             admin_prefix,
+            admin_listen,
             shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(10), |w| w.duration),
             threads: match raw.threads {
                 Some(t) if *t.get_ref() == 0 => return Err(self.err(t.span(), "threads must be at least 1")),
@@ -966,6 +985,20 @@ limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
         let (l, c, m) = err("[identity]\nforwarded_headers = \"forwarded\"\n");
         assert_eq!((l, c), (2, 1));
         assert!(m.starts_with("unknown field `forwarded_headers`"), "{m}");
+    }
+
+    #[test]
+    fn admin_listen_is_optional_and_located_when_bad() {
+        let c = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\n", "t.toml").unwrap();
+        assert_eq!(c.server.admin_listen, None);
+        let c = Config::parse("[server]\nadmin_listen = \"127.0.0.1:9091\"\n", "t.toml").unwrap();
+        assert_eq!(c.server.admin_listen, Some("127.0.0.1:9091".parse().unwrap()));
+        let (l, c, m) = err("[server]\nadmin_listen = \"localhost\"\n");
+        assert_eq!((l, c), (2, 16));
+        assert!(m.contains("invalid socket address"), "{m}");
+        let (l, c, m) = err("[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"\n");
+        assert_eq!((l, c), (3, 16));
+        assert_eq!(m, "admin_listen 127.0.0.1:8080 is the listen address: expected another address, such as \"127.0.0.1:9091\"");
     }
 
     #[test]

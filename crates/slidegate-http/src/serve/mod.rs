@@ -4,7 +4,8 @@
 //! Requests under `[server] admin_prefix` go to the admin endpoints
 //! (`/v1/check`, `/metrics`, `/healthz`); every other request is decided by
 //! the rules and, unless denied, forwarded to the upstream with both bodies
-//! streamed.
+//! streamed. With `[server] admin_listen` the admin endpoints are served on
+//! that address only, and the public listener forwards every path.
 
 mod admin;
 mod proxy;
@@ -56,6 +57,9 @@ pub(crate) struct State {
     /// Set once the thread's runtime runs.
     pub(crate) proxy: Option<proxy::Proxy>,
     pub(crate) admin_prefix: String,
+    /// Whether this listener serves the admin endpoints (false on the public
+    /// listener when they have their own).
+    pub(crate) admin_here: bool,
 }
 
 /// A bound, ready server.
@@ -69,6 +73,7 @@ pub(crate) struct State {
 /// (and Redis' connection) is shared.
 pub struct Server {
     listener: TcpListener,
+    admin_listener: Option<TcpListener>,
     threads: usize,
     limiter: RateLimiter<AnyStore>,
     upstream: http::Uri,
@@ -97,8 +102,15 @@ impl Server {
             .max(1);
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+        let admin_listener = match config.server.admin_listen {
+            None => None,
+            Some(addr) => {
+                Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
+            }
+        };
         Ok(Self {
             listener,
+            admin_listener,
             threads,
             limiter,
             upstream,
@@ -112,15 +124,35 @@ impl Server {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
+    /// The address the admin endpoints are served on when `[server]
+    /// admin_listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` completes, then stops accepting and waits up to
     /// the configured grace period for open connections to finish.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let admin_here = self.admin_listener.is_none();
+        let admin = self.admin_listener.map(|listener| {
+            let state = State {
+                limiter: self.limiter.clone(),
+                proxy: None,
+                admin_prefix: self.admin_prefix.clone(),
+                admin_here: true,
+            };
+            tokio::spawn(serve_admin(listener, Arc::new(state)))
+        });
         let mut workers = Vec::with_capacity(self.threads);
         let mut threads = Vec::with_capacity(self.threads);
         for i in 0..self.threads {
             let (hand, connections) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
-            let state =
-                State { limiter: self.limiter.clone(), proxy: None, admin_prefix: self.admin_prefix.clone() };
+            let state = State {
+                limiter: self.limiter.clone(),
+                proxy: None,
+                admin_prefix: self.admin_prefix.clone(),
+                admin_here,
+            };
             let (upstream, grace) = (self.upstream.clone(), self.grace);
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -165,6 +197,9 @@ impl Server {
             }
         }
         drop(self.listener);
+        if let Some(admin) = admin {
+            admin.abort();
+        }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         tracing::info!("shutting down: waiting for open connections");
@@ -228,6 +263,55 @@ async fn worker(
     }
 }
 
+/// The admin listener: few, short requests, served on the acceptor's runtime.
+async fn serve_admin(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                tracing::warn!(%err, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let state = Arc::clone(&state);
+        let service = service_fn(move |request: Request<Incoming>| {
+            let state = Arc::clone(&state);
+            async move { Ok::<_, Infallible>(handle_admin(&state, request).await) }
+        });
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, %peer, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+/// A request on the admin listener: an admin endpoint, or 404.
+async fn handle_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+    if let Some(endpoint) = admin_endpoint(state, request.uri().path()) {
+        return admin::handle(state, endpoint, request).await;
+    }
+    let path = request.uri().path();
+    boxed(crate::headers::problem(
+        http::StatusCode::NOT_FOUND,
+        "about:blank",
+        "Not Found",
+        &format!(
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics or {0}/healthz",
+            state.admin_prefix
+        ),
+        Some(path),
+    ))
+}
+
+fn admin_endpoint(state: &State, path: &str) -> Option<admin::Endpoint> {
+    path.strip_prefix(state.admin_prefix.as_str()).and_then(admin::Endpoint::from_path)
+}
+
 async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
     match &config.store.url {
         None => Ok(AnyStore::Memory(MemoryStore::new())),
@@ -252,8 +336,8 @@ async fn handle(
     peer: SocketAddr,
     peer_value: &http::HeaderValue,
 ) -> Response<ServeBody> {
-    if let Some(rest) = request.uri().path().strip_prefix(state.admin_prefix.as_str()) {
-        if let Some(endpoint) = admin::Endpoint::from_path(rest) {
+    if state.admin_here {
+        if let Some(endpoint) = admin_endpoint(state, request.uri().path()) {
             return admin::handle(state, endpoint, request).await;
         }
     }
