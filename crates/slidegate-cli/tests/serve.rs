@@ -727,34 +727,14 @@ fn fail_closed_rules_answer_503_while_redis_is_down() {
     assert_eq!(upstream.hits(), 2);
 }
 
-/// The configuration of issue 4, word for word except for the addresses:
-/// tests never touch port 6379 or 8080.
-const ISSUE_EXAMPLE: &str = r#"[server]
-listen = "127.0.0.1:8080"
-upstream = "http://127.0.0.1:9000"
+/// The configuration of issue 4, word for word (also the README's). Tests
+/// rewrite its addresses: they never touch port 6379 or 8080.
+const ISSUE_EXAMPLE: &str = include_str!("../../../examples/slidegate.toml");
 
-[store]
-url = "redis://127.0.0.1:6379"   # omit for the embedded store
-timeout_ms = 50
-on_error = "allow"               # or "deny"
-
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "SLIDEGATE_IP_SECRET"
-trusted_proxies = ["127.0.0.1/32"]
-
-[[rules]]
-name = "trending"
-path = "/api/videos/trending"
-methods = ["GET"]
-anonymous = [{ limit = 100, window = "60s", algorithm = "sliding_window_counter" }]
-authenticated = [{ limit = 1000, window = "60s", algorithm = "sliding_log" }]
-
-[[rules]]
-name = "search"
-path = "/api/search*"
-limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
-"#;
+/// The Redis URL the example names, to be replaced by a test server's.
+fn example_redis_url() -> &'static str {
+    ISSUE_EXAMPLE.lines().find_map(|l| l.strip_prefix("url = \"")?.split('"').next()).unwrap()
+}
 
 #[test]
 fn the_issue_example_config_checks_and_serves_on_redis() {
@@ -763,7 +743,7 @@ fn the_issue_example_config_checks_and_serves_on_redis() {
     let text = ISSUE_EXAMPLE
         .replace("127.0.0.1:8080", "127.0.0.1:0")
         .replace("http://127.0.0.1:9000", &format!("http://{}", upstream.addr))
-        .replace("redis://127.0.0.1:6379", &redis.url());
+        .replace(example_redis_url(), &redis.url());
     assert_eq!(text.lines().count(), ISSUE_EXAMPLE.lines().count());
     let (_dir, path) = write_config(&text);
     let out = Command::new(binary())

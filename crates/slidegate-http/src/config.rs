@@ -837,33 +837,13 @@ impl Validator<'_> {
 mod tests {
     use super::*;
 
-    /// The configuration of issue 4, word for word.
-    pub(crate) const ISSUE_EXAMPLE: &str = r#"[server]
-listen = "127.0.0.1:8080"
-upstream = "http://127.0.0.1:9000"
+    /// The configuration of issue 4, word for word (also the README's).
+    pub(crate) const ISSUE_EXAMPLE: &str = include_str!("../../../examples/slidegate.toml");
 
-[store]
-url = "redis://127.0.0.1:6379"   # omit for the embedded store
-timeout_ms = 50
-on_error = "allow"               # or "deny"
-
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "SLIDEGATE_IP_SECRET"
-trusted_proxies = ["127.0.0.1/32"]
-
-[[rules]]
-name = "trending"
-path = "/api/videos/trending"
-methods = ["GET"]
-anonymous = [{ limit = 100, window = "60s", algorithm = "sliding_window_counter" }]
-authenticated = [{ limit = 1000, window = "60s", algorithm = "sliding_log" }]
-
-[[rules]]
-name = "search"
-path = "/api/search*"
-limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
-"#;
+    /// The Redis URL the example names; tests only parse it, never connect.
+    pub(crate) fn example_redis_url() -> &'static str {
+        ISSUE_EXAMPLE.lines().find_map(|l| l.strip_prefix("url = \"")?.split('"').next()).unwrap()
+    }
 
     fn err(source: &str) -> (usize, usize, String) {
         let e = Config::parse(source, "t.toml").unwrap_err();
@@ -877,7 +857,7 @@ limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
         std::env::set_var("SLIDEGATE_IP_SECRET", "test-secret");
         let c = Config::parse(ISSUE_EXAMPLE, "slidegate.toml").unwrap();
         assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(c.store.url.as_deref(), Some("redis://127.0.0.1:6379"));
+        assert_eq!(c.store.url.as_deref(), Some(example_redis_url()));
         assert_eq!(c.store.timeout, Duration::from_millis(50));
         assert_eq!(c.store.on_error, OnError::Allow);
         assert_eq!(c.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
