@@ -1,0 +1,85 @@
+//! Rule matching and path normalisation on arbitrary input: they never panic,
+//! normalising is idempotent, and a pattern matches a path exactly when it
+//! matches the path's normal form (so path variants cannot dodge a rule).
+
+use proptest::prelude::*;
+use slidegate_http::{normalize_path, PathPattern};
+
+fn path() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop_oneof![
+            Just("/".to_owned()),
+            Just("//".to_owned()),
+            Just(".".to_owned()),
+            Just("..".to_owned()),
+            Just("%".to_owned()),
+            Just("%2".to_owned()),
+            Just("%41".to_owned()),
+            Just("%2F".to_owned()),
+            Just("%7e".to_owned()),
+            Just("api".to_owned()),
+            Just("a".to_owned()),
+            Just("é".to_owned()),
+            "[a-z0-9._~-]{1,3}",
+        ],
+        0..12,
+    )
+    .prop_map(|parts| format!("/{}", parts.concat()))
+}
+
+fn pattern() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop_oneof![Just("/".to_owned()), Just("*".to_owned()), Just("{id}".to_owned()), "[a-z.]{1,3}"],
+        0..6,
+    )
+    .prop_map(|parts| format!("/{}", parts.concat()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn normalising_is_total_and_idempotent(p in path()) {
+        let once = normalize_path(&p).into_owned();
+        prop_assert!(once.starts_with('/'), "{p:?} -> {once:?}");
+        let twice = normalize_path(&once).into_owned();
+        prop_assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn matching_never_panics(pat in pattern(), p in path()) {
+        if let Ok(pattern) = pat.parse::<PathPattern>() {
+            let normal = normalize_path(&p);
+            let _ = pattern.matches(&p);
+            let _ = pattern.matches(&normal);
+        }
+    }
+
+    #[test]
+    fn decorated_paths_normalise_to_the_plain_one(
+        segments in proptest::collection::vec("[a-z0-9_~-]{1,4}", 1..6),
+        decorations in proptest::collection::vec(0..4u8, 6),
+        trailing in any::<bool>(),
+    ) {
+        let plain = format!("/{}", segments.join("/"));
+        let mut decorated = String::new();
+        for (segment, decoration) in segments.iter().zip(&decorations) {
+            decorated.push_str(match decoration {
+                0 => "/",
+                1 => "//",
+                2 => "/./",
+                _ => "/x/../",
+            });
+            // Percent-encode the first character: always unreserved here.
+            let mut chars = segment.chars();
+            let first = chars.next().expect("segments are non-empty");
+            decorated.push_str(&format!("%{:02X}", first as u32));
+            decorated.push_str(chars.as_str());
+        }
+        if trailing {
+            decorated.push('/');
+        }
+        let normal = normalize_path(&decorated).into_owned();
+        prop_assert_eq!(normal, plain, "{}", decorated);
+    }
+}
