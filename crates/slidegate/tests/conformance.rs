@@ -313,6 +313,36 @@ async fn identities_and_limits_are_independent<S: Store>(store: &S, clock: &Manu
     assert!(one(store, "x", &l, 0).await.allowed);
 }
 
+/// A clock that steps back across a window boundary (a failover to a Redis
+/// whose clock is behind) forgets no permit, and the wait it reports is still
+/// exact to the millisecond.
+async fn a_clock_stepping_back_forgets_nothing<S: Store>(store: &S, clock: &ManualClock) {
+    // (algorithm, retry_after at 200 ms before the permits were stamped)
+    let expected = [
+        // as at the start of window 5: next window at 334 ms, plus the 100 ms step
+        (Algorithm::SlidingWindowCounter, 1434),
+        (Algorithm::FixedWindow, 1100),
+        (Algorithm::SlidingLog, 1200),
+        // refills from the stamp at 5100, one token per 333⅓ ms
+        (Algorithm::TokenBucket, 534),
+        (Algorithm::Gcra, 534),
+    ];
+    for (algorithm, retry) in expected {
+        let l = limit(algorithm, 3, 1000);
+        let key = format!("step-back-{algorithm}");
+        clock.set(T0 + 5_100);
+        assert!(one(store, &key, &l, 3).await.allowed, "{algorithm}");
+        clock.set(T0 + 4_900);
+        let d = one(store, &key, &l, 1).await;
+        assert_eq!((d.allowed, d.remaining), (false, 0), "{algorithm}: the three permits still count");
+        assert_eq!(d.retry_after, Some(ms(retry)), "{algorithm}");
+        clock.advance(ms(retry) - MS);
+        assert!(!one(store, &key, &l, 1).await.allowed, "{algorithm}: 1 ms before retry_after");
+        clock.advance(MS);
+        assert!(one(store, &key, &l, 1).await.allowed, "{algorithm}: at retry_after");
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -356,4 +386,5 @@ conformance!(
     invalid_requests_are_errors,
     decide_all_is_all_or_nothing,
     identities_and_limits_are_independent,
+    a_clock_stepping_back_forgets_nothing,
 );

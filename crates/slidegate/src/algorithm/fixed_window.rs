@@ -20,7 +20,9 @@ pub struct State {
 /// Decides `cost` permits at `now_ms`.
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
     let w = quota.window_ms();
-    let window = now_ms / w;
+    // A clock that stepped back decides as at the start of the state's window.
+    let skew = if state.count > 0 { super::skew_ms(state.window, now_ms, w) } else { 0 };
+    let window = (now_ms + skew) / w;
     let count = if state.window == window { state.count } else { 0 };
     let until_next = (window + 1) * w - now_ms;
     let allowed = count + cost <= quota.limit();
@@ -32,7 +34,8 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
         reset_after: Duration::from_millis(if count == 0 { 0 } else { until_next }),
         retry_after: (!allowed).then(|| Duration::from_millis(until_next)),
     };
-    if allowed {
+    // A denial or a peek (cost 0) changes nothing, as on Redis, where neither writes.
+    if allowed && cost > 0 {
         (State { window, count }, decision)
     } else {
         (state, decision)

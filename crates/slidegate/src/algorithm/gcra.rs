@@ -33,11 +33,13 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
     let decision = Decision {
         allowed,
         limit: quota.limit(),
-        remaining: (horizon - settled) / t,
+        // Only a clock that stepped back can leave the TAT past the horizon.
+        remaining: horizon.saturating_sub(settled) / t,
         reset_after: ceil_ms(settled - now),
         retry_after: (!allowed).then(|| ceil_ms(tat - horizon)),
     };
-    if allowed {
+    // A denial or a peek (cost 0) changes nothing, as on Redis, where neither writes.
+    if allowed && cost > 0 {
         (State { tat_us: tat }, decision)
     } else {
         (state, decision)

@@ -8,7 +8,11 @@
 //!
 //! Every function here expects `cost <= quota.limit()`; the stores check that
 //! first and report a larger cost as an error ([`crate::StoreError::CostExceedsLimit`]).
-//! Time is expected not to go backwards for one identity.
+//! Time is expected not to go backwards for one identity. When a clock steps
+//! back anyway (a Redis failover, an NTP step), the window algorithms decide
+//! as at the start of the state's own window instead of forgetting it, the
+//! token bucket and GCRA never refill backwards, and the log keeps counting
+//! permits stamped in the future.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -108,6 +112,17 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.quota, self.algorithm)
     }
+}
+
+/// How far `now_ms` lies before the start of window `window` (0 when it does not).
+///
+/// A clock that stepped back — a Redis failover to a server whose clock is
+/// behind, an NTP step — must not forget what was counted in a later window.
+/// The window algorithms then decide as at the start of the state's own
+/// window and add this difference to every wait, so the waits stay exact.
+/// A state that counts nothing has nothing to remember and never skews.
+pub(crate) fn skew_ms(window: u64, now_ms: u64, w: u64) -> u64 {
+    (window * w).saturating_sub(now_ms)
 }
 
 /// The state of one identity under any of the five algorithms, for callers

@@ -71,13 +71,19 @@ pub fn check(log: &Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
 pub fn record(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) {
     let first = log.first_live(now_ms, quota.window_ms());
     log.entries.drain(..first);
+    // Entries stay sorted even after a clock stepped back (newer stamps
+    // already in the log): the new ones go before them, as in a sorted set.
+    let at = log.entries.partition_point(|&t| t <= now_ms);
+    let later = log.entries.split_off(at);
     log.entries.extend(std::iter::repeat_n(now_ms, cost as usize));
+    log.entries.extend(later);
 }
 
 /// Decides `cost` permits at `now_ms` and charges them when allowed.
 pub fn decide(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
     let decision = check(log, now_ms, cost, quota);
-    if decision.allowed {
+    // A peek (cost 0) writes nothing, as on Redis.
+    if decision.allowed && cost > 0 {
         record(log, now_ms, cost, quota);
     }
     decision

@@ -14,6 +14,9 @@
 //! which admits a request whenever the estimate is fractional just below the
 //! limit, so its boundary burst lets 101–102 through; this rule lets 100.)
 //!
+//! Time is expected not to go backwards; when a clock steps back, the
+//! decision is taken as at the start of the state's own window.
+//!
 //! `retry_after` is exact: with no new arrivals, `cur` and `prev` are fixed
 //! until the window ends and the estimate falls linearly, so the first
 //! millisecond at which the request fits has a closed form (see [`decide`]).
@@ -56,6 +59,9 @@ impl State {
 ///   elapsed `W − ⌊(limit − cost) × W / cur⌋` into it.
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
     let (w, limit) = (quota.window_ms(), quota.limit());
+    let counted = state.cur > 0 || state.prev > 0;
+    let skew = if counted { super::skew_ms(state.window, now_ms, w) } else { 0 };
+    let now_ms = now_ms + skew;
     let window = now_ms / w;
     let elapsed = now_ms % w;
     let (cur, prev) = state.counters_at(window);
@@ -89,10 +95,11 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
         allowed,
         limit,
         remaining,
-        reset_after: Duration::from_millis(reset_after),
-        retry_after: retry_after.map(Duration::from_millis),
+        reset_after: Duration::from_millis(if reset_after == 0 { 0 } else { reset_after + skew }),
+        retry_after: retry_after.map(|wait| Duration::from_millis(wait + skew)),
     };
-    if allowed {
+    // A denial or a peek (cost 0) changes nothing, as on Redis, where neither writes.
+    if allowed && cost > 0 {
         (State { window, cur: cur_after, prev }, decision)
     } else {
         (state, decision)

@@ -31,17 +31,22 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
     let (w, limit) = (quota.window_ms(), quota.limit());
     let capacity = limit * w;
     let used = used_at(&state, now_ms, quota);
+    // A clock that stepped back: the bucket refills from `last_ms`, not from now.
+    let skew = state.last_ms.saturating_sub(now_ms);
     let need = cost * w;
     let allowed = used + need <= capacity;
     let used_after = if allowed { used + need } else { used };
+    let reset_after = used_after.div_ceil(limit);
     let decision = Decision {
         allowed,
         limit,
         remaining: (capacity - used_after) / w,
-        reset_after: Duration::from_millis(used_after.div_ceil(limit)),
-        retry_after: (!allowed).then(|| Duration::from_millis((used + need - capacity).div_ceil(limit))),
+        reset_after: Duration::from_millis(if reset_after == 0 { 0 } else { reset_after + skew }),
+        retry_after: (!allowed)
+            .then(|| Duration::from_millis((used + need - capacity).div_ceil(limit) + skew)),
     };
-    if allowed {
+    // A denial or a peek (cost 0) changes nothing, as on Redis, where neither writes.
+    if allowed && cost > 0 {
         let last_ms = now_ms.max(state.last_ms);
         (State { used: used_after, last_ms }, decision)
     } else {

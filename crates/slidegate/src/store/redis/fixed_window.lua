@@ -24,11 +24,18 @@ end
 local function fw_decide(cost, limit, w, s_window, s_count)
   local elapsed = fmod(now, w)
   local window = fmod((now - elapsed) / w, TWO_32)
+  local skew = 0
+  if s_count > 0 then
+    skew = window_skew(s_window, window, elapsed, w)
+  end
+  if skew > 0 then
+    elapsed, window = 0, s_window
+  end
   local count = 0
   if s_window == window then
     count = s_count
   end
-  local until_next = w - elapsed
+  local until_next = w - elapsed + skew
   local allowed = count + cost <= limit
   if allowed then
     count = count + cost

@@ -26,7 +26,12 @@ local function gcra_decide(cost, limit, w, s_tat)
   else
     retry = div_ceil(tat - horizon, 1000)
   end
-  return allowed, div_floor(horizon - settled, t), div_ceil(settled - now_us, 1000), retry, tat
+  -- Only a clock that stepped back can leave the TAT past the horizon.
+  local remaining = 0
+  if horizon > settled then
+    remaining = div_floor(horizon - settled, t)
+  end
+  return allowed, remaining, div_ceil(settled - now_us, 1000), retry, tat
 end
 
 -- The state stops mattering once now reaches the TAT.

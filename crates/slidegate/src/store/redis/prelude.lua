@@ -53,6 +53,23 @@ local function div_ceil(a, b)
   return (a - r) / b + 1
 end
 
+-- How far now lies before the start of the state's window s_window (0 when
+-- it does not), mirroring algorithm::skew_ms: a clock that stepped back
+-- decides as at the start of the state's own window. Window numbers are kept
+-- modulo 2^32; a state "ahead" by 2^31 windows or more is taken as behind
+-- (Redis expires window states after two windows, so only a clock step of
+-- that size could be misread).
+local function window_skew(s_window, window, elapsed, w)
+  if s_window < 0 then
+    return 0
+  end
+  local ahead = fmod(s_window - window + TWO_32, TWO_32)
+  if ahead > 0 and ahead < TWO_32 / 2 then
+    return ahead * w - elapsed
+  end
+  return 0
+end
+
 -- The expiry arguments for a state that stops mattering at idle_at (ms).
 local function expiry(idle_at)
   if client_time then

@@ -24,6 +24,13 @@ end
 local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
   local elapsed = fmod(now, w)
   local window = fmod((now - elapsed) / w, TWO_32)
+  local skew = 0
+  if s_cur > 0 or s_prev > 0 then
+    skew = window_skew(s_window, window, elapsed, w)
+  end
+  if skew > 0 then
+    elapsed, window = 0, s_window
+  end
   local cur, prev = 0, 0
   if s_window == window then
     cur, prev = s_cur, s_prev
@@ -67,6 +74,12 @@ local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
       end
       retry = (w - elapsed) + at_next
     end
+  end
+  if reset > 0 then
+    reset = reset + skew
+  end
+  if retry >= 0 then
+    retry = retry + skew
   end
   return allowed, remaining, reset, retry, window, cur_after, prev, s_window == window
 end

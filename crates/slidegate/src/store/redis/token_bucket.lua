@@ -36,17 +36,22 @@ local function tb_decide(cost, limit, w, s_used, s_last)
   local need = cost * w
   -- need ≤ capacity − used rather than used + need ≤ capacity: the sum could pass 2^53.
   local allowed = need <= capacity - used
+  -- A clock that stepped back: the bucket refills from s_last, not from now.
+  local skew = 0
+  if s_last > now then
+    skew = s_last - now
+  end
   local used_after, retry = used, -1
   if allowed then
     used_after = used + need
   else
-    retry = div_ceil(need - (capacity - used), limit)
+    retry = div_ceil(need - (capacity - used), limit) + skew
   end
-  local last = now
-  if s_last > now then
-    last = s_last
+  local reset = div_ceil(used_after, limit)
+  if reset > 0 then
+    reset = reset + skew
   end
-  return allowed, div_floor(capacity - used_after, w), div_ceil(used_after, limit), retry, used_after, last
+  return allowed, div_floor(capacity - used_after, w), reset, retry, used_after, now + skew
 end
 
 -- The bucket is full again, and the state forgettable, ⌈used / limit⌉ ms after last.
