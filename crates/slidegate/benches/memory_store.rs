@@ -25,7 +25,9 @@ use governor::clock::FakeRelativeClock;
 use governor::RateLimiter;
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
 
-const IDENTITIES: usize = 1_000_000;
+mod common;
+use common::{scattered, KeyWriter, IDENTITIES};
+
 const RATE: u32 = 100_000;
 /// Decisions per simulated millisecond: below `RATE / 1000`, so all are allowed.
 const PER_MS: u64 = 64;
@@ -36,45 +38,6 @@ fn limit(algorithm: Algorithm) -> Limit {
 
 fn governor_quota() -> governor::Quota {
     governor::Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
-}
-
-/// Writes identity keys `user:<i>` into one reused buffer, as a server
-/// would find the key in the request it is handling: in cache, no
-/// allocation. (A pre-built `Vec<String>` of a million keys would add two
-/// cache misses per decision that have nothing to do with the limiter.)
-struct KeyWriter {
-    buf: [u8; 32],
-}
-
-impl KeyWriter {
-    fn new() -> Self {
-        let mut buf = [0; 32];
-        buf[..5].copy_from_slice(b"user:");
-        Self { buf }
-    }
-
-    fn key(&mut self, mut i: usize) -> &str {
-        let mut digits = [0u8; 20];
-        let mut n = 0;
-        loop {
-            digits[n] = b'0' + (i % 10) as u8;
-            n += 1;
-            i /= 10;
-            if i == 0 {
-                break;
-            }
-        }
-        for (slot, digit) in self.buf[5..5 + n].iter_mut().zip(digits[..n].iter().rev()) {
-            *slot = *digit;
-        }
-        std::str::from_utf8(&self.buf[..5 + n]).expect("ASCII digits")
-    }
-}
-
-/// The `i`-th identity visited: a stride coprime to the count scatters visits
-/// over the table instead of walking it in insertion order.
-fn scattered(i: u64) -> usize {
-    (i.wrapping_mul(7_919) % IDENTITIES as u64) as usize
 }
 
 fn one_identity(c: &mut Criterion) {

@@ -27,43 +27,11 @@ use governor::clock::FakeRelativeClock;
 use governor::RateLimiter;
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
 
-const IDENTITIES: usize = 1_000_000;
+mod common;
+use common::{scattered, KeyWriter, IDENTITIES};
+
 const RATE: u32 = 100_000;
 const PER_MS: u64 = 64;
-
-/// Writes `user:<i>` into a reused buffer.
-struct KeyWriter {
-    buf: [u8; 32],
-}
-
-impl KeyWriter {
-    fn new() -> Self {
-        let mut buf = [0; 32];
-        buf[..5].copy_from_slice(b"user:");
-        Self { buf }
-    }
-
-    fn key(&mut self, mut i: usize) -> &str {
-        let mut digits = [0u8; 20];
-        let mut n = 0;
-        loop {
-            digits[n] = b'0' + (i % 10) as u8;
-            n += 1;
-            i /= 10;
-            if i == 0 {
-                break;
-            }
-        }
-        for (slot, digit) in self.buf[5..5 + n].iter_mut().zip(digits[..n].iter().rev()) {
-            *slot = *digit;
-        }
-        std::str::from_utf8(&self.buf[..5 + n]).expect("ASCII digits")
-    }
-}
-
-fn scattered(i: u64) -> usize {
-    (i.wrapping_mul(7_919) % IDENTITIES as u64) as usize
-}
 
 /// A contender: runs `n` decisions starting at step `from`, returns ns per decision.
 type Contender<'a> = (&'a str, Box<dyn FnMut(u64, u64) -> f64 + 'a>);
