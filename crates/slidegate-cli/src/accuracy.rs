@@ -44,7 +44,8 @@ pub struct AccuracyArgs {
 /// Runs `slidegate accuracy`.
 pub fn run(args: AccuracyArgs) -> crate::CommandResult {
     let quota = Quota::new(args.limit, std::time::Duration::from_secs(args.window_secs))?;
-    let traffic = traffic::generate(args.requests, args.sources, quota.limit(), quota.window_ms(), args.seed);
+    let traffic =
+        traffic::generate(args.requests, args.sources, quota.permits(), quota.window_ms(), args.seed);
     let total = traffic.requests.len() as u64 * Algorithm::ALL.len() as u64;
     let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new(total);
@@ -117,7 +118,7 @@ fn to_json(
         "requests": traffic.requests.len(),
         "sources": traffic.classes.len(),
         "seed": args.seed,
-        "limit": quota.limit(),
+        "limit": quota.permits(),
         "window_ms": quota.window_ms(),
         "algorithms": algorithms,
     })

@@ -141,7 +141,7 @@ impl Subject {
                     .key(format!("{prefix}{key}"))
                     .arg(now)
                     .arg(quota.window_ms())
-                    .arg(quota.limit())
+                    .arg(quota.permits())
                     .invoke_async(&mut conn)
                     .await?;
                 Ok(allowed == 1)
@@ -291,7 +291,7 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
                 "in_flight_per_connection": args.in_flight,
                 "identities": args.identities,
                 "memory_identities": args.memory_identities,
-                "limit": quota.limit(),
+                "limit": quota.permits(),
                 "window_ms": quota.window_ms(),
                 "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
             },
@@ -482,7 +482,7 @@ async fn redis_benchmark_p16(host: &str, port: u16, sha: &str, prefix: &str, quo
         .args(["EVALSHA", sha, "1", &format!("{prefix}__rand_int__")])
         .arg(system_ms().to_string())
         .arg(quota.window_ms().to_string())
-        .arg(quota.limit().to_string())
+        .arg(quota.permits().to_string())
         .output()
         .await
         .ok()?;

@@ -783,14 +783,14 @@ impl Validator<'_> {
                 self.err(at, format!("invalid limit: {e}"))
             })?;
             let algorithm = raw.algorithm.0 .0;
-            if algorithm == Algorithm::SlidingLog && quota.limit() > sliding_log::MAX_LIMIT {
+            if algorithm == Algorithm::SlidingLog && quota.permits() > sliding_log::MAX_LIMIT {
                 return Err(self.err(
                     raw.limit.span(),
                     format!(
                         "invalid limit: sliding_log keeps one entry per permit, so its limit must be at most {}, \
                          got {}; use sliding_window_counter for larger limits",
                         sliding_log::MAX_LIMIT,
-                        quota.limit()
+                        quota.permits()
                     ),
                 ));
             }
@@ -799,10 +799,10 @@ impl Validator<'_> {
             if cost == 0 {
                 return Err(self.err(raw.cost.span(), "cost must be at least 1, got 0"));
             }
-            if cost > quota.limit() {
+            if cost > quota.permits() {
                 return Err(self.err(
                     raw.cost.span(),
-                    format!("cost {cost} exceeds the limit {}: no request could ever pass", quota.limit()),
+                    format!("cost {cost} exceeds the limit {}: no request could ever pass", quota.permits()),
                 ));
             }
             let name = match &raw.name {
@@ -865,7 +865,7 @@ mod tests {
         assert_eq!(c.identity.trusted_proxies, vec!["127.0.0.1/32".parse::<IpNet>().unwrap()]);
         assert_eq!(c.rules.len(), 2);
         let RuleLimits::Split { authenticated, anonymous } = &c.rules[0].limits else { panic!() };
-        assert_eq!((anonymous[0].name.as_str(), anonymous[0].limit.quota.limit()), ("trending", 100));
+        assert_eq!((anonymous[0].name.as_str(), anonymous[0].limit.quota.permits()), ("trending", 100));
         assert_eq!(authenticated[0].limit.algorithm, Algorithm::SlidingLog);
         assert_eq!(c.rules[0].methods, vec![Method::GET]);
         let RuleLimits::Shared { identity, limits } = &c.rules[1].limits else { panic!() };

@@ -57,7 +57,7 @@ fn policy_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
         out.push(b'"');
         out.extend_from_slice(p.name.as_bytes());
         out.extend_from_slice(b"\";q=");
-        push_u64(&mut out, p.quota.limit());
+        push_u64(&mut out, p.quota.permits());
         out.extend_from_slice(b";w=");
         push_u64(&mut out, ceil_secs(p.quota.window()).max(1));
     }
@@ -116,7 +116,7 @@ pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
         headers.insert(RATELIMIT.clone(), v);
     }
     if legacy {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(decisive.quota.limit()));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(decisive.quota.permits()));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(decisive.decision.remaining));
         headers.insert(X_RATELIMIT_RESET.clone(), number(ceil_secs(decisive.decision.reset_after)));
     }
@@ -181,7 +181,7 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
     let detail = format!(
         "policy {:?} allows {} requests per {}; retry in {} s",
         decisive.name,
-        decisive.quota.limit(),
+        decisive.quota.permits(),
         window_text(decisive.quota.window()),
         wait
     );

@@ -381,10 +381,10 @@ impl<S: Store + 'static> RateLimiter<S> {
         };
         for (name, (limit, per_request)) in set.names.iter().zip(&set.charges) {
             let total = per_request.saturating_mul(cost);
-            if total > limit.quota.limit() {
+            if total > limit.quota.permits() {
                 return Err(CheckError::CostExceedsLimit {
                     cost: total,
-                    limit: limit.quota.limit(),
+                    limit: limit.quota.permits(),
                     policy: name.to_string(),
                 });
             }
@@ -539,11 +539,11 @@ fn invalid_denial(charges: &[(Limit, u64)]) -> Vec<Decision> {
     charges
         .iter()
         .map(|(limit, cost)| Decision {
-            allowed: *cost <= limit.quota.limit(),
-            limit: limit.quota.limit(),
+            allowed: *cost <= limit.quota.permits(),
+            limit: limit.quota.permits(),
             remaining: 0,
             reset_after: limit.quota.window(),
-            retry_after: (*cost > limit.quota.limit()).then(|| limit.quota.window()),
+            retry_after: (*cost > limit.quota.permits()).then(|| limit.quota.window()),
         })
         .collect()
 }

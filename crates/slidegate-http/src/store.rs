@@ -128,8 +128,5 @@ impl LazyRedis {
 }
 
 fn unavailable(why: &str) -> StoreError {
-    StoreError::Redis(redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::NotConnected,
-        why.to_owned(),
-    )))
+    StoreError::NotConnected(why.to_owned())
 }

@@ -65,14 +65,14 @@ pub enum QuotaError {
 /// use slidegate::Quota;
 ///
 /// let quota = Quota::new(100, Duration::from_secs(60))?;
-/// assert_eq!(quota.limit(), 100);
+/// assert_eq!(quota.permits(), 100);
 /// assert_eq!(quota.window_ms(), 60_000);
 /// assert!(Quota::new(0, Duration::from_secs(1)).is_err());
 /// # Ok::<(), slidegate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
-    limit: u64,
+    permits: u64,
     window_ms: u64,
 }
 
@@ -102,7 +102,7 @@ impl Quota {
         // Below MAX_WINDOW, so it fits in u64.
         let window_ms = window.as_millis() as u64;
         match limit.checked_mul(window_ms) {
-            Some(product) if product <= MAX_EXACT => Ok(Self { limit, window_ms }),
+            Some(product) if product <= MAX_EXACT => Ok(Self { permits: limit, window_ms }),
             _ => Err(QuotaError::TooLarge { limit, window_ms }),
         }
     }
@@ -132,8 +132,8 @@ impl Quota {
     }
 
     /// Permits per window.
-    pub fn limit(&self) -> u64 {
-        self.limit
+    pub fn permits(&self) -> u64 {
+        self.permits
     }
 
     /// The window in milliseconds.
@@ -149,7 +149,7 @@ impl Quota {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} per {} ms", self.limit, self.window_ms)
+        write!(f, "{} per {} ms", self.permits, self.window_ms)
     }
 }
 
@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn accepts_the_largest_exact_product() {
         let q = Quota::new(MAX_EXACT / 1000, Duration::from_secs(1)).unwrap();
-        assert_eq!(q.limit() * q.window_ms(), MAX_EXACT / 1000 * 1000);
+        assert_eq!(q.permits() * q.window_ms(), MAX_EXACT / 1000 * 1000);
         assert!(Quota::new(MAX_EXACT / 1000 + 1, Duration::from_secs(1)).is_err());
     }
 }

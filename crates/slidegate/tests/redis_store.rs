@@ -60,7 +60,7 @@ async fn no_key_without_ttl_after_a_random_trace_over_every_algorithm() {
             store.decide_all(identity, &charges).await.expect("decide_all");
         } else {
             let l = &limits[rng.below(limits.len() as u64) as usize];
-            store.decide(identity, l, rng.below(l.quota.limit() + 1)).await.expect("decide");
+            store.decide(identity, l, rng.below(l.quota.permits() + 1)).await.expect("decide");
         }
     }
 

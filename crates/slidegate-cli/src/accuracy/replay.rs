@@ -107,7 +107,7 @@ trait Estimate {
 impl Estimate for IdentityState {
     /// What the state says about permits in the last window at `now`.
     fn estimate(&self, now: u64, q: &Quota) -> f64 {
-        let (w, limit) = (q.window_ms(), q.limit());
+        let (w, limit) = (q.window_ms(), q.permits());
         match self {
             IdentityState::SlidingWindowCounter(s) => {
                 let window = now / w;
@@ -159,7 +159,7 @@ pub fn replay(
     let mut by_class: BTreeMap<Class, Score> = Class::ALL.iter().map(|c| (*c, Score::default())).collect();
     let attacker = traffic.classes.iter().position(|c| *c == Class::BoundaryAttacker);
     let mut attacker_admissions = Vec::new();
-    let (limit, window) = (quota.limit(), quota.window_ms());
+    let (limit, window) = (quota.permits(), quota.window_ms());
     for (i, request) in traffic.requests.iter().enumerate() {
         let (now, source) = (request.at_ms, request.source as usize);
         // The sliding log's rule: a permit admitted at t counts while now < t + W.

@@ -145,7 +145,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
     let answer = match verdict.decisive() {
         Some(p) => CheckResponse {
             allowed: verdict.allowed(),
-            limit: p.quota.limit(),
+            limit: p.quota.permits(),
             remaining: p.decision.remaining,
             reset_after_ms: duration_ms(p.decision.reset_after),
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },

@@ -25,12 +25,12 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
     let window = (now_ms + skew) / w;
     let count = if state.window == window { state.count } else { 0 };
     let until_next = (window + 1) * w - now_ms;
-    let allowed = count + cost <= quota.limit();
+    let allowed = count + cost <= quota.permits();
     let count = if allowed { count + cost } else { count };
     let decision = Decision {
         allowed,
-        limit: quota.limit(),
-        remaining: quota.limit() - count,
+        limit: quota.permits(),
+        remaining: quota.permits() - count,
         reset_after: Duration::from_millis(if count == 0 { 0 } else { until_next }),
         retry_after: (!allowed).then(|| Duration::from_millis(until_next)),
     };

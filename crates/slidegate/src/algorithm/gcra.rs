@@ -18,21 +18,21 @@ pub struct State {
 
 /// The emission interval `⌈W / limit⌉` in microseconds.
 pub fn emission_interval_us(quota: &Quota) -> u64 {
-    (quota.window_ms() * 1000).div_ceil(quota.limit())
+    (quota.window_ms() * 1000).div_ceil(quota.permits())
 }
 
 /// Decides `cost` permits at `now_ms`.
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
     let t = emission_interval_us(quota);
     let now = now_ms * 1000;
-    let horizon = now + quota.limit() * t;
+    let horizon = now + quota.permits() * t;
     let start = state.tat_us.max(now);
     let tat = start + cost * t;
     let allowed = tat <= horizon;
     let settled = if allowed { tat } else { start };
     let decision = Decision {
         allowed,
-        limit: quota.limit(),
+        limit: quota.permits(),
         // Only a clock that stepped back can leave the TAT past the horizon.
         remaining: horizon.saturating_sub(settled) / t,
         reset_after: ceil_ms(settled - now),

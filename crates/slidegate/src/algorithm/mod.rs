@@ -6,7 +6,7 @@
 //! mirror them line for line in Lua (the Redis store); a property test replays
 //! random traces through both and asserts identical decisions.
 //!
-//! Every function here expects `cost <= quota.limit()`; the stores check that
+//! Every function here expects `cost <= quota.permits()`; the stores check that
 //! first and report a larger cost as an error ([`crate::StoreError::CostExceedsLimit`]).
 //! Time is expected not to go backwards for one identity. When a clock steps
 //! back anyway (a Redis failover, an NTP step), the window algorithms decide
@@ -90,7 +90,7 @@ impl FromStr for Algorithm {
 /// use slidegate::{Algorithm, Limit, Quota};
 ///
 /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
-/// assert_eq!(limit.quota.limit(), 100);
+/// assert_eq!(limit.quota.permits(), 100);
 /// # Ok::<(), slidegate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -154,7 +154,7 @@ impl IdentityState {
     }
 
     /// Decides `cost` permits at `now_ms` and charges them when allowed, as a
-    /// store does. Expects `cost <= quota.limit()`.
+    /// store does. Expects `cost <= quota.permits()`.
     pub fn decide(&mut self, now_ms: u64, cost: u64, quota: &Quota) -> crate::Decision {
         fn apply<S>(state: &mut S, (next, decision): (S, crate::Decision)) -> crate::Decision {
             *state = next;

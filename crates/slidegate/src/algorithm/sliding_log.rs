@@ -46,7 +46,7 @@ impl Log {
 ///
 /// Use [`record`] to charge an allowed decision; [`decide`] does both.
 pub fn check(log: &Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
-    let (w, limit) = (quota.window_ms(), quota.limit());
+    let (w, limit) = (quota.window_ms(), quota.permits());
     let first = log.first_live(now_ms, w);
     let live = log.entries.len() - first;
     let count = live as u64;

@@ -58,7 +58,7 @@ impl State {
 /// - otherwise in the next window, where `cur` becomes the previous count: at
 ///   elapsed `W − ⌊(limit − cost) × W / cur⌋` into it.
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
-    let (w, limit) = (quota.window_ms(), quota.limit());
+    let (w, limit) = (quota.window_ms(), quota.permits());
     let counted = state.cur > 0 || state.prev > 0;
     let skew = if counted { super::skew_ms(state.window, now_ms, w) } else { 0 };
     let now_ms = now_ms + skew;

@@ -23,12 +23,12 @@ pub struct State {
 fn used_at(state: &State, now_ms: u64, quota: &Quota) -> u64 {
     // After a whole window any bucket is full; capping first keeps the product small.
     let elapsed = now_ms.saturating_sub(state.last_ms).min(quota.window_ms());
-    state.used.saturating_sub(elapsed * quota.limit())
+    state.used.saturating_sub(elapsed * quota.permits())
 }
 
 /// Decides `cost` permits at `now_ms`.
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
-    let (w, limit) = (quota.window_ms(), quota.limit());
+    let (w, limit) = (quota.window_ms(), quota.permits());
     let capacity = limit * w;
     let used = used_at(&state, now_ms, quota);
     // A clock that stepped back: the bucket refills from `last_ms`, not from now.

@@ -47,6 +47,9 @@ pub enum StoreError {
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    /// The store has no connection yet (it connects in the background).
+    #[error("not connected to the store yet: {0}")]
+    NotConnected(String),
     /// Redis answered with something the script never returns.
     #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
@@ -64,7 +67,7 @@ impl StoreError {
             | StoreError::SlidingLogTooLarge { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
-            StoreError::UnexpectedReply(_) => true,
+            StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) => true,
         }
     }
 }
@@ -106,11 +109,11 @@ pub(crate) fn validate(key: &str, charges: &[(Limit, u64)]) -> Result<(), StoreE
         if charges[..i].iter().any(|(seen, _)| seen == limit) {
             return Err(StoreError::DuplicateLimit(*limit));
         }
-        if limit.algorithm == Algorithm::SlidingLog && limit.quota.limit() > sliding_log::MAX_LIMIT {
-            return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.limit() });
+        if limit.algorithm == Algorithm::SlidingLog && limit.quota.permits() > sliding_log::MAX_LIMIT {
+            return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.permits() });
         }
-        if *cost > limit.quota.limit() {
-            return Err(StoreError::CostExceedsLimit { cost: *cost, limit: limit.quota.limit() });
+        if *cost > limit.quota.permits() {
+            return Err(StoreError::CostExceedsLimit { cost: *cost, limit: limit.quota.permits() });
         }
     }
     Ok(())

@@ -141,7 +141,7 @@ pub(super) struct PackedCounter {
 impl PackedCounter {
     /// The packing for `quota`, or `None` when its limit leaves too few window bits.
     pub(super) fn new(quota: Quota) -> Option<Self> {
-        let count_bits = count_bits(quota.limit());
+        let count_bits = count_bits(quota.permits());
         let bits = 64u32.saturating_sub(2 * count_bits);
         (bits >= MIN_WINDOW_BITS).then_some(Self {
             rule: CounterRule(quota),
@@ -191,7 +191,7 @@ pub(super) struct PackedFixed {
 impl PackedFixed {
     /// The packing for `quota`, or `None` when its limit leaves too few window bits.
     pub(super) fn new(quota: Quota) -> Option<Self> {
-        let count_bits = count_bits(quota.limit());
+        let count_bits = count_bits(quota.permits());
         let bits = 64u32.saturating_sub(count_bits);
         (bits >= MIN_WINDOW_BITS).then_some(Self {
             rule: FixedRule(quota),

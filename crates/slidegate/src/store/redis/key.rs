@@ -45,7 +45,7 @@ impl fmt::Display for StateKey<'_> {
             self.prefix,
             self.identity,
             tag(self.limit.algorithm),
-            self.limit.quota.limit(),
+            self.limit.quota.permits(),
             self.limit.quota.window_ms()
         )
     }

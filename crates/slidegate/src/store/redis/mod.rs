@@ -188,7 +188,7 @@ impl Store for RedisStore {
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(key, limit));
         cmd.arg(DecideArgs { now_ms: self.client_now(), limit: *limit, cost });
         let reply = self.eval(script, &cmd).await?;
-        wire::single_decision(&reply, limit.quota.limit())
+        wire::single_decision(&reply, limit.quota.permits())
     }
 
     async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
@@ -202,6 +202,6 @@ impl Store for RedisStore {
         }
         cmd.arg(DecideAllArgs { now_ms: self.client_now(), charges });
         let reply = self.eval(script, &cmd).await?;
-        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.limit()))
+        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }
 }

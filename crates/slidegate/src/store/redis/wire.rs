@@ -47,7 +47,7 @@ impl ToRedisArgs for DecideArgs {
     {
         let values = [
             now_arg(self.now_ms),
-            self.limit.quota.limit() as f64,
+            self.limit.quota.permits() as f64,
             self.limit.quota.window_ms() as f64,
             self.cost as f64,
         ];
@@ -78,7 +78,7 @@ impl ToRedisArgs for DecideAllArgs<'_> {
         for (limit, cost) in self.charges {
             for v in [
                 algorithm_number(limit.algorithm),
-                limit.quota.limit() as f64,
+                limit.quota.permits() as f64,
                 limit.quota.window_ms() as f64,
                 *cost as f64,
             ] {
