@@ -39,4 +39,4 @@ pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, TimeSource};
-pub use store::{Store, StoreError};
+pub use store::{check_charge, Store, StoreError};

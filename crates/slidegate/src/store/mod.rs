@@ -109,12 +109,29 @@ pub(crate) fn validate(key: &str, charges: &[(Limit, u64)]) -> Result<(), StoreE
         if charges[..i].iter().any(|(seen, _)| seen == limit) {
             return Err(StoreError::DuplicateLimit(*limit));
         }
-        if limit.algorithm == Algorithm::SlidingLog && limit.quota.permits() > sliding_log::MAX_LIMIT {
-            return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.permits() });
-        }
-        if *cost > limit.quota.permits() {
-            return Err(StoreError::CostExceedsLimit { cost: *cost, limit: limit.quota.permits() });
-        }
+        check_charge(limit, *cost)?;
+    }
+    Ok(())
+}
+
+/// Whether a store could ever decide `cost` permits under `limit`: the one
+/// check of a charge, used by both stores and by every layer above them that
+/// wants to reject a charge before it reaches a store (a config file, an API).
+///
+/// ```
+/// use slidegate::{check_charge, Algorithm, Limit, Quota, StoreError};
+///
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10)?);
+/// assert!(check_charge(&limit, 10).is_ok());
+/// assert!(matches!(check_charge(&limit, 11), Err(StoreError::CostExceedsLimit { cost: 11, limit: 10 })));
+/// # Ok::<(), slidegate::QuotaError>(())
+/// ```
+pub fn check_charge(limit: &Limit, cost: u64) -> Result<(), StoreError> {
+    if limit.algorithm == Algorithm::SlidingLog && limit.quota.permits() > sliding_log::MAX_LIMIT {
+        return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.permits() });
+    }
+    if cost > limit.quota.permits() {
+        return Err(StoreError::CostExceedsLimit { cost, limit: limit.quota.permits() });
     }
     Ok(())
 }
