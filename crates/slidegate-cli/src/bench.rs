@@ -11,17 +11,17 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, ConnectionAddr, Script};
+use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
-use slidegate::{Algorithm, Limit, ManualClock, Quota, RedisStore, Store, SystemClock, TimeSource};
+use slidegate::{Algorithm, Clock, Limit, ManualClock, Quota, RedisStore, Store, SystemClock, TimeSource};
 
-/// The source article's sliding window counter (seeds/000), the published
-/// baseline slidegate is measured against. Used only here and in `demo`.
-const REFERENCE_SCRIPT: &str = include_str!("reference_script.lua");
+use crate::redis_info::{evalsha_usec_per_call, used_memory};
+use crate::redis_keys::{delete_prefix, run_prefix};
+use crate::reference_script::ReferenceScript;
 
 /// Arguments of `slidegate bench`.
 #[derive(clap::Args)]
@@ -86,7 +86,30 @@ pub fn run(args: BenchArgs) -> crate::CommandResult {
     }
 }
 
-/// What was measured for one algorithm (or the reference script).
+/// What `bench redis` measures, one after the other on the same Redis.
+#[derive(Debug, Clone, Copy)]
+enum Candidate {
+    /// One of slidegate's algorithms through [`RedisStore`].
+    Algorithm(Algorithm),
+    /// The source article's script, the baseline.
+    ReferenceScript,
+}
+
+impl Candidate {
+    /// Every algorithm, then the reference script (the order of the table).
+    fn all() -> impl Iterator<Item = Candidate> {
+        Algorithm::ALL.into_iter().map(Candidate::Algorithm).chain([Candidate::ReferenceScript])
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Candidate::Algorithm(algorithm) => algorithm.name(),
+            Candidate::ReferenceScript => "reference_script",
+        }
+    }
+}
+
+/// What was measured for one candidate.
 #[derive(Debug, Clone, Copy)]
 struct Figures {
     decisions_per_sec: f64,
@@ -115,16 +138,33 @@ fn round(v: f64, digits: i32) -> f64 {
     (v * scale).round() / scale
 }
 
-/// What a load phase decides with: a store algorithm or the reference script.
+/// What one `bench redis` run measured.
+struct Measured {
+    /// Every algorithm, in [`Algorithm::ALL`] order.
+    algorithms: Vec<(Algorithm, Figures)>,
+    reference_script: Figures,
+    /// `redis-benchmark -P 16` calls per second of the reference script, if it ran.
+    redis_benchmark_p16: Option<f64>,
+}
+
+impl Measured {
+    /// Every candidate's figures, in table order.
+    fn rows(&self) -> impl Iterator<Item = (&'static str, &Figures)> {
+        let algorithms = self.algorithms.iter().map(|(a, f)| (a.name(), f));
+        algorithms.chain([(Candidate::ReferenceScript.name(), &self.reference_script)])
+    }
+}
+
+/// A candidate bound to one connection: what a load task decides with.
 #[derive(Clone)]
 enum Subject {
     Store(RedisStore, Limit),
     Reference {
         conn: ConnectionManager,
-        script: Arc<Script>,
+        script: Arc<ReferenceScript>,
         prefix: Arc<str>,
         quota: Quota,
-        clock: Option<ManualClock>,
+        clock: Arc<dyn Clock>,
     },
 }
 
@@ -135,23 +175,11 @@ impl Subject {
         match self {
             Subject::Store(store, limit) => Ok(store.decide(&key, limit, 1).await?.allowed),
             Subject::Reference { conn, script, prefix, quota, clock } => {
-                let now = clock.as_ref().map_or_else(system_ms, slidegate::Clock::now_ms);
                 let mut conn = conn.clone();
-                let allowed: i64 = script
-                    .key(format!("{prefix}{key}"))
-                    .arg(now)
-                    .arg(quota.window_ms())
-                    .arg(quota.permits())
-                    .invoke_async(&mut conn)
-                    .await?;
-                Ok(allowed == 1)
+                Ok(script.decide(&mut conn, &format!("{prefix}{key}"), clock.now_ms(), quota).await?)
             }
         }
     }
-}
-
-fn system_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
@@ -163,188 +191,202 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
     let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
     if !loopback {
         eprintln!("slidegate bench redis: {host} is not a loopback address; this load only goes to a Redis on this machine");
-        return Ok(ExitCode::from(64));
+        return Ok(ExitCode::from(crate::EX_USAGE));
     }
     let quota = Quota::new(args.limit, Duration::from_secs(args.window_secs))?;
-    // A loaded machine may stall Redis past the client's default 500 ms; a
-    // stall belongs in the latency figures, not in an error.
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(30)))
-        .set_connection_timeout(Some(Duration::from_secs(5)));
-    let mut admin = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
-    // Short: key length is part of the memory per identity, and the
-    // reference script's keys get the same prefix length.
-    let run_prefix = "sgb:";
-    let tasks = args.connections.max(1) * args.in_flight.max(1);
-    let mut conns = Vec::new();
-    for _ in 0..args.connections.max(1) {
-        conns.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
-    }
-    let script = Arc::new(Script::new(REFERENCE_SCRIPT));
-    script.load_async(&mut admin).await?;
-
-    let mut results: Vec<(String, Figures)> = Vec::new();
-    let subjects: Vec<Option<Algorithm>> = Algorithm::ALL.into_iter().map(Some).chain([None]).collect();
-    for (index, subject) in subjects.into_iter().enumerate() {
-        let name = subject.map_or("reference_script", Algorithm::name).to_owned();
-        let prefix = format!("{run_prefix}{index}:");
-        // One subject per connection, for load on the server's clock ...
-        let make = |conn: &ConnectionManager, clock: Option<ManualClock>| -> Subject {
-            match subject {
-                Some(algorithm) => {
-                    let mut store = RedisStore::from_connection(conn.clone()).with_prefix(prefix.clone());
-                    if let Some(clock) = clock {
-                        store = store.with_time_source(TimeSource::Client(Arc::new(clock)));
-                    }
-                    Subject::Store(store, Limit::new(algorithm, quota))
-                }
-                None => Subject::Reference {
-                    conn: conn.clone(),
-                    script: script.clone(),
-                    prefix: prefix.clone().into(),
-                    quota,
-                    clock,
-                },
-            }
-        };
-        if !args.json {
-            eprintln!(
-                "{name}: {:.0} s of load over {} identities, {tasks} requests in flight",
-                args.seconds, args.identities
-            );
-        }
-        let load: Vec<Subject> = conns
-            .iter()
-            .map(|c| match (subject, args.client_time) {
-                (Some(_), true) => {
-                    let mut s = make(c, None);
-                    if let Subject::Store(store, _) = &mut s {
-                        *store = store.clone().with_time_source(TimeSource::Client(Arc::new(SystemClock)));
-                    }
-                    s
-                }
-                _ => make(c, None),
-            })
-            .collect();
-        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut admin).await?;
-        let (decisions, allowed, elapsed, histogram) = drive(
-            &load,
-            args.in_flight.max(1),
-            args.identities.max(1),
-            Duration::from_secs_f64(args.seconds),
-        )
-        .await?;
-        let server_us = evalsha_usec_per_call(&mut admin).await?;
-        delete_prefix(&mut admin, &prefix).await?;
-
-        // Memory: every identity decided in two consecutive windows, so both
-        // layouts hold their steady state (the reference keeps two keys).
-        let clock = ManualClock::new(system_ms());
-        let memory: Vec<Subject> = conns.iter().map(|c| make(c, Some(clock.clone()))).collect();
-        let before = used_memory(&mut admin).await?;
-        let n = args.memory_identities.max(1);
-        fill(&memory, args.in_flight.max(1), n).await?;
-        clock.advance(quota.window());
-        fill(&memory, args.in_flight.max(1), n).await?;
-        let after = used_memory(&mut admin).await?;
-        delete_prefix(&mut admin, &prefix).await?;
-
-        let figures = Figures {
-            decisions_per_sec: decisions as f64 / elapsed.as_secs_f64(),
-            p50_us: histogram.value_at_quantile(0.5) as f64 / 1000.0,
-            p99_us: histogram.value_at_quantile(0.99) as f64 / 1000.0,
-            server_us_per_decision: server_us,
-            bytes_per_identity: after.saturating_sub(before) as f64 / n as f64,
-            allowed_pct: 100.0 * allowed as f64 / decisions.max(1) as f64,
-        };
-        results.push((name, figures));
-    }
-
-    let redis_benchmark = if args.no_redis_benchmark {
-        None
-    } else {
-        let sha = script.get_hash().to_owned();
-        let figure = redis_benchmark_p16(&host, port, &sha, &format!("{run_prefix}rb:"), &quota).await;
-        delete_prefix(&mut admin, &format!("{run_prefix}rb:")).await?;
-        figure
-    };
-
-    let reference = results.iter().find(|(n, _)| n == "reference_script").map(|(_, f)| *f);
+    let mut bench = Bench::setup(&args, &client, quota).await?;
+    let measured = bench.measure_all(&host, port).await;
+    // Leave the Redis as we found it, whatever happened.
+    delete_prefix(&mut bench.admin, &bench.prefix).await?;
+    let measured = measured?;
     if args.json {
-        let mut algorithms = Map::new();
-        let mut ratios = Map::new();
-        for (name, f) in results.iter().filter(|(n, _)| n != "reference_script") {
-            algorithms.insert(name.clone(), f.to_json());
-            if let Some(r) = reference {
-                ratios.insert(name.clone(), ratio_json(f, &r, redis_benchmark));
-            }
-        }
-        let out = json!({
-            "algorithms": algorithms,
-            "reference_script": reference.map(Figures::to_json),
-            "redis_benchmark_p16_per_sec": redis_benchmark.map(|v| round(v, 0)),
-            "ratios_vs_reference": ratios,
-            "setup": {
-                "redis_url": args.redis_url,
-                "seconds": args.seconds,
-                "connections": args.connections,
-                "in_flight_per_connection": args.in_flight,
-                "identities": args.identities,
-                "memory_identities": args.memory_identities,
-                "limit": quota.permits(),
-                "window_ms": quota.window_ms(),
-                "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
-            },
-        });
-        outln!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&json_report(&args, &quota, &measured))?);
     } else {
-        outln!(
-            "{:<24} {:>12} {:>9} {:>9} {:>12} {:>10} {:>9}",
-            "",
-            "decisions/s",
-            "p50 µs",
-            "p99 µs",
-            "server µs",
-            "B/identity",
-            "allowed%"
-        );
-        for (name, f) in &results {
-            outln!(
-                "{:<24} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>10.1} {:>9.1}",
-                name,
-                f.decisions_per_sec,
-                f.p50_us,
-                f.p99_us,
-                f.server_us_per_decision,
-                f.bytes_per_identity,
-                f.allowed_pct
-            );
-        }
-        if let Some(r) = reference {
-            outln!();
-            outln!(
-                "{:<24} {:>12} {:>12} {:>12}",
-                "vs reference script",
-                "throughput",
-                "server CPU",
-                "memory"
-            );
-            for (name, f) in results.iter().filter(|(n, _)| n != "reference_script") {
-                outln!(
-                    "{:<24} {:>11.2}× {:>11.2}× {:>11.2}×",
-                    name,
-                    f.decisions_per_sec / r.decisions_per_sec,
-                    f.server_us_per_decision / r.server_us_per_decision,
-                    f.bytes_per_identity / r.bytes_per_identity
-                );
-            }
-        }
-        match redis_benchmark {
-            Some(v) => outln!("\nredis-benchmark -P 16, reference script: {v:.0} calls/s"),
-            None => outln!("\nredis-benchmark: not run (not on PATH, or --no-redis-benchmark)"),
-        }
+        print_table(&measured);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The connections one run measures through, and the prefix of its keys.
+struct Bench<'a> {
+    args: &'a RedisArgs,
+    quota: Quota,
+    /// For `CONFIG RESETSTAT`, `INFO` and deleting keys: never timed.
+    admin: ConnectionManager,
+    /// `--connections` of them, each multiplexing its requests in flight.
+    load: Vec<ConnectionManager>,
+    script: Arc<ReferenceScript>,
+    /// Every key of the run starts with it; each candidate adds `<index>:`.
+    prefix: String,
+}
+
+impl<'a> Bench<'a> {
+    /// Opens the connections and loads the reference script.
+    async fn setup(
+        args: &'a RedisArgs,
+        client: &redis::Client,
+        quota: Quota,
+    ) -> Result<Self, redis::RedisError> {
+        // A loaded machine may stall Redis past the client's default 500 ms; a
+        // stall belongs in the latency figures, not in an error.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(30)))
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        let mut admin = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+        let mut load = Vec::new();
+        for _ in 0..args.connections {
+            load.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+        }
+        let script = Arc::new(ReferenceScript::new());
+        script.load(&mut admin).await?;
+        // Short: key length is part of the memory per identity, and the
+        // reference script's keys get the same prefix length.
+        Ok(Bench { args, quota, admin, load, script, prefix: run_prefix("sgb") })
+    }
+
+    /// Every candidate in turn, then the `redis-benchmark` comparison.
+    async fn measure_all(&mut self, host: &str, port: u16) -> Result<Measured, Box<dyn std::error::Error>> {
+        let mut algorithms = Vec::new();
+        let mut reference_script = None;
+        for (index, candidate) in Candidate::all().enumerate() {
+            let figures = self.measure(candidate, &format!("{}{index}:", self.prefix)).await?;
+            match candidate {
+                Candidate::Algorithm(algorithm) => algorithms.push((algorithm, figures)),
+                Candidate::ReferenceScript => reference_script = Some(figures),
+            }
+        }
+        let reference_script = reference_script.ok_or("the reference script was not measured")?;
+        let redis_benchmark_p16 = if self.args.no_redis_benchmark {
+            None
+        } else {
+            self.redis_benchmark_comparison(host, port).await?
+        };
+        Ok(Measured { algorithms, reference_script, redis_benchmark_p16 })
+    }
+
+    /// One candidate's load phase and memory phase, its keys under `prefix`.
+    async fn measure(
+        &mut self,
+        candidate: Candidate,
+        prefix: &str,
+    ) -> Result<Figures, Box<dyn std::error::Error>> {
+        if !self.args.json {
+            eprintln!(
+                "{}: {:.0} s of load over {} identities, {} requests in flight",
+                candidate.name(),
+                self.args.seconds,
+                self.args.identities,
+                self.args.connections * self.args.in_flight
+            );
+        }
+        // The load runs on the server's clock unless told otherwise; the
+        // reference script always gets the client's, as the article calls it.
+        let clock: Option<Arc<dyn Clock>> =
+            if self.args.client_time { Some(Arc::new(SystemClock)) } else { None };
+        let subjects = self.subjects(candidate, prefix, clock);
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut self.admin).await?;
+        let load = drive(
+            &subjects,
+            self.args.in_flight,
+            self.args.identities,
+            Duration::from_secs_f64(self.args.seconds),
+        )
+        .await?;
+        let server_us_per_decision = evalsha_usec_per_call(&mut self.admin).await?;
+        delete_prefix(&mut self.admin, prefix).await?;
+        let bytes_per_identity = self.memory_per_identity(candidate, prefix).await?;
+        delete_prefix(&mut self.admin, prefix).await?;
+        Ok(Figures {
+            decisions_per_sec: load.decisions as f64 / load.elapsed.as_secs_f64(),
+            p50_us: load.latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: load.latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+            server_us_per_decision,
+            bytes_per_identity,
+            allowed_pct: 100.0 * load.allowed as f64 / load.decisions.max(1) as f64,
+        })
+    }
+
+    /// The `used_memory` delta per identity, every identity decided in two
+    /// consecutive windows so both layouts hold their steady state (the
+    /// reference script keeps two keys).
+    async fn memory_per_identity(
+        &mut self,
+        candidate: Candidate,
+        prefix: &str,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        let clock = ManualClock::new(SystemClock.now_ms());
+        let subjects = self.subjects(candidate, prefix, Some(Arc::new(clock.clone())));
+        let before = used_memory(&mut self.admin).await?;
+        let n = self.args.memory_identities;
+        fill(&subjects, self.args.in_flight, n).await?;
+        clock.advance(self.quota.window());
+        fill(&subjects, self.args.in_flight, n).await?;
+        let after = used_memory(&mut self.admin).await?;
+        Ok(after.saturating_sub(before) as f64 / n as f64)
+    }
+
+    /// `candidate` on each load connection, keys under `prefix`, on `clock`
+    /// (`None`: Redis `TIME` for the store; the system clock for the reference script).
+    fn subjects(&self, candidate: Candidate, prefix: &str, clock: Option<Arc<dyn Clock>>) -> Vec<Subject> {
+        let subject = |conn: &ConnectionManager| match candidate {
+            Candidate::Algorithm(algorithm) => {
+                let mut store = RedisStore::from_connection(conn.clone()).with_prefix(prefix);
+                if let Some(clock) = &clock {
+                    store = store.with_time_source(TimeSource::Client(clock.clone()));
+                }
+                Subject::Store(store, Limit::new(algorithm, self.quota))
+            }
+            Candidate::ReferenceScript => Subject::Reference {
+                conn: conn.clone(),
+                script: self.script.clone(),
+                prefix: prefix.into(),
+                quota: self.quota,
+                clock: clock.clone().unwrap_or_else(|| Arc::new(SystemClock)),
+            },
+        };
+        self.load.iter().map(subject).collect()
+    }
+
+    /// What `redis-benchmark -P 16` reaches with the reference script on the
+    /// same Redis; `None` when the tool is not on PATH or fails.
+    async fn redis_benchmark_comparison(
+        &mut self,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<f64>, redis::RedisError> {
+        let prefix = format!("{}rb:", self.prefix);
+        let figure = redis_benchmark_p16(host, port, self.script.sha(), &prefix, &self.quota).await;
+        delete_prefix(&mut self.admin, &prefix).await?;
+        Ok(figure)
+    }
+}
+
+/// The JSON report: field names are read by BENCHMARKS.md and the tests.
+fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured) -> Value {
+    let reference = &measured.reference_script;
+    let mut algorithms = Map::new();
+    let mut ratios = Map::new();
+    for (algorithm, f) in &measured.algorithms {
+        algorithms.insert(algorithm.name().to_owned(), f.to_json());
+        ratios.insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
+    }
+    json!({
+        "algorithms": algorithms,
+        "reference_script": reference.to_json(),
+        "redis_benchmark_p16_per_sec": measured.redis_benchmark_p16.map(|v| round(v, 0)),
+        "ratios_vs_reference": ratios,
+        "setup": {
+            "redis_url": args.redis_url,
+            "seconds": args.seconds,
+            "connections": args.connections,
+            "in_flight_per_connection": args.in_flight,
+            "identities": args.identities,
+            "memory_identities": args.memory_identities,
+            "limit": quota.permits(),
+            "window_ms": quota.window_ms(),
+            "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
+        },
+    })
 }
 
 fn ratio_json(f: &Figures, reference: &Figures, redis_benchmark: Option<f64>) -> Value {
@@ -356,14 +398,64 @@ fn ratio_json(f: &Figures, reference: &Figures, redis_benchmark: Option<f64>) ->
     })
 }
 
+/// The table report: figures per candidate, then ratios to the reference script.
+fn print_table(measured: &Measured) {
+    outln!(
+        "{:<24} {:>12} {:>9} {:>9} {:>12} {:>10} {:>9}",
+        "",
+        "decisions/s",
+        "p50 µs",
+        "p99 µs",
+        "server µs",
+        "B/identity",
+        "allowed%"
+    );
+    for (name, f) in measured.rows() {
+        outln!(
+            "{:<24} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>10.1} {:>9.1}",
+            name,
+            f.decisions_per_sec,
+            f.p50_us,
+            f.p99_us,
+            f.server_us_per_decision,
+            f.bytes_per_identity,
+            f.allowed_pct
+        );
+    }
+    let r = &measured.reference_script;
+    outln!();
+    outln!("{:<24} {:>12} {:>12} {:>12}", "vs reference script", "throughput", "server CPU", "memory");
+    for (algorithm, f) in &measured.algorithms {
+        outln!(
+            "{:<24} {:>11.2}× {:>11.2}× {:>11.2}×",
+            algorithm.name(),
+            f.decisions_per_sec / r.decisions_per_sec,
+            f.server_us_per_decision / r.server_us_per_decision,
+            f.bytes_per_identity / r.bytes_per_identity
+        );
+    }
+    match measured.redis_benchmark_p16 {
+        Some(v) => outln!("\nredis-benchmark -P 16, reference script: {v:.0} calls/s"),
+        None => outln!("\nredis-benchmark: not run (not on PATH, or --no-redis-benchmark)"),
+    }
+}
+
+/// What a load phase counted.
+struct Load {
+    decisions: u64,
+    allowed: u64,
+    elapsed: Duration,
+    latency_ns: Histogram<u64>,
+}
+
 /// Runs decisions from `in_flight` tasks per subject for `duration`, cycling
-/// through `identities`; returns decisions, allowed, elapsed, latency (ns).
+/// through `identities`.
 async fn drive(
     subjects: &[Subject],
     in_flight: usize,
     identities: usize,
     duration: Duration,
-) -> Result<(u64, u64, Duration, Histogram<u64>), Box<dyn std::error::Error>> {
+) -> Result<Load, Box<dyn std::error::Error>> {
     let tasks = subjects.len() * in_flight;
     let start = Instant::now();
     let deadline = start + duration;
@@ -392,7 +484,7 @@ async fn drive(
         allowed += a;
         total.add(h)?;
     }
-    Ok((decisions, allowed, start.elapsed(), total))
+    Ok(Load { decisions, allowed, elapsed: start.elapsed(), latency_ns: total })
 }
 
 /// One decision for each of `n` identities, `in_flight` at a time per subject.
@@ -416,49 +508,6 @@ async fn fill(subjects: &[Subject], in_flight: usize, n: usize) -> Result<(), Bo
     Ok(())
 }
 
-/// `usec / calls` of `EVALSHA` in `INFO commandstats`: server CPU per script call.
-async fn evalsha_usec_per_call(conn: &mut ConnectionManager) -> Result<f64, Box<dyn std::error::Error>> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-    let line = info
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .ok_or("INFO commandstats has no cmdstat_evalsha line")?;
-    let field = |name: &str| -> Option<f64> {
-        line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-    };
-    let (calls, usec) = (field("calls").ok_or("no calls")?, field("usec").ok_or("no usec")?);
-    Ok(if calls > 0.0 { usec / calls } else { 0.0 })
-}
-
-async fn used_memory(conn: &mut ConnectionManager) -> Result<u64, Box<dyn std::error::Error>> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
-        .ok_or_else(|| "INFO memory has no used_memory".into())
-}
-
-/// Deletes every key under `prefix` (SCAN + UNLINK).
-async fn delete_prefix(conn: &mut ConnectionManager, prefix: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
-        if !keys.is_empty() {
-            let _: usize = conn.unlink(keys).await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
-}
-
 /// What `redis-benchmark -P 16` reaches with the reference script: 50
 /// clients, 16 pipelined calls each, random identities. `None` when the tool
 /// is not on PATH or fails.
@@ -480,7 +529,7 @@ async fn redis_benchmark_p16(host: &str, port: u16, sha: &str, prefix: &str, quo
             "-q",
         ])
         .args(["EVALSHA", sha, "1", &format!("{prefix}__rand_int__")])
-        .arg(system_ms().to_string())
+        .arg(SystemClock.now_ms().to_string())
         .arg(quota.window_ms().to_string())
         .arg(quota.permits().to_string())
         .output()

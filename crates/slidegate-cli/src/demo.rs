@@ -18,6 +18,10 @@ use serde::Serialize;
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisStore, Store, TimeSource};
 use tokio::task::JoinSet;
 
+use crate::redis_info::used_memory;
+use crate::redis_keys::{delete_prefix, run_prefix};
+use crate::reference_script::ReferenceScript;
+
 /// Arguments of `slidegate demo`.
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -148,8 +152,7 @@ async fn on_redis(url: &str, identities: u64) -> Result<(Report, Curves), Box<dy
     let unreachable = |e: redis::RedisError| format!("cannot reach Redis at {url}: {e}");
     let client = redis::Client::open(url).map_err(unreachable)?;
     let mut conn = client.get_multiplexed_async_connection().await.map_err(unreachable)?;
-    // Short, like a production prefix: key length is part of the cost per identity.
-    let prefix = format!("sgdemo{}:", std::process::id());
+    let prefix = run_prefix("sgdemo");
     let clock = ManualClock::new(0);
     let store = RedisStore::connect(url)
         .await?
@@ -220,7 +223,7 @@ async fn boundary_burst<S: Store>(
     clock: &ManualClock,
     key: &str,
 ) -> Result<(BTreeMap<&'static str, u64>, Curves), Box<dyn std::error::Error>> {
-    let quota = Quota::new(BURST_LIMIT, Duration::from_millis(BURST_WINDOW_MS))?;
+    let quota = burst_quota()?;
     let mut allowed = BTreeMap::new();
     let mut curves = Vec::new();
     for algorithm in Algorithm::ALL {
@@ -243,14 +246,18 @@ async fn reference_burst(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
 ) -> Result<u64, Box<dyn std::error::Error>> {
-    let script = redis::Script::new(include_str!("reference_script.lua"));
+    let script = ReferenceScript::new();
+    let quota = burst_quota()?;
     let mut admitted = 0;
     for t in burst_times() {
-        let reply: u64 =
-            script.key(key).arg(t).arg(BURST_WINDOW_MS).arg(BURST_LIMIT).invoke_async(conn).await?;
-        admitted += reply;
+        admitted += u64::from(script.decide(conn, key, t, &quota).await?);
     }
     Ok(admitted)
+}
+
+/// Experiment A's limit: [`BURST_LIMIT`] per [`BURST_WINDOW_MS`].
+fn burst_quota() -> Result<Quota, slidegate::QuotaError> {
+    Quota::new(BURST_LIMIT, Duration::from_millis(BURST_WINDOW_MS))
 }
 
 /// The last [`BURST_HALF`] ms of window 0 and the first of window 1, one request per ms.
@@ -290,58 +297,11 @@ async fn one_identity<S: Store>(
     Ok(())
 }
 
-async fn used_memory(
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> Result<u64, Box<dyn std::error::Error>> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
-    info.lines()
-        .find_map(|line| line.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| "INFO memory has no used_memory line".into())
-}
-
 /// Lets Redis shrink its key tables after a delete, so the next measurement
 /// pays for its own table growth (`serverCron` resizes them, 10 times a second).
 async fn settle(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), redis::RedisError> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     redis::cmd("PING").query_async::<()>(conn).await
-}
-
-async fn delete_prefix(
-    conn: &mut redis::aio::MultiplexedConnection,
-    prefix: &str,
-) -> Result<(), redis::RedisError> {
-    let pattern = format!("{}*", glob_escape(prefix));
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        if !keys.is_empty() {
-            redis::cmd("UNLINK").arg(&keys).query_async::<()>(conn).await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
-}
-
-/// Escapes the glob metacharacters of a `SCAN MATCH` pattern.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn render(report: &Report) -> String {

@@ -18,6 +18,9 @@ mod args;
 mod bench;
 mod demo;
 mod plot;
+mod redis_info;
+mod redis_keys;
+mod reference_script;
 mod serve;
 
 use std::process::ExitCode;
@@ -84,6 +87,10 @@ fn write_stdout(args: std::fmt::Arguments<'_>) {
         std::process::exit(1);
     }
 }
+
+/// EX_USAGE (sysexits.h): the command was used wrongly — a bad configuration,
+/// or a target it refuses — as opposed to a failure while running (1).
+const EX_USAGE: u8 = 64;
 
 /// What a subcommand returns: its exit code, or an error to print.
 type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;

@@ -1,4 +1,4 @@
--- The source article's reference sliding window counter (seeds/000), kept
+-- The source article's reference sliding window counter, kept
 -- verbatim in behaviour as the baseline that `demo` and `bench redis` compare
 -- slidegate against. It is not used to make decisions anywhere else.
 --

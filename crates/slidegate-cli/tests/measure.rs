@@ -1,5 +1,5 @@
 //! `slidegate accuracy --json` and `slidegate bench redis --json` print the
-//! JSON the issue promises. Tiny runs: these check shapes and invariants,
+//! JSON that BENCHMARKS.md reads. Tiny runs: these check shapes and invariants,
 //! never timings.
 
 use std::process::Command;
@@ -47,6 +47,11 @@ fn accuracy_json_scores_every_algorithm_and_the_exact_log_is_exact() {
 fn bench_redis_json_reports_every_algorithm_and_the_reference_script() {
     let server = RedisServer::spawn();
     let url = server.url();
+    let mut conn = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).expect("connect");
+    // Someone else's key, under the prefix the bench used before its keys
+    // were its own: the run must leave it alone.
+    let theirs = "sgb:0:{id1}:swc:100:60000";
+    let _: () = redis::cmd("SET").arg(theirs).arg("kept").query(&mut conn).expect("SET");
     let report = slidegate(&[
         "bench",
         "redis",
@@ -77,10 +82,14 @@ fn bench_redis_json_reports_every_algorithm_and_the_reference_script() {
         assert!(report["reference_script"][field].is_number(), "reference_script.{field}: {report}");
     }
     assert!(report["redis_benchmark_p16_per_sec"].is_null());
-    // The run deletes what it wrote.
-    let mut conn = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).expect("connect");
+    // The run deletes what it wrote, and only that.
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
-    assert!(keys.is_empty(), "left behind: {keys:?}");
+    assert_eq!(keys, [theirs], "left behind or deleted");
+    let value: String = redis::cmd("GET").arg(theirs).query(&mut conn).expect("GET");
+    assert_eq!(value, "kept");
+    let _: () = redis::cmd("DEL").arg(theirs).query(&mut conn).expect("DEL");
+    let dbsize: u64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
+    assert_eq!(dbsize, 0, "the run left keys behind");
 }
 
 #[test]

@@ -1,0 +1,55 @@
+//! Figures read from a Redis server's `INFO`: the memory it uses and the CPU
+//! its scripts cost, for `demo` and `bench` to report.
+
+use redis::aio::ConnectionLike;
+
+/// `used_memory` of `INFO memory`: bytes the server has allocated.
+pub async fn used_memory(conn: &mut impl ConnectionLike) -> Result<u64, Box<dyn std::error::Error>> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
+    used_memory_in(&info).ok_or_else(|| "INFO memory has no used_memory line".into())
+}
+
+/// `usec / calls` of `EVALSHA` in `INFO commandstats`: server CPU per script
+/// call since the last `CONFIG RESETSTAT`, 0 when there were no calls.
+pub async fn evalsha_usec_per_call(
+    conn: &mut impl ConnectionLike,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    evalsha_usec_per_call_in(&info)
+}
+
+fn used_memory_in(info: &str) -> Option<u64> {
+    info.lines().find_map(|line| line.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok())
+}
+
+fn evalsha_usec_per_call_in(info: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .ok_or("INFO commandstats has no cmdstat_evalsha line")?;
+    let field = |name: &str| -> Option<f64> {
+        line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    let (calls, usec) = (field("calls").ok_or("no calls")?, field("usec").ok_or("no usec")?);
+    Ok(if calls > 0.0 { usec / calls } else { 0.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn used_memory_is_read_from_its_own_line() {
+        let info = "# Memory\r\nused_memory:1048576\r\nused_memory_human:1.00M\r\nused_memory_rss:4096\r\n";
+        assert_eq!(used_memory_in(info), Some(1_048_576));
+        assert_eq!(used_memory_in("# Memory\r\nused_memory_rss:4096\r\n"), None);
+    }
+
+    #[test]
+    fn evalsha_cost_is_usec_over_calls() {
+        let info = "# Commandstats\r\ncmdstat_eval:calls=9,usec=90,usec_per_call=10.00\r\n\
+                    cmdstat_evalsha:calls=4,usec=18,usec_per_call=4.50,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(evalsha_usec_per_call_in(info).ok(), Some(4.5));
+        assert!(evalsha_usec_per_call_in("# Commandstats\r\n").is_err());
+    }
+}
