@@ -96,11 +96,6 @@ enum Candidate {
 }
 
 impl Candidate {
-    /// Every algorithm, then the reference script (the order of the table).
-    fn all() -> impl Iterator<Item = Candidate> {
-        Algorithm::ALL.into_iter().map(Candidate::Algorithm).chain([Candidate::ReferenceScript])
-    }
-
     fn name(self) -> &'static str {
         match self {
             Candidate::Algorithm(algorithm) => algorithm.name(),
@@ -239,23 +234,22 @@ impl<'a> Bench<'a> {
         }
         let script = Arc::new(ReferenceScript::new());
         script.load(&mut admin).await?;
-        // Short: key length is part of the memory per identity, and the
-        // reference script's keys get the same prefix length.
+        // The same prefix for the reference script's keys as for the store's:
+        // key length is part of the memory per identity.
         Ok(Bench { args, quota, admin, load, script, prefix: run_prefix("sgb") })
     }
 
     /// Every candidate in turn, then the `redis-benchmark` comparison.
     async fn measure_all(&mut self, host: &str, port: u16) -> Result<Measured, Box<dyn std::error::Error>> {
+        // Each candidate's keys under `<run prefix><index>:`, the same
+        // length for all, so none pays more key bytes than another.
         let mut algorithms = Vec::new();
-        let mut reference_script = None;
-        for (index, candidate) in Candidate::all().enumerate() {
-            let figures = self.measure(candidate, &format!("{}{index}:", self.prefix)).await?;
-            match candidate {
-                Candidate::Algorithm(algorithm) => algorithms.push((algorithm, figures)),
-                Candidate::ReferenceScript => reference_script = Some(figures),
-            }
+        for (index, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+            let prefix = format!("{}{index}:", self.prefix);
+            algorithms.push((algorithm, self.measure(Candidate::Algorithm(algorithm), &prefix).await?));
         }
-        let reference_script = reference_script.ok_or("the reference script was not measured")?;
+        let prefix = format!("{}{}:", self.prefix, Algorithm::ALL.len());
+        let reference_script = self.measure(Candidate::ReferenceScript, &prefix).await?;
         let redis_benchmark_p16 = if self.args.no_redis_benchmark {
             None
         } else {
