@@ -7,6 +7,9 @@ use std::process::Command;
 use serde_json::Value;
 use slidegate_test_redis::RedisServer;
 
+/// EX_USAGE (sysexits.h): what `bench redis` exits with when it refuses a target.
+const EX_USAGE: i32 = 64;
+
 const ALGORITHMS: [&str; 5] =
     ["sliding_window_counter", "fixed_window", "sliding_log", "token_bucket", "gcra"];
 
@@ -98,6 +101,6 @@ fn bench_redis_refuses_a_remote_redis() {
         .args(["bench", "redis", "--redis-url", "redis://192.0.2.1:7000/", "--seconds", "0.1"])
         .output()
         .expect("run slidegate");
-    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(out.status.code(), Some(EX_USAGE));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
