@@ -1,0 +1,8 @@
+//! What a hostile client tries against `slidegate serve`, each attack against
+//! real processes and sockets: bypasses of the identity or the rules, the
+//! admin surface, and the failure modes an attacker can provoke. Every test
+//! here failed before the defence it checks was built.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
