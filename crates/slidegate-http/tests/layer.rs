@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
-use axum::Router;
+use axum::{middleware, Router};
 use http::{HeaderMap, Method, StatusCode};
 use slidegate::{Decision, Limit, MemoryStore, Store, StoreError};
 use slidegate_http::{Config, DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
@@ -34,14 +34,19 @@ shadow = true
 limits = [{ limit = 1, window = "60s", algorithm = "sliding_log" }]
 "#;
 
+/// axum's `ConnectInfo`, copied to the `PeerAddr` the layer reads.
+async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Request) -> Request {
+    request.extensions_mut().insert(PeerAddr(addr));
+    request
+}
+
 fn app(limiter: RateLimiter<MemoryStore>) -> Router {
-    let layer = RateLimitLayer::new(limiter)
-        .peer_addr(|r: &Request| r.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
     Router::new()
         .route("/api/search", get(|| async { "results" }))
         .route("/api/feed", get(|| async { "feed" }))
         .route("/", get(|| async { "home" }))
-        .layer(layer)
+        .layer(RateLimitLayer::new(limiter))
+        .layer(middleware::map_request(peer_addr))
 }
 
 async fn call(app: &Router, path: &str, peer: &str) -> (StatusCode, HeaderMap) {
@@ -176,7 +181,7 @@ async fn fail_closed_rules_block_when_the_store_fails() {
 }
 
 #[tokio::test]
-async fn serve_inserts_the_peer_as_an_extension_other_servers_can_too() {
+async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
     let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
     let app = Router::new().route("/api/search", get(|| async { "results" })).layer(layer);
