@@ -37,7 +37,10 @@ async fn hello(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infa
 
 /// Accepts connections on `listener` and serves each with [`hello`] behind
 /// the rate limit layer, until accepting fails.
-pub async fn serve<S: Store + 'static>(listener: TcpListener, limiter: RateLimiter<S>) -> std::io::Result<()> {
+pub async fn serve<S: Store + 'static>(
+    listener: TcpListener,
+    limiter: RateLimiter<S>,
+) -> std::io::Result<()> {
     let layer = RateLimitLayer::new(limiter);
     loop {
         let (stream, peer) = listener.accept().await?;
@@ -50,8 +53,8 @@ pub async fn serve<S: Store + 'static>(listener: TcpListener, limiter: RateLimit
             .layer(layer.clone())
             .service_fn(hello);
         tokio::spawn(async move {
-            let connection =
-                http1::Builder::new().serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            let connection = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
             if let Err(error) = connection.await {
                 eprintln!("connection from {peer}: {error}");
             }

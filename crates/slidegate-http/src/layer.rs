@@ -18,9 +18,10 @@
 //!   (`examples/hyper.rs`).
 //! - tonic: `Server::builder().layer(..)`, with a `map_request` copying
 //!   tonic's `TcpConnectInfo` into [`PeerAddr`] (`examples/tonic.rs`). A
-//!   denial is an HTTP 429 without a `grpc-status`, which gRPC clients report
-//!   as `UNAVAILABLE` (gRPC's HTTP-to-status mapping); the test of the
-//!   example checks it with a tonic client.
+//!   gRPC request (`content-type: application/grpc*`) is denied in gRPC's
+//!   own terms: `grpc-status` 14, `UNAVAILABLE`, the code gRPC's
+//!   HTTP-to-status mapping gives a 429 or a 503, with the rate limit headers
+//!   as metadata. The test of the example checks it with a tonic client.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,7 +29,8 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use pin_project_lite::pin_project;
 use slidegate::Store;
@@ -182,7 +184,10 @@ where
                 Some(verdict) if verdict.blocks() => {
                     let response =
                         headers::blocked_response(&verdict, limiter.legacy_headers(), request.uri().path());
-                    return Checked::Blocked(response);
+                    return Checked::Blocked(match grpc_content_type(&request) {
+                        Some(content_type) => grpc_denial(response, content_type),
+                        None => response,
+                    });
                 }
                 Some(verdict) => {
                     let mut added = HeaderMap::new();
@@ -196,6 +201,38 @@ where
         ResponseFuture { state: State::Checking { check: Box::pin(check) } }
     }
 }
+
+/// The content type of a gRPC request (`application/grpc`, `+proto`,
+/// `-web`, ...), which its denial answers in.
+fn grpc_content_type<B>(request: &Request<B>) -> Option<HeaderValue> {
+    let content_type = request.headers().get(CONTENT_TYPE)?;
+    content_type.as_bytes().starts_with(b"application/grpc").then(|| content_type.clone())
+}
+
+/// `denial` as a gRPC client understands it: a trailers-only response with
+/// `grpc-status` 14 (`UNAVAILABLE`, the code gRPC maps both 429 and 503 to).
+/// The rate limit headers stay, as response metadata. A 429 with a problem
+/// body is not enough: tonic reads the JSON as a gRPC message and reports a
+/// protocol error (`INTERNAL`) instead.
+fn grpc_denial(denial: Response<Full<Bytes>>, content_type: HeaderValue) -> Response<Full<Bytes>> {
+    let (mut parts, _problem) = denial.into_parts();
+    let retry = parts.headers.get(RETRY_AFTER).and_then(|v| v.to_str().ok());
+    // Printable ASCII without `%`: valid as it stands, no percent-encoding needed.
+    let message = match retry {
+        Some(seconds) => format!("{}; retry after {seconds} s", parts.status),
+        None => parts.status.to_string(),
+    };
+    parts.status = StatusCode::OK;
+    parts.headers.insert(CONTENT_TYPE, content_type);
+    parts.headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+    if let Ok(message) = HeaderValue::try_from(message) {
+        parts.headers.insert(GRPC_MESSAGE, message);
+    }
+    Response::from_parts(parts, Full::new(Bytes::new()))
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// What the check decided: answer here, or the inner service's call and the
 /// headers to add to its response.

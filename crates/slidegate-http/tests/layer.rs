@@ -193,3 +193,43 @@ async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
         assert_eq!(app.clone().oneshot(request).await.unwrap().status(), expected);
     }
 }
+
+#[tokio::test]
+async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_metadata() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let app = app(RateLimiter::from_config(&config, MemoryStore::new()));
+    let grpc = || {
+        let mut request = Request::builder()
+            .uri("/api/search")
+            .header("content-type", "application/grpc+proto")
+            .body(Body::empty())
+            .unwrap();
+        request.extensions_mut().insert(ConnectInfo("198.51.100.9:1".parse::<SocketAddr>().unwrap()));
+        request
+    };
+    for _ in 0..2 {
+        assert_eq!(app.clone().oneshot(grpc()).await.unwrap().status(), StatusCode::OK);
+    }
+    let response = app.clone().oneshot(grpc()).await.unwrap();
+    // Trailers-only: HTTP 200, the status in the headers, no message.
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "application/grpc+proto");
+    assert_eq!(headers["grpc-status"], "14");
+    assert_eq!(headers["grpc-message"], "429 Too Many Requests; retry after 60 s");
+    assert_eq!(
+        (&headers["retry-after"], &headers["ratelimit"]),
+        (&"60".parse().unwrap(), &"\"search\";r=0;t=60".parse().unwrap())
+    );
+    assert!(axum::body::to_bytes(response.into_body(), 1024).await.unwrap().is_empty());
+}
+
+#[test]
+fn the_service_hands_out_its_inner_service() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+    let mut service = tower::Layer::layer(&layer, vec![1]);
+    service.get_mut().push(2);
+    assert_eq!(service.get_ref(), &[1, 2]);
+    assert_eq!(service.into_inner(), [1, 2]);
+}
