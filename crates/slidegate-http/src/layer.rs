@@ -1,26 +1,38 @@
 //! The tower middleware: [`RateLimitLayer`] builds [`RateLimit`] services.
 //!
-//! Works with anything built on `http` requests and responses. Denied
-//! requests are answered here and never reach the inner service; allowed ones
-//! get the rate limit headers added to the inner service's response.
+//! Works with anything built on `http` requests and responses, whatever the
+//! body type. Denied requests are answered here and never reach the inner
+//! service; allowed ones get the rate limit headers added to the inner
+//! service's response.
 //!
-//! - axum: `Router::layer(RateLimitLayer::new(limiter).peer_addr(..))`, the peer
-//!   read from `ConnectInfo<SocketAddr>` (see `examples/axum.rs`).
+//! The client address comes from the [`PeerAddr`] request extension; each
+//! server keeps the socket peer somewhere of its own, so one line per server
+//! copies it there. Without it, every client is counted as one.
+//!
+//! - axum: `Router::layer(RateLimitLayer::new(limiter))`, then
+//!   `.layer(axum::middleware::map_request(..))` outside it copying
+//!   `ConnectInfo<SocketAddr>` into [`PeerAddr`] (shown on [`PeerAddr`];
+//!   `examples/axum.rs`).
 //! - hyper: wrap the service with `hyper_util::service::TowerToHyperService`
-//!   and insert a [`PeerAddr`] extension per connection (as `serve` does).
-//! - tonic: `Server::builder().layer(..)`; a denial is an HTTP 429, which gRPC
-//!   clients map to `UNAVAILABLE` (gRPC's HTTP-to-status mapping). Not
-//!   exercised by a test here.
+//!   and insert [`PeerAddr`] per connection, where the socket is accepted
+//!   (`examples/hyper.rs`).
+//! - tonic: `Server::builder().layer(..)`, with a `map_request` copying
+//!   tonic's `TcpConnectInfo` into [`PeerAddr`] (`examples/tonic.rs`). A
+//!   gRPC request (`content-type: application/grpc*`) is denied in gRPC's
+//!   own terms: `grpc-status` 14, `UNAVAILABLE`, the code gRPC's
+//!   HTTP-to-status mapping gives a 429 or a 503, with the rate limit headers
+//!   as metadata. The test of the example checks it with a tonic client.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{Either, Full};
+use pin_project_lite::pin_project;
 use slidegate::Store;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -28,14 +40,39 @@ use tower_service::Service;
 use crate::headers;
 use crate::limiter::RateLimiter;
 
-/// The socket peer of a request, as a request extension. `serve` inserts it;
-/// with other servers, insert it yourself or give the layer a
-/// [`RateLimitLayer::peer_addr`] function.
+/// The socket peer of a request, as a request extension: the address
+/// [`RateLimit`] counts anonymous clients by (after the trusted-proxy
+/// headers the identity configuration names).
+///
+/// Insert it where the server knows the connection. In axum, copy it from
+/// `ConnectInfo`, outside the rate limit layer:
+///
+/// ```
+/// use std::net::SocketAddr;
+///
+/// use axum::extract::{ConnectInfo, Request};
+/// use axum::{middleware, routing::get, Router};
+/// use slidegate::MemoryStore;
+/// use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+///
+/// /// Fails with a 500 when the app is served without connect info, rather
+/// /// than counting every client as one.
+/// async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Request) -> Request {
+///     request.extensions_mut().insert(PeerAddr(addr));
+///     request
+/// }
+///
+/// let config = Config::parse("[[rules]]\nname = \"all\"\npath = \"/*\"\nlimits = [{ limit = 100, window = \"60s\" }]", "inline.toml")?;
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())))
+///     // Added last, so it runs first.
+///     .layer(middleware::map_request(peer_addr));
+/// // Serve with `app.into_make_service_with_connect_info::<SocketAddr>()`.
+/// # Ok::<(), slidegate_http::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
-
-/// Reads the peer address of a request.
-pub type PeerFn<B> = Arc<dyn Fn(&Request<B>) -> Option<IpAddr> + Send + Sync>;
 
 /// The response body of a [`RateLimit`] service: the inner body, or ours.
 pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
@@ -52,97 +89,206 @@ pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
 /// path = "/api/*"
 /// limits = [{ limit = 100, window = "60s" }]
 /// "#, "inline.toml")?;
-/// let layer: RateLimitLayer<MemoryStore, String> =
-///     RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+/// let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+/// # drop(layer);
 /// # Ok::<(), slidegate_http::ConfigError>(())
 /// ```
-pub struct RateLimitLayer<S, B> {
+pub struct RateLimitLayer<S> {
     limiter: RateLimiter<S>,
-    peer: PeerFn<B>,
 }
 
-impl<S, B> Clone for RateLimitLayer<S, B> {
+// By hand: a derive would ask for `S: Clone`, and the limiter shares its store.
+impl<S> Clone for RateLimitLayer<S> {
     fn clone(&self) -> Self {
-        Self { limiter: self.limiter.clone(), peer: Arc::clone(&self.peer) }
+        Self { limiter: self.limiter.clone() }
     }
 }
 
-impl<S, B> RateLimitLayer<S, B> {
-    /// A layer deciding with `limiter`; the peer address comes from the
+impl<S> RateLimitLayer<S> {
+    /// A layer deciding with `limiter`; the client address comes from the
     /// [`PeerAddr`] extension.
     pub fn new(limiter: RateLimiter<S>) -> Self {
-        Self {
-            limiter,
-            peer: Arc::new(|req: &Request<B>| req.extensions().get::<PeerAddr>().map(|p| p.0.ip())),
-        }
-    }
-
-    /// Reads the peer address with `peer` instead, e.g. from axum's
-    /// `ConnectInfo<SocketAddr>` extension.
-    pub fn peer_addr(mut self, peer: impl Fn(&Request<B>) -> Option<IpAddr> + Send + Sync + 'static) -> Self {
-        self.peer = Arc::new(peer);
-        self
+        Self { limiter }
     }
 }
 
-impl<S, B, Inner> Layer<Inner> for RateLimitLayer<S, B> {
-    type Service = RateLimit<Inner, S, B>;
+impl<S, Inner> Layer<Inner> for RateLimitLayer<S> {
+    type Service = RateLimit<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit { inner, limiter: self.limiter.clone(), peer: Arc::clone(&self.peer) }
+        RateLimit::new(inner, self.limiter.clone())
     }
 }
 
 /// A service that rate-limits requests before `Inner` sees them.
-pub struct RateLimit<Inner, S, B> {
+pub struct RateLimit<Inner, S> {
     inner: Inner,
     limiter: RateLimiter<S>,
-    peer: PeerFn<B>,
 }
 
-impl<Inner: Clone, S, B> Clone for RateLimit<Inner, S, B> {
+impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), limiter: self.limiter.clone(), peer: Arc::clone(&self.peer) }
+        Self { inner: self.inner.clone(), limiter: self.limiter.clone() }
     }
 }
 
-impl<Inner, S, B, ResBody> Service<Request<B>> for RateLimit<Inner, S, B>
+impl<Inner, S> RateLimit<Inner, S> {
+    /// `inner`, rate-limited by `limiter`.
+    pub fn new(inner: Inner, limiter: RateLimiter<S>) -> Self {
+        Self { inner, limiter }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
+}
+
+impl<Inner, S, B, ResBody> Service<Request<B>> for RateLimit<Inner, S>
 where
     Inner: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
-    Inner::Future: Send,
     S: Store + 'static,
     B: Send + 'static,
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future = ResponseFuture<Inner::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The clone that was driven to readiness serves this request.
+        // The service that was driven to readiness serves this request; a
+        // clone, not yet ready, stays behind for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
-        let peer = (self.peer)(&request);
-        Box::pin(async move {
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let check = async move {
             let verdict =
                 limiter.check_request(request.method(), request.uri().path(), request.headers(), peer).await;
-            match verdict {
-                None => Ok(inner.call(request).await?.map(Either::Left)),
+            // The headers are rendered here because the verdict borrows the
+            // limiter, which stays in this future.
+            let added = match verdict {
                 Some(verdict) if verdict.blocks() => {
                     let response =
                         headers::blocked_response(&verdict, limiter.legacy_headers(), request.uri().path());
-                    Ok(response.map(Either::Right))
+                    return Checked::Blocked(match grpc_content_type(&request) {
+                        Some(content_type) => grpc_denial(response, content_type),
+                        None => response,
+                    });
                 }
                 Some(verdict) => {
-                    let mut response = inner.call(request).await?;
-                    headers::apply(response.headers_mut(), &verdict, limiter.legacy_headers());
-                    Ok(response.map(Either::Left))
+                    let mut added = HeaderMap::new();
+                    headers::apply(&mut added, &verdict, limiter.legacy_headers());
+                    added
+                }
+                None => HeaderMap::new(),
+            };
+            Checked::Allowed { future: inner.call(request), headers: added }
+        };
+        ResponseFuture { state: State::Checking { check: Box::pin(check) } }
+    }
+}
+
+/// The content type of a gRPC request (`application/grpc`, `+proto`,
+/// `-web`, ...), which its denial answers in.
+fn grpc_content_type<B>(request: &Request<B>) -> Option<HeaderValue> {
+    let content_type = request.headers().get(CONTENT_TYPE)?;
+    content_type.as_bytes().starts_with(b"application/grpc").then(|| content_type.clone())
+}
+
+/// `denial` as a gRPC client understands it: a trailers-only response with
+/// `grpc-status` 14 (`UNAVAILABLE`, the code gRPC maps both 429 and 503 to).
+/// The rate limit headers stay, as response metadata. A 429 with a problem
+/// body is not enough: tonic reads the JSON as a gRPC message and reports a
+/// protocol error (`INTERNAL`) instead.
+fn grpc_denial(denial: Response<Full<Bytes>>, content_type: HeaderValue) -> Response<Full<Bytes>> {
+    let (mut parts, _problem) = denial.into_parts();
+    let retry = parts.headers.get(RETRY_AFTER).and_then(|v| v.to_str().ok());
+    // Printable ASCII without `%`: valid as it stands, no percent-encoding needed.
+    let message = match retry {
+        Some(seconds) => format!("{}; retry after {seconds} s", parts.status),
+        None => parts.status.to_string(),
+    };
+    parts.status = StatusCode::OK;
+    parts.headers.insert(CONTENT_TYPE, content_type);
+    parts.headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+    if let Ok(message) = HeaderValue::try_from(message) {
+        parts.headers.insert(GRPC_MESSAGE, message);
+    }
+    Response::from_parts(parts, Full::new(Bytes::new()))
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// What the check decided: answer here, or the inner service's call and the
+/// headers to add to its response.
+enum Checked<F> {
+    Blocked(Response<Full<Bytes>>),
+    Allowed { future: F, headers: HeaderMap },
+}
+
+/// The check, boxed: the store's `decide` is an `async fn` of the [`Store`]
+/// trait, whose future has no name a field could hold.
+type CheckFuture<F> = Pin<Box<dyn Future<Output = Checked<F>> + Send>>;
+
+pin_project! {
+    /// The response future of [`RateLimit`]: the rate limit check, then the
+    /// inner service's future `F`, polled in place.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Checking { check: CheckFuture<F> },
+        Forwarding { #[pin] future: F, headers: HeaderMap },
+    }
+}
+
+impl<F, ResBody, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+{
+    type Output = Result<Response<RateLimitBody<ResBody>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Checking { check } => match ready!(check.as_mut().poll(cx)) {
+                    Checked::Blocked(response) => return Poll::Ready(Ok(response.map(Either::Right))),
+                    Checked::Allowed { future, headers } => state.set(State::Forwarding { future, headers }),
+                },
+                StateProj::Forwarding { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    // Each name replaces the inner service's value, as inserting would.
+                    response.headers_mut().extend(std::mem::take(headers));
+                    return Poll::Ready(Ok(response.map(Either::Left)));
                 }
             }
-        })
+        }
+    }
+}
+
+impl<F> std::fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }

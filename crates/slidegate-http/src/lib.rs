@@ -24,7 +24,7 @@
 //! "#, "slidegate.toml")?;
 //! let limiter = RateLimiter::from_config(&config, MemoryStore::new());
 //! // Wrap any tower service of `http::Request<B>`, e.g. an axum Router:
-//! let layer: RateLimitLayer<_, String> = RateLimitLayer::new(limiter);
+//! let layer = RateLimitLayer::new(limiter);
 //! # drop(layer);
 //! # Ok::<(), slidegate_http::ConfigError>(())
 //! ```
@@ -44,7 +44,7 @@ mod store;
 
 pub use config::{Config, ConfigError, OnError};
 pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource};
-pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer};
+pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
 pub use rules::{normalize_path, PathPattern, RuleMatcher};

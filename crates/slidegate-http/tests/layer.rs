@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
-use axum::Router;
+use axum::{middleware, Router};
 use http::{HeaderMap, Method, StatusCode};
 use slidegate::{Decision, Limit, MemoryStore, Store, StoreError};
 use slidegate_http::{Config, DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
@@ -34,14 +34,19 @@ shadow = true
 limits = [{ limit = 1, window = "60s", algorithm = "sliding_log" }]
 "#;
 
+/// axum's `ConnectInfo`, copied to the `PeerAddr` the layer reads.
+async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Request) -> Request {
+    request.extensions_mut().insert(PeerAddr(addr));
+    request
+}
+
 fn app(limiter: RateLimiter<MemoryStore>) -> Router {
-    let layer = RateLimitLayer::new(limiter)
-        .peer_addr(|r: &Request| r.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
     Router::new()
         .route("/api/search", get(|| async { "results" }))
         .route("/api/feed", get(|| async { "feed" }))
         .route("/", get(|| async { "home" }))
-        .layer(layer)
+        .layer(RateLimitLayer::new(limiter))
+        .layer(middleware::map_request(peer_addr))
 }
 
 async fn call(app: &Router, path: &str, peer: &str) -> (StatusCode, HeaderMap) {
@@ -176,7 +181,7 @@ async fn fail_closed_rules_block_when_the_store_fails() {
 }
 
 #[tokio::test]
-async fn serve_inserts_the_peer_as_an_extension_other_servers_can_too() {
+async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
     let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
     let app = Router::new().route("/api/search", get(|| async { "results" })).layer(layer);
@@ -187,4 +192,44 @@ async fn serve_inserts_the_peer_as_an_extension_other_servers_can_too() {
         request.extensions_mut().insert(PeerAddr(format!("203.0.113.7:{}", 1000 + i).parse().unwrap()));
         assert_eq!(app.clone().oneshot(request).await.unwrap().status(), expected);
     }
+}
+
+#[tokio::test]
+async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_metadata() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let app = app(RateLimiter::from_config(&config, MemoryStore::new()));
+    let grpc = || {
+        let mut request = Request::builder()
+            .uri("/api/search")
+            .header("content-type", "application/grpc+proto")
+            .body(Body::empty())
+            .unwrap();
+        request.extensions_mut().insert(ConnectInfo("198.51.100.9:1".parse::<SocketAddr>().unwrap()));
+        request
+    };
+    for _ in 0..2 {
+        assert_eq!(app.clone().oneshot(grpc()).await.unwrap().status(), StatusCode::OK);
+    }
+    let response = app.clone().oneshot(grpc()).await.unwrap();
+    // Trailers-only: HTTP 200, the status in the headers, no message.
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "application/grpc+proto");
+    assert_eq!(headers["grpc-status"], "14");
+    assert_eq!(headers["grpc-message"], "429 Too Many Requests; retry after 60 s");
+    assert_eq!(
+        (&headers["retry-after"], &headers["ratelimit"]),
+        (&"60".parse().unwrap(), &"\"search\";r=0;t=60".parse().unwrap())
+    );
+    assert!(axum::body::to_bytes(response.into_body(), 1024).await.unwrap().is_empty());
+}
+
+#[test]
+fn the_service_hands_out_its_inner_service() {
+    let config = Config::parse(RULES, "rules.toml").unwrap();
+    let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+    let mut service = tower::Layer::layer(&layer, vec![1]);
+    service.get_mut().push(2);
+    assert_eq!(service.get_ref(), &[1, 2]);
+    assert_eq!(service.into_inner(), [1, 2]);
 }
