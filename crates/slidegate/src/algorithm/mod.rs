@@ -272,11 +272,36 @@ mod tests {
     }
 
     #[test]
+    fn usage_is_what_each_state_counts_in_the_last_window() {
+        use std::time::Duration;
+        let q = Quota::new(10, Duration::from_millis(1000)).unwrap();
+        let usage_after = |a: Algorithm, at: u64| {
+            let mut s = IdentityState::new(a);
+            assert!(s.decide(500, 4, &q).allowed);
+            s.usage(at, &q)
+        };
+        // 4 permits at 500; at 1_250, 750 ms of the previous window still count.
+        let swc = usage_after(Algorithm::SlidingWindowCounter, 1_250);
+        assert_eq!((swc, swc.permits()), (Usage { units: 3_000, per_permit: 1000 }, 3.0));
+        assert_eq!(usage_after(Algorithm::FixedWindow, 999).permits(), 4.0);
+        assert_eq!(usage_after(Algorithm::FixedWindow, 1_000).permits(), 0.0);
+        assert_eq!(usage_after(Algorithm::SlidingLog, 1_499).permits(), 4.0);
+        assert_eq!(usage_after(Algorithm::SlidingLog, 1_500).permits(), 0.0);
+        // One token refills every 100 ms: 150 ms later, 2.5 are still missing.
+        assert_eq!(usage_after(Algorithm::TokenBucket, 650).permits(), 2.5);
+        // The TAT lies 400 ms ahead at 500, 250 ms (2.5 intervals) at 650.
+        assert_eq!(usage_after(Algorithm::Gcra, 650).permits(), 2.5);
+    }
+
+    #[test]
     fn names_round_trip_and_unknown_names_are_listed() {
         for a in Algorithm::ALL {
             assert_eq!(a.name().parse::<Algorithm>(), Ok(a));
         }
         let err = "leaky".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(err.starts_with("unknown algorithm \"leaky\": expected one of"), "{err}");
+        assert_eq!(
+            err,
+            "unknown algorithm \"leaky\": expected one of sliding_window_counter, fixed_window, sliding_log, token_bucket, gcra"
+        );
     }
 }

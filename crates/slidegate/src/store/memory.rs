@@ -96,7 +96,8 @@ impl<P: Packing> Keyed<P> {
         }
         let (packing, reference) = (self.packing, self.reference);
         if let Some(slot) = self.slots.get_mut(id) {
-            let (next, decision) = P::Algorithm::decide(packing.unpack(*slot, reference), now, cost, packing.quota());
+            let (next, decision) =
+                P::Algorithm::decide(packing.unpack(*slot, reference), now, cost, packing.quota());
             if commit {
                 *slot = packing.pack(next);
             }
@@ -121,7 +122,8 @@ impl<P: Packing> Keyed<P> {
     /// a window old, so the next horizon starts now.
     fn rebuild(&mut self, now: u64, room: usize) {
         let (packing, reference) = (self.packing, self.reference);
-        self.slots.rebuild(|p| !P::Algorithm::is_idle(&packing.unpack(*p, reference), now, packing.quota()), room);
+        self.slots
+            .rebuild(|p| !P::Algorithm::is_idle(&packing.unpack(*p, reference), now, packing.quota()), room);
         self.swept_ms = now;
         self.reference = packing.reference(now);
     }

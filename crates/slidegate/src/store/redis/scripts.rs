@@ -69,12 +69,17 @@ fn piece(name: &str) -> &'static str {
 fn dispatch_table() -> String {
     let mut lua = String::new();
     for a in Algorithm::ALL {
-        lua.push_str(&format!("--! include {}.lua
-", a.name()));
+        lua.push_str(&format!(
+            "--! include {}.lua
+",
+            a.name()
+        ));
     }
-    lua.push_str("
+    lua.push_str(
+        "
 local algorithms = {
-");
+",
+    );
     for a in Algorithm::ALL {
         lua.push_str(&format!(
             "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit }}, -- {n} {name}\n",

@@ -1,5 +1,5 @@
--- Sliding window counter, mirroring algorithm/sliding_window_counter.rs. Its load /
--- decide / commit functions follow the contract in scripts.rs.
+-- Sliding window counter, mirroring algorithm/sliding_window_counter.rs.
+-- Its load / decide / commit functions follow the contract in scripts.rs.
 -- State: one string key, struct '<I4I4I4' = window number modulo 2^32,
 -- cur, prev ('<I4dd' when the limit needs more than 32 bits). No key reads
 -- as window -1: no count in any window that matters.
