@@ -312,7 +312,7 @@ impl Table {
 
 #[derive(Default)]
 struct Shard {
-    /// One table per limit seen; rules rarely have more than a handful.
+    /// One table per limit seen; an identity rarely meets more than a handful.
     tables: Vec<Table>,
 }
 
