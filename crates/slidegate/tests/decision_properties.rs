@@ -89,7 +89,9 @@ fn sliding_log_never_admits_more_than_the_limit_in_any_window() {
         rng ^= rng << 17;
         now += rng % 30;
         let cost = 1 + rng % 3;
-        if sliding_log::decide(&mut log, now, cost, &q).allowed {
+        let (next, decision) = sliding_log::decide(log, now, cost, &q);
+        log = next;
+        if decision.allowed {
             admitted.extend(std::iter::repeat_n(now, cost as usize));
         }
     }

@@ -14,7 +14,7 @@
 //!   allowed);
 //! - **average rate difference**: before each request, the algorithm's own
 //!   estimate of the source's current rate (permits in the last window, as
-//!   its state implies) against the real count of permits it admitted in
+//!   its state implies: [`IdentityState::usage`]) against the real count of permits it admitted in
 //!   that window: `100 × Σ|estimate − real| / Σ real` over all requests.
 //!
 //! For the sliding log itself all three are 0 by construction.
@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use slidegate::algorithm::{gcra, IdentityState};
+use slidegate::algorithm::IdentityState;
 use slidegate::{Algorithm, Quota};
 
 use super::traffic::{Class, Traffic};
@@ -99,48 +99,6 @@ pub struct AlgorithmReport {
     pub attacker_admissions: Vec<u64>,
 }
 
-/// What a state says about permits in the last window at `now`.
-trait Estimate {
-    fn estimate(&self, now: u64, q: &Quota) -> f64;
-}
-
-impl Estimate for IdentityState {
-    /// What the state says about permits in the last window at `now`.
-    fn estimate(&self, now: u64, q: &Quota) -> f64 {
-        let (w, limit) = (q.window_ms(), q.permits());
-        match self {
-            IdentityState::SlidingWindowCounter(s) => {
-                let window = now / w;
-                let (cur, prev) = if s.window == window {
-                    (s.cur, s.prev)
-                } else if s.window + 1 == window {
-                    (0, s.cur)
-                } else {
-                    (0, 0)
-                };
-                cur as f64 + prev as f64 * (w - now % w) as f64 / w as f64
-            }
-            IdentityState::FixedWindow(s) => {
-                if s.window == now / w {
-                    s.count as f64
-                } else {
-                    0.0
-                }
-            }
-            IdentityState::SlidingLog(log) => log.entries().filter(|&t| t + w > now).count() as f64,
-            IdentityState::TokenBucket(s) => {
-                // Tokens missing from a full bucket: the permits it still remembers.
-                let elapsed = now.saturating_sub(s.last_ms).min(w);
-                s.used.saturating_sub(elapsed * limit) as f64 / w as f64
-            }
-            IdentityState::Gcra(s) => {
-                let t = gcra::emission_interval_us(q);
-                s.tat_us.saturating_sub(now * 1000) as f64 / t as f64
-            }
-        }
-    }
-}
-
 /// Replays `traffic` through `algorithm` under `quota`, calling `progress`
 /// with the number of requests done every so often.
 pub fn replay(
@@ -169,7 +127,8 @@ pub fn replay(
         }
         let real = log.len() as u64;
         let exact_allows = real < limit;
-        let estimate = states[source].estimate(now, quota);
+        // The library's own view of the rate: the code users run, not a copy.
+        let estimate = states[source].usage(now, quota).permits();
         let allowed = states[source].decide(now, 1, quota).allowed;
         if allowed {
             log.push_back(now);

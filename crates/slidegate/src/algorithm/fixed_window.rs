@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::{Definition, Usage};
 use crate::{Decision, Quota};
 
 /// The counter of the window it was last written in.
@@ -45,6 +46,36 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
 /// Whether `state` has no effect any more at `now_ms` and may be forgotten.
 pub fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
     state.window < now_ms / quota.window_ms()
+}
+
+/// The permits counted in the window `now_ms` falls in, as [`decide`] sees it.
+pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+    let w = quota.window_ms();
+    let skew = if state.count > 0 { super::skew_ms(state.window, now_ms, w) } else { 0 };
+    let count = if state.window == (now_ms + skew) / w { state.count } else { 0 };
+    Usage { units: count, per_permit: 1 }
+}
+
+/// The fixed window as the stores see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FixedWindow;
+
+impl Definition for FixedWindow {
+    const NAME: &'static str = "fixed_window";
+    const TAG: &'static str = "fw";
+    const LUA: &'static str = include_str!("../store/redis/fixed_window.lua");
+    type State = State;
+    type MemoryTable = crate::store::memory::PackedTable<crate::store::memory::PackedFixed>;
+
+    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
+        decide(state, now_ms, cost, quota)
+    }
+    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
+        is_idle(state, now_ms, quota)
+    }
+    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+        usage(state, now_ms, quota)
+    }
 }
 
 #[cfg(test)]

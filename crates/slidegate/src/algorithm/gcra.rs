@@ -6,6 +6,7 @@
 //! allowed when `max(TAT, now) + cost × T ≤ now + limit × T`; it then moves
 //! TAT there. All state is that one number.
 
+use super::{Definition, Usage};
 use crate::decision::ceil_ms;
 use crate::{Decision, Quota};
 
@@ -47,8 +48,36 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
 }
 
 /// Whether `state` has no effect any more at `now_ms` and may be forgotten.
-pub fn is_idle(state: &State, now_ms: u64) -> bool {
+pub fn is_idle(state: &State, now_ms: u64, _quota: &Quota) -> bool {
     state.tat_us <= now_ms * 1000
+}
+
+/// The permits the TAT still holds back at `now_ms`: how many emission
+/// intervals it lies ahead.
+pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+    Usage { units: state.tat_us.saturating_sub(now_ms * 1000), per_permit: emission_interval_us(quota) }
+}
+
+/// GCRA as the stores see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gcra;
+
+impl Definition for Gcra {
+    const NAME: &'static str = "gcra";
+    const TAG: &'static str = "gcra";
+    const LUA: &'static str = include_str!("../store/redis/gcra.lua");
+    type State = State;
+    type MemoryTable = crate::store::memory::PlainTable<Self>;
+
+    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
+        decide(state, now_ms, cost, quota)
+    }
+    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
+        is_idle(state, now_ms, quota)
+    }
+    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+        usage(state, now_ms, quota)
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The five algorithms, each a pure state transition in its own module.
+//! The algorithms, each a pure state transition in its own module.
 //!
 //! Every algorithm is arithmetic on integers and nothing else:
 //! `(state, now_ms, cost, quota) -> (state', Decision)`. No I/O, no clock, no
@@ -13,6 +13,13 @@
 //! as at the start of the state's own window instead of forgetting it, the
 //! token bucket and GCRA never refill backwards, and the log keeps counting
 //! permits stamped in the future.
+//!
+//! Each algorithm module also implements [`Definition`] on a unit type: its
+//! names, its Lua mirror, and how the embedded store keeps its states. The
+//! one list of algorithms is [`for_each_algorithm!`]; everything that differs
+//! per algorithm elsewhere (`Algorithm::ALL` and its names, [`IdentityState`],
+//! the memory store's tables, the Redis key tags and Lua dispatch table) is
+//! derived from that list and the `Definition`s.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -25,7 +32,76 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::Quota;
+use crate::{Decision, Quota};
+
+/// Everything that defines one algorithm, implemented once per algorithm
+/// module. The stores reach every algorithm through this trait, so none of
+/// them lists the algorithms by hand.
+// Without Redis, nothing reads the key tag or the Lua source.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) trait Definition {
+    /// The algorithm's name in configs, JSON and keys' documentation, and of
+    /// its Lua file (`store/redis/<NAME>.lua`).
+    const NAME: &'static str;
+    /// Its short name in Redis keys (`…:<TAG>:<limit>:<window_ms>`) and in
+    /// the names of its Lua functions. Part of the key layout: changing it
+    /// orphans every key already written.
+    const TAG: &'static str;
+    /// Its Lua mirror, which follows the load / decide / commit contract
+    /// written down in `store/redis/scripts.rs`.
+    const LUA: &'static str;
+    /// The state of one identity; the default is an identity never seen.
+    type State: Clone + Default + PartialEq + fmt::Debug;
+    /// How the embedded store keeps the states of one limit.
+    type MemoryTable: crate::store::memory::LimitTable;
+
+    /// Decides `cost` permits at `now_ms` (`cost ≤ quota.permits()`); the
+    /// state comes back charged when allowed, unchanged on a denial or a
+    /// cost of 0.
+    fn decide(state: Self::State, now_ms: u64, cost: u64, quota: &Quota) -> (Self::State, Decision);
+    /// Whether `state` changes no decision any more at `now_ms`, so a store may forget it.
+    fn is_idle(state: &Self::State, now_ms: u64, quota: &Quota) -> bool;
+    /// The permits `state` counts against the quota at `now_ms`.
+    fn usage(state: &Self::State, now_ms: u64, quota: &Quota) -> Usage;
+}
+
+/// The one list of algorithms: calls `$then!` with `Variant => module` for
+/// each, in the order of [`Algorithm::ALL`]. Each `module` holds a unit type
+/// named like the variant that implements [`Definition`], and its state type
+/// `State`. Adding an algorithm adds its line here and its variant to
+/// [`Algorithm`]; the compiler points out every match that is then missing
+/// an arm (there is none outside the generated code).
+macro_rules! for_each_algorithm {
+    ($then:ident) => {
+        $then! {
+            SlidingWindowCounter => sliding_window_counter,
+            FixedWindow => fixed_window,
+            SlidingLog => sliding_log,
+            TokenBucket => token_bucket,
+            Gcra => gcra,
+        }
+    };
+}
+pub(crate) use for_each_algorithm;
+
+/// What a state counts against its quota at one instant: exactly
+/// `units / per_permit` permits. For the window algorithms, the permits in
+/// the last window as the algorithm estimates them; for the token bucket and
+/// GCRA, the permits not yet refilled or emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The count, in units of `1 / per_permit` permit.
+    pub units: u64,
+    /// Units per permit (at least 1).
+    pub per_permit: u64,
+}
+
+impl Usage {
+    /// The count in permits, as a float (for statistics, never for decisions).
+    pub fn permits(&self) -> f64 {
+        self.units as f64 / self.per_permit as f64
+    }
+}
 
 /// Which algorithm decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -43,27 +119,81 @@ pub enum Algorithm {
     Gcra,
 }
 
-impl Algorithm {
-    /// Every algorithm, the default first.
-    pub const ALL: [Algorithm; 5] = [
-        Algorithm::SlidingWindowCounter,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ];
+/// What the list of algorithms generates here: `Algorithm::ALL` and the
+/// per-algorithm lookups, and [`IdentityState`].
+macro_rules! algorithm_table {
+    ($($variant:ident => $module:ident),* $(,)?) => {
+        impl Algorithm {
+            /// Every algorithm, the default first.
+            pub const ALL: [Algorithm; [$(stringify!($variant)),*].len()] = [$(Algorithm::$variant),*];
 
-    /// The algorithm's name in configs, JSON and keys: `sliding_window_counter`, …
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
+            /// The algorithm's name in configs, JSON and keys: `sliding_window_counter`, …
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$module::$variant as Definition>::NAME,)*
+                }
+            }
+
+            /// Its short name in Redis keys and Lua function names.
+            #[cfg(feature = "redis")]
+            pub(crate) fn tag(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$module::$variant as Definition>::TAG,)*
+                }
+            }
+
+            /// The source of its Lua file.
+            #[cfg(feature = "redis")]
+            pub(crate) fn lua(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$module::$variant as Definition>::LUA,)*
+                }
+            }
         }
-    }
+
+        /// The state of one identity under any of the algorithms, for callers
+        /// that keep state themselves (simulations, replays, custom stores).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum IdentityState {
+            $(
+                #[doc = concat!("State under [`Algorithm::", stringify!($variant), "`] ([`", stringify!($module), "`]).")]
+                $variant($module::State),
+            )*
+        }
+
+        impl IdentityState {
+            /// A fresh identity under `algorithm`: nothing admitted yet.
+            pub fn new(algorithm: Algorithm) -> Self {
+                match algorithm {
+                    $(Algorithm::$variant => Self::$variant(Default::default()),)*
+                }
+            }
+
+            /// Decides `cost` permits at `now_ms` and charges them when allowed, as a
+            /// store does. Expects `cost <= quota.permits()`.
+            pub fn decide(&mut self, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
+                match self {
+                    $(Self::$variant(state) => {
+                        let (next, decision) =
+                            <$module::$variant as Definition>::decide(std::mem::take(state), now_ms, cost, quota);
+                        *state = next;
+                        decision
+                    })*
+                }
+            }
+
+            /// The permits this state counts against `quota` at `now_ms`, as
+            /// the algorithm sees them (see [`Usage`]).
+            pub fn usage(&self, now_ms: u64, quota: &Quota) -> Usage {
+                match self {
+                    $(Self::$variant(state) => <$module::$variant as Definition>::usage(state, now_ms, quota),)*
+                }
+            }
+        }
+    };
 }
+
+for_each_algorithm!(algorithm_table);
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -71,10 +201,15 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// An algorithm name that is not one of the five.
+/// An algorithm name that is not one of [`Algorithm::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown algorithm {0:?}: expected one of sliding_window_counter, fixed_window, sliding_log, token_bucket, gcra")]
+#[error("unknown algorithm {0:?}: expected one of {expected}", expected = known_names())]
 pub struct UnknownAlgorithm(pub String);
+
+/// Every algorithm's name, comma-separated, for [`UnknownAlgorithm`]'s message.
+fn known_names() -> String {
+    Algorithm::ALL.map(Algorithm::name).join(", ")
+}
 
 impl FromStr for Algorithm {
     type Err = UnknownAlgorithm;
@@ -125,56 +260,38 @@ pub(crate) fn skew_ms(window: u64, now_ms: u64, w: u64) -> u64 {
     (window * w).saturating_sub(now_ms)
 }
 
-/// The state of one identity under any of the five algorithms, for callers
-/// that keep state themselves (simulations, replays, custom stores).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdentityState {
-    /// [`sliding_window_counter`] state.
-    SlidingWindowCounter(sliding_window_counter::State),
-    /// [`fixed_window`] state.
-    FixedWindow(fixed_window::State),
-    /// [`sliding_log`] state.
-    SlidingLog(sliding_log::Log),
-    /// [`token_bucket`] state.
-    TokenBucket(token_bucket::State),
-    /// [`gcra`] state.
-    Gcra(gcra::State),
-}
-
-impl IdentityState {
-    /// A fresh identity under `algorithm`: nothing admitted yet.
-    pub fn new(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::SlidingWindowCounter => Self::SlidingWindowCounter(Default::default()),
-            Algorithm::FixedWindow => Self::FixedWindow(Default::default()),
-            Algorithm::SlidingLog => Self::SlidingLog(Default::default()),
-            Algorithm::TokenBucket => Self::TokenBucket(Default::default()),
-            Algorithm::Gcra => Self::Gcra(Default::default()),
-        }
-    }
-
-    /// Decides `cost` permits at `now_ms` and charges them when allowed, as a
-    /// store does. Expects `cost <= quota.permits()`.
-    pub fn decide(&mut self, now_ms: u64, cost: u64, quota: &Quota) -> crate::Decision {
-        fn apply<S>(state: &mut S, (next, decision): (S, crate::Decision)) -> crate::Decision {
-            *state = next;
-            decision
-        }
-        match self {
-            Self::SlidingWindowCounter(s) => {
-                apply(s, sliding_window_counter::decide(*s, now_ms, cost, quota))
-            }
-            Self::FixedWindow(s) => apply(s, fixed_window::decide(*s, now_ms, cost, quota)),
-            Self::SlidingLog(log) => sliding_log::decide(log, now_ms, cost, quota),
-            Self::TokenBucket(s) => apply(s, token_bucket::decide(*s, now_ms, cost, quota)),
-            Self::Gcra(s) => apply(s, gcra::decide(*s, now_ms, cost, quota)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_lists_every_algorithm_once_in_declaration_order() {
+        for (i, a) in Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(a as usize, i, "{a}");
+        }
+    }
+
+    #[test]
+    fn usage_is_what_each_state_counts_in_the_last_window() {
+        use std::time::Duration;
+        let q = Quota::new(10, Duration::from_millis(1000)).unwrap();
+        let usage_after = |a: Algorithm, at: u64| {
+            let mut s = IdentityState::new(a);
+            assert!(s.decide(500, 4, &q).allowed);
+            s.usage(at, &q)
+        };
+        // 4 permits at 500; at 1_250, 750 ms of the previous window still count.
+        let swc = usage_after(Algorithm::SlidingWindowCounter, 1_250);
+        assert_eq!((swc, swc.permits()), (Usage { units: 3_000, per_permit: 1000 }, 3.0));
+        assert_eq!(usage_after(Algorithm::FixedWindow, 999).permits(), 4.0);
+        assert_eq!(usage_after(Algorithm::FixedWindow, 1_000).permits(), 0.0);
+        assert_eq!(usage_after(Algorithm::SlidingLog, 1_499).permits(), 4.0);
+        assert_eq!(usage_after(Algorithm::SlidingLog, 1_500).permits(), 0.0);
+        // One token refills every 100 ms: 150 ms later, 2.5 are still missing.
+        assert_eq!(usage_after(Algorithm::TokenBucket, 650).permits(), 2.5);
+        // The TAT lies 400 ms ahead at 500, 250 ms (2.5 intervals) at 650.
+        assert_eq!(usage_after(Algorithm::Gcra, 650).permits(), 2.5);
+    }
 
     #[test]
     fn names_round_trip_and_unknown_names_are_listed() {
@@ -182,6 +299,9 @@ mod tests {
             assert_eq!(a.name().parse::<Algorithm>(), Ok(a));
         }
         let err = "leaky".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(err.starts_with("unknown algorithm \"leaky\": expected one of"), "{err}");
+        assert_eq!(
+            err,
+            "unknown algorithm \"leaky\": expected one of sliding_window_counter, fixed_window, sliding_log, token_bucket, gcra"
+        );
     }
 }

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::{Definition, Usage};
 use crate::{Decision, Quota};
 
 /// The largest limit a sliding log accepts.
@@ -18,6 +19,9 @@ use crate::{Decision, Quota};
 /// about 100 MB in a Redis sorted set) where larger limits want the sliding
 /// window counter.
 pub const MAX_LIMIT: u64 = 1_000_000;
+
+/// The sliding log's state: the log itself.
+pub type State = Log;
 
 /// The admission times of the permits that may still count, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,13 +84,16 @@ pub fn record(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) {
 }
 
 /// Decides `cost` permits at `now_ms` and charges them when allowed.
-pub fn decide(log: &mut Log, now_ms: u64, cost: u64, quota: &Quota) -> Decision {
-    let decision = check(log, now_ms, cost, quota);
+///
+/// Takes the log by value like every algorithm's `decide`; moving a log
+/// moves three words, never its entries.
+pub fn decide(mut log: Log, now_ms: u64, cost: u64, quota: &Quota) -> (Log, Decision) {
+    let decision = check(&log, now_ms, cost, quota);
     // A peek (cost 0) writes nothing, as on Redis.
     if decision.allowed && cost > 0 {
-        record(log, now_ms, cost, quota);
+        record(&mut log, now_ms, cost, quota);
     }
-    decision
+    (log, decision)
 }
 
 /// Whether every entry expired at `now_ms`, so the log may be forgotten.
@@ -94,25 +101,60 @@ pub fn is_idle(log: &Log, now_ms: u64, quota: &Quota) -> bool {
     log.entries.back().is_none_or(|&t| t + quota.window_ms() <= now_ms)
 }
 
+/// The permits still counting at `now_ms`: the exact count.
+pub fn usage(log: &Log, now_ms: u64, quota: &Quota) -> Usage {
+    let live = log.entries.len() - log.first_live(now_ms, quota.window_ms());
+    Usage { units: live as u64, per_permit: 1 }
+}
+
+/// The sliding log as the stores see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlidingLog;
+
+impl Definition for SlidingLog {
+    const NAME: &'static str = "sliding_log";
+    const TAG: &'static str = "log";
+    const LUA: &'static str = include_str!("../store/redis/sliding_log.lua");
+    type State = Log;
+    type MemoryTable = crate::store::memory::Logs;
+
+    fn decide(log: Log, now_ms: u64, cost: u64, quota: &Quota) -> (Log, Decision) {
+        decide(log, now_ms, cost, quota)
+    }
+    fn is_idle(log: &Log, now_ms: u64, quota: &Quota) -> bool {
+        is_idle(log, now_ms, quota)
+    }
+    fn usage(log: &Log, now_ms: u64, quota: &Quota) -> Usage {
+        usage(log, now_ms, quota)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decides and keeps the new log, as a store does.
+    fn run(log: &mut Log, now_ms: u64, cost: u64, q: &Quota) -> Decision {
+        let (next, decision) = decide(std::mem::take(log), now_ms, cost, q);
+        *log = next;
+        decision
+    }
 
     #[test]
     fn exact_over_any_window_and_retry_waits_for_the_oldest_to_expire() {
         let q = Quota::new(3, Duration::from_millis(1000)).unwrap();
         let mut log = Log::default();
-        assert!(decide(&mut log, 100, 1, &q).allowed);
-        assert!(decide(&mut log, 400, 1, &q).allowed);
-        let d = decide(&mut log, 700, 1, &q);
+        assert!(run(&mut log, 100, 1, &q).allowed);
+        assert!(run(&mut log, 400, 1, &q).allowed);
+        let d = run(&mut log, 700, 1, &q);
         assert_eq!((d.allowed, d.remaining), (true, 0));
         assert_eq!(d.reset_after, Duration::from_millis(1000));
-        let d = decide(&mut log, 800, 2, &q);
+        let d = run(&mut log, 800, 2, &q);
         assert!(!d.allowed);
         // Two must expire: the one at 400 leaves at 1400.
         assert_eq!(d.retry_after, Some(Duration::from_millis(600)));
-        assert!(!decide(&mut log, 1_399, 2, &q).allowed);
-        assert!(decide(&mut log, 1_400, 2, &q).allowed);
+        assert!(!run(&mut log, 1_399, 2, &q).allowed);
+        assert!(run(&mut log, 1_400, 2, &q).allowed);
         assert_eq!(log.entries().collect::<Vec<_>>(), [700, 1_400, 1_400]);
     }
 
@@ -121,7 +163,7 @@ mod tests {
         let q = Quota::new(3, Duration::from_millis(1000)).unwrap();
         let mut log = Log::default();
         assert!(is_idle(&log, 0, &q));
-        decide(&mut log, 100, 1, &q);
+        run(&mut log, 100, 1, &q);
         assert!(!is_idle(&log, 1_099, &q));
         assert!(is_idle(&log, 1_100, &q));
     }

@@ -23,6 +23,7 @@
 
 use std::time::Duration;
 
+use super::{Definition, Usage};
 use crate::{Decision, Quota};
 
 /// The counters of the window they were last written in and of the one before.
@@ -109,6 +110,38 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
 /// Whether `state` has no effect any more at `now_ms` and may be forgotten.
 pub fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
     state.window + 1 < now_ms / quota.window_ms()
+}
+
+/// The estimate `cur + prev × (W − e) / W` at `now_ms`, as [`decide`] weighs it.
+pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+    let w = quota.window_ms();
+    let counted = state.cur > 0 || state.prev > 0;
+    let now_ms = now_ms + if counted { super::skew_ms(state.window, now_ms, w) } else { 0 };
+    let (cur, prev) = state.counters_at(now_ms / w);
+    // ≤ 2 × limit × W ≤ 2^54: fits.
+    Usage { units: cur * w + prev * (w - now_ms % w), per_permit: w }
+}
+
+/// The sliding window counter as the stores see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlidingWindowCounter;
+
+impl Definition for SlidingWindowCounter {
+    const NAME: &'static str = "sliding_window_counter";
+    const TAG: &'static str = "swc";
+    const LUA: &'static str = include_str!("../store/redis/sliding_window_counter.lua");
+    type State = State;
+    type MemoryTable = crate::store::memory::PackedTable<crate::store::memory::PackedCounter>;
+
+    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
+        decide(state, now_ms, cost, quota)
+    }
+    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
+        is_idle(state, now_ms, quota)
+    }
+    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+        usage(state, now_ms, quota)
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::{Definition, Usage};
 use crate::{Decision, Quota};
 
 /// How far below full the bucket was when it was last charged.
@@ -57,6 +58,33 @@ pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, De
 /// Whether the bucket is full again at `now_ms`, so forgetting it changes nothing.
 pub fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
     used_at(state, now_ms, quota) == 0
+}
+
+/// The tokens missing from a full bucket at `now_ms`: the permits it still remembers.
+pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+    Usage { units: used_at(state, now_ms, quota), per_permit: quota.window_ms() }
+}
+
+/// The token bucket as the stores see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenBucket;
+
+impl Definition for TokenBucket {
+    const NAME: &'static str = "token_bucket";
+    const TAG: &'static str = "tb";
+    const LUA: &'static str = include_str!("../store/redis/token_bucket.lua");
+    type State = State;
+    type MemoryTable = crate::store::memory::PlainTable<Self>;
+
+    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
+        decide(state, now_ms, cost, quota)
+    }
+    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
+        is_idle(state, now_ms, quota)
+    }
+    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
+        usage(state, now_ms, quota)
+    }
 }
 
 #[cfg(test)]

@@ -26,11 +26,10 @@ use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use self::packing::{
-    BucketRule, CounterRule, FixedRule, GcraRule, PackedCounter, PackedFixed, Packing, Plain, Rule,
-};
+pub(crate) use self::packing::{PackedCounter, PackedFixed};
+use self::packing::{Packing, Plain};
 use self::slots::{slot_id, Slots};
-use crate::algorithm::sliding_log;
+use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::store::{validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
 
@@ -56,9 +55,23 @@ impl Hasher for Prehashed {
     }
 }
 
+/// How the embedded store keeps the states of one limit: each algorithm
+/// names its kind of table in [`Definition::MemoryTable`].
+pub(crate) trait LimitTable {
+    /// An empty table for states under `quota`, created at `now`.
+    fn new(quota: Quota, now: u64) -> Self;
+    /// Decides `cost` for identity `id`; charges it only when `commit`.
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision;
+    /// Forgets every identity whose state no longer matters and gives back
+    /// the memory the rest does not need.
+    fn shrink(&mut self, now: u64);
+    /// How many identities the table holds.
+    fn len(&self) -> usize;
+}
+
 /// The states of one limit whose state is a small copyable value, in a
 /// compact table ([`Slots`]) in the representation [`Packing`] chose.
-struct Keyed<P: Packing> {
+pub(crate) struct Keyed<P: Packing> {
     packing: P,
     slots: Slots<P::Packed>,
     /// When the table was last swept: packed times are restored relative to
@@ -81,16 +94,17 @@ impl<P: Packing> Keyed<P> {
         if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
             self.rebuild(now, 0);
         }
-        let (packing, rule, reference) = (self.packing, self.packing.rule(), self.reference);
+        let (packing, reference) = (self.packing, self.reference);
         if let Some(slot) = self.slots.get_mut(id) {
-            let (next, decision) = rule.decide(packing.unpack(*slot, reference), now, cost);
+            let (next, decision) =
+                P::Algorithm::decide(packing.unpack(*slot, reference), now, cost, packing.quota());
             if commit {
                 *slot = packing.pack(next);
             }
             return decision;
         }
-        let fresh = <P::Rule as Rule>::State::default();
-        let (next, decision) = rule.decide(fresh, now, cost);
+        let fresh = packing::State::<P>::default();
+        let (next, decision) = P::Algorithm::decide(fresh, now, cost, packing.quota());
         if commit && next != fresh {
             if self.slots.is_full() {
                 // Growing is the moment to drop idle states: the table may not need to grow.
@@ -107,8 +121,9 @@ impl<P: Packing> Keyed<P> {
     /// written more than a horizon after it); those that survive are at most
     /// a window old, so the next horizon starts now.
     fn rebuild(&mut self, now: u64, room: usize) {
-        let (packing, rule, reference) = (self.packing, self.packing.rule(), self.reference);
-        self.slots.rebuild(|p| !rule.is_idle(&packing.unpack(*p, reference), now), room);
+        let (packing, reference) = (self.packing, self.reference);
+        self.slots
+            .rebuild(|p| !P::Algorithm::is_idle(&packing.unpack(*p, reference), now, packing.quota()), room);
         self.swept_ms = now;
         self.reference = packing.reference(now);
     }
@@ -118,22 +133,93 @@ impl<P: Packing> Keyed<P> {
     }
 }
 
+/// States stored as they are, for algorithms whose state has no spare bits.
+pub(crate) type PlainTable<A> = Keyed<Plain<A>>;
+
+impl<A: Definition<State: Copy>> LimitTable for PlainTable<A> {
+    fn new(quota: Quota, now: u64) -> Self {
+        Keyed::new(Plain::of(quota), now)
+    }
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        Keyed::decide(self, id, now, cost, commit)
+    }
+    fn shrink(&mut self, now: u64) {
+        self.rebuild(now, 0);
+    }
+    fn len(&self) -> usize {
+        Keyed::len(self)
+    }
+}
+
+/// States packed by `P` when the quota leaves room for it (see `packing.rs`),
+/// stored as they are otherwise (limits of 2^24 and more for the sliding
+/// window counter).
+pub(crate) enum PackedTable<P: Packing> {
+    Packed(Keyed<P>),
+    Plain(PlainTable<P::Algorithm>),
+}
+
+impl<P: Packing> LimitTable for PackedTable<P> {
+    fn new(quota: Quota, now: u64) -> Self {
+        match P::new(quota) {
+            Some(packing) => Self::Packed(Keyed::new(packing, now)),
+            None => Self::Plain(Keyed::new(Plain::of(quota), now)),
+        }
+    }
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        match self {
+            Self::Packed(t) => t.decide(id, now, cost, commit),
+            Self::Plain(t) => Keyed::decide(t, id, now, cost, commit),
+        }
+    }
+    fn shrink(&mut self, now: u64) {
+        match self {
+            Self::Packed(t) => t.rebuild(now, 0),
+            Self::Plain(t) => t.rebuild(now, 0),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Self::Packed(t) => t.len(),
+            Self::Plain(t) => Keyed::len(t),
+        }
+    }
+}
+
 /// The sliding logs of one limit, keyed by identity hash.
-struct Logs {
+pub(crate) struct Logs {
     quota: Quota,
     map: HashMap<u64, sliding_log::Log, BuildHasherDefault<Prehashed>>,
     sweep_at: usize,
 }
 
 impl Logs {
+    fn sweep(&mut self, now: u64) {
+        self.map.retain(|_, log| !sliding_log::is_idle(log, now, &self.quota));
+        if self.map.len() * 4 <= self.map.capacity() {
+            self.map.shrink_to_fit();
+        }
+    }
+}
+
+impl LimitTable for Logs {
+    fn new(quota: Quota, _now: u64) -> Self {
+        Self { quota, map: HashMap::default(), sweep_at: MIN_SWEEP }
+    }
+
     fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
         let q = self.quota;
         let (decision, inserted) = match self.map.get_mut(&id) {
-            Some(log) if commit => (sliding_log::decide(log, now, cost, &q), false),
+            Some(log) if commit => {
+                let (next, decision) = sliding_log::decide(std::mem::take(log), now, cost, &q);
+                *log = next;
+                (decision, false)
+            }
             Some(log) => (sliding_log::check(log, now, cost, &q), false),
             None => {
-                let mut log = sliding_log::Log::default();
-                let decision = sliding_log::decide(&mut log, now, cost, &q);
+                let (log, decision) = sliding_log::decide(sliding_log::Log::default(), now, cost, &q);
                 let insert = commit && decision.allowed && cost > 0;
                 if insert {
                     self.map.insert(id, log);
@@ -148,46 +234,54 @@ impl Logs {
         decision
     }
 
-    fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, log| !sliding_log::is_idle(log, now, &self.quota));
-        if self.map.len() * 4 <= self.map.capacity() {
-            self.map.shrink_to_fit();
-        }
-    }
-
     fn shrink(&mut self, now: u64) {
         self.sweep(now);
         self.map.shrink_to_fit();
         self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
 }
 
-/// The states of one limit, keyed by identity hash.
-enum States {
-    Counter(Keyed<PackedCounter>),
-    /// For limits of 2^24 and more, whose counters leave no room to pack.
-    CounterPlain(Keyed<Plain<CounterRule>>),
-    Fixed(Keyed<PackedFixed>),
-    FixedPlain(Keyed<Plain<FixedRule>>),
-    Log(Logs),
-    Bucket(Keyed<Plain<BucketRule>>),
-    Gcra(Keyed<Plain<GcraRule>>),
-}
+/// The states of one limit, in the table its algorithm chose.
+macro_rules! memory_states {
+    ($($variant:ident => $module:ident),* $(,)?) => {
+        enum States {
+            $($variant(<crate::algorithm::$module::$variant as Definition>::MemoryTable),)*
+        }
 
-/// Runs `$body` with `$k` bound to whichever table `$states` holds.
-macro_rules! each_table {
-    ($states:expr, $k:ident => $body:expr) => {
-        match $states {
-            States::Counter($k) => $body,
-            States::CounterPlain($k) => $body,
-            States::Fixed($k) => $body,
-            States::FixedPlain($k) => $body,
-            States::Log($k) => $body,
-            States::Bucket($k) => $body,
-            States::Gcra($k) => $body,
+        impl States {
+            fn new(limit: &Limit, now: u64) -> Self {
+                match limit.algorithm {
+                    $(Algorithm::$variant => Self::$variant(LimitTable::new(limit.quota, now)),)*
+                }
+            }
+
+            #[inline]
+            fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+                match self {
+                    $(Self::$variant(t) => t.decide(id, now, cost, commit),)*
+                }
+            }
+
+            fn shrink(&mut self, now: u64) {
+                match self {
+                    $(Self::$variant(t) => t.shrink(now),)*
+                }
+            }
+
+            fn len(&self) -> usize {
+                match self {
+                    $(Self::$variant(t) => t.len(),)*
+                }
+            }
         }
     };
 }
+
+for_each_algorithm!(memory_states);
 
 struct Table {
     limit: Limit,
@@ -196,61 +290,29 @@ struct Table {
 
 impl Table {
     fn new(limit: Limit, now: u64) -> Self {
-        let q = limit.quota;
-        let states = match limit.algorithm {
-            Algorithm::SlidingWindowCounter => match PackedCounter::new(q) {
-                Some(p) => States::Counter(Keyed::new(p, now)),
-                None => States::CounterPlain(Keyed::new(Plain(CounterRule(q)), now)),
-            },
-            Algorithm::FixedWindow => match PackedFixed::new(q) {
-                Some(p) => States::Fixed(Keyed::new(p, now)),
-                None => States::FixedPlain(Keyed::new(Plain(FixedRule(q)), now)),
-            },
-            Algorithm::SlidingLog => {
-                States::Log(Logs { quota: q, map: HashMap::default(), sweep_at: MIN_SWEEP })
-            }
-            Algorithm::TokenBucket => States::Bucket(Keyed::new(Plain(BucketRule(q)), now)),
-            Algorithm::Gcra => States::Gcra(Keyed::new(Plain(GcraRule(q)), now)),
-        };
-        Self { limit, states }
+        Self { limit, states: States::new(&limit, now) }
     }
 
     /// Decides `cost` for identity `id`; charges it only when `commit`.
     #[inline]
     fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-        each_table!(&mut self.states, t => t.decide(id, now, cost, commit))
+        self.states.decide(id, now, cost, commit)
     }
 
     /// Forgets every identity whose state no longer matters and gives back
     /// the memory the rest does not need.
     fn shrink(&mut self, now: u64) {
-        match &mut self.states {
-            States::Log(logs) => logs.shrink(now),
-            States::Counter(t) => t.rebuild(now, 0),
-            States::CounterPlain(t) => t.rebuild(now, 0),
-            States::Fixed(t) => t.rebuild(now, 0),
-            States::FixedPlain(t) => t.rebuild(now, 0),
-            States::Bucket(t) => t.rebuild(now, 0),
-            States::Gcra(t) => t.rebuild(now, 0),
-        }
+        self.states.shrink(now);
     }
 
     fn len(&self) -> usize {
-        match &self.states {
-            States::Log(logs) => logs.map.len(),
-            States::Counter(t) => t.len(),
-            States::CounterPlain(t) => t.len(),
-            States::Fixed(t) => t.len(),
-            States::FixedPlain(t) => t.len(),
-            States::Bucket(t) => t.len(),
-            States::Gcra(t) => t.len(),
-        }
+        self.states.len()
     }
 }
 
 #[derive(Default)]
 struct Shard {
-    /// One table per limit seen; rules rarely have more than a handful.
+    /// One table per limit seen; an identity rarely meets more than a handful.
     tables: Vec<Table>,
 }
 

@@ -17,74 +17,76 @@
 //! horizon after it. The algorithm then runs on the restored state, so
 //! decisions are identical to the unpacked ones.
 
-use crate::algorithm::{fixed_window, gcra, sliding_window_counter, token_bucket};
-use crate::{Decision, Quota};
+use std::marker::PhantomData;
 
-/// One algorithm under one quota, on its own state type.
-pub(super) trait Rule: Copy {
-    type State: Copy + Default + PartialEq;
-    fn decide(&self, state: Self::State, now_ms: u64, cost: u64) -> (Self::State, Decision);
-    fn is_idle(&self, state: &Self::State, now_ms: u64) -> bool;
-}
+use crate::algorithm::fixed_window::{self, FixedWindow};
+use crate::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
+use crate::algorithm::Definition;
+use crate::Quota;
 
-macro_rules! rule {
-    ($name:ident, $module:ident, |$s:ident, $now:ident, $q:ident| $idle:expr) => {
-        #[derive(Clone, Copy)]
-        pub(super) struct $name(pub(super) Quota);
-
-        impl Rule for $name {
-            type State = $module::State;
-            #[inline]
-            fn decide(&self, state: Self::State, now_ms: u64, cost: u64) -> (Self::State, Decision) {
-                $module::decide(state, now_ms, cost, &self.0)
-            }
-            fn is_idle(&self, $s: &Self::State, $now: u64) -> bool {
-                let $q = &self.0;
-                $idle
-            }
-        }
-    };
-}
-
-rule!(CounterRule, sliding_window_counter, |s, now, q| sliding_window_counter::is_idle(s, now, q));
-rule!(FixedRule, fixed_window, |s, now, q| fixed_window::is_idle(s, now, q));
-rule!(BucketRule, token_bucket, |s, now, q| token_bucket::is_idle(s, now, q));
-rule!(GcraRule, gcra, |s, now, _q| gcra::is_idle(s, now));
-
-/// How a rule's state is stored in a slot.
-pub(super) trait Packing: Copy {
-    type Rule: Rule;
+/// How one algorithm's states, under one quota, are stored in table slots.
+pub(crate) trait Packing: Copy {
+    /// The algorithm whose states are packed; they must be plain values.
+    type Algorithm: Definition<State: Copy>;
+    /// What a slot holds.
     type Packed: Copy + Default;
-    fn rule(&self) -> Self::Rule;
-    fn pack(&self, state: <Self::Rule as Rule>::State) -> Self::Packed;
+    /// The packing for `quota`, or `None` when the quota leaves it no room.
+    fn new(quota: Quota) -> Option<Self>;
+    /// The quota the states are decided under.
+    fn quota(&self) -> &Quota;
+    fn pack(&self, state: State<Self>) -> Self::Packed;
     /// What [`Packing::unpack`] needs to know about the reference time
     /// `at_ms`, computed once per sweep rather than once per decision.
     fn reference(&self, at_ms: u64) -> u64;
     /// The state `packed` holds, for a state written near the time `reference` describes.
-    fn unpack(&self, packed: Self::Packed, reference: u64) -> <Self::Rule as Rule>::State;
+    fn unpack(&self, packed: Self::Packed, reference: u64) -> State<Self>;
     /// The table must sweep idle states at least this often for [`Packing::unpack`] to be exact.
     fn horizon_ms(&self) -> u64;
 }
 
-/// The state as it is, for algorithms whose state has no spare bits.
-#[derive(Clone, Copy)]
-pub(super) struct Plain<R>(pub(super) R);
+/// The state type a packing packs.
+pub(crate) type State<P> = <<P as Packing>::Algorithm as Definition>::State;
 
-impl<R: Rule> Packing for Plain<R> {
-    type Rule = R;
-    type Packed = R::State;
-    fn rule(&self) -> R {
-        self.0
+/// The state as it is, for algorithms whose state has no spare bits.
+pub(crate) struct Plain<A> {
+    quota: Quota,
+    algorithm: PhantomData<fn() -> A>,
+}
+
+impl<A> Plain<A> {
+    /// States of `A` under `quota`, stored as they are.
+    pub(crate) fn of(quota: Quota) -> Self {
+        Self { quota, algorithm: PhantomData }
+    }
+}
+
+// Derived impls would require `A: Clone`; the algorithm is only a marker.
+impl<A> Clone for Plain<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<A> Copy for Plain<A> {}
+
+impl<A: Definition<State: Copy>> Packing for Plain<A> {
+    type Algorithm = A;
+    type Packed = A::State;
+    fn new(quota: Quota) -> Option<Self> {
+        Some(Self::of(quota))
     }
     #[inline]
-    fn pack(&self, state: R::State) -> R::State {
+    fn quota(&self) -> &Quota {
+        &self.quota
+    }
+    #[inline]
+    fn pack(&self, state: A::State) -> A::State {
         state
     }
     fn reference(&self, _at_ms: u64) -> u64 {
         0
     }
     #[inline]
-    fn unpack(&self, packed: R::State, _reference: u64) -> R::State {
+    fn unpack(&self, packed: A::State, _reference: u64) -> A::State {
         packed
     }
     fn horizon_ms(&self) -> u64 {
@@ -132,30 +134,28 @@ fn count_bits(limit: u64) -> u32 {
 
 /// The sliding window counter in one `u64`: `window mod 2^k | cur | prev`.
 #[derive(Clone, Copy)]
-pub(super) struct PackedCounter {
-    rule: CounterRule,
+pub(crate) struct PackedCounter {
+    quota: Quota,
     window: WindowBits,
     count_bits: u32,
 }
 
-impl PackedCounter {
-    /// The packing for `quota`, or `None` when its limit leaves too few window bits.
-    pub(super) fn new(quota: Quota) -> Option<Self> {
+impl Packing for PackedCounter {
+    type Algorithm = SlidingWindowCounter;
+    type Packed = u64;
+    /// `None` when the limit leaves too few window bits.
+    fn new(quota: Quota) -> Option<Self> {
         let count_bits = count_bits(quota.permits());
         let bits = 64u32.saturating_sub(2 * count_bits);
         (bits >= MIN_WINDOW_BITS).then_some(Self {
-            rule: CounterRule(quota),
+            quota,
             window: WindowBits { window_ms: quota.window_ms(), bits },
             count_bits,
         })
     }
-}
-
-impl Packing for PackedCounter {
-    type Rule = CounterRule;
-    type Packed = u64;
-    fn rule(&self) -> CounterRule {
-        self.rule
+    #[inline]
+    fn quota(&self) -> &Quota {
+        &self.quota
     }
     #[inline]
     fn pack(&self, s: sliding_window_counter::State) -> u64 {
@@ -182,30 +182,28 @@ impl Packing for PackedCounter {
 
 /// The fixed window in one `u64`: `window mod 2^k | count`.
 #[derive(Clone, Copy)]
-pub(super) struct PackedFixed {
-    rule: FixedRule,
+pub(crate) struct PackedFixed {
+    quota: Quota,
     window: WindowBits,
     count_bits: u32,
 }
 
-impl PackedFixed {
-    /// The packing for `quota`, or `None` when its limit leaves too few window bits.
-    pub(super) fn new(quota: Quota) -> Option<Self> {
+impl Packing for PackedFixed {
+    type Algorithm = FixedWindow;
+    type Packed = u64;
+    /// `None` when the limit leaves too few window bits.
+    fn new(quota: Quota) -> Option<Self> {
         let count_bits = count_bits(quota.permits());
         let bits = 64u32.saturating_sub(count_bits);
         (bits >= MIN_WINDOW_BITS).then_some(Self {
-            rule: FixedRule(quota),
+            quota,
             window: WindowBits { window_ms: quota.window_ms(), bits },
             count_bits,
         })
     }
-}
-
-impl Packing for PackedFixed {
-    type Rule = FixedRule;
-    type Packed = u64;
-    fn rule(&self) -> FixedRule {
-        self.rule
+    #[inline]
+    fn quota(&self) -> &Quota {
+        &self.quota
     }
     #[inline]
     fn pack(&self, s: fixed_window::State) -> u64 {

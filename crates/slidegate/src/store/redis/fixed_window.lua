@@ -1,4 +1,5 @@
--- Fixed window, mirroring algorithm/fixed_window.rs.
+-- Fixed window, mirroring algorithm/fixed_window.rs. Its load /
+-- decide / commit functions follow the contract in scripts.rs.
 -- State: one string key, struct '<I4I4' = window number modulo 2^32, count
 -- ('<I4d' when the limit needs more than 32 bits). No key reads as window
 -- -1, which no window matches.
@@ -19,8 +20,8 @@ local function fw_load(key, limit, w)
   return -1, 0
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new state,
---    and whether the key already holds this window (its TTL is then right).
+-- -> the decision, then the new state and whether the key already holds
+--    this window (its TTL is then right).
 local function fw_decide(cost, limit, w, s_window, s_count)
   local elapsed = fmod(now, w)
   local window = fmod((now - elapsed) / w, TWO_32)

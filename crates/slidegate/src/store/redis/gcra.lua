@@ -1,4 +1,5 @@
--- GCRA, mirroring algorithm/gcra.rs.
+-- GCRA, mirroring algorithm/gcra.rs. Its load /
+-- decide / commit functions follow the contract in scripts.rs.
 -- State: one integer key, the theoretical arrival time (TAT) in µs.
 
 local function gcra_load(key, limit, w)
@@ -9,7 +10,7 @@ local function gcra_load(key, limit, w)
   return 0
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new TAT
+-- -> the decision, then the new TAT
 local function gcra_decide(cost, limit, w, s_tat)
   local t = div_ceil(w * 1000, limit)
   local now_us = now * 1000

@@ -15,18 +15,7 @@ use std::fmt;
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
-use crate::{Algorithm, Limit};
-
-/// The short name of an algorithm in keys and in the Lua function names.
-pub(super) fn tag(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingLog => "log",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::Gcra => "gcra",
-    }
-}
+use crate::Limit;
 
 /// A state key, written straight into the command buffer (no `String` per call).
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +33,7 @@ impl fmt::Display for StateKey<'_> {
             "{}{{{escape}{}}}:{}:{}:{}",
             self.prefix,
             self.identity,
-            tag(self.limit.algorithm),
+            self.limit.algorithm.tag(),
             self.limit.quota.permits(),
             self.limit.quota.window_ms()
         )
@@ -80,7 +69,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::Quota;
+    use crate::{Algorithm, Quota};
 
     fn key(identity: &str, limit: &Limit) -> String {
         StateKey { prefix: "slidegate:", identity, limit }.to_string()
@@ -96,6 +85,12 @@ mod tests {
                 ]
             })
             .collect()
+    }
+
+    #[test]
+    fn tags_are_the_ones_existing_keys_carry() {
+        let tags = Algorithm::ALL.map(Algorithm::tag);
+        assert_eq!(tags, ["swc", "fw", "log", "tb", "gcra"]);
     }
 
     #[test]

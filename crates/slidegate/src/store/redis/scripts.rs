@@ -1,43 +1,103 @@
 //! The Lua scripts, assembled once from the `*.lua` pieces beside this file.
 //!
-//! Each algorithm's arithmetic exists once in Lua (`<algorithm>.lua`, a
-//! `load` / `decide` / `commit` triple mirroring `crate::algorithm`). A script
-//! is a main file whose `--! include <file>` lines pull in the shared
-//! `prelude.lua` (clock, exact division, TTL) and the algorithm files:
-//! `decide.lua` once per algorithm (its `ALGORITHM` / `TAG` placeholders
-//! filled in), `decide_all.lua` with all five. Scripts start with the main
-//! file's comment block, which gives KEYS, ARGV and the reply.
+//! Each algorithm's arithmetic exists once in Lua, in `<name>.lua`
+//! (mirroring `crate::algorithm::<name>`, whose `Definition` supplies the
+//! source). A script is a main file whose `--! include <file>` lines pull in
+//! the shared `prelude.lua` (arguments, clock, exact division, TTL) and the
+//! algorithm files: `decide.lua` once per algorithm (its `ALGORITHM` / `TAG`
+//! placeholders filled in), `decide_all.lua` with every algorithm, whose
+//! `--! algorithms` line becomes their files and the dispatch table built
+//! from [`Algorithm::ALL`]. Scripts start with the main file's comment
+//! block, which gives KEYS, ARGV and the reply.
+//!
+//! # The contract of an algorithm file
+//!
+//! `<name>.lua` defines three local functions named after the algorithm's
+//! key tag (`swc`, `fw`, …), and nothing else the main files rely on:
+//!
+//! - `<tag>_load(key, limit, w)` reads the identity's state and returns it
+//!   as up to three values `s1, s2, s3` (a missing key reads as a fresh
+//!   identity). It only reads.
+//! - `<tag>_decide(cost, limit, w, s1, s2, s3)` decides `cost` permits at
+//!   the prelude's `now` on that state and returns `allowed, remaining,
+//!   reset_after, retry_after` (ms; retry_after -1 when allowed), then up to
+//!   four values `n1 … n4` describing the state after charging. It writes
+//!   nothing (it may read more of the key, as the sliding log does) and is
+//!   also called with cost 0 to peek.
+//! - `<tag>_commit(key, limit, w, cost, n1, n2, n3, n4)` writes the charged
+//!   state and sets the key's TTL in the same write. It is called only when
+//!   the decision allowed a cost above 0.
+//!
+//! `limit`, `w` (the window in ms) and `cost` are integers below 2^53, as
+//! are all values in the state; arithmetic follows the prelude's rules.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::key::tag;
 use crate::Algorithm;
 
-const PIECES: [(&str, &str); 6] = [
-    ("prelude.lua", include_str!("prelude.lua")),
-    ("sliding_window_counter.lua", include_str!("sliding_window_counter.lua")),
-    ("fixed_window.lua", include_str!("fixed_window.lua")),
-    ("sliding_log.lua", include_str!("sliding_log.lua")),
-    ("token_bucket.lua", include_str!("token_bucket.lua")),
-    ("gcra.lua", include_str!("gcra.lua")),
-];
+const PRELUDE: &str = include_str!("prelude.lua");
 const DECIDE: &str = include_str!("decide.lua");
 const DECIDE_ALL: &str = include_str!("decide_all.lua");
 
+/// An algorithm's number in `decide_all.lua`'s ARGV: its place in
+/// [`Algorithm::ALL`], from 1, as in the table [`dispatch_table`] writes.
+pub(super) fn number(algorithm: Algorithm) -> usize {
+    index(algorithm) + 1
+}
+
+/// The algorithm's place in [`Algorithm::ALL`].
+fn index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap_or_default()
+}
+
+/// The piece `--! include <name>` stands for.
+fn piece(name: &str) -> &'static str {
+    if name == "prelude.lua" {
+        return PRELUDE;
+    }
+    Algorithm::ALL
+        .into_iter()
+        .find(|a| name.strip_suffix(".lua") == Some(a.name()))
+        .map(Algorithm::lua)
+        .unwrap_or_else(|| panic!("a script includes {name}, which is not a known piece"))
+}
+
+/// Every algorithm file, then `algorithms`: the table `decide_all.lua`
+/// dispatches on, indexed by [`number`].
+fn dispatch_table() -> String {
+    let mut lua = String::new();
+    for a in Algorithm::ALL {
+        lua.push_str(&format!(
+            "--! include {}.lua
+",
+            a.name()
+        ));
+    }
+    lua.push_str(
+        "
+local algorithms = {
+",
+    );
+    for a in Algorithm::ALL {
+        lua.push_str(&format!(
+            "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit }}, -- {n} {name}\n",
+            t = a.tag(),
+            n = number(a),
+            name = a.name()
+        ));
+    }
+    lua.push_str("}\n");
+    lua
+}
+
 /// Replaces each `--! include <file>` line of `main` with that piece.
 fn assemble(main: &str) -> String {
-    let mut script = String::with_capacity(main.len() + PIECES.iter().map(|(_, p)| p.len()).sum::<usize>());
+    let mut script = String::with_capacity(main.len() * 2 + PRELUDE.len());
     for line in main.split_inclusive('\n') {
         match line.trim_end().strip_prefix("--! include ") {
-            Some(name) => {
-                let (_, piece) = PIECES
-                    .iter()
-                    .find(|(file, _)| *file == name)
-                    .unwrap_or_else(|| panic!("a script includes {name}, which is not a known piece"));
-                script.push_str(piece);
-            }
+            Some(name) => script.push_str(piece(name)),
             None => script.push_str(line),
         }
     }
@@ -46,17 +106,17 @@ fn assemble(main: &str) -> String {
 
 /// The source of the single-limit script for `algorithm`.
 pub(super) fn decide_source(algorithm: Algorithm) -> String {
-    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
+    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", algorithm.tag()))
 }
 
 /// The source of the all-or-nothing script over several limits.
 pub(super) fn decide_all_source() -> String {
-    assemble(DECIDE_ALL)
+    assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table()))
 }
 
 struct Scripts {
     /// Indexed like [`Algorithm::ALL`].
-    decide: [Script; 5],
+    decide: [Script; Algorithm::ALL.len()],
     decide_all: Script,
 }
 
@@ -67,8 +127,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 
 /// The script deciding one limit of `algorithm`.
 pub(super) fn decide(algorithm: Algorithm) -> &'static Script {
-    let index = Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap_or_default();
-    &SCRIPTS.decide[index]
+    &SCRIPTS.decide[index(algorithm)]
 }
 
 /// The script deciding several limits all-or-nothing.
@@ -93,16 +152,36 @@ mod tests {
             assert!(source.contains("-- ARGV[1]"));
             assert!(source.contains(&format!(
                 "local load, decide, commit = {t}_load, {t}_decide, {t}_commit",
-                t = tag(a)
+                t = a.tag()
             )));
-            assert!(!source.contains("--! include"));
-            assert!(source.contains(&format!("local function {}_decide(", tag(a))));
+            assert!(!source.contains("--! "));
+            assert!(source.contains(&format!("local function {}_decide(", a.tag())));
         }
         let all = decide_all_source();
         assert!(all.starts_with("-- slidegate decide_all:"));
+        assert!(!all.contains("--! "));
         for a in Algorithm::ALL {
-            assert!(all.contains(&format!("local function {}_commit(", tag(a))));
+            assert!(all.contains(&format!("local function {}_commit(", a.tag())));
         }
+    }
+
+    #[test]
+    fn the_dispatch_table_numbers_algorithms_as_the_wire_does() {
+        let all = decide_all_source();
+        let table = &all[all.find("local algorithms = {").expect("the table is generated")..];
+        let entries: Vec<&str> = table.lines().skip(1).take_while(|l| *l != "}").collect();
+        assert_eq!(entries.len(), Algorithm::ALL.len());
+        for (i, (a, entry)) in Algorithm::ALL.into_iter().zip(entries).enumerate() {
+            // The numbers existing clients send: 1 sliding window counter … 5 gcra.
+            assert_eq!(number(a), i + 1);
+            assert!(entry.contains(&format!("decide = {}_decide", a.tag())), "{entry}");
+            assert!(entry.ends_with(&format!("-- {} {}", i + 1, a.name())), "{entry}");
+        }
+        assert_eq!(
+            Algorithm::ALL.map(number),
+            [1, 2, 3, 4, 5],
+            "sliding_window_counter, fixed_window, sliding_log, token_bucket, gcra"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
--- Sliding log, mirroring algorithm/sliding_log.rs.
+-- Sliding log, mirroring algorithm/sliding_log.rs. Its load /
+-- decide / commit functions follow the contract in scripts.rs.
 -- State: one sorted set, one member per admitted permit, scored by its
 -- admission time in ms. A permit admitted at t counts while now < t + W,
 -- i.e. while t ≥ now − W + 1. Only an allowed request writes (trims the
@@ -9,7 +10,7 @@ local function log_load(key, limit, w)
   return key, call('ZCOUNT', key, now - w + 1, '+inf')
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), count
+-- -> the decision, then the count
 local function log_decide(cost, limit, w, key, count)
   local allowed = count + cost <= limit
   local newest

@@ -1,4 +1,5 @@
 -- Sliding window counter, mirroring algorithm/sliding_window_counter.rs.
+-- Its load / decide / commit functions follow the contract in scripts.rs.
 -- State: one string key, struct '<I4I4I4' = window number modulo 2^32,
 -- cur, prev ('<I4dd' when the limit needs more than 32 bits). No key reads
 -- as window -1: no count in any window that matters.
@@ -19,8 +20,8 @@ local function swc_load(key, limit, w)
   return -1, 0, 0
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new state,
---    and whether the key already holds this window (its TTL is then right).
+-- -> the decision, then the new state and whether the key already holds
+--    this window (its TTL is then right).
 local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
   local elapsed = fmod(now, w)
   local window = fmod((now - elapsed) / w, TWO_32)

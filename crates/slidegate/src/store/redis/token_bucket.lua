@@ -1,4 +1,5 @@
--- Token bucket, mirroring algorithm/token_bucket.rs.
+-- Token bucket, mirroring algorithm/token_bucket.rs. Its load /
+-- decide / commit functions follow the contract in scripts.rs.
 -- State: one string key, struct '<I6I6' = used (units of 1/W token missing
 -- from a full bucket), last_ms ('<dI6' when limit × W needs more than 48
 -- bits; ms since the epoch fit 48 bits until the year 10889). No key is a
@@ -20,7 +21,7 @@ local function tb_load(key, limit, w)
   return 0, 0
 end
 
--- -> allowed, remaining, reset_after, retry_after (-1: none), new state
+-- -> the decision, then the new state
 local function tb_decide(cost, limit, w, s_used, s_last)
   local capacity = limit * w
   local elapsed = now - s_last

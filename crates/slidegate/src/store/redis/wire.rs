@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
 
+use super::scripts;
 use crate::store::StoreError;
-use crate::{Algorithm, Decision, Limit};
+use crate::{Decision, Limit};
 
 /// The time argument that makes a script read Redis `TIME`.
 const NOW_FROM_REDIS: f64 = -1.0;
@@ -20,17 +21,6 @@ const DECISION_BYTES: usize = 32;
 
 fn now_arg(now_ms: Option<u64>) -> f64 {
     now_ms.map_or(NOW_FROM_REDIS, |ms| ms as f64)
-}
-
-/// An algorithm's number in `decide_all.lua`: its place in [`Algorithm::ALL`], from 1.
-fn algorithm_number(algorithm: Algorithm) -> f64 {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => 1.0,
-        Algorithm::FixedWindow => 2.0,
-        Algorithm::SlidingLog => 3.0,
-        Algorithm::TokenBucket => 4.0,
-        Algorithm::Gcra => 5.0,
-    }
 }
 
 /// ARGV[1] of `decide.lua`: now (or -1), limit, window in ms, cost.
@@ -62,7 +52,7 @@ impl ToRedisArgs for DecideArgs {
 impl ToSingleRedisArg for DecideArgs {}
 
 /// ARGV[1] of `decide_all.lua`: now (or -1), then per limit its algorithm
-/// number, limit, window in ms and cost.
+/// number ([`scripts::number`]), limit, window in ms and cost.
 pub(super) struct DecideAllArgs<'a> {
     pub(super) now_ms: Option<u64>,
     pub(super) charges: &'a [(Limit, u64)],
@@ -77,7 +67,7 @@ impl ToRedisArgs for DecideAllArgs<'_> {
         bytes.extend_from_slice(&now_arg(self.now_ms).to_le_bytes());
         for (limit, cost) in self.charges {
             for v in [
-                algorithm_number(limit.algorithm),
+                scripts::number(limit.algorithm) as f64,
                 limit.quota.permits() as f64,
                 limit.quota.window_ms() as f64,
                 *cost as f64,
@@ -149,6 +139,7 @@ fn decision(chunk: &[u8], limit: u64) -> Result<Decision, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Algorithm;
 
     fn reply(values: &[f64]) -> Value {
         Value::BulkString(values.iter().flat_map(|v| v.to_le_bytes()).collect())
