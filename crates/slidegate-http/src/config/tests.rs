@@ -57,7 +57,7 @@ fn the_example_config_parses_as_written() {
 
 #[test]
 fn unknown_keys_are_located() {
-    assert_eq!(err("[store]\ntimeout_ms = 5\nretries = 3\n"), (3, 1, "unknown field `retries`, expected one of `url`, `prefix`, `timeout_ms`, `on_error`, `breaker_failures`, `probe_interval_ms`, `fallback`".into()));
+    assert_eq!(err("[store]\ntimeout_ms = 5\nretries = 3\n"), (3, 1, "unknown field `retries`, expected one of `url`, `prefix`, `timeout_ms`, `on_error`, `breaker_failures`, `probe_interval_ms`, `fallback`, `insurance`".into()));
     let (line, column, message) =
         err("[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\", burst = 2 }]\n");
     assert_eq!((line, column), (4, 39));
