@@ -4,8 +4,8 @@
 //! - [`types`](Config): the validated configuration and its defaults.
 //! - [`Delay`] and [`parse_duration`]: lengths of time that are not windows.
 //! - [`ConfigError`]: what was wrong, at which file, line and column.
-//! - With `config`: [`Config::load`] reads and validates a file,
-//!   [`Config::parse`] a string, and [`Config::parse_with_env`] takes the
+//! - With `config`: `Config::load` reads and validates a file,
+//!   `Config::parse` a string, and `Config::parse_with_env` takes the
 //!   environment as an argument. Any error — a TOML syntax error, an unknown
 //!   key, a value of the wrong form, a rule that contradicts itself — names
 //!   the file, line and column and the form that was expected.

@@ -15,7 +15,7 @@ use crate::rules::PathPattern;
 
 /// A validated configuration.
 ///
-/// [`Config::parse`] reads one from TOML (feature `config`); without it, start
+/// `Config::parse` reads one from TOML (feature `config`); without it, start
 /// from [`Config::default`] and set the fields.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]

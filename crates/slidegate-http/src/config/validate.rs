@@ -247,14 +247,16 @@ impl Validator<'_> {
             None => default.secret,
             Some(var) => match (self.env)(var.get_ref()) {
                 Some(value) if !value.is_empty() => Some(value.into_bytes()),
-                _ => return Err(self.err(
-                    var.span(),
-                    format!(
+                _ => {
+                    return Err(self.err(
+                        var.span(),
+                        format!(
                         "environment variable {} is not set: ip_hash_secret_env names the variable holding \
                              the identity hash secret (every instance sharing a store needs the same one)",
                         var.get_ref()
                     ),
-                )),
+                    ))
+                }
             },
         };
         let prefix = match raw.ipv6_prefix {
