@@ -1,11 +1,16 @@
 //! `slidegate serve` and `slidegate check-config`: load the config, print,
 //! and hand over to `slidegate_http::serve`.
+//!
+//! What only a process does — installing the log subscriber, turning signals
+//! into a shutdown — is done here; the library's [`Server`] takes the
+//! shutdown as a future from its caller.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use slidegate_http::config::RuleLimits;
-use slidegate_http::serve::{init_logging, shutdown_signal, Server};
+use slidegate_http::serve::Server;
 use slidegate_http::{Config, ConfigError};
 
 /// EX_USAGE (sysexits.h): the configuration is wrong.
@@ -97,4 +102,55 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         outln!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+///
+/// The handlers are installed when this is called, not when the future is
+/// first polled, so a signal that arrives while the server is busy is not lost
+/// to the default action. Call it inside the runtime.
+fn shutdown_signal() -> impl Future<Output = ()> {
+    #[cfg(unix)]
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match term.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = term => {},
+                () = int => {},
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received");
+    }
+}
+
+/// Installs a log subscriber writing to stderr at the level in
+/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`; default `info`).
+fn init_logging() {
+    let level = std::env::var("SLIDEGATE_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .try_init();
 }

@@ -411,24 +411,24 @@ fn fail_closed_rules_answer_503_while_redis_is_down() {
     assert_eq!(upstream.hits(), 2);
 }
 
-/// The configuration of issue 4, word for word (also the README's). Tests
+/// The example configuration in `examples/`, word for word (also the README's). Tests
 /// rewrite its addresses: they never touch port 6379 or 8080.
-const ISSUE_EXAMPLE: &str = include_str!("../../../examples/slidegate.toml");
+const EXAMPLE_CONFIG: &str = include_str!("../../../examples/slidegate.toml");
 
 /// The Redis URL the example names, to be replaced by a test server's.
 fn example_redis_url() -> &'static str {
-    ISSUE_EXAMPLE.lines().find_map(|l| l.strip_prefix("url = \"")?.split('"').next()).unwrap()
+    EXAMPLE_CONFIG.lines().find_map(|l| l.strip_prefix("url = \"")?.split('"').next()).unwrap()
 }
 
 #[test]
-fn the_issue_example_config_checks_and_serves_on_redis() {
+fn the_example_config_checks_and_serves_on_redis() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let text = ISSUE_EXAMPLE
+    let text = EXAMPLE_CONFIG
         .replace("127.0.0.1:8080", "127.0.0.1:0")
         .replace("http://127.0.0.1:9000", &format!("http://{}", upstream.addr))
         .replace(example_redis_url(), &redis.url());
-    assert_eq!(text.lines().count(), ISSUE_EXAMPLE.lines().count());
+    assert_eq!(text.lines().count(), EXAMPLE_CONFIG.lines().count());
     let (_dir, path) = write_config(&text);
     let out = Command::new(binary())
         .arg("check-config")

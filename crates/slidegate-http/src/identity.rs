@@ -34,17 +34,22 @@ pub enum ForwardedHeader {
     Forwarded,
 }
 
+/// A forwarding header slidegate does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid forwarded_header {0:?}: expected \"x-forwarded-for\" or \"forwarded\" \
+     (the header your trusted proxies append the client address to)"
+)]
+pub struct UnknownForwardedHeader(pub String);
+
 impl std::str::FromStr for ForwardedHeader {
-    type Err = String;
+    type Err = UnknownForwardedHeader;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
             "forwarded" => Ok(ForwardedHeader::Forwarded),
-            _ => Err(format!(
-                "invalid forwarded_header {s:?}: expected \"x-forwarded-for\" or \"forwarded\" \
-                 (the header your trusted proxies append the client address to)"
-            )),
+            _ => Err(UnknownForwardedHeader(s.to_owned())),
         }
     }
 }
@@ -349,6 +354,7 @@ mod tests {
         assert!("x-real-ip"
             .parse::<ForwardedHeader>()
             .unwrap_err()
+            .to_string()
             .starts_with("invalid forwarded_header \"x-real-ip\""));
     }
 

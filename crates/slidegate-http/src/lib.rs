@@ -1,15 +1,28 @@
 //! slidegate over HTTP: rate limiting in front of an API.
 //!
-//! - [`Config`]: the TOML configuration, every error located by file, line and column.
+//! - [`Config`]: the configuration, built in code or (feature `config`) read
+//!   from TOML with every error located by file, line and column.
 //! - [`RateLimiter`]: rules ([`PathPattern`]s per method), identities
 //!   ([`IdentityExtractor`]: API key or client IP, kept only as keyed hashes), a
-//!   store behind a deadline and a circuit breaker, and [`Metrics`].
+//!   store behind a deadline, a circuit breaker and an optional fallback
+//!   limiter ([`StoreGuard`]), and [`Metrics`].
 //! - [`RateLimitLayer`]: the tower middleware for axum, hyper and tonic.
 //! - [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11),
 //!   `X-RateLimit-*`, 429 with `Retry-After` and an RFC 9457 problem body.
-//! - [`serve`]: the reverse proxy behind `slidegate serve`.
+//! - `serve` (feature `serve`): the reverse proxy behind `slidegate serve`.
+//!
+//! # Features
+//!
+//! The default is only the library a tower user needs; nothing of the proxy.
+//!
+//! | feature  | adds |
+//! |----------|------|
+//! | `config` | `Config::load` / `Config::parse`: TOML (the `toml` crate) |
+//! | `redis`  | `AnyStore` and `LazyRedis`: the store chosen at run time, Redis included |
+//! | `serve`  | the `serve` module: the reverse proxy (hyper server and client); implies `config` and `redis` |
 //!
 //! ```
+//! # #[cfg(feature = "config")] {
 //! use slidegate::MemoryStore;
 //! use slidegate_http::{Config, RateLimitLayer, RateLimiter};
 //!
@@ -26,6 +39,7 @@
 //! // Wrap any tower service of `http::Request<B>`, e.g. an axum Router:
 //! let layer = RateLimitLayer::new(limiter);
 //! # drop(layer);
+//! # }
 //! # Ok::<(), slidegate_http::ConfigError>(())
 //! ```
 
@@ -39,13 +53,16 @@ mod layer;
 mod limiter;
 mod metrics;
 mod rules;
+#[cfg(feature = "serve")]
 pub mod serve;
+#[cfg(feature = "redis")]
 mod store;
 
-pub use config::{Config, ConfigError, OnError};
-pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource};
+pub use config::{Config, ConfigError, Delay, OnError};
+pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
-pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StorePolicy, Verdict};
+pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StoreGuard, Verdict};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
-pub use rules::{normalize_path, PathPattern, RuleMatcher};
+pub use rules::{normalize_path, PathPattern, PathPatternError, RuleMatcher};
+#[cfg(feature = "redis")]
 pub use store::{AnyStore, LazyRedis};

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
-use slidegate::{Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
+use slidegate::{check_charge, Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
 
 use crate::breaker::Breaker;
-use crate::config::{Config, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
 use crate::rules::RuleMatcher;
@@ -31,8 +31,8 @@ pub struct PolicyResult<'a> {
 pub enum DecisionSource {
     /// The store.
     Store,
-    /// The embedded insurance limiter, because the store was unavailable.
-    Insurance,
+    /// The embedded fallback limiter, because the store was unavailable.
+    Fallback,
     /// Nobody: the store was unavailable and the rule fails open.
     FailOpen,
     /// Nobody: the store was unavailable and the rule fails closed.
@@ -61,7 +61,7 @@ impl<'a> Verdict<'a> {
         match self.source {
             DecisionSource::FailOpen => true,
             DecisionSource::FailClosed => false,
-            DecisionSource::Store | DecisionSource::Insurance => {
+            DecisionSource::Store | DecisionSource::Fallback => {
                 self.policies.iter().all(|p| p.decision.allowed)
             }
         }
@@ -119,27 +119,31 @@ struct Rule {
     shadow: bool,
 }
 
-/// How the limiter treats its store.
-#[derive(Debug, Clone)]
+/// How the limiter guards itself against its store: a deadline on each call,
+/// a circuit breaker, and optionally an embedded fallback limiter.
+///
+/// Its [`Default`] is the one set of defaults; `[store]` in the configuration
+/// starts from it too.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct StorePolicy {
+pub struct StoreGuard {
     /// Deadline of one store call.
-    pub timeout: Duration,
+    pub timeout: Delay,
     /// Consecutive failures that open the breaker.
     pub breaker_failures: u32,
     /// How often an open breaker probes the store.
-    pub probe_interval: Duration,
-    /// Whether an embedded limiter decides while the store is unavailable.
-    pub insurance: bool,
+    pub probe_interval: Delay,
+    /// Whether an embedded fallback limiter decides while the store is unavailable.
+    pub fallback: bool,
 }
 
-impl Default for StorePolicy {
+impl Default for StoreGuard {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_millis(50),
+            timeout: Delay::from_millis(50),
             breaker_failures: 3,
-            probe_interval: Duration::from_millis(500),
-            insurance: false,
+            probe_interval: Delay::from_millis(500),
+            fallback: false,
         }
     }
 }
@@ -149,9 +153,9 @@ struct Inner<S> {
     matcher: RuleMatcher,
     identity: IdentityExtractor,
     store: S,
-    policy: StorePolicy,
+    guard: StoreGuard,
     breaker: Breaker,
-    insurance: Option<MemoryStore>,
+    fallback: Option<MemoryStore>,
     metrics: Metrics,
     legacy_headers: bool,
 }
@@ -189,7 +193,7 @@ impl<S> std::fmt::Debug for RateLimiter<S> {
 }
 
 /// Why `/v1/check` could not decide.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckError {
     /// No rule has that name.
@@ -209,6 +213,15 @@ pub enum CheckError {
         limit: u64,
         /// The policy's name.
         policy: String,
+    },
+    /// A limit of the rule can never be decided (a sliding log too large to
+    /// keep); only a rule built in code, not a validated configuration, has one.
+    #[error("policy {policy:?}: {source}")]
+    InvalidLimit {
+        /// The policy's name.
+        policy: String,
+        /// What the store would say.
+        source: StoreError,
     },
 }
 
@@ -250,7 +263,7 @@ impl<S> RateLimiter<S> {
 }
 
 impl<S: Store + 'static> RateLimiter<S> {
-    /// A limiter for `config`'s rules, identity and store policy, deciding on `store`.
+    /// A limiter for `config`'s rules, identity and store guard, deciding on `store`.
     pub fn from_config(config: &Config, store: S) -> Self {
         let identity = {
             let base = match &config.identity.secret {
@@ -266,13 +279,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 None => base,
             }
         };
-        let policy = StorePolicy {
-            timeout: config.store.timeout,
-            breaker_failures: config.store.breaker_failures,
-            probe_interval: config.store.probe_interval,
-            insurance: config.store.insurance,
-        };
-        Self::new(&config.rules, identity, store, policy, config.headers.legacy)
+        Self::new(&config.rules, identity, store, config.store.guard(), config.headers.legacy)
     }
 
     /// A limiter from its parts.
@@ -280,7 +287,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         rules: &[RuleConfig],
         identity: IdentityExtractor,
         store: S,
-        policy: StorePolicy,
+        guard: StoreGuard,
         legacy_headers: bool,
     ) -> Self {
         let matcher = RuleMatcher::new(rules.iter().map(|r| (r.methods.clone(), r.path.clone())).collect());
@@ -302,17 +309,17 @@ impl<S: Store + 'static> RateLimiter<S> {
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
-        let breaker = Breaker::new(policy.breaker_failures);
-        let insurance = policy.insurance.then(MemoryStore::new);
+        let breaker = Breaker::new(guard.breaker_failures);
+        let fallback = guard.fallback.then(MemoryStore::new);
         Self {
             inner: Arc::new(Inner {
                 rules,
                 matcher,
                 identity,
                 store,
-                policy,
+                guard,
                 breaker,
-                insurance,
+                fallback,
                 metrics,
                 legacy_headers,
             }),
@@ -380,14 +387,12 @@ impl<S: Store + 'static> RateLimiter<S> {
             RuleSets::Split { authenticated: set, .. } => set,
         };
         for (name, (limit, per_request)) in set.names.iter().zip(&set.charges) {
-            let total = per_request.saturating_mul(cost);
-            if total > limit.quota.permits() {
-                return Err(CheckError::CostExceedsLimit {
-                    cost: total,
-                    limit: limit.quota.permits(),
-                    policy: name.to_string(),
-                });
-            }
+            check_charge(limit, per_request.saturating_mul(cost)).map_err(|err| match err {
+                StoreError::CostExceedsLimit { cost, limit } => {
+                    CheckError::CostExceedsLimit { cost, limit, policy: name.clone() }
+                }
+                source => CheckError::InvalidLimit { policy: name.clone(), source },
+            })?;
         }
         let key = self.inner.identity.key(&rule.name, IdentitySource::ApiKey, key.as_bytes());
         Ok(self.decide(index, &key, set, cost).await)
@@ -405,17 +410,17 @@ impl<S: Store + 'static> RateLimiter<S> {
         };
         let (decisions, source) = match self.call_store(key, charges).await {
             Ok(decisions) => (decisions, DecisionSource::Store),
-            Err(failure) => match (&self.inner.insurance, failure) {
+            Err(failure) => match (&self.inner.fallback, failure) {
                 // A request no store could allow (cost above a limit) is denied
                 // by the embedded limiter's arithmetic, which says so.
                 (_, Failure::Invalid(err)) => {
                     tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
                     (invalid_denial(charges), DecisionSource::Store)
                 }
-                (Some(insurance), Failure::Unavailable) => match insurance.decide_all_sync(key, charges) {
+                (Some(fallback), Failure::Unavailable) => match fallback.decide_all_sync(key, charges) {
                     Ok(decisions) => {
-                        counters.insurance.fetch_add(1, Relaxed);
-                        (decisions, DecisionSource::Insurance)
+                        counters.fallback.fetch_add(1, Relaxed);
+                        (decisions, DecisionSource::Fallback)
                     }
                     Err(_) => (Vec::new(), self.fail(rule, counters)),
                 },
@@ -432,7 +437,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             })
             .collect();
         let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow };
-        if matches!(source, DecisionSource::Store | DecisionSource::Insurance) {
+        if matches!(source, DecisionSource::Store | DecisionSource::Fallback) {
             match (verdict.allowed(), rule.shadow) {
                 (true, _) => counters.allowed.fetch_add(1, Relaxed),
                 (false, false) => counters.denied.fetch_add(1, Relaxed),
@@ -464,7 +469,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
         inner.metrics.store().calls.fetch_add(1, Relaxed);
         let start = Instant::now();
-        let result = tokio::time::timeout(inner.policy.timeout, inner.store.decide_all(key, charges)).await;
+        let result =
+            tokio::time::timeout(inner.guard.timeout.get(), inner.store.decide_all(key, charges)).await;
         match result {
             Ok(Ok(decisions)) => {
                 inner.metrics.store().observe_latency(start.elapsed());
@@ -480,10 +486,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             }
             Err(_) => {
                 inner.metrics.store().timeouts.fetch_add(1, Relaxed);
-                tracing::warn!(
-                    timeout_ms = inner.policy.timeout.as_millis() as u64,
-                    "rate limit store timed out"
-                );
+                tracing::warn!(timeout_ms = inner.guard.timeout.as_millis(), "rate limit store timed out");
                 self.store_failed();
                 Err(Failure::Unavailable)
             }
@@ -494,7 +497,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         if self.inner.breaker.record_failure() {
             self.inner.metrics.store().breaker_opened.fetch_add(1, Relaxed);
             tracing::error!(
-                probe_interval_ms = self.inner.policy.probe_interval.as_millis() as u64,
+                probe_interval_ms = self.inner.guard.probe_interval.as_millis(),
                 "rate limit store unavailable: circuit breaker open, probing in the background"
             );
             let inner = Arc::clone(&self.inner);
@@ -514,11 +517,13 @@ async fn probe<S: Store>(inner: Arc<Inner<S>>) {
         0,
     )];
     loop {
-        tokio::time::sleep(inner.policy.probe_interval).await;
+        tokio::time::sleep(inner.guard.probe_interval.get()).await;
         inner.metrics.store().probes.fetch_add(1, Relaxed);
-        let answer =
-            tokio::time::timeout(inner.policy.timeout, inner.store.decide_all("slidegate-probe", &probe))
-                .await;
+        let answer = tokio::time::timeout(
+            inner.guard.timeout.get(),
+            inner.store.decide_all("slidegate-probe", &probe),
+        )
+        .await;
         if matches!(answer, Ok(Ok(_))) {
             inner.breaker.close();
             tracing::info!("rate limit store answers again: circuit breaker closed");

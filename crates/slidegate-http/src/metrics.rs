@@ -34,8 +34,8 @@ pub struct RuleCounters {
     pub fail_open: AtomicU64,
     /// Refused without a decision because the store failed.
     pub fail_closed: AtomicU64,
-    /// Decided by the embedded insurance limiter because the store failed.
-    pub insurance: AtomicU64,
+    /// Decided by the embedded fallback limiter because the store failed.
+    pub fallback: AtomicU64,
 }
 
 /// What happened to calls to the store.
@@ -142,10 +142,12 @@ impl Metrics {
                 "Requests refused undecided because the store failed.",
                 |c| &c.fail_closed,
             ),
+            // The metric keeps the fallback limiter's former name, "insurance":
+            // dashboards and alerts select series by it.
             (
                 "slidegate_requests_insurance_total",
-                "Requests decided by the embedded insurance limiter because the store failed.",
-                |c| &c.insurance,
+                "Requests decided by the embedded fallback limiter because the store failed.",
+                |c| &c.fallback,
             ),
         ];
         for (name, help, field) in per_rule {

@@ -23,7 +23,7 @@ use http::Method;
 /// assert!(!p.matches("/api/videos/42/7/comments"));
 /// let glob: PathPattern = "/api/search*".parse()?;
 /// assert!(glob.matches("/api/search") && glob.matches("/api/search/users"));
-/// # Ok::<(), String>(())
+/// # Ok::<(), slidegate_http::PathPatternError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathPattern {
@@ -38,13 +38,24 @@ enum Part {
     Param,
 }
 
+/// Why a path pattern could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid path pattern {pattern:?}: {reason}; expected e.g. \"/api/search\", \"/api/search*\" or \"/api/videos/{{id}}\""
+)]
+#[non_exhaustive]
+pub struct PathPatternError {
+    /// The pattern as written.
+    pub pattern: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
 impl FromStr for PathPattern {
-    type Err = String;
+    type Err = PathPatternError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| {
-            format!("invalid path pattern {s:?}: {why}; expected e.g. \"/api/search\", \"/api/search*\" or \"/api/videos/{{id}}\"")
-        };
+        let bad = |reason: &'static str| PathPatternError { pattern: s.to_owned(), reason };
         if !s.starts_with(['/', '*']) {
             return Err(bad("it must start with '/' (or '*' for every path)"));
         }
@@ -303,13 +314,13 @@ mod tests {
 
     #[test]
     fn malformed_patterns_say_why() {
-        assert!("api".parse::<PathPattern>().unwrap_err().contains("must start with '/'"));
-        assert!("/a{id}".parse::<PathPattern>().unwrap_err().contains("whole path segment"));
-        assert!("/{id".parse::<PathPattern>().unwrap_err().contains("closed by '}'"));
-        assert!("/{id}x".parse::<PathPattern>().unwrap_err().contains("whole path segment"));
-        assert!("/{}".parse::<PathPattern>().unwrap_err().contains("needs a name"));
-        assert!("/a?b=1".parse::<PathPattern>().unwrap_err().contains("without query"));
-        assert!("/users/".parse::<PathPattern>().unwrap_err().contains("never matches"));
+        assert!("api".parse::<PathPattern>().unwrap_err().to_string().contains("must start with '/'"));
+        assert!("/a{id}".parse::<PathPattern>().unwrap_err().to_string().contains("whole path segment"));
+        assert!("/{id".parse::<PathPattern>().unwrap_err().to_string().contains("closed by '}'"));
+        assert!("/{id}x".parse::<PathPattern>().unwrap_err().to_string().contains("whole path segment"));
+        assert!("/{}".parse::<PathPattern>().unwrap_err().to_string().contains("needs a name"));
+        assert!("/a?b=1".parse::<PathPattern>().unwrap_err().to_string().contains("without query"));
+        assert!("/users/".parse::<PathPattern>().unwrap_err().to_string().contains("never matches"));
         assert!("/".parse::<PathPattern>().is_ok());
     }
 

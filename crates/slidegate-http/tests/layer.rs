@@ -166,7 +166,7 @@ async fn the_insurance_limiter_applies_the_rules_while_the_store_is_down() {
     let limiter = limiter(&store, "insurance = true");
     store.down.store(true, Ordering::SeqCst);
     let verdicts: Vec<_> = [search(&limiter).await, search(&limiter).await, search(&limiter).await].into();
-    assert!(verdicts.iter().all(|v| v.source == DecisionSource::Insurance));
+    assert!(verdicts.iter().all(|v| v.source == DecisionSource::Fallback));
     assert_eq!(verdicts.iter().map(|v| v.blocks()).collect::<Vec<_>>(), [false, false, true]);
     assert!(limiter.render_metrics().contains("slidegate_requests_insurance_total{rule=\"search\"} 3\n"));
 }

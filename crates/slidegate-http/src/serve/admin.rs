@@ -1,11 +1,18 @@
-//! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`.
+//! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
+//! served on the public listener or on their own.
+
+use std::convert::Infallible;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
 
 use super::{boxed, full, ServeBody, State};
 use crate::headers::{self, ceil_secs};
@@ -46,6 +53,56 @@ impl Endpoint {
     }
 }
 
+/// The endpoint at `path` under the admin prefix, if any.
+pub(crate) fn endpoint(state: &State, path: &str) -> Option<Endpoint> {
+    path.strip_prefix(state.admin_prefix.as_str()).and_then(Endpoint::from_path)
+}
+
+/// The admin listener: few, short requests, served on the acceptor's runtime.
+pub(crate) async fn serve_listener(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                tracing::warn!(%err, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let state = Arc::clone(&state);
+        let service = service_fn(move |request: Request<Incoming>| {
+            let state = Arc::clone(&state);
+            async move { Ok::<_, Infallible>(handle_only_admin(&state, request).await) }
+        });
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, %peer, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+/// A request on the admin listener: an admin endpoint, or 404.
+async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+    if let Some(endpoint) = endpoint(state, request.uri().path()) {
+        return handle(state, endpoint, request).await;
+    }
+    let path = request.uri().path();
+    boxed(headers::problem(
+        StatusCode::NOT_FOUND,
+        "about:blank",
+        "Not Found",
+        &format!(
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics or {0}/healthz",
+            state.admin_prefix
+        ),
+        Some(path),
+    ))
+}
+
 /// A `/v1/check` request.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,7 +128,7 @@ struct CheckResponse {
     reset_after_ms: u64,
     retry_after_ms: Option<u64>,
     policy: String,
-    /// Set when the store was unavailable and the answer is the failure policy's.
+    /// Set when the store was unavailable and the fallback limiter answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     degraded: Option<&'static str>,
 }
@@ -150,9 +207,10 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             reset_after_ms: duration_ms(p.decision.reset_after),
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
             policy: p.name.to_string(),
-            degraded: (verdict.source == DecisionSource::Insurance).then_some("insurance"),
+            // The wire keeps the fallback limiter's former name, "insurance", for existing clients.
+            degraded: (verdict.source == DecisionSource::Fallback).then_some("insurance"),
         },
-        // The store failed and nobody decided: say what the failure policy chose.
+        // The store failed and nobody decided: say what `on_error` chose.
         None => CheckResponse {
             allowed: verdict.allowed(),
             limit: 0,

@@ -1,0 +1,99 @@
+//! The TOML file as written: a serde mirror of [`Config`](super::Config) that
+//! keeps every value's position for errors. A key left out is `None` here;
+//! validation fills in the default from the typed configuration.
+
+use std::net::SocketAddr;
+
+use http::HeaderName;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::duration::Delay;
+use super::types::{IdentityKind, OnError};
+use super::values::{AlgorithmName, Millis, Parsed, WindowValue};
+use crate::identity::ForwardedHeader;
+use crate::rules::PathPattern;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) server: RawServer,
+    #[serde(default)]
+    pub(super) store: RawStore,
+    #[serde(default)]
+    pub(super) identity: RawIdentity,
+    #[serde(default)]
+    pub(super) headers: RawHeaders,
+    #[serde(default)]
+    pub(super) rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    pub(super) listen: Option<Parsed<SocketAddr>>,
+    pub(super) upstream: Option<Spanned<String>>,
+    pub(super) admin_prefix: Option<Spanned<String>>,
+    pub(super) admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
+    pub(super) shutdown_grace: Option<Parsed<Delay>>,
+    pub(super) threads: Option<Spanned<u16>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    pub(super) url: Option<Spanned<String>>,
+    pub(super) prefix: Option<String>,
+    pub(super) timeout_ms: Option<Millis>,
+    pub(super) on_error: Option<OnError>,
+    pub(super) breaker_failures: Option<Spanned<u32>>,
+    pub(super) probe_interval_ms: Option<Millis>,
+    /// `insurance` is the key's former name, still read.
+    #[serde(alias = "insurance")]
+    pub(super) fallback: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIdentity {
+    pub(super) api_key_header: Option<Parsed<HeaderName>>,
+    pub(super) ip_hash_secret_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) trusted_proxies: Vec<Spanned<String>>,
+    pub(super) forwarded_header: Option<Parsed<ForwardedHeader>>,
+    pub(super) ipv6_prefix: Option<Spanned<u8>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaders {
+    pub(super) legacy: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRule {
+    pub(super) name: Spanned<String>,
+    pub(super) path: Parsed<PathPattern>,
+    #[serde(default)]
+    pub(super) methods: Vec<Spanned<String>>,
+    pub(super) identity: Option<Spanned<IdentityKind>>,
+    pub(super) limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    pub(super) authenticated: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    pub(super) anonymous: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    pub(super) on_error: Option<OnError>,
+    #[serde(default)]
+    pub(super) shadow: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub(super) name: Option<Spanned<String>>,
+    pub(super) limit: Spanned<u64>,
+    pub(super) window: WindowValue,
+    #[serde(default)]
+    pub(super) algorithm: Parsed<AlgorithmName>,
+    pub(super) cost: Option<Spanned<u64>>,
+}

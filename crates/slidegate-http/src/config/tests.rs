@@ -1,0 +1,211 @@
+//! Parsing and validation of the TOML configuration.
+
+use http::Method;
+use ipnet::IpNet;
+use slidegate::Algorithm;
+
+use super::*;
+use crate::identity::ForwardedHeader;
+
+/// The example configuration shipped in `examples/` (also the README's), word for word.
+const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/slidegate.toml");
+
+/// The Redis URL the example names; tests only parse it, never connect.
+fn example_redis_url() -> &'static str {
+    EXAMPLE_CONFIG.lines().find_map(|l| l.strip_prefix("url = \"")?.split('"').next()).unwrap()
+}
+
+/// An environment in which no variable is set.
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+/// Parses `source` with no environment variable set.
+fn parse(source: &str) -> Result<Config, ConfigError> {
+    Config::parse_with_env(source, "t.toml", &no_env)
+}
+
+fn err(source: &str) -> (usize, usize, String) {
+    let e = parse(source).unwrap_err();
+    let (line, column) = e.location().unwrap();
+    let ConfigError::Invalid { message, .. } = e else { unreachable!() };
+    (line, column, message)
+}
+
+#[test]
+fn the_example_config_parses_as_written() {
+    let env = |name: &str| (name == "SLIDEGATE_IP_SECRET").then(|| "test-secret".to_owned());
+    let c = Config::parse_with_env(EXAMPLE_CONFIG, "slidegate.toml", &env).unwrap();
+    assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.store.url.as_deref(), Some(example_redis_url()));
+    assert_eq!(c.store.timeout, Delay::from_millis(50));
+    assert_eq!(c.store.on_error, OnError::Allow);
+    assert_eq!(c.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
+    assert_eq!(c.identity.secret.as_deref(), Some(&b"test-secret"[..]));
+    assert_eq!(c.identity.trusted_proxies, vec!["127.0.0.1/32".parse::<IpNet>().unwrap()]);
+    assert_eq!(c.rules.len(), 2);
+    let RuleLimits::Split { authenticated, anonymous } = &c.rules[0].limits else { panic!() };
+    assert_eq!((anonymous[0].name.as_str(), anonymous[0].limit.quota.permits()), ("trending", 100));
+    assert_eq!(authenticated[0].limit.algorithm, Algorithm::SlidingLog);
+    assert_eq!(c.rules[0].methods, vec![Method::GET]);
+    let RuleLimits::Shared { identity, limits } = &c.rules[1].limits else { panic!() };
+    assert_eq!(*identity, IdentityKind::ApiKey);
+    let names: Vec<_> = limits.iter().map(|l| (l.name.as_str(), l.limit.quota.window_ms(), l.cost)).collect();
+    assert_eq!(names, [("search-1s", 1000, 1), ("search-1h", 3_600_000, 1)]);
+    assert_eq!(limits[0].limit.algorithm, Algorithm::SlidingWindowCounter);
+}
+
+#[test]
+fn unknown_keys_are_located() {
+    assert_eq!(err("[store]\ntimeout_ms = 5\nretries = 3\n"), (3, 1, "unknown field `retries`, expected one of `url`, `prefix`, `timeout_ms`, `on_error`, `breaker_failures`, `probe_interval_ms`, `fallback`, `insurance`".into()));
+    let (line, column, message) =
+        err("[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\", burst = 2 }]\n");
+    assert_eq!((line, column), (4, 39));
+    assert!(message.starts_with("unknown field `burst`"), "{message}");
+}
+
+#[test]
+fn bad_values_are_located_and_say_what_was_expected() {
+    let rule = |limits: &str| format!("[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{limits}]\n");
+    assert_eq!(
+        err(&rule("{ limit = 1, window = \"60x\" }")),
+        (
+            4,
+            33,
+            "invalid duration \"60x\": expected a whole number followed by ms, s, m, h or d, such as \"60s\""
+                .into()
+        )
+    );
+    let (l, c, m) = err(&rule("{ limit = 1, window = \"1s\", algorithm = \"leaky\" }"));
+    assert_eq!((l, c), (4, 51));
+    assert!(m.starts_with("unknown algorithm \"leaky\": expected one of sliding_window_counter"), "{m}");
+    assert_eq!(
+        err(&rule("{ limit = 0, window = \"1s\" }")),
+        (4, 21, "invalid limit: limit must be at least 1, got 0".into())
+    );
+    assert_eq!(
+        err(&rule("{ limit = 5, window = \"1s\", cost = 6 }")),
+        (4, 46, "invalid limit: cost 6 exceeds the limit 5: such a request could never be allowed".into())
+    );
+    assert_eq!(
+        err(&rule("{ limit = 5, window = \"1s\", cost = 0 }")),
+        (4, 46, "cost must be at least 1, got 0".into())
+    );
+    assert_eq!(
+        err(&rule("{ limit = 1000001, window = \"1h\", algorithm = \"sliding_log\" }")),
+        (
+            4,
+            21,
+            "invalid limit: sliding_log limits must be at most 1000000 (one entry per permit), got 1000001; \
+             use sliding_window_counter for larger limits"
+                .into()
+        )
+    );
+    assert!(parse(&rule("{ limit = 1000000, window = \"1h\", algorithm = \"sliding_log\" }")).is_ok());
+    assert!(parse(&rule("{ limit = 1000001, window = \"1h\" }")).is_ok());
+    assert_eq!(
+        err(&rule("{ name = \"a\\u0007b\", limit = 1, window = \"1s\" }")),
+        (4, 20, "invalid policy name \"a\\u{7}b\": expected printable ASCII without quotes".into())
+    );
+    assert_eq!(
+        err(&rule("{ name = \"a\\tb\", limit = 1, window = \"1s\" }")),
+        (4, 20, "invalid policy name \"a\\tb\": expected printable ASCII without quotes".into())
+    );
+    let (l, c, m) = err("[server]\nlisten = \"localhost\"\n");
+    assert_eq!((l, c), (2, 10));
+    assert!(m.contains("invalid socket address"), "{m}");
+    let (l, c, m) = err("[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.300\"]\n");
+    assert_eq!((l, c), (2, 34));
+    assert!(m.starts_with("invalid trusted proxy \"10.0.0.300\""), "{m}");
+    let (l, c, m) = err("[[rules]]\nname = \"a\"\npath = \"/\"\nmethods = [\"GET\", \"G-T\"]\nlimits = [{ limit = 1, window = \"1s\" }]\n");
+    assert_eq!((l, c), (4, 19));
+    assert!(m.starts_with("invalid method \"G-T\": expected an HTTP method"), "{m}");
+    let (l, c, m) = err("[server]\nupstream = \"https://example.test\"\n");
+    assert_eq!((l, c), (2, 12));
+    assert!(m.contains("https is not supported"), "{m}");
+    let (l, c, _) = err("[identity]\nip_hash_secret_env = \"SLIDEGATE_IP_SECRET\"\n");
+    assert_eq!((l, c), (2, 22));
+    let set = |_: &str| Some(String::new());
+    let e =
+        Config::parse_with_env("[identity]\nip_hash_secret_env = \"SECRET\"\n", "t.toml", &set).unwrap_err();
+    assert_eq!(e.location(), Some((2, 22)), "an empty secret is as good as none");
+}
+
+#[test]
+fn the_store_keys_default_and_the_former_insurance_key_still_reads() {
+    let c = parse("").unwrap();
+    assert_eq!(c.store.guard(), crate::StoreGuard::default());
+    assert_eq!(c.server.shutdown_grace, Delay::from_secs(10));
+    let c = parse("[store]\nfallback = true\n").unwrap();
+    assert!(c.store.fallback);
+    let c = parse("[store]\ninsurance = true\n").unwrap();
+    assert!(c.store.fallback);
+    let c = parse("[server]\nshutdown_grace = \"250ms\"\n").unwrap();
+    assert_eq!(c.server.shutdown_grace, Delay::from_millis(250));
+    let (l, c, m) = err("[server]\nshutdown_grace = \"soon\"\n");
+    assert_eq!((l, c), (2, 18));
+    assert!(m.starts_with("invalid duration \"soon\""), "{m}");
+}
+
+#[test]
+fn forwarded_header_defaults_to_x_forwarded_for_and_bad_values_are_located() {
+    let c = parse("[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\n").unwrap();
+    assert_eq!(c.identity.forwarded_header, ForwardedHeader::XForwardedFor);
+    let c = parse("[identity]\nforwarded_header = \"forwarded\"\n").unwrap();
+    assert_eq!(c.identity.forwarded_header, ForwardedHeader::Forwarded);
+    let (l, c, m) = err("[identity]\nforwarded_header = \"x-real-ip\"\n");
+    assert_eq!((l, c), (2, 20));
+    assert!(
+        m.starts_with(
+            "invalid forwarded_header \"x-real-ip\": expected \"x-forwarded-for\" or \"forwarded\""
+        ),
+        "{m}"
+    );
+    let (l, c, m) = err("[identity]\nforwarded_headers = \"forwarded\"\n");
+    assert_eq!((l, c), (2, 1));
+    assert!(m.starts_with("unknown field `forwarded_headers`"), "{m}");
+}
+
+#[test]
+fn admin_listen_is_optional_and_located_when_bad() {
+    let c = parse("[server]\nlisten = \"127.0.0.1:8080\"\n").unwrap();
+    assert_eq!(c.server.admin_listen, None);
+    let c = parse("[server]\nadmin_listen = \"127.0.0.1:9091\"\n").unwrap();
+    assert_eq!(c.server.admin_listen, Some("127.0.0.1:9091".parse().unwrap()));
+    let (l, c, m) = err("[server]\nadmin_listen = \"localhost\"\n");
+    assert_eq!((l, c), (2, 16));
+    assert!(m.contains("invalid socket address"), "{m}");
+    let (l, c, m) = err("[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"\n");
+    assert_eq!((l, c), (3, 16));
+    assert_eq!(m, "admin_listen 127.0.0.1:8080 is the listen address: expected another address, such as \"127.0.0.1:9091\"");
+}
+
+#[test]
+fn contradictory_rules_are_located() {
+    let (l, c, m) = err("[[rules]]\nname = \"a\"\npath = \"/\"\n\n[[rules]]\nname = \"a\"\npath = \"/b\"\nlimits = [{ limit = 1, window = \"1s\" }]\n");
+    // The first rule has no limits; it is reported at its own table.
+    assert_eq!((l, c), (1, 1), "{m}");
+    assert!(m.starts_with("rule \"a\" has no limits"), "{m}");
+    let (l, c2, m) =
+        err("[[rules]]\nname = \"a\"\npath = \"/\"\nanonymous = [{ limit = 1, window = \"1s\" }]\n");
+    assert_eq!((l, c2), (4, 13));
+    assert!(m.contains("needs both `authenticated` and `anonymous`"), "{m}");
+    let dup = "[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\" }]\n";
+    let (l, c3, m) = err(&format!("{dup}\n{dup}"));
+    assert_eq!((l, c3), (7, 8));
+    assert_eq!(m, "duplicate rule name \"a\": rule names must be unique");
+    let (l, _, m) = err("[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\" }, { limit = 2, window = \"1s\" }]\n");
+    assert_eq!(l, 4);
+    assert!(m.contains("two limits named alike (\"a-1s\")"), "{m}");
+}
+
+#[test]
+fn the_error_display_names_file_line_column_and_shows_the_line() {
+    let e = Config::parse_with_env("[server]\nlisten = 8080\n", "conf/slidegate.toml", &no_env).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with("conf/slidegate.toml:2:10: invalid type: integer `8080`, expected a string"),
+        "{text}"
+    );
+    assert!(text.ends_with("2 | listen = 8080\n  |          ^^^^"), "{text}");
+}

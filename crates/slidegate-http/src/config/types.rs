@@ -1,0 +1,271 @@
+//! The validated configuration, as plain types a program can also build in
+//! code, and their defaults — the one place each default is written.
+
+use std::net::SocketAddr;
+
+use http::{HeaderName, Method, Uri};
+use ipnet::IpNet;
+use serde::Deserialize;
+use slidegate::{check_charge, Limit, StoreError};
+
+use super::duration::Delay;
+use crate::identity::ForwardedHeader;
+use crate::limiter::StoreGuard;
+use crate::rules::PathPattern;
+
+/// A validated configuration.
+///
+/// `Config::parse` reads one from TOML (feature `config`); without it, start
+/// from [`Config::default`] and set the fields.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Config {
+    /// `[server]`: where to listen, where to forward.
+    pub server: ServerConfig,
+    /// `[store]`: where limiter state lives and what to do when it fails.
+    pub store: StoreConfig,
+    /// `[identity]`: who a request is.
+    pub identity: IdentityConfig,
+    /// `[headers]`: which response headers to send.
+    pub headers: HeadersConfig,
+    /// `[[rules]]`, in file order; the first rule that matches a request decides it.
+    pub rules: Vec<RuleConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// The address `serve` listens on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// The one upstream every non-admin request is forwarded to (`http://host:port`).
+    pub upstream: Option<Uri>,
+    /// The prefix of the admin endpoints (`{prefix}/v1/check`, `/metrics`, `/healthz`); empty by default.
+    pub admin_prefix: String,
+    /// A separate address for the admin endpoints; when set they are served
+    /// only there, and the public listener forwards those paths upstream.
+    pub admin_listen: Option<SocketAddr>,
+    /// How long a graceful shutdown waits for open connections.
+    pub shutdown_grace: Delay,
+    /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
+    pub threads: Option<usize>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: None,
+            admin_prefix: String::new(),
+            admin_listen: None,
+            shutdown_grace: Delay::from_secs(10),
+            threads: None,
+        }
+    }
+}
+
+/// What to do with a request when the store failed or timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: let the request through (logged and counted).
+    #[default]
+    Allow,
+    /// Fail closed: answer 503.
+    Deny,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StoreConfig {
+    /// A Redis URL; `None` for the embedded store.
+    pub url: Option<String>,
+    /// A prefix for every Redis key.
+    pub prefix: Option<String>,
+    /// The deadline of one store call.
+    pub timeout: Delay,
+    /// What every rule does when the store fails, unless the rule says otherwise.
+    pub on_error: OnError,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How often an open breaker probes the store in the background.
+    pub probe_interval: Delay,
+    /// Whether an embedded fallback limiter applies the rules while the store
+    /// is unavailable (TOML key `fallback`, formerly `insurance`).
+    pub fallback: bool,
+}
+
+impl StoreConfig {
+    /// How the limiter treats the store: deadline, breaker, fallback.
+    pub fn guard(&self) -> StoreGuard {
+        StoreGuard {
+            timeout: self.timeout,
+            breaker_failures: self.breaker_failures,
+            probe_interval: self.probe_interval,
+            fallback: self.fallback,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        let guard = StoreGuard::default();
+        Self {
+            url: None,
+            prefix: None,
+            timeout: guard.timeout,
+            on_error: OnError::default(),
+            breaker_failures: guard.breaker_failures,
+            probe_interval: guard.probe_interval,
+            fallback: guard.fallback,
+        }
+    }
+}
+
+/// `[identity]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct IdentityConfig {
+    /// The header carrying the API key, if clients send one.
+    pub api_key_header: Option<HeaderName>,
+    /// The secret keying the identity hashes; `None` draws a random one per process.
+    pub secret: Option<Vec<u8>>,
+    /// Peers whose forwarding header is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// The one forwarding header trusted proxies write (`X-Forwarded-For` by default).
+    pub forwarded_header: ForwardedHeader,
+    /// IPv6 clients are grouped by this prefix length (128: no grouping; 64: one identity per /64).
+    pub ipv6_prefix: u8,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            api_key_header: None,
+            secret: None,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::default(),
+            ipv6_prefix: 128,
+        }
+    }
+}
+
+/// `[headers]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct HeadersConfig {
+    /// Whether `X-RateLimit-Limit`, `-Remaining` and `-Reset` are sent besides the IETF headers.
+    pub legacy: bool,
+}
+
+impl Default for HeadersConfig {
+    fn default() -> Self {
+        Self { legacy: true }
+    }
+}
+
+/// Whose quota a rule's `limits` count against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityKind {
+    /// The API key when the request carries one, the hashed client IP otherwise.
+    #[default]
+    ApiKey,
+    /// The hashed client IP, always.
+    Ip,
+}
+
+/// One `[[rules]]` entry.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RuleConfig {
+    /// The rule's name: in metrics, policy names and `/v1/check`.
+    pub name: String,
+    /// The path pattern.
+    pub path: PathPattern,
+    /// The methods it applies to; empty: all.
+    pub methods: Vec<Method>,
+    /// Who is counted, and against which limits.
+    pub limits: RuleLimits,
+    /// What to do when the store fails, overriding `[store] on_error`.
+    pub on_error: OnError,
+    /// Decide, count and send headers, but never block.
+    pub shadow: bool,
+}
+
+impl RuleConfig {
+    /// A rule named `name` for every method on `path`, failing open, not in shadow mode.
+    ///
+    /// ```
+    /// use slidegate::{Algorithm, Limit, Quota};
+    /// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+    ///
+    /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_second(10)?);
+    /// let rule = RuleConfig::new(
+    ///     "search",
+    ///     "/api/search*".parse()?,
+    ///     RuleLimits::Shared { identity: IdentityKind::Ip, limits: vec![LimitConfig::new("search", limit, 1)?] },
+    /// );
+    /// assert_eq!(rule.name, "search");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(name: impl Into<String>, path: PathPattern, limits: RuleLimits) -> Self {
+        Self {
+            name: name.into(),
+            path,
+            methods: Vec::new(),
+            limits,
+            on_error: OnError::default(),
+            shadow: false,
+        }
+    }
+}
+
+/// The limits of a rule, by identity.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RuleLimits {
+    /// One list for everybody, counted per `identity`.
+    Shared {
+        /// Whose quota.
+        identity: IdentityKind,
+        /// The limits, decided together.
+        limits: Vec<LimitConfig>,
+    },
+    /// Separate lists for requests with an API key (counted per key) and
+    /// without (counted per hashed IP).
+    Split {
+        /// For requests carrying an API key.
+        authenticated: Vec<LimitConfig>,
+        /// For the others.
+        anonymous: Vec<LimitConfig>,
+    },
+}
+
+/// One limit of a rule: a named policy in the `RateLimit-Policy` sense.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LimitConfig {
+    /// The policy name in headers and problem bodies.
+    pub name: String,
+    /// The algorithm and quota.
+    pub limit: Limit,
+    /// Permits one request costs.
+    pub cost: u64,
+}
+
+impl LimitConfig {
+    /// Permits a request costs unless the limit says otherwise.
+    pub const DEFAULT_COST: u64 = 1;
+
+    /// The policy `name`: `limit`, each request costing `cost` permits.
+    ///
+    /// # Errors
+    /// What [`slidegate::check_charge`] says of `(limit, cost)`: a cost above
+    /// the limit, or a sliding log too large to keep.
+    pub fn new(name: impl Into<String>, limit: Limit, cost: u64) -> Result<Self, StoreError> {
+        check_charge(&limit, cost)?;
+        Ok(Self { name: name.into(), limit, cost })
+    }
+}

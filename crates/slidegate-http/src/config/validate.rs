@@ -1,0 +1,403 @@
+//! From the TOML mirror to a [`Config`]: every rule the types cannot express
+//! (ranges, contradictions, duplicates, environment variables) is checked
+//! here, and every error is located at the offending value.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::Path;
+use std::str::FromStr;
+
+use http::Uri;
+use slidegate::{check_charge, Limit, Quota, QuotaError, StoreError};
+use toml::Spanned;
+
+use super::error::ConfigError;
+use super::raw::{RawConfig, RawIdentity, RawLimit, RawRule, RawServer, RawStore};
+use super::types::{
+    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits,
+    ServerConfig, StoreConfig,
+};
+use super::values::{Cidr, MethodName};
+
+impl Config {
+    /// Reads and validates the configuration in `path`, reading the variables
+    /// it names from the process environment.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when the file cannot be read, [`ConfigError::Invalid`]
+    /// with line and column for anything wrong inside it.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let source = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(&source, path)
+    }
+
+    /// Validates the configuration text `source`; `path` names it in errors.
+    /// Environment variables named by the config (the hash secret) are read
+    /// from the process environment now; [`Config::parse_with_env`] takes them
+    /// from elsewhere.
+    ///
+    /// ```
+    /// use slidegate_http::Config;
+    ///
+    /// let err = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\nlisten_on = 1\n", "demo.toml")
+    ///     .unwrap_err();
+    /// assert_eq!(err.location(), Some((3, 1)));
+    /// assert!(err.to_string().starts_with("demo.toml:3:1: unknown field `listen_on`"));
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    pub fn parse(source: &str, path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::parse_with_env(source, path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with the environment given: `env(name)` is the value
+    /// of the variable `name`, or `None` when it is unset.
+    ///
+    /// ```
+    /// use slidegate_http::Config;
+    ///
+    /// let source = "[identity]\nip_hash_secret_env = \"HASH_SECRET\"\n";
+    /// let env = |name: &str| (name == "HASH_SECRET").then(|| "s3cret".to_owned());
+    /// let config = Config::parse_with_env(source, "demo.toml", &env)?;
+    /// assert_eq!(config.identity.secret.as_deref(), Some(&b"s3cret"[..]));
+    /// # Ok::<(), slidegate_http::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    pub fn parse_with_env(
+        source: &str,
+        path: impl AsRef<Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
+        let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
+        Validator { fail: &fail, env }.config(raw)
+    }
+}
+
+struct Validator<'a> {
+    fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Validator<'_> {
+    fn err(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        (self.fail)(Some(span), message.into())
+    }
+
+    /// Parses each string of an array, reporting an error at the element.
+    fn each<T>(&self, values: Vec<Spanned<String>>) -> Result<Vec<T>, ConfigError>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        values
+            .into_iter()
+            .map(|v| v.get_ref().parse().map_err(|e: T::Err| self.err(v.span(), e.to_string())))
+            .collect()
+    }
+
+    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let server = self.server(raw.server)?;
+        let store = self.store(raw.store)?;
+        let identity = self.identity(raw.identity)?;
+        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        for rule in raw.rules {
+            let name_span = rule.get_ref().name.span();
+            let rule = self.rule(rule, store.on_error)?;
+            if rules.iter().any(|r| r.name == rule.name) {
+                return Err(self.err(
+                    name_span,
+                    format!("duplicate rule name {:?}: rule names must be unique", rule.name),
+                ));
+            }
+            rules.push(rule);
+        }
+        let headers = HeadersConfig { legacy: raw.headers.legacy.unwrap_or(HeadersConfig::default().legacy) };
+        Ok(Config { server, store, identity, headers, rules })
+    }
+
+    fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+        let default = ServerConfig::default();
+        let upstream = match raw.upstream {
+            None => None,
+            Some(u) => {
+                let uri: Uri = u.get_ref().parse().map_err(|_| {
+                    self.err(
+                        u.span(),
+                        format!("invalid upstream {:?}: expected http://host:port", u.get_ref()),
+                    )
+                })?;
+                if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                    return Err(self.err(
+                        u.span(),
+                        format!(
+                            "invalid upstream {:?}: expected http://host:port (https is not supported)",
+                            u.get_ref()
+                        ),
+                    ));
+                }
+                if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+                    return Err(self.err(
+                        u.span(),
+                        format!(
+                            "invalid upstream {:?}: expected no path, only http://host:port",
+                            u.get_ref()
+                        ),
+                    ));
+                }
+                Some(uri)
+            }
+        };
+        let admin_prefix = match raw.admin_prefix {
+            None => default.admin_prefix,
+            Some(p) => {
+                let text = p.get_ref().trim_end_matches('/');
+                if !text.is_empty() && (!text.starts_with('/') || text.contains(['?', '#', '*', '{'])) {
+                    return Err(self.err(
+                        p.span(),
+                        format!(
+                            "invalid admin_prefix {:?}: expected a path such as \"/_slidegate\"",
+                            p.get_ref()
+                        ),
+                    ));
+                }
+                text.to_owned()
+            }
+        };
+        let listen: SocketAddr = raw.listen.map_or(default.listen, |p| p.0);
+        let admin_listen = match raw.admin_listen {
+            None => None,
+            Some(a) if a.get_ref().0 == listen && listen.port() != 0 => {
+                return Err(self.err(
+                    a.span(),
+                    format!(
+                        "admin_listen {} is the listen address: expected another address, such as \"127.0.0.1:9091\"",
+                        a.get_ref().0
+                    ),
+                ))
+            }
+            Some(a) => Some(a.into_inner().0),
+        };
+        Ok(ServerConfig {
+            listen,
+            upstream,
+            admin_prefix,
+            admin_listen,
+            shutdown_grace: raw.shutdown_grace.map_or(default.shutdown_grace, |g| g.0),
+            threads: match raw.threads {
+                Some(t) if *t.get_ref() == 0 => return Err(self.err(t.span(), "threads must be at least 1")),
+                Some(t) => Some(usize::from(*t.get_ref())),
+                None => default.threads,
+            },
+        })
+    }
+
+    fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
+        let default = StoreConfig::default();
+        if let Some(url) = &raw.url {
+            let u = url.get_ref();
+            if !(u.starts_with("redis://") || u.starts_with("rediss://") || u.starts_with("redis+unix://")) {
+                return Err(
+                    self.err(url.span(), format!("invalid store url {u:?}: expected redis://host:port"))
+                );
+            }
+        }
+        let timeout = match raw.timeout_ms {
+            Some(t) if t.delay.get().is_zero() => {
+                return Err(self.err(t.span, "timeout_ms must be at least 1"))
+            }
+            Some(t) => t.delay,
+            None => default.timeout,
+        };
+        let breaker_failures = match raw.breaker_failures {
+            Some(b) if *b.get_ref() == 0 => {
+                return Err(self.err(b.span(), "breaker_failures must be at least 1"))
+            }
+            Some(b) => *b.get_ref(),
+            None => default.breaker_failures,
+        };
+        let probe_interval = match raw.probe_interval_ms {
+            Some(p) if p.delay.get().is_zero() => {
+                return Err(self.err(p.span, "probe_interval_ms must be at least 1"))
+            }
+            Some(p) => p.delay,
+            None => default.probe_interval,
+        };
+        Ok(StoreConfig {
+            url: raw.url.map(Spanned::into_inner),
+            prefix: raw.prefix,
+            timeout,
+            on_error: raw.on_error.unwrap_or(default.on_error),
+            breaker_failures,
+            probe_interval,
+            fallback: raw.fallback.unwrap_or(default.fallback),
+        })
+    }
+
+    fn identity(&self, raw: RawIdentity) -> Result<IdentityConfig, ConfigError> {
+        let default = IdentityConfig::default();
+        let secret = match raw.ip_hash_secret_env {
+            None => default.secret,
+            Some(var) => match (self.env)(var.get_ref()) {
+                Some(value) if !value.is_empty() => Some(value.into_bytes()),
+                _ => {
+                    return Err(self.err(
+                        var.span(),
+                        format!(
+                        "environment variable {} is not set: ip_hash_secret_env names the variable holding \
+                             the identity hash secret (every instance sharing a store needs the same one)",
+                        var.get_ref()
+                    ),
+                    ))
+                }
+            },
+        };
+        let prefix = match raw.ipv6_prefix {
+            Some(p) if !(1..=128).contains(p.get_ref()) => {
+                return Err(self.err(p.span(), format!("ipv6_prefix must be 1 to 128, got {}", p.get_ref())))
+            }
+            Some(p) => *p.get_ref(),
+            None => default.ipv6_prefix,
+        };
+        Ok(IdentityConfig {
+            api_key_header: raw.api_key_header.map(|h| h.0),
+            secret,
+            trusted_proxies: self.each::<Cidr>(raw.trusted_proxies)?.into_iter().map(|c| c.0).collect(),
+            forwarded_header: raw.forwarded_header.map_or(default.forwarded_header, |h| h.0),
+            ipv6_prefix: prefix,
+        })
+    }
+
+    fn rule(&self, spanned: Spanned<RawRule>, store_on_error: OnError) -> Result<RuleConfig, ConfigError> {
+        let rule_span = spanned.span();
+        let raw = spanned.into_inner();
+        let name = raw.name.get_ref().clone();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(self.err(
+                raw.name.span(),
+                format!("invalid rule name {name:?}: expected letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        let limits = match (raw.limits, raw.authenticated, raw.anonymous) {
+            (Some(limits), None, None) => RuleLimits::Shared {
+                identity: raw.identity.map_or(IdentityKind::default(), |i| *i.get_ref()),
+                limits: self.limits(&name, limits)?,
+            },
+            (None, Some(auth), Some(anon)) => {
+                if let Some(identity) = raw.identity {
+                    return Err(self.err(
+                        identity.span(),
+                        "identity applies to `limits` only: `authenticated` limits count per API key and \
+                         `anonymous` limits per client IP",
+                    ));
+                }
+                RuleLimits::Split { authenticated: self.limits(&name, auth)?, anonymous: self.limits(&name, anon)? }
+            }
+            (Some(limits), _, _) => {
+                return Err(self.err(
+                    limits.span(),
+                    format!(
+                        "rule {name:?} has both `limits` and `authenticated`/`anonymous`: expected either \
+                         `limits` or both `authenticated` and `anonymous`"
+                    ),
+                ))
+            }
+            (None, Some(one), None) | (None, None, Some(one)) => {
+                return Err(self.err(
+                    one.span(),
+                    format!("rule {name:?} needs both `authenticated` and `anonymous` limits, or `limits` alone"),
+                ))
+            }
+            (None, None, None) => {
+                return Err(self.err(
+                    rule_span,
+                    format!("rule {name:?} has no limits: expected `limits = [{{ limit = 10, window = \"1s\" }}]` or `authenticated` and `anonymous` lists"),
+                ))
+            }
+        };
+        Ok(RuleConfig {
+            name,
+            path: raw.path.0,
+            methods: self.each::<MethodName>(raw.methods)?.into_iter().map(|m| m.0).collect(),
+            limits,
+            on_error: raw.on_error.unwrap_or(store_on_error),
+            shadow: raw.shadow,
+        })
+    }
+
+    fn limits(
+        &self,
+        rule: &str,
+        list: Spanned<Vec<Spanned<RawLimit>>>,
+    ) -> Result<Vec<LimitConfig>, ConfigError> {
+        let list_span = list.span();
+        let list = list.into_inner();
+        if list.is_empty() {
+            return Err(self.err(
+                list_span,
+                format!("rule {rule:?} has an empty limit list: expected at least one limit"),
+            ));
+        }
+        let single = list.len() == 1;
+        let mut out: Vec<LimitConfig> = Vec::with_capacity(list.len());
+        for spanned in list {
+            let span = spanned.span();
+            let raw = spanned.into_inner();
+            let quota = Quota::new(*raw.limit.get_ref(), raw.window.duration).map_err(|e| {
+                let at = if matches!(e, QuotaError::ZeroLimit) {
+                    raw.limit.span()
+                } else {
+                    raw.window.span.clone()
+                };
+                self.err(at, format!("invalid limit: {e}"))
+            })?;
+            let limit = Limit::new(raw.algorithm.0 .0, quota);
+            let (cost, cost_span) = match &raw.cost {
+                Some(c) => (*c.get_ref(), c.span()),
+                None => (LimitConfig::DEFAULT_COST, raw.limit.span()),
+            };
+            if cost == 0 {
+                return Err(self.err(cost_span, "cost must be at least 1, got 0"));
+            }
+            // The one check the stores make too: reported where it went wrong.
+            if let Err(e) = check_charge(&limit, cost) {
+                let at = match e {
+                    StoreError::CostExceedsLimit { .. } => cost_span,
+                    _ => raw.limit.span(),
+                };
+                return Err(self.err(at, format!("invalid limit: {e}")));
+            }
+            let name = match &raw.name {
+                Some(n) => n.get_ref().clone(),
+                None if single => rule.to_owned(),
+                None => format!("{rule}-{}", raw.window.text),
+            };
+            if name.is_empty()
+                || name.contains(['"', '\\'])
+                || !name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+            {
+                let at = raw.name.as_ref().map_or(span.clone(), Spanned::span);
+                return Err(self.err(
+                    at,
+                    format!("invalid policy name {name:?}: expected printable ASCII without quotes"),
+                ));
+            }
+            if let Some(dup) = out.iter().find(|l| l.name == name || l.limit == limit) {
+                let what = if dup.limit == limit { "the same limit twice" } else { "two limits named alike" };
+                return Err(self.err(
+                    span,
+                    format!("rule {rule:?} has {what} ({name:?}): give each limit its own `name` and window"),
+                ));
+            }
+            out.push(LimitConfig { name, limit, cost });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,20 @@
+//! [`ServeError`]: why `serve` could not start.
+
+use std::net::SocketAddr;
+
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The config has no `[server] upstream`.
+    #[error("[server] upstream is required by serve: the address requests are forwarded to")]
+    NoUpstream,
+}

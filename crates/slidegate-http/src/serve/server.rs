@@ -1,0 +1,187 @@
+//! [`Server`]: binds the listeners, starts the worker threads, and accepts
+//! connections until its caller's shutdown future completes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slidegate::MemoryStore;
+use tokio::net::TcpListener;
+
+use super::error::ServeError;
+use super::worker::{worker, Accepted};
+use super::{admin, proxy, State};
+use crate::config::{Config, Delay};
+use crate::limiter::RateLimiter;
+use crate::store::{AnyStore, LazyRedis};
+
+/// How long `serve` waits for Redis at start before serving without it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A bound, ready server.
+///
+/// It runs one single-threaded runtime per worker thread, each with its own
+/// upstream connection pool, the way nginx runs workers: a request is parsed,
+/// decided, forwarded and answered on one thread, with no wake-ups across
+/// threads on the way. One acceptor deals connections to the workers in turn
+/// (`SO_REUSEPORT` would spread them by address hash, unevenly: with 32
+/// connections one worker got three times the other's load). Only the store
+/// (and Redis' connection) is shared.
+pub struct Server {
+    listener: TcpListener,
+    admin_listener: Option<TcpListener>,
+    threads: usize,
+    limiter: RateLimiter<AnyStore>,
+    upstream: http::Uri,
+    admin_prefix: String,
+    grace: Delay,
+}
+
+impl Server {
+    /// Connects the store named by `config` (or makes the embedded one) and
+    /// binds the listen address. Call it inside a tokio runtime, which then
+    /// runs the acceptor.
+    ///
+    /// # Errors
+    /// [`ServeError`] when there is no upstream or the address is taken.
+    pub async fn bind(config: &Config) -> Result<Self, ServeError> {
+        let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
+        let store = connect_store(config).await;
+        let limiter = RateLimiter::from_config(config, store);
+        let threads = config
+            .server
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        let addr = config.server.listen;
+        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+        let admin_listener = match config.server.admin_listen {
+            None => None,
+            Some(addr) => {
+                Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
+            }
+        };
+        Ok(Self {
+            listener,
+            admin_listener,
+            threads,
+            limiter,
+            upstream,
+            admin_prefix: config.server.admin_prefix.clone(),
+            grace: config.server.shutdown_grace,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The address the admin endpoints are served on when `[server]
+    /// admin_listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and waits up to
+    /// the configured grace period for open connections to finish.
+    ///
+    /// The caller decides what stops the server: a signal in the binary, a
+    /// channel in a test.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let admin_here = self.admin_listener.is_none();
+        let admin = self.admin_listener.map(|listener| {
+            let state = State {
+                limiter: self.limiter.clone(),
+                proxy: None,
+                admin_prefix: self.admin_prefix.clone(),
+                admin_here: true,
+            };
+            tokio::spawn(admin::serve_listener(listener, Arc::new(state)))
+        });
+        let mut workers = Vec::with_capacity(self.threads);
+        let mut threads = Vec::with_capacity(self.threads);
+        for i in 0..self.threads {
+            let (hand, connections) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
+            let state = State {
+                limiter: self.limiter.clone(),
+                proxy: None,
+                admin_prefix: self.admin_prefix.clone(),
+                admin_here,
+            };
+            let (upstream, grace) = (self.upstream.clone(), self.grace);
+            let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(err) => return tracing::error!(%err, "cannot start a worker runtime"),
+                };
+                runtime.block_on(async move {
+                    // The pool's connections belong to this thread's runtime.
+                    let state = State { proxy: proxy::Proxy::new(&upstream), ..state };
+                    worker(connections, Arc::new(state), grace).await;
+                });
+            });
+            match thread {
+                Ok(handle) => {
+                    threads.push(handle);
+                    workers.push(hand);
+                }
+                Err(err) => tracing::error!(%err, "cannot start a worker thread"),
+            }
+        }
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut next = 0;
+        while !workers.is_empty() {
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off briefly.
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(stream) = stream.into_std() else { continue };
+            next = (next + 1) % workers.len();
+            if workers[next].send((stream, peer)).is_err() {
+                tracing::error!("a worker thread stopped");
+                workers.remove(next);
+            }
+        }
+        drop(self.listener);
+        if let Some(admin) = admin {
+            admin.abort();
+        }
+        // Closing the channels tells every worker to finish its connections.
+        drop(workers);
+        tracing::info!("shutting down: waiting for open connections");
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// The store `config` names: Redis (connected now if it answers, in the
+/// background otherwise) or the embedded one.
+async fn connect_store(config: &Config) -> AnyStore {
+    match &config.store.url {
+        None => AnyStore::Memory(MemoryStore::new()),
+        Some(url) => {
+            let (store, error) = LazyRedis::connect(url, config.store.prefix.clone(), CONNECT_TIMEOUT).await;
+            if let Some(err) = error {
+                // Start anyway: rules fail open or closed as configured, and
+                // the store connects in the background once Redis is back.
+                tracing::error!(%err, %url, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
+            }
+            AnyStore::Redis(store)
+        }
+    }
+}
