@@ -5,4 +5,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/mod.rs"]
 mod common;
+
+mod breaker;
+mod identity;
+mod store_failures;
+mod surface;

@@ -1,0 +1,4 @@
+//! The circuit breaker and the fallback limiter under stalls and outages.
+
+#[allow(unused_imports)]
+use crate::common::*;

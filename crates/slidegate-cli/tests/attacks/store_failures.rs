@@ -1,0 +1,4 @@
+//! Redis dying, stalling, flushing its scripts or returning while requests run.
+
+#[allow(unused_imports)]
+use crate::common::*;
