@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/mod.rs"]
+#[path = "../common/mod.rs"]
 mod common;
 
 mod breaker;
