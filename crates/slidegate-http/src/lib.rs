@@ -58,6 +58,13 @@ pub mod serve;
 #[cfg(feature = "redis")]
 mod store;
 
+/// The operator's guide to `slidegate serve` (`docs/serve.md`): the
+/// configuration, identities, failure handling, security notes and every
+/// option. Pulled in here so it is searchable with the API and its links
+/// are checked by `cargo doc`.
+#[doc = include_str!("../../../docs/serve.md")]
+pub mod guide {}
+
 pub use config::{Config, ConfigError, Delay, OnError};
 pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};

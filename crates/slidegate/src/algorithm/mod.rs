@@ -14,9 +14,9 @@
 //! token bucket and GCRA never refill backwards, and the log keeps counting
 //! permits stamped in the future.
 //!
-//! Each algorithm module also implements [`Definition`] on a unit type: its
+//! Each algorithm module also implements `Definition` (crate-private) on a unit type: its
 //! names, its Lua mirror, and how the embedded store keeps its states. The
-//! one list of algorithms is [`for_each_algorithm!`]; everything that differs
+//! one list of algorithms is `for_each_algorithm!`; everything that differs
 //! per algorithm elsewhere (`Algorithm::ALL` and its names, [`IdentityState`],
 //! the memory store's tables, the Redis key tags and Lua dispatch table) is
 //! derived from that list and the `Definition`s.
