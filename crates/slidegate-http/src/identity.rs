@@ -83,7 +83,9 @@ impl IdentityExtractor {
             api_key_header: None,
             trusted_proxies: Vec::new(),
             forwarded_header: ForwardedHeader::XForwardedFor,
-            ipv6_prefix: 128,
+            // One host or home is given a /64; counting per address would
+            // hand each client 2^64 quotas.
+            ipv6_prefix: 64,
             hash_key: blake3::derive_key("slidegate 2026 identity hash v1", secret),
         }
     }
@@ -118,7 +120,8 @@ impl IdentityExtractor {
         self
     }
 
-    /// Counts IPv6 clients per `/prefix` network (64: one identity per /64).
+    /// Counts IPv6 clients per `/prefix` network (default 64: one identity
+    /// per /64; 128: one per address).
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
         self.ipv6_prefix = prefix.clamp(1, 128);
         self
@@ -377,10 +380,20 @@ mod tests {
         let a = grouped.ip_bytes(ip("2001:db8:1:2:aaaa::1"));
         assert_eq!(a, grouped.ip_bytes(ip("2001:db8:1:2:ffff::9")));
         assert_ne!(a, grouped.ip_bytes(ip("2001:db8:1:3::1")));
-        let exact = IdentityExtractor::new(b"s");
+        let exact = IdentityExtractor::new(b"s").ipv6_prefix(128);
         assert_ne!(exact.ip_bytes(ip("2001:db8:1:2::1")), exact.ip_bytes(ip("2001:db8:1:2::2")));
         assert_eq!(grouped.ip_bytes(ip("192.0.2.1"))[10..], [0xff, 0xff, 192, 0, 2, 1]);
         assert_eq!(grouped.ip_bytes(ip("192.0.2.1")), grouped.ip_bytes(ip("::ffff:192.0.2.1")));
+    }
+
+    /// Two addresses of one /64 are one client unless configured otherwise:
+    /// rotating through a /64 must not reset the quota.
+    #[test]
+    fn ipv6_addresses_of_one_64_share_a_key_by_default() {
+        let e = IdentityExtractor::new(b"s");
+        let key = |s: &str| e.key("r", IdentitySource::Ip, &e.ip_bytes(ip(s)));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:fffe"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 
     #[test]
