@@ -133,6 +133,24 @@ impl IdentityExtractor {
         (!value.is_empty()).then_some(value)
     }
 
+    /// Whether the request names its API key ambiguously: the header on more
+    /// than one line, or a value with a comma. Upstreams disagree on which
+    /// of several keys counts (the first, the last, or all joined with `, `),
+    /// so a client could be counted under one key and served under another;
+    /// `serve` refuses such a request with 400. [`api_key`](Self::api_key)
+    /// alone reads the first line.
+    pub fn api_key_is_ambiguous(&self, headers: &HeaderMap) -> bool {
+        let Some(name) = self.api_key_header.as_ref() else {
+            return false;
+        };
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => value.as_bytes().contains(&b','),
+            (None, _) => false,
+            (Some(_), Some(_)) => true,
+        }
+    }
+
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
@@ -403,5 +421,20 @@ mod tests {
         assert_eq!(e.api_key(&headers(&[("x-api-key", "")])), None);
         assert_eq!(e.api_key(&headers(&[("authorization", "abc")])), None);
         assert_eq!(extractor().api_key(&headers(&[("x-api-key", "abc")])), None);
+    }
+
+    /// Two keys, on two lines or one, are refused rather than guessed at:
+    /// the upstream may use another one than slidegate counted.
+    #[test]
+    fn several_api_keys_are_ambiguous() {
+        let e = extractor().api_key_header(HeaderName::from_static("x-api-key"));
+        assert!(!e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc")])));
+        assert!(!e.api_key_is_ambiguous(&headers(&[("x-other", "a, b")])));
+        assert!(!e.api_key_is_ambiguous(&HeaderMap::new()));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc"), ("x-api-key", "def")])));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc"), ("x-api-key", "")])));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc, def")])));
+        // Without an API key header configured, no header is one.
+        assert!(!extractor().api_key_is_ambiguous(&headers(&[("x-api-key", "a"), ("x-api-key", "b")])));
     }
 }
