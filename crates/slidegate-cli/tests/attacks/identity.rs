@@ -53,10 +53,9 @@ fn an_api_key_named_hop_by_hop_is_counted_as_the_anonymous_request_the_upstream_
 fn a_duplicated_api_key_is_refused() {
     let upstream = Upstream::start();
     let gate = Slidegate::start(&keyed_config(&upstream));
-    for headers in [
-        &[("x-api-key", "fresh-1"), ("x-api-key", "victim")][..],
-        &[("x-api-key", "fresh-2, victim")][..],
-    ] {
+    for headers in
+        [&[("x-api-key", "fresh-1"), ("x-api-key", "victim")][..], &[("x-api-key", "fresh-2, victim")][..]]
+    {
         let reply = gate.get("/api/videos/trending", headers);
         assert_eq!(reply.status, 400, "{headers:?}: {reply:?}");
         assert!(reply.body.contains("API key header must appear once"), "{reply:?}");

@@ -100,6 +100,9 @@ pub(crate) async fn forward(
     // so counting the request under it would let a random key per request
     // buy a fresh quota for what the upstream sees as an anonymous request.
     strip_hop_by_hop(request.headers_mut());
+    if let Some(reason) = crate::rules::refused_path(request.uri().path()) {
+        return bad_request(request.uri().path(), reason);
+    }
     if limiter.identity().api_key_is_ambiguous(request.headers()) {
         return bad_request(
             request.uri().path(),
