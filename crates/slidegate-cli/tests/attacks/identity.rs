@@ -63,3 +63,64 @@ fn a_duplicated_api_key_is_refused() {
     assert_eq!(upstream.hits(), 0);
     assert_eq!(gate.get("/api/videos/trending", &[("x-api-key", "victim")]).status, 200);
 }
+
+/// Spellings of a limited path that common routers serve from the limited
+/// handler — another case (Express), `%2F` (WSGI), `;param` and `..;/`
+/// (Tomcat), `%5C` and trailing dots or spaces (IIS), encoded dot segments —
+/// all count against the rule, and reach the upstream exactly as sent. A
+/// NUL is refused.
+#[test]
+fn router_spellings_of_a_limited_path_share_its_quota() {
+    let upstream = Upstream::start();
+    let gate = Slidegate::start(&format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+upstream = "http://{upstream}"
+
+[identity]
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[[rules]]
+name = "trending"
+path = "/api/videos/trending"
+limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}]
+
+[[rules]]
+name = "comments"
+path = "/api/videos/{{id}}/comments"
+limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}]
+"#,
+        upstream = upstream.addr,
+    ));
+    let spellings = [
+        "/API/Videos/Trending",
+        "/api%2Fvideos%2ftrending",
+        "/api/videos/trending;jsessionid=1",
+        "/api/videos/x/..;/trending",
+        "/api%5Cvideos%5Ctrending",
+        "/api/videos/trending.",
+        "/api/videos/trending%20",
+        "/api/x/%2e%2e/videos/trending",
+    ];
+    // Two pass (forwarded as received), every other spelling is denied.
+    for (i, spelling) in spellings.iter().enumerate() {
+        let reply = gate.get(spelling, &[]);
+        if i < 2 {
+            assert_eq!(reply.status, 200, "{spelling}: {reply:?}");
+            assert!(reply.body.starts_with(&format!("GET {spelling} ")), "{reply:?}");
+        } else {
+            assert_eq!(reply.status, 429, "{spelling} went unlimited: {reply:?}");
+        }
+    }
+    // A {param} rule: Express keeps %2F inside the id, Tomcat strips ;params.
+    for (i, spelling) in ["/api/videos/a%2Fb/comments", "/API/videos/7;x/comments.", "/api/videos/7/Comments"]
+        .iter()
+        .enumerate()
+    {
+        let expected = if i < 2 { 200 } else { 429 };
+        assert_eq!(gate.get(spelling, &[]).status, expected, "{spelling}");
+    }
+    let reply = gate.get("/api/videos/trending%00.json", &[]);
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(upstream.hits(), 4);
+}
