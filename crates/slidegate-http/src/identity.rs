@@ -83,7 +83,9 @@ impl IdentityExtractor {
             api_key_header: None,
             trusted_proxies: Vec::new(),
             forwarded_header: ForwardedHeader::XForwardedFor,
-            ipv6_prefix: 128,
+            // One host or home is given a /64; counting per address would
+            // hand each client 2^64 quotas.
+            ipv6_prefix: 64,
             hash_key: blake3::derive_key("slidegate 2026 identity hash v1", secret),
         }
     }
@@ -118,7 +120,8 @@ impl IdentityExtractor {
         self
     }
 
-    /// Counts IPv6 clients per `/prefix` network (64: one identity per /64).
+    /// Counts IPv6 clients per `/prefix` network (default 64: one identity
+    /// per /64; 128: one per address).
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
         self.ipv6_prefix = prefix.clamp(1, 128);
         self
@@ -128,6 +131,24 @@ impl IdentityExtractor {
     pub fn api_key<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
         let value = headers.get(self.api_key_header.as_ref()?)?.as_bytes();
         (!value.is_empty()).then_some(value)
+    }
+
+    /// Whether the request names its API key ambiguously: the header on more
+    /// than one line, or a value with a comma. Upstreams disagree on which
+    /// of several keys counts (the first, the last, or all joined with `, `),
+    /// so a client could be counted under one key and served under another;
+    /// `serve` refuses such a request with 400. [`api_key`](Self::api_key)
+    /// alone reads the first line.
+    pub fn api_key_is_ambiguous(&self, headers: &HeaderMap) -> bool {
+        let Some(name) = self.api_key_header.as_ref() else {
+            return false;
+        };
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => value.as_bytes().contains(&b','),
+            (None, _) => false,
+            (Some(_), Some(_)) => true,
+        }
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -377,10 +398,20 @@ mod tests {
         let a = grouped.ip_bytes(ip("2001:db8:1:2:aaaa::1"));
         assert_eq!(a, grouped.ip_bytes(ip("2001:db8:1:2:ffff::9")));
         assert_ne!(a, grouped.ip_bytes(ip("2001:db8:1:3::1")));
-        let exact = IdentityExtractor::new(b"s");
+        let exact = IdentityExtractor::new(b"s").ipv6_prefix(128);
         assert_ne!(exact.ip_bytes(ip("2001:db8:1:2::1")), exact.ip_bytes(ip("2001:db8:1:2::2")));
         assert_eq!(grouped.ip_bytes(ip("192.0.2.1"))[10..], [0xff, 0xff, 192, 0, 2, 1]);
         assert_eq!(grouped.ip_bytes(ip("192.0.2.1")), grouped.ip_bytes(ip("::ffff:192.0.2.1")));
+    }
+
+    /// Two addresses of one /64 are one client unless configured otherwise:
+    /// rotating through a /64 must not reset the quota.
+    #[test]
+    fn ipv6_addresses_of_one_64_share_a_key_by_default() {
+        let e = IdentityExtractor::new(b"s");
+        let key = |s: &str| e.key("r", IdentitySource::Ip, &e.ip_bytes(ip(s)));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:fffe"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 
     #[test]
@@ -390,5 +421,20 @@ mod tests {
         assert_eq!(e.api_key(&headers(&[("x-api-key", "")])), None);
         assert_eq!(e.api_key(&headers(&[("authorization", "abc")])), None);
         assert_eq!(extractor().api_key(&headers(&[("x-api-key", "abc")])), None);
+    }
+
+    /// Two keys, on two lines or one, are refused rather than guessed at:
+    /// the upstream may use another one than slidegate counted.
+    #[test]
+    fn several_api_keys_are_ambiguous() {
+        let e = extractor().api_key_header(HeaderName::from_static("x-api-key"));
+        assert!(!e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc")])));
+        assert!(!e.api_key_is_ambiguous(&headers(&[("x-other", "a, b")])));
+        assert!(!e.api_key_is_ambiguous(&HeaderMap::new()));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc"), ("x-api-key", "def")])));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc"), ("x-api-key", "")])));
+        assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc, def")])));
+        // Without an API key header configured, no header is one.
+        assert!(!extractor().api_key_is_ambiguous(&headers(&[("x-api-key", "a"), ("x-api-key", "b")])));
     }
 }

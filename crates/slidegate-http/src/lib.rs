@@ -70,6 +70,6 @@ pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownFo
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StoreGuard, Verdict};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
-pub use rules::{normalize_path, PathPattern, PathPatternError, RuleMatcher};
+pub use rules::{lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatcher};
 #[cfg(feature = "redis")]
 pub use store::{AnyStore, LazyRedis};

@@ -5,6 +5,16 @@
 //! `/api/videos/%74rending` — which most upstreams serve as the same
 //! resource — fall under the same rule. The request itself is forwarded
 //! with its URI as received.
+//!
+//! The principle: slidegate never matches less than a widely used router
+//! would. Routers disagree — Express keeps `%2F` inside a segment and treats
+//! `;` as text, WSGI decodes `%2F` into a separator, Tomcat strips `;param`s,
+//! IIS reads `\` as `/` and ignores trailing dots and spaces — so a rule
+//! matches when it matches either reading: the [strict](normalize_path) one
+//! or the [lenient](lenient_path) one. Literal text compares without regard
+//! to ASCII case unless the pattern is [case
+//! sensitive](PathPattern::case_sensitive) (Express, ASP.NET and IIS route
+//! case-insensitively by default).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -29,6 +39,9 @@ use http::Method;
 pub struct PathPattern {
     text: String,
     parts: Vec<Part>,
+    /// Literal text compares byte for byte; otherwise ASCII letters match
+    /// either case.
+    case_sensitive: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +119,7 @@ impl FromStr for PathPattern {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
-        Ok(PathPattern { text: s.to_owned(), parts })
+        Ok(PathPattern { text: s.to_owned(), parts, case_sensitive: false })
     }
 }
 
@@ -119,7 +132,31 @@ impl fmt::Display for PathPattern {
 impl PathPattern {
     /// Whether `path` (without query) matches.
     pub fn matches(&self, path: &str) -> bool {
-        match_parts(&self.parts, path)
+        match_parts(&self.parts, path, self.case_sensitive)
+    }
+
+    /// Whether literal text compares with case (default `false`: `/API/Search`
+    /// matches `/api/search`, as Express, ASP.NET and IIS route). Set it only
+    /// when the upstream routes case-sensitively; otherwise every spelling in
+    /// another case would be an unlimited path to the same handler.
+    ///
+    /// ```
+    /// use slidegate_http::PathPattern;
+    ///
+    /// let p: PathPattern = "/api/search".parse()?;
+    /// assert!(p.matches("/API/Search"));
+    /// assert!(!p.case_sensitive(true).matches("/API/Search"));
+    /// # Ok::<(), slidegate_http::PathPatternError>(())
+    /// ```
+    #[must_use]
+    pub fn case_sensitive(mut self, case_sensitive: bool) -> Self {
+        self.case_sensitive = case_sensitive;
+        self
+    }
+
+    /// Whether literal text compares with case.
+    pub fn is_case_sensitive(&self) -> bool {
+        self.case_sensitive
     }
 }
 
@@ -130,7 +167,7 @@ impl PathPattern {
 /// no later than matched at a later one (a literal has a fixed length, a
 /// param runs to the next `/`), so the leftmost match of each star-free run
 /// leaves the most room for the rest.
-fn match_parts(parts: &[Part], path: &str) -> bool {
+fn match_parts(parts: &[Part], path: &str, case_sensitive: bool) -> bool {
     let text = path.as_bytes();
     let (mut pi, mut ti) = (0, 0);
     // The part after the last `*` seen, and where in `text` that star stopped.
@@ -141,7 +178,15 @@ fn match_parts(parts: &[Part], path: &str) -> bool {
                 backtrack = Some((pi + 1, ti));
                 Some(ti)
             }
-            Some(Part::Literal(lit)) => text[ti..].starts_with(lit.as_bytes()).then(|| ti + lit.len()),
+            Some(Part::Literal(lit)) => {
+                let lit = lit.as_bytes();
+                let same = match text.get(ti..ti + lit.len()) {
+                    Some(here) if case_sensitive => here == lit,
+                    Some(here) => here.eq_ignore_ascii_case(lit),
+                    None => false,
+                };
+                same.then_some(ti + lit.len())
+            }
             Some(Part::Param) => {
                 let len = text[ti..].iter().position(|&b| b == b'/').unwrap_or(text.len() - ti);
                 (len > 0).then_some(ti + len)
@@ -179,18 +224,24 @@ impl RuleMatcher {
     }
 
     /// The index of the first entry matching `method` and `path`, the path
-    /// [normalised](normalize_path) first. `HEAD` counts as `GET` (it is a
-    /// GET without the body), so a rule on `GET` cannot be sidestepped with
-    /// `HEAD`.
+    /// [normalised](normalize_path) first, or [leniently](lenient_path): an
+    /// entry matches when either reading does, so no spelling a common router
+    /// serves from the limited handler escapes the rule. `HEAD` counts as
+    /// `GET` (it is a GET without the body), so a rule on `GET` cannot be
+    /// sidestepped with `HEAD`.
     pub fn find(&self, method: &Method, path: &str) -> Option<usize> {
-        let path = normalize_path(path);
-        let path = path.as_ref();
+        let strict = normalize_path(path);
+        // Most paths read the same both ways: skip the second reading then.
+        let lenient = needs_lenient(path).then(|| lenient_path(path));
         let applies = |methods: &[Method]| {
             methods.is_empty()
                 || methods.contains(method)
                 || (*method == Method::HEAD && methods.contains(&Method::GET))
         };
-        self.entries.iter().position(|(methods, pattern)| applies(methods) && pattern.matches(path))
+        self.entries.iter().position(|(methods, pattern)| {
+            applies(methods)
+                && (pattern.matches(&strict) || lenient.as_deref().is_some_and(|l| pattern.matches(l)))
+        })
     }
 }
 
@@ -247,6 +298,133 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         out.push('/');
     }
     Cow::Owned(out)
+}
+
+/// `path` as the most lenient of common routers reads it — the union of what
+/// WSGI (Flask, Django), Tomcat/Spring and IIS do — for rule matching beside
+/// [`normalize_path`]:
+///
+/// - `;param` path parameters are cut from every segment (Tomcat, Spring),
+///   so `..;` is `..`;
+/// - every escape is decoded once, `%2F` and `%5C` included (WSGI
+///   `PATH_INFO`), and `\` separates segments like `/` (IIS);
+/// - a decoded NUL ends the path (what a C-string router sees; `serve`
+///   refuses such a request anyway, see [`refused_path`]);
+/// - `.` and `..` segments are resolved, empty segments dropped, and trailing
+///   dots and spaces cut from every other segment (IIS);
+/// - the result is re-encoded canonically: only unreserved characters,
+///   sub-delimiters other than `;`, `:` and `@` stay as they are, every other
+///   byte is `%XX` with upper-case hex.
+///
+/// Idempotent, and always a path starting with `/`; a path not starting with
+/// `/` (`*`, an absolute URI) is returned as is.
+///
+/// ```
+/// use slidegate_http::lenient_path;
+///
+/// assert_eq!(lenient_path("/api%2Fsearch;jsessionid=1"), "/api/search");
+/// assert_eq!(lenient_path("/api\\x\\..;\\search.%20"), "/api/search");
+/// assert_eq!(lenient_path("/caf%c3%a9/a%20b"), "/caf%C3%A9/a%20b");
+/// ```
+pub fn lenient_path(path: &str) -> Cow<'_, str> {
+    if !path.starts_with('/') {
+        return Cow::Borrowed(path);
+    }
+    let mut segments: Vec<Vec<u8>> = Vec::new();
+    for raw in path.split(['/', '\\']) {
+        // Path parameters are cut before decoding, as Tomcat does: an
+        // encoded `%3B` is text.
+        let raw = raw.split(';').next().unwrap_or_default();
+        let decoded = percent_decode(raw.as_bytes());
+        let (decoded, ends) = match decoded.iter().position(|&b| b == 0) {
+            Some(nul) => (&decoded[..nul], true),
+            None => (&decoded[..], false),
+        };
+        for segment in decoded.split(|&b| b == b'/' || b == b'\\') {
+            match segment {
+                b"." => {}
+                b".." => {
+                    segments.pop();
+                }
+                s => {
+                    let kept = s.len() - s.iter().rev().take_while(|&&b| matches!(b, b'.' | b' ')).count();
+                    if kept > 0 {
+                        segments.push(s[..kept].to_vec());
+                    }
+                }
+            }
+        }
+        if ends {
+            break;
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for segment in &segments {
+        out.push('/');
+        for &b in segment {
+            if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,=:@".contains(&b) {
+                out.push(char::from(b));
+            } else {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 15)]));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    if out == path {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(out)
+    }
+}
+
+/// Whether [`lenient_path`] may read `path` differently from
+/// [`normalize_path`]: only with a byte outside the plain path characters
+/// (`%`, `;`, `\`, …) or a segment ending in a dot.
+fn needs_lenient(path: &str) -> bool {
+    let plain = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,=:@/".contains(b);
+    !path.bytes().all(|b| plain(&b)) || path.split('/').any(|segment| segment.ends_with('.'))
+}
+
+/// Every `%XX` escape decoded; a `%` not followed by two hex digits stays.
+fn percent_decode(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| Some(hex(*bytes.get(i + 1)?)? * 16 + hex(*bytes.get(i + 2)?)?))
+            .flatten();
+        match escaped {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Why `serve` refuses a path outright, if it does: a NUL (`%00`), which
+/// routers variously reject, keep, or treat as the end of the path — no
+/// rule reading could stand for all of them, and no real resource needs it.
+///
+/// ```
+/// assert!(slidegate_http::refused_path("/api/search%00.png").is_some());
+/// assert!(slidegate_http::refused_path("/api/search%2000").is_none());
+/// ```
+pub fn refused_path(path: &str) -> Option<&'static str> {
+    let bytes = path.as_bytes();
+    let nul = bytes.contains(&0) || bytes.windows(3).any(|w| w == b"%00");
+    nul.then_some("the path holds an encoded NUL (%00), which upstreams read in incompatible ways")
 }
 
 /// Whether `path` (starting with `/`) is already what [`normalize_path`] returns.
@@ -361,10 +539,118 @@ mod tests {
             assert_eq!(m.find(&Method::GET, variant), Some(0), "{variant}");
         }
         assert_eq!(m.find(&Method::GET, "/users/7/"), Some(1));
-        // Reserved characters stay encoded: %2F is not a path separator.
-        assert_eq!(m.find(&Method::GET, "/api/videos%2Ftrending"), None);
+        // WSGI decodes %2F into a separator, so the lenient reading matches.
+        assert_eq!(m.find(&Method::GET, "/api/videos%2Ftrending"), Some(0));
         assert_eq!(m.find(&Method::GET, "/api/videos/trending/x/.."), Some(0));
         assert_eq!(m.find(&Method::GET, "/api/videos/trending/x"), None);
+    }
+
+    /// Every spelling a common router serves from the handler of
+    /// `/api/videos/trending` falls under a rule on it, whatever the rule's
+    /// kind: slidegate must never match less than the upstream's router.
+    #[test]
+    fn router_spellings_fall_under_every_kind_of_rule() {
+        let kinds = [
+            ("exact", p("/api/videos/trending")),
+            ("star", p("/api/*/trending")),
+            ("param", p("/api/{section}/trending")),
+        ];
+        let classes: &[(&str, &[&str])] = &[
+            (
+                "case (Express, ASP.NET, IIS)",
+                &["/API/Videos/TRENDING", "/api/videos/Trending", "/%41PI/videos/trending"],
+            ),
+            (
+                "encoded slash (WSGI PATH_INFO)",
+                &["/api%2Fvideos%2ftrending", "/api/videos%2Ftrending", "/api%2F%2Fvideos/trending"],
+            ),
+            (
+                "backslash (IIS)",
+                &["/api\\videos\\trending", "/api%5Cvideos%5ctrending", "/api\\videos/trending\\"],
+            ),
+            (
+                "path parameters (Tomcat, Spring)",
+                &[
+                    "/api/videos/trending;jsessionid=1",
+                    "/api;a/videos;b=2/trending;c",
+                    "/api/videos/x/..;/trending",
+                    "/api/videos/x/..;a=b/trending",
+                ],
+            ),
+            (
+                "trailing dots and spaces (IIS)",
+                &[
+                    "/api/videos/trending.",
+                    "/api/videos./trending...",
+                    "/api/videos/trending%20",
+                    "/api/videos%20./trending%20%20",
+                ],
+            ),
+            (
+                "encoded dot segments",
+                &[
+                    "/api/x/%2e%2e/videos/trending",
+                    "/api/x/.%2E/videos/trending",
+                    "/api/videos/%2e/trending",
+                    "/api/x/%2e%2e%2fvideos/trending",
+                ],
+            ),
+            (
+                "NUL (a C-string router stops there)",
+                &["/api/videos/trending%00.json", "/api/videos/trending%00/x"],
+            ),
+        ];
+        for (kind, pattern) in &kinds {
+            let m = RuleMatcher::new(vec![(vec![Method::GET], pattern.clone())]);
+            for (class, spellings) in classes {
+                for spelling in *spellings {
+                    assert_eq!(
+                        m.find(&Method::GET, spelling),
+                        Some(0),
+                        "{class}: {spelling:?} against {kind} {pattern}"
+                    );
+                }
+            }
+            // Other resources stay other resources.
+            for other in
+                ["/api/videos/trendingx", "/api/videos/trend", "/api/videos/trending/x", "/api/trending"]
+            {
+                assert_eq!(m.find(&Method::GET, other), None, "{other:?} against {kind} {pattern}");
+            }
+        }
+        // A case-sensitive rule does not fold, but the other classes still apply.
+        let m = RuleMatcher::new(vec![(vec![], p("/api/videos/trending").case_sensitive(true))]);
+        assert_eq!(m.find(&Method::GET, "/API/videos/trending"), None);
+        assert_eq!(m.find(&Method::GET, "/api/videos%2Ftrending;x."), Some(0));
+        // Express keeps %2F inside one segment: a {param} still matches it.
+        let m = RuleMatcher::new(vec![(vec![], p("/users/{id}"))]);
+        assert_eq!(m.find(&Method::GET, "/users/a%2Fb"), Some(0));
+        assert_eq!(m.find(&Method::GET, "/users/a;b"), Some(0));
+        assert!(refused_path("/api/videos/trending%00").is_some());
+        assert!(refused_path("/api/videos/trending%0A").is_none());
+    }
+
+    #[test]
+    fn lenient_paths_are_canonical() {
+        for (path, expected) in [
+            ("/", "/"),
+            ("/a;b", "/a"),
+            ("/;x", "/"),
+            ("/a%3Bb", "/a%3Bb"),
+            ("/a%3bb", "/a%3Bb"),
+            ("/a%252F", "/a%252F"),
+            ("/%zz", "/%25zz"),
+            ("/a%2Fb%5Cc", "/a/b/c"),
+            ("/a/.../b", "/a/b"),
+            ("/a/b%00c/d", "/a/b"),
+            ("/caf%c3%a9", "/caf%C3%A9"),
+            ("/a b", "/a%20b"),
+            ("/a/%2E%2E", "/"),
+            ("*", "*"),
+        ] {
+            assert_eq!(lenient_path(path), expected, "{path}");
+        }
+        assert!(matches!(lenient_path("/api/videos"), Cow::Borrowed(_)));
     }
 
     #[test]

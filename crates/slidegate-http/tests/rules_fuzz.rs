@@ -3,7 +3,7 @@
 //! matches the path's normal form (so path variants cannot dodge a rule).
 
 use proptest::prelude::*;
-use slidegate_http::{normalize_path, PathPattern};
+use slidegate_http::{lenient_path, normalize_path, PathPattern, RuleMatcher};
 
 fn path() -> impl Strategy<Value = String> {
     proptest::collection::vec(
@@ -20,6 +20,23 @@ fn path() -> impl Strategy<Value = String> {
             Just("api".to_owned()),
             Just("a".to_owned()),
             Just("é".to_owned()),
+            // The spellings routers disagree on.
+            Just(";".to_owned()),
+            Just(";x=1".to_owned()),
+            Just("..;".to_owned()),
+            Just("\\".to_owned()),
+            Just("%5C".to_owned()),
+            Just("%5c".to_owned()),
+            Just("%2f".to_owned()),
+            Just("%2e".to_owned()),
+            Just("%2E%2e".to_owned()),
+            Just("%00".to_owned()),
+            Just("%20".to_owned()),
+            Just(" ".to_owned()),
+            Just("%3B".to_owned()),
+            Just("%25".to_owned()),
+            Just("%C3%A9".to_owned()),
+            Just("API".to_owned()),
             "[a-z0-9._~-]{1,3}",
         ],
         0..12,
@@ -47,11 +64,34 @@ proptest! {
     }
 
     #[test]
-    fn matching_never_panics(pat in pattern(), p in path()) {
+    fn lenient_reading_is_total_canonical_and_idempotent(p in path()) {
+        let once = lenient_path(&p).into_owned();
+        prop_assert!(once.starts_with('/'), "{p:?} -> {once:?}");
+        prop_assert!(once.is_ascii() && !once.contains(['\\', ';', ' ']), "{p:?} -> {once:?}");
+        let twice = lenient_path(&once).into_owned();
+        prop_assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn matching_never_panics(pat in pattern(), p in path(), case_sensitive in any::<bool>()) {
         if let Ok(pattern) = pat.parse::<PathPattern>() {
+            let pattern = pattern.case_sensitive(case_sensitive);
             let normal = normalize_path(&p);
             let _ = pattern.matches(&p);
             let _ = pattern.matches(&normal);
+            let _ = pattern.matches(&lenient_path(&p));
+            let _ = RuleMatcher::new(vec![(vec![], pattern)]).find(&http::Method::GET, &p);
+        }
+    }
+
+    /// Whatever the decoration, a rule on a path matches each of its
+    /// spellings: never less than the normal form.
+    #[test]
+    fn a_rule_matches_every_reading_it_matches(pat in pattern(), p in path()) {
+        if let Ok(pattern) = pat.parse::<PathPattern>() {
+            let found = RuleMatcher::new(vec![(vec![], pattern.clone())]).find(&http::Method::GET, &p).is_some();
+            let either = pattern.matches(&normalize_path(&p)) || pattern.matches(&lenient_path(&p));
+            prop_assert_eq!(found, either, "{} on {:?}", pat, p);
         }
     }
 

@@ -85,6 +85,10 @@ pub(super) struct RawRule {
     pub(super) on_error: Option<OnError>,
     #[serde(default)]
     pub(super) shadow: bool,
+    // Identity slice: path matching.
+    /// Compare the path pattern's literal text with case (default: without).
+    #[serde(default)]
+    pub(super) case_sensitive: bool,
 }
 
 #[derive(Deserialize)]

@@ -209,3 +209,29 @@ fn the_error_display_names_file_line_column_and_shows_the_line() {
     );
     assert!(text.ends_with("2 | listen = 8080\n  |          ^^^^"), "{text}");
 }
+
+// Identity slice: IPv6 clients are grouped per /64 unless the config says otherwise.
+#[test]
+fn ipv6_clients_are_counted_per_64_by_default() {
+    let rule = "[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\" }]\n";
+    assert_eq!(parse(rule).unwrap().identity.ipv6_prefix, 64);
+    assert_eq!(crate::config::IdentityConfig::default().ipv6_prefix, 64);
+    let exact = parse(&format!("[identity]\nipv6_prefix = 128\n{rule}")).unwrap();
+    assert_eq!(exact.identity.ipv6_prefix, 128);
+}
+
+// Identity slice: rules fold case unless `case_sensitive = true`.
+#[test]
+fn rules_fold_case_unless_told_otherwise() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/api\"\n{extra}limits = [{{ limit = 1, window = \"1s\" }}]\n"
+        )
+    };
+    let folded = parse(&rule("")).unwrap();
+    assert!(!folded.rules[0].path.is_case_sensitive());
+    assert!(folded.rules[0].path.matches("/API"));
+    let exact = parse(&rule("case_sensitive = true\n")).unwrap();
+    assert!(exact.rules[0].path.is_case_sensitive());
+    assert!(!exact.rules[0].path.matches("/API"));
+}

@@ -135,7 +135,10 @@ pub struct IdentityConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// The one forwarding header trusted proxies write (`X-Forwarded-For` by default).
     pub forwarded_header: ForwardedHeader,
-    /// IPv6 clients are grouped by this prefix length (128: no grouping; 64: one identity per /64).
+    /// IPv6 clients are grouped by this prefix length (64 by default: one
+    /// identity per /64, the smallest network a host or home is given, so a
+    /// client cannot take a fresh quota from each of its 2^64 addresses; 128:
+    /// no grouping).
     pub ipv6_prefix: u8,
 }
 
@@ -146,7 +149,7 @@ impl Default for IdentityConfig {
             secret: None,
             trusted_proxies: Vec::new(),
             forwarded_header: ForwardedHeader::default(),
-            ipv6_prefix: 128,
+            ipv6_prefix: 64,
         }
     }
 }

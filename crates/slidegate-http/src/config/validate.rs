@@ -324,7 +324,7 @@ impl Validator<'_> {
         };
         Ok(RuleConfig {
             name,
-            path: raw.path.0,
+            path: raw.path.0.case_sensitive(raw.case_sensitive),
             methods: self.each::<MethodName>(raw.methods)?.into_iter().map(|m| m.0).collect(),
             limits,
             on_error: raw.on_error.unwrap_or(store_on_error),

@@ -95,6 +95,21 @@ pub(crate) async fn forward(
     peer_value: &HeaderValue,
 ) -> Response<ServeBody> {
     let limiter = &state.limiter;
+    // Decide on the headers the upstream will receive: a header the client
+    // names in `Connection` (its API key, say) is removed before forwarding,
+    // so counting the request under it would let a random key per request
+    // buy a fresh quota for what the upstream sees as an anonymous request.
+    strip_hop_by_hop(request.headers_mut());
+    if let Some(reason) = crate::rules::refused_path(request.uri().path()) {
+        return bad_request(request.uri().path(), reason);
+    }
+    if limiter.identity().api_key_is_ambiguous(request.headers()) {
+        return bad_request(
+            request.uri().path(),
+            "the API key header must appear once, with one value (no comma): \
+             which of several keys the upstream uses is its choice, not slidegate's",
+        );
+    }
     let verdict = limiter
         .check_request(request.method(), request.uri().path(), request.headers(), Some(peer.ip()))
         .await;
@@ -118,7 +133,6 @@ pub(crate) async fn forward(
             request.headers_mut().insert(header::HOST, host);
         }
     }
-    strip_hop_by_hop(request.headers_mut());
     append_forwarded_for(request.headers_mut(), peer_value);
     match proxy.upstream.send(request).await {
         Ok(response) => {
@@ -136,6 +150,10 @@ pub(crate) async fn forward(
             bad_gateway(uri.path(), "the upstream could not be reached")
         }
     }
+}
+
+fn bad_request(path: &str, detail: &str) -> Response<ServeBody> {
+    boxed(headers::problem(StatusCode::BAD_REQUEST, "about:blank", "Bad Request", detail, Some(path)))
 }
 
 fn bad_gateway(path: &str, detail: &str) -> Response<ServeBody> {
