@@ -329,7 +329,7 @@ async fn server_time_is_shared_by_every_store() {
 }
 
 /// `keys_for` names the keys the scripts write, and each algorithm keeps
-/// the compact layout: one string (an integer for GCRA), or one sorted set.
+/// the compact layout: one short string, or one sorted set.
 #[tokio::test]
 async fn keys_for_names_the_one_key_each_algorithm_writes() {
     let server = RedisServer::spawn();
@@ -345,7 +345,7 @@ async fn keys_for_names_the_one_key_each_algorithm_writes() {
         (Algorithm::FixedWindow, "fw", "string", "embstr"),
         (Algorithm::SlidingLog, "log", "zset", "listpack"),
         (Algorithm::TokenBucket, "tb", "string", "embstr"),
-        (Algorithm::Gcra, "gcra", "string", "int"),
+        (Algorithm::Gcra, "gcra", "string", "embstr"),
     ] {
         let l = limit(algorithm, 100, 60_000);
         assert!(store.decide("user-42", &l, 0).await.expect("peek").allowed);
