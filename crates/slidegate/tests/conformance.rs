@@ -386,7 +386,10 @@ async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualClock)
         for bad in [MAX_TIME_MS + 1, 18_000_000_000_000_000, u64::MAX] {
             clock.set(bad);
             let err = store.decide("late", &l, 1).await.expect_err("out of range");
-            assert!(matches!(err, StoreError::TimeOutOfRange { now_ms } if now_ms == bad), "{algorithm}: {err}");
+            assert!(
+                matches!(err, StoreError::TimeOutOfRange { now_ms } if now_ms == bad),
+                "{algorithm}: {err}"
+            );
             assert!(err.to_string().contains(&bad.to_string()), "{err}");
             let err = store.decide_all("late", &[(l, 1)]).await.expect_err("out of range");
             assert!(matches!(err, StoreError::TimeOutOfRange { .. }), "{algorithm}: {err}");
