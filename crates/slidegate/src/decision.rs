@@ -20,11 +20,3 @@ pub struct Decision {
     /// nothing else arrives. `None` when allowed.
     pub retry_after: Option<Duration>,
 }
-
-/// Microseconds to a duration rounded up to whole milliseconds.
-///
-/// Stores count time in milliseconds; rounding waits up keeps `retry_after`
-/// honest: waiting exactly that long is always enough.
-pub(crate) fn ceil_ms(us: u64) -> Duration {
-    Duration::from_millis(us.div_ceil(1000))
-}

@@ -32,8 +32,8 @@ async fn fills_to_the_limit_with_exact_values<S: Store>(store: &S, clock: &Manua
         (Algorithm::SlidingLog, [1000, 1000, 1000], 1000),
         // one token per 333⅓ ms
         (Algorithm::TokenBucket, [334, 667, 1000], 334),
-        // T = 333,334 µs
-        (Algorithm::Gcra, [334, 667, 1001], 334),
+        // T = 333⅓ ms exactly
+        (Algorithm::Gcra, [334, 667, 1000], 334),
     ];
     for (algorithm, resets, retry) in expected {
         clock.set(T0 + 250);
@@ -343,6 +343,60 @@ async fn a_clock_stepping_back_forgets_nothing<S: Store>(store: &S, clock: &Manu
     }
 }
 
+/// GCRA keeps rates finer than a permit per µs exactly (it once rounded the
+/// emission interval up to a whole µs, so 10,000 per ms sustained 1,000):
+/// 10,000 per 1 ms admits exactly 10,000 in a burst and 10,000 more every ms.
+async fn gcra_sustains_rates_finer_than_a_microsecond<S: Store>(store: &S, clock: &ManualClock) {
+    let l = limit(Algorithm::Gcra, 10_000, 1);
+    clock.set(T0);
+    let d = one(store, "fine", &l, 10_000).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_after), (true, 0, ms(1)));
+    assert_eq!(one(store, "fine", &l, 1).await.retry_after, Some(MS));
+    for _ in 0..50 {
+        clock.advance(MS);
+        let d = one(store, "fine", &l, 10_000).await;
+        assert_eq!((d.allowed, d.remaining), (true, 0), "a whole ms refills all 10,000");
+        assert!(!one(store, "fine", &l, 1).await.allowed, "and not one more");
+    }
+    // One by one: exactly 10,000 fit at one instant after a refill.
+    clock.advance(MS);
+    let mut allowed = 0;
+    for _ in 0..10_001 {
+        allowed += u64::from(one(store, "fine", &l, 1).await.allowed);
+    }
+    assert_eq!(allowed, 10_000);
+    // The largest rate a quota allows, 2^50 per 8 ms: half a window refills half.
+    let max = limit(Algorithm::Gcra, slidegate::MAX_LIMIT, 8);
+    assert!(one(store, "max", &max, slidegate::MAX_LIMIT).await.allowed);
+    clock.advance(ms(4));
+    assert!(one(store, "max", &max, slidegate::MAX_LIMIT / 2).await.allowed);
+    let d = one(store, "max", &max, 1).await;
+    assert_eq!((d.allowed, d.retry_after, d.reset_after), (false, Some(MS), ms(8)));
+}
+
+/// A clock past the end of year 9999 is refused with an error naming the
+/// time, on every algorithm, before any arithmetic (it once overflowed in
+/// debug builds and wrapped in release, and GCRA's script failed in Lua).
+async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualClock) {
+    use slidegate::store::MAX_TIME_MS;
+    for algorithm in Algorithm::ALL {
+        let l = limit(algorithm, 5, 1000);
+        clock.set(MAX_TIME_MS);
+        assert!(one(store, "late", &l, 5).await.allowed, "{algorithm} at the last supported ms");
+        for bad in [MAX_TIME_MS + 1, 18_000_000_000_000_000, u64::MAX] {
+            clock.set(bad);
+            let err = store.decide("late", &l, 1).await.expect_err("out of range");
+            assert!(
+                matches!(err, StoreError::TimeOutOfRange { now_ms } if now_ms == bad),
+                "{algorithm}: {err}"
+            );
+            assert!(err.to_string().contains(&bad.to_string()), "{err}");
+            let err = store.decide_all("late", &[(l, 1)]).await.expect_err("out of range");
+            assert!(matches!(err, StoreError::TimeOutOfRange { .. }), "{algorithm}: {err}");
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -387,4 +441,6 @@ conformance!(
     decide_all_is_all_or_nothing,
     identities_and_limits_are_independent,
     a_clock_stepping_back_forgets_nothing,
+    gcra_sustains_rates_finer_than_a_microsecond,
+    times_out_of_range_are_errors,
 );

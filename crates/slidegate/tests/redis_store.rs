@@ -329,7 +329,7 @@ async fn server_time_is_shared_by_every_store() {
 }
 
 /// `keys_for` names the keys the scripts write, and each algorithm keeps
-/// the compact layout: one string (an integer for GCRA), or one sorted set.
+/// the compact layout: one short string, or one sorted set.
 #[tokio::test]
 async fn keys_for_names_the_one_key_each_algorithm_writes() {
     let server = RedisServer::spawn();
@@ -345,7 +345,7 @@ async fn keys_for_names_the_one_key_each_algorithm_writes() {
         (Algorithm::FixedWindow, "fw", "string", "embstr"),
         (Algorithm::SlidingLog, "log", "zset", "listpack"),
         (Algorithm::TokenBucket, "tb", "string", "embstr"),
-        (Algorithm::Gcra, "gcra", "string", "int"),
+        (Algorithm::Gcra, "gcra", "string", "embstr"),
     ] {
         let l = limit(algorithm, 100, 60_000);
         assert!(store.decide("user-42", &l, 0).await.expect("peek").allowed);
@@ -361,4 +361,26 @@ async fn keys_for_names_the_one_key_each_algorithm_writes() {
     }
     let dbsize: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.expect("DBSIZE");
     assert_eq!(dbsize, 5);
+}
+
+/// A sliding log's key lives until its newest entry expires, even when a
+/// write comes from a clock that stepped back (a failover to a server 60 s
+/// behind, an NTP step): timed from now, the key expired while permits
+/// stamped later still counted, and Redis then allowed what the embedded
+/// store denied.
+#[tokio::test]
+async fn a_sliding_log_key_outlives_its_newest_entry_after_a_clock_step_back() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 60_000);
+    let store = client_time_store(&server, &clock, "log-step").await;
+    let l = limit(Algorithm::SlidingLog, 3, 1000);
+    assert!(store.decide("a", &l, 2).await.expect("decide").allowed);
+    clock.set(T0);
+    let d = store.decide("a", &l, 1).await.expect("decide");
+    assert!(d.allowed);
+    // The entries at T0 + 60 s count until T0 + 61 s: 61 s on this clock.
+    let key = &store.keys_for("a", &l)[0];
+    let ttl = pttl(&server, key).await;
+    let want = 61_000 + CLIENT_TTL_SLACK_MS;
+    assert!(ttl > want - TOLERANCE_MS && ttl <= want, "PTTL {ttl} ms, want about {want}");
 }

@@ -30,7 +30,7 @@ pub(crate) use self::packing::{PackedCounter, PackedFixed};
 use self::packing::{Packing, Plain};
 use self::slots::{slot_id, Slots};
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
-use crate::store::{validate, Store, StoreError};
+use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
@@ -386,10 +386,11 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides `cost` permits for `key` under `limit` now, charging them when allowed.
     ///
     /// # Errors
-    /// [`StoreError::EmptyKey`] or [`StoreError::CostExceedsLimit`].
+    /// [`StoreError::EmptyKey`], [`StoreError::CostExceedsLimit`], or
+    /// [`StoreError::TimeOutOfRange`] when the clock reads past [`crate::store::MAX_TIME_MS`].
     pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
-        let now = self.clock.now_ms();
+        let now = check_time(self.clock.now_ms())?;
         let (id, mut shard) = self.locate(key);
         Ok(shard.table(limit, now).decide(id, now, cost, true))
     }
@@ -400,7 +401,7 @@ impl<C: Clock> MemoryStore<C> {
     /// As [`MemoryStore::decide_sync`], and [`StoreError::NoLimits`].
     pub fn decide_all_sync(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         validate(key, charges)?;
-        let now = self.clock.now_ms();
+        let now = check_time(self.clock.now_ms())?;
         let (id, mut shard) = self.locate(key);
         let mut decisions: Vec<Decision> = charges
             .iter()
@@ -525,7 +526,7 @@ mod tests {
         // A sliding log past its cap would let one request allocate gigabytes.
         let huge = limit(Algorithm::SlidingLog, 4_000_000_000, 1000);
         let err = store.decide_sync("k", &huge, 4_000_000_000).unwrap_err();
-        assert!(err.to_string().starts_with("sliding_log limits must be at most 1000000"), "{err}");
+        assert!(err.to_string().starts_with("sliding_log limits must be at most 10000 "), "{err}");
         let largest = limit(Algorithm::SlidingLog, crate::algorithm::sliding_log::MAX_LIMIT, 1000);
         assert!(store.decide_sync("k", &largest, 3).unwrap().allowed);
     }
@@ -606,8 +607,8 @@ mod tests {
                             d
                         }
                         Algorithm::Gcra => {
-                            let (st, d) = gcra::decide(gcra::State { tat_us: s.0 }, now, cost, &q);
-                            *s = (st.tat_us, 0, 0, 0);
+                            let (st, d) = gcra::decide(gcra::State { tat_ms: s.0, frac: s.1 }, now, cost, &q);
+                            *s = (st.tat_ms, st.frac, 0, 0);
                             d
                         }
                         Algorithm::SlidingLog => unreachable!(),

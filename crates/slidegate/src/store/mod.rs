@@ -53,6 +53,14 @@ pub enum StoreError {
     /// Redis answered with something the script never returns.
     #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
+    /// The clock read a time the algorithms cannot compute with: past
+    /// [`MAX_TIME_MS`] (the end of year 9999), where sums of times and
+    /// windows would overflow or lose exactness.
+    #[error("time {now_ms} ms since the epoch is out of range: the stores decide at times from 0 to {MAX_TIME_MS} ms (the end of year 9999)")]
+    TimeOutOfRange {
+        /// The time the clock read, in ms since the Unix epoch.
+        now_ms: u64,
+    },
 }
 
 impl StoreError {
@@ -68,6 +76,9 @@ impl StoreError {
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
             StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) => true,
+            // A clock this far off is the host's fault, not the request's,
+            // but no store could decide: fail-open policies apply.
+            StoreError::TimeOutOfRange { .. } => true,
         }
     }
 }
@@ -95,6 +106,24 @@ pub trait Store: Send + Sync {
         key: &str,
         charges: &[(Limit, u64)],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+}
+
+/// The latest time the stores decide at: 9999-12-31T23:59:59.999Z, in ms
+/// since the Unix epoch.
+///
+/// Every time an algorithm forms stays below 2^48 with it (now plus the
+/// longest window, [`crate::MAX_WINDOW`]), so the Lua scripts pack times in
+/// 48 bits and compute exactly in doubles, and no sum overflows a `u64`. A
+/// clock past it (a broken RTC, a hostile or buggy client clock) is refused
+/// with [`StoreError::TimeOutOfRange`] before any arithmetic.
+pub const MAX_TIME_MS: u64 = 253_402_300_799_999;
+
+/// `now_ms`, when the stores can decide at that time.
+pub(crate) fn check_time(now_ms: u64) -> Result<u64, StoreError> {
+    if now_ms > MAX_TIME_MS {
+        return Err(StoreError::TimeOutOfRange { now_ms });
+    }
+    Ok(now_ms)
 }
 
 /// Rejects requests no store could decide, before touching any state.

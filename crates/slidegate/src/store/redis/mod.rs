@@ -37,7 +37,7 @@ use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 
 use self::key::StateKey;
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{validate, Store, StoreError};
+use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Clock, Decision, Limit};
 
 /// The key prefix when none is set.
@@ -156,11 +156,12 @@ impl RedisStore {
         StateKey { prefix: &self.prefix, identity, limit }
     }
 
-    /// The client's time in ms, or `None` for Redis `TIME`.
-    fn client_now(&self) -> Option<u64> {
+    /// The client's time in ms, or `None` for Redis `TIME`; a client time
+    /// outside [`crate::store::MAX_TIME_MS`] is an error before any script runs.
+    fn client_now(&self) -> Result<Option<u64>, StoreError> {
         match &self.time {
-            TimeSource::Server => None,
-            TimeSource::Client(clock) => Some(clock.now_ms()),
+            TimeSource::Server => Ok(None),
+            TimeSource::Client(clock) => check_time(clock.now_ms()).map(Some),
         }
     }
 
@@ -186,7 +187,7 @@ impl Store for RedisStore {
         let script = scripts::decide(limit.algorithm);
         let mut cmd = Cmd::with_capacity(5, 96 + self.prefix.len() + key.len());
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(key, limit));
-        cmd.arg(DecideArgs { now_ms: self.client_now(), limit: *limit, cost });
+        cmd.arg(DecideArgs { now_ms: self.client_now()?, limit: *limit, cost });
         let reply = self.eval(script, &cmd).await?;
         wire::single_decision(&reply, limit.quota.permits())
     }
@@ -200,7 +201,7 @@ impl Store for RedisStore {
         for (limit, _) in charges {
             cmd.arg(self.state_key(key, limit));
         }
-        cmd.arg(DecideAllArgs { now_ms: self.client_now(), charges });
+        cmd.arg(DecideAllArgs { now_ms: self.client_now()?, charges });
         let reply = self.eval(script, &cmd).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }

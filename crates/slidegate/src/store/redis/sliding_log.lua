@@ -50,9 +50,15 @@ local function log_commit(key, limit, w, cost, count)
     end
     added = added + call('ZADD', key, unpack(args))
   end
-  if client_time then
-    call('PEXPIRE', key, w + CLIENT_TTL_SLACK_MS)
+  -- The key lives until its newest entry expires. That is now + w unless a
+  -- clock stepped back and left entries stamped later: timing from now
+  -- would forget them (and on the client's clock, the TTL slack covers a
+  -- step back of 10 s at most).
+  local newest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local unit, at = expiry(newest + w)
+  if unit == 'PX' then
+    call('PEXPIRE', key, at)
   else
-    call('PEXPIREAT', key, now + w)
+    call('PEXPIREAT', key, at)
   end
 end
