@@ -532,6 +532,8 @@ async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
     for i in 0..300 {
         let store = store.clone();
         calls.push(tokio::spawn(async move {
+            // Spread the calls over the flushes rather than all before the first.
+            tokio::time::sleep(Duration::from_millis(i % 60)).await;
             if i % 2 == 0 {
                 store.decide("hot", &single, 1).await.map(|d| (0, d.allowed))
             } else {
