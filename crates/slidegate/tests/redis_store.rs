@@ -527,7 +527,8 @@ async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
         })
     };
     let single = limit(Algorithm::SlidingWindowCounter, 60, 3_600_000);
-    let (loose, tight) = (limit(Algorithm::TokenBucket, 1_000, 3_600_000), limit(Algorithm::Gcra, 40, 3_600_000));
+    let (loose, tight) =
+        (limit(Algorithm::TokenBucket, 1_000, 3_600_000), limit(Algorithm::Gcra, 40, 3_600_000));
     let mut calls = Vec::new();
     for i in 0..300 {
         let store = store.clone();
@@ -551,5 +552,9 @@ async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
     let noscript = noscript_errors(&server).await;
     eprintln!("{flushes} flushes, {noscript} NOSCRIPT replies, all handled");
     assert_eq!(admitted, [60, 40]);
-    assert_eq!(store.decide("hot", &loose, 0).await.expect("peek").remaining, 960, "charged once per admitted call");
+    assert_eq!(
+        store.decide("hot", &loose, 0).await.expect("peek").remaining,
+        960,
+        "charged once per admitted call"
+    );
 }

@@ -137,8 +137,11 @@ async fn open(client: &Client, options: &RedisOptions) -> Result<MultiplexedConn
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
         .set_response_timeout(None);
-    match tokio::time::timeout(options.connect_timeout, client.get_multiplexed_async_connection_with_config(&config))
-        .await
+    match tokio::time::timeout(
+        options.connect_timeout,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
     {
         Ok(conn) => Ok(conn?),
         Err(_) => Err(StoreError::TimedOut(options.connect_timeout)),

@@ -369,7 +369,9 @@ async fn run<C: ConnectionLike + Send>(
     fallback: impl FnOnce() -> Cmd,
 ) -> Result<Value, redis::RedisError> {
     match cmd.query_async(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => fallback().query_async(conn).await,
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            fallback().query_async(conn).await
+        }
         reply => reply,
     }
 }
