@@ -358,7 +358,9 @@ fn on_redis_limits_hold_fail_open_without_stalls_while_it_is_down_and_resume_aft
     let fast: Vec<Reply> = (0..50).map(|_| sg.get("/api/videos/trending", &[])).collect();
     assert!(fast.iter().all(|r| r.status == 200));
     let slowest = fast.iter().map(|r| r.elapsed).max().unwrap();
-    assert!(slowest < Duration::from_millis(500), "slowest request took {slowest:?}");
+    // Generous for two busy cores: a request waiting on the dead store
+    // would take the 50 ms deadline at least, and before the breaker ~9.5 s.
+    assert!(slowest < Duration::from_secs(2), "slowest request took {slowest:?}");
     let still = sg.metrics();
     assert_eq!(still["slidegate_store_calls_total"], 10.0);
     assert_eq!(still["slidegate_store_skipped_total"], 57.0);

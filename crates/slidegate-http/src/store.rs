@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Decision, Limit, MemoryStore, RedisStore, Store, StoreError};
+use slidegate::{Decision, Limit, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
 use tokio::sync::OnceCell;
 
 /// The embedded store or Redis.
@@ -41,6 +41,10 @@ impl Store for AnyStore {
 /// fail open or closed as configured) and connects in the background: a
 /// decision asked before then fails at once as unavailable, and starts a
 /// connection attempt if none is running. Requests never wait for a connect.
+///
+/// Once connected, the [`RedisStore`] itself fails fast while Redis is down
+/// and reconnects in the background with a back-off capped at 200 ms, so
+/// decisions resume within a few hundred ms of Redis answering again.
 #[derive(Clone)]
 pub struct LazyRedis {
     inner: Arc<LazyInner>,
@@ -49,24 +53,38 @@ pub struct LazyRedis {
 struct LazyInner {
     url: String,
     prefix: Option<String>,
-    connect_timeout: Duration,
+    options: RedisOptions,
     store: OnceCell<RedisStore>,
     connecting: AtomicBool,
 }
 
 impl LazyRedis {
     /// Connects to `url` now, waiting at most `connect_timeout`; on failure
-    /// returns the store unconnected (with the error) and keeps trying when asked.
+    /// returns the store unconnected (with the error) and keeps trying when
+    /// asked. Each call's own deadline is left to the caller (the limiter's
+    /// `timeout`); the store's is set well above it.
     pub async fn connect(
         url: &str,
         prefix: Option<String>,
         connect_timeout: Duration,
     ) -> (Self, Option<StoreError>) {
+        let options =
+            RedisOptions::new().with_connect_timeout(connect_timeout).with_timeout(Duration::from_secs(30));
+        LazyRedis::connect_with(url, prefix, options).await
+    }
+
+    /// As [`connect`](Self::connect), with the store's deadlines and
+    /// reconnect back-off given by `options`.
+    pub async fn connect_with(
+        url: &str,
+        prefix: Option<String>,
+        options: RedisOptions,
+    ) -> (Self, Option<StoreError>) {
         let lazy = LazyRedis {
             inner: Arc::new(LazyInner {
                 url: url.to_owned(),
                 prefix,
-                connect_timeout,
+                options,
                 store: OnceCell::new(),
                 connecting: AtomicBool::new(false),
             }),
@@ -76,11 +94,8 @@ impl LazyRedis {
     }
 
     async fn attempt(inner: &LazyInner) -> Result<(), StoreError> {
-        let connect = tokio::time::timeout(inner.connect_timeout, RedisStore::connect(&inner.url)).await;
-        let store = match connect {
-            Ok(result) => result?,
-            Err(_) => return Err(unavailable("timed out connecting to Redis")),
-        };
+        // `connect_with` bounds itself by the connect timeout (per step).
+        let store = RedisStore::connect_with(&inner.url, inner.options).await?;
         let store = match &inner.prefix {
             Some(p) => store.with_prefix(p.clone()),
             None => store,
@@ -98,7 +113,7 @@ impl LazyRedis {
             inner: Arc::new(LazyInner {
                 url: String::new(),
                 prefix: None,
-                connect_timeout: Duration::ZERO,
+                options: RedisOptions::new(),
                 store: cell,
                 connecting: AtomicBool::new(false),
             }),

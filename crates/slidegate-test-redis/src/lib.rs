@@ -95,6 +95,27 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server process (SIGSTOP): it keeps its connections and its
+    /// data but answers nothing, as a Redis stalled by a long command or a
+    /// frozen host would, until [`resume`](Self::resume).
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`pause`](Self::pause)d server run again (SIGCONT).
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&mut self, signal: &str) {
+        let Some(child) = &self.child else { panic!("redis-server is not running") };
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run kill {signal}: {e}"));
+        assert!(status.success(), "kill {signal} failed: {status}");
+    }
+
     /// Kills the server if it runs, then starts a fresh, empty one on the same
     /// port and waits until it answers `PING`.
     ///
@@ -171,6 +192,11 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A paused server would ignore nothing but SIGKILL anyway; resume it
+        // first so that its log is complete.
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+        }
         self.kill();
         if std::thread::panicking() {
             eprintln!("--- redis-server log (port {}) ---\n{}", self.port, self.log());

@@ -384,3 +384,199 @@ async fn a_sliding_log_key_outlives_its_newest_entry_after_a_clock_step_back() {
     let want = 61_000 + CLIENT_TTL_SLACK_MS;
     assert!(ttl > want - TOLERANCE_MS && ttl <= want, "PTTL {ttl} ms, want about {want}");
 }
+
+// ------------------------------------------------ deadlines and outages
+
+/// Generous room over a deadline for a machine whose cores are busy: the
+/// point is "well under a second or two", not the old ~9.5 s of back-off.
+const SLACK: Duration = Duration::from_millis(1_500);
+
+/// Waits (up to 10 s) until `store` decides again after an outage.
+async fn until_it_decides(store: &RedisStore, l: Limit) -> slidegate::Decision {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.decide("probe", &l, 0).await {
+            Ok(d) => return d,
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert!(e.is_unavailable(), "{e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the store did not decide again within 10 s: {e}"),
+        }
+    }
+}
+
+/// A dead Redis costs each caller at most the deadline, however many wait
+/// at once: no caller waits on a reconnect in progress, and once the loss is
+/// known calls fail at once. (Before, each call waited ~9.5 s of back-off.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_fails_every_concurrent_call_within_the_deadline() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("dead"));
+    assert_eq!(store.timeout(), Duration::from_millis(250));
+    let l = limit(Algorithm::SlidingWindowCounter, 100, 60_000);
+    store.decide("k", &l, 1).await.expect("decide while up");
+    server.kill();
+    for round in 0..3 {
+        let mut calls = Vec::new();
+        for i in 0..32 {
+            let store = store.clone();
+            calls.push(tokio::spawn(async move {
+                let start = std::time::Instant::now();
+                let result = store.decide(&format!("k{i}"), &l, 1).await;
+                (start.elapsed(), result)
+            }));
+        }
+        let mut slowest = Duration::ZERO;
+        for call in calls {
+            let (took, result) = call.await.expect("task");
+            let err = result.expect_err("Redis is dead");
+            assert!(err.is_unavailable(), "{err}");
+            slowest = slowest.max(took);
+        }
+        eprintln!("round {round}: slowest of 32 concurrent calls on a dead Redis took {slowest:?}");
+        assert!(slowest < store.timeout() + SLACK, "round {round}: a call took {slowest:?}");
+    }
+    // Known down now: the calls fail before sending anything.
+    let err = store.decide("k", &l, 1).await.expect_err("still dead");
+    assert!(matches!(err, slidegate::StoreError::NotConnected(_)), "{err}");
+    assert!(!err.may_have_charged());
+}
+
+/// Connecting to a port nobody listens on, or to one that accepts but never
+/// answers, fails within the connect deadline instead of retrying for seconds.
+#[tokio::test]
+async fn connect_fails_within_its_deadline() {
+    // A closed port: bound a moment ago, then released.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let start = std::time::Instant::now();
+    let err = RedisStore::connect(&format!("redis://{closed}/")).await.expect_err("nothing listens");
+    assert!(err.is_unavailable(), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(500) + SLACK, "refused after {:?}", start.elapsed());
+
+    // A listener that never accepts: the kernel completes the TCP handshake,
+    // then nothing answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let options = slidegate::RedisOptions::new().with_connect_timeout(Duration::from_millis(300));
+    let start = std::time::Instant::now();
+    let err = RedisStore::connect_with(&format!("redis://{addr}/"), options).await.expect_err("no answer");
+    assert!(err.is_unavailable(), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(600) + SLACK, "gave up after {:?}", start.elapsed());
+    drop(silent);
+}
+
+/// Calls made while the store knows Redis is down never reach Redis: when
+/// Redis is back they have charged nothing (none is queued and replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_while_redis_is_down_are_never_charged() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("down"));
+    let l = limit(Algorithm::FixedWindow, 50, 3_600_000);
+    server.kill();
+    // The first call may be the one that finds the connection gone; the
+    // ones after it fail without being sent.
+    let _ = store.decide("victim", &l, 1).await;
+    let mut unsent = 0;
+    for _ in 0..20 {
+        let err = store.decide("victim", &l, 1).await.expect_err("Redis is dead");
+        assert!(!err.may_have_charged(), "{err}");
+        unsent += 1;
+    }
+    server.restart();
+    until_it_decides(&store, l).await;
+    let d = store.decide("victim", &l, 0).await.expect("peek");
+    assert_eq!(d.remaining, 50, "{unsent} unsent calls must charge nothing");
+}
+
+/// A Redis that stalls past the deadline (SIGSTOP): the calls time out, but
+/// they were sent, and a stalled Redis runs them when it resumes. The bound
+/// the `Store` docs promise: an identity is charged at most the calls that
+/// timed out (here, in practice, exactly those: each was written before the
+/// stall ended), never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_timed_out_on_a_stalled_redis_charge_at_most_themselves() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect")
+        .with_prefix(unique_prefix("stall"))
+        .with_timeout(Duration::from_millis(200));
+    let l = limit(Algorithm::SlidingLog, 100, 3_600_000);
+    assert_eq!(store.decide("victim", &l, 1).await.expect("decide").remaining, 99);
+    server.pause();
+    let mut timed_out = 0;
+    for _ in 0..8 {
+        let start = std::time::Instant::now();
+        let err = store.decide("victim", &l, 1).await.expect_err("Redis is stalled");
+        assert!(matches!(err, slidegate::StoreError::TimedOut(_)), "{err}");
+        assert!(err.may_have_charged());
+        assert!(start.elapsed() < Duration::from_millis(200) + SLACK, "took {:?}", start.elapsed());
+        timed_out += 1;
+    }
+    server.resume();
+    let d = until_it_decides(&store, l).await;
+    let charged = 99 - store.decide("victim", &l, 0).await.expect("peek").remaining;
+    eprintln!("{timed_out} calls timed out on a stalled Redis; {charged} were charged after it resumed");
+    assert!(charged <= timed_out, "charged {charged} for {timed_out} timed-out calls");
+    let _ = d;
+}
+
+/// `SCRIPT FLUSH` hammered while decisions run: no call fails with
+/// `NOSCRIPT`, and exactly the limit is admitted (no call charged twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
+    let server = RedisServer::spawn();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect")
+        .with_prefix(unique_prefix("storm"))
+        // Generous: this test is about NOSCRIPT, not about a busy machine.
+        .with_timeout(Duration::from_secs(10));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let stop = Arc::clone(&stop);
+        let mut conn = admin(&server).await;
+        tokio::spawn(async move {
+            let mut flushes = 0u32;
+            // Bounded in count as well as by the flag.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && flushes < 20_000 {
+                let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("FLUSH");
+                flushes += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            flushes
+        })
+    };
+    let single = limit(Algorithm::SlidingWindowCounter, 60, 3_600_000);
+    let (loose, tight) =
+        (limit(Algorithm::TokenBucket, 1_000, 3_600_000), limit(Algorithm::Gcra, 40, 3_600_000));
+    let mut calls = Vec::new();
+    for i in 0..300 {
+        let store = store.clone();
+        calls.push(tokio::spawn(async move {
+            // Spread the calls over the flushes rather than all before the first.
+            tokio::time::sleep(Duration::from_millis(i % 60)).await;
+            if i % 2 == 0 {
+                store.decide("hot", &single, 1).await.map(|d| (0, d.allowed))
+            } else {
+                store.decide_all("hot", &[(loose, 1), (tight, 1)]).await.map(|d| (1, d[1].allowed))
+            }
+        }));
+    }
+    let mut admitted = [0u64; 2];
+    for call in calls {
+        let (which, allowed) = call.await.expect("task").expect("no call fails under SCRIPT FLUSH");
+        admitted[which] += u64::from(allowed);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flushes = flusher.await.expect("flusher");
+    let noscript = noscript_errors(&server).await;
+    eprintln!("{flushes} flushes, {noscript} NOSCRIPT replies, all handled");
+    assert_eq!(admitted, [60, 40]);
+    assert_eq!(
+        store.decide("hot", &loose, 0).await.expect("peek").remaining,
+        960,
+        "charged once per admitted call"
+    );
+}

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::MemoryStore;
+use slidegate::{MemoryStore, RedisOptions};
 use tokio::net::TcpListener;
 
 use super::error::ServeError;
@@ -16,8 +16,10 @@ use crate::config::{Config, Delay};
 use crate::limiter::RateLimiter;
 use crate::store::{AnyStore, LazyRedis};
 
-/// How long `serve` waits for Redis at start before serving without it.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The deadline of one Redis connection attempt: at start, before serving
+/// without it, and for each background reconnect. Short, because a reconnect
+/// attempt stuck on an unreachable host delays the recovery by as much.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// A bound, ready server.
 ///
@@ -175,7 +177,12 @@ async fn connect_store(config: &Config) -> AnyStore {
     match &config.store.url {
         None => AnyStore::Memory(MemoryStore::new()),
         Some(url) => {
-            let (store, error) = LazyRedis::connect(url, config.store.prefix.clone(), CONNECT_TIMEOUT).await;
+            // The limiter enforces `timeout` on every call; the store's own
+            // deadline matches it, so a stalled call is dropped at once.
+            let options = RedisOptions::new()
+                .with_connect_timeout(CONNECT_TIMEOUT)
+                .with_timeout(config.store.timeout.get());
+            let (store, error) = LazyRedis::connect_with(url, config.store.prefix.clone(), options).await;
             if let Some(err) = error {
                 // Start anyway: rules fail open or closed as configured, and
                 // the store connects in the background once Redis is back.

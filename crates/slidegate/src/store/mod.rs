@@ -47,9 +47,15 @@ pub enum StoreError {
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
-    /// The store has no connection yet (it connects in the background).
+    /// The store has no connection (not yet, or not since it was lost; it
+    /// connects in the background). The decision was never sent, so nothing
+    /// was charged.
     #[error("not connected to the store yet: {0}")]
     NotConnected(String),
+    /// The store did not answer within its deadline. The decision may or may
+    /// not have been made (and charged): see [`Store`] on failures.
+    #[error("the store did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
     /// Redis answered with something the script never returns.
     #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
@@ -75,10 +81,29 @@ impl StoreError {
             | StoreError::SlidingLogTooLarge { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
-            StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) => true,
+            StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
             // A clock this far off is the host's fault, not the request's,
             // but no store could decide: fail-open policies apply.
             StoreError::TimeOutOfRange { .. } => true,
+        }
+    }
+
+    /// Whether the failed call may still have been decided, and charged, by
+    /// the store: `false` only when it provably never reached it (an invalid
+    /// request, or no connection). A timeout or a connection lost mid-call
+    /// cannot tell whether the script ran.
+    pub fn may_have_charged(&self) -> bool {
+        match self {
+            StoreError::CostExceedsLimit { .. }
+            | StoreError::EmptyKey
+            | StoreError::NoLimits
+            | StoreError::DuplicateLimit(_)
+            | StoreError::SlidingLogTooLarge { .. }
+            | StoreError::NotConnected(_)
+            | StoreError::TimeOutOfRange { .. } => false,
+            #[cfg(feature = "redis")]
+            StoreError::Redis(e) => !e.is_connection_refusal(),
+            StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
         }
     }
 }
@@ -88,6 +113,18 @@ impl StoreError {
 /// `key` names the identity (an API key, a hashed IP, …). A store keeps one
 /// state per identity and [`Limit`]; the same identity under two limits has
 /// two independent states.
+///
+/// # Failures and charging
+///
+/// A decision that fails with [`StoreError::NotConnected`] (or any error for
+/// which [`StoreError::may_have_charged`] is `false`) never reached the store:
+/// nothing was charged. A decision that fails after it was sent — a timeout,
+/// a connection lost while waiting for the reply — may have run in the store
+/// and charged its cost even though the caller saw an error. So across an
+/// outage an identity is charged at most the cost of its own calls that
+/// failed that way, on top of the calls it saw decided; never more, and never
+/// twice for one call (a retry after `NOSCRIPT` re-sends only a call that
+/// provably did not run).
 pub trait Store: Send + Sync {
     /// Decides `cost` permits for `key` under `limit`, charging them when allowed.
     fn decide(

@@ -3,7 +3,14 @@
 //! - One script per algorithm, plus one for [`Store::decide_all`] over any mix
 //!   of algorithms. Scripts are loaded when connecting and called with
 //!   `EVALSHA`; after a `NOSCRIPT` (Redis restarted, failed over, or ran
-//!   `SCRIPT FLUSH`) the store loads the script again and retries, once.
+//!   `SCRIPT FLUSH`) the store sends the same call once more with `EVAL` and
+//!   the source, which cannot fail with `NOSCRIPT` and caches the script
+//!   again. A `NOSCRIPT` means the script did not run, so nothing is charged
+//!   twice.
+//! - Every call runs under a deadline ([`RedisOptions::with_timeout`], 250 ms
+//!   by default). While the connection is known to be lost, calls fail at
+//!   once with [`StoreError::NotConnected`] and one background task
+//!   reconnects with a short, capped back-off (see `link.rs`).
 //! - Time comes from Redis `TIME` inside the script by default
 //!   ([`TimeSource::Server`]), so app servers with skewed clocks agree.
 //! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`
@@ -26,16 +33,20 @@
 //! replicated by effects, which makes `TIME` inside a script safe).
 
 mod key;
+mod link;
 mod scripts;
 mod wire;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use self::key::StateKey;
+use self::link::Link;
+use self::scripts::Lua;
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Clock, Decision, Limit};
@@ -67,6 +78,81 @@ impl fmt::Debug for TimeSource {
     }
 }
 
+/// Deadlines and reconnection of a [`RedisStore`], for
+/// [`RedisStore::connect_with`].
+///
+/// The defaults suit a Redis on the same network: a decision that takes
+/// longer than 250 ms is better answered by a fallback than waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisOptions {
+    timeout: Duration,
+    connect_timeout: Duration,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(250),
+            connect_timeout: Duration::from_millis(500),
+            reconnect_min: Duration::from_millis(25),
+            reconnect_max: Duration::from_millis(200),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The defaults: 250 ms per decision, 500 ms per connection attempt,
+    /// reconnect back-off from 25 ms doubling up to 200 ms.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The deadline of one decision, from the call to the reply, the
+    /// `NOSCRIPT` fallback included. Past it the call fails with
+    /// [`StoreError::TimedOut`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The deadline of one connection attempt (TCP and handshake), at
+    /// [`RedisStore::connect_with`] and for each background reconnect.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The pause between background reconnect attempts: `min` after the
+    /// first failure, doubling up to `max`. A short `max` bounds how long a
+    /// store stays down after Redis is back.
+    pub fn with_reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min.max(Duration::from_millis(1));
+        self.reconnect_max = max.max(self.reconnect_min);
+        self
+    }
+
+    /// The deadline of one decision.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The deadline of one connection attempt.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+}
+
+/// What a store sends its commands on.
+#[derive(Clone)]
+enum Connection {
+    /// The store's own: fails fast while down, reconnects in the background.
+    Link(Link),
+    /// A caller's `ConnectionManager` ([`RedisStore::from_connection`]).
+    Manager(ConnectionManager),
+}
+
 /// A [`Store`] in Redis. Cheap to clone: clones share one multiplexed,
 /// automatically reconnecting connection.
 ///
@@ -84,36 +170,88 @@ impl fmt::Debug for TimeSource {
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
+    timeout: Duration,
     prefix: Arc<str>,
     time: TimeSource,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore").field("prefix", &self.prefix).field("time", &self.time).finish()
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("time", &self.time)
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
 impl RedisStore {
-    /// Connects to the Redis at `url` (`redis://host:port/db`) and loads the scripts.
+    /// Connects to the Redis at `url` (`redis://host:port/db`) with the
+    /// default [`RedisOptions`] and loads the scripts.
     ///
     /// # Errors
-    /// [`StoreError::Redis`] when the URL is invalid or Redis cannot be reached.
+    /// [`StoreError::Redis`] when the URL is invalid or Redis refuses the
+    /// connection, [`StoreError::TimedOut`] when it does not answer within
+    /// the connect timeout (500 ms).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)?;
-        let mut conn = ConnectionManager::new(client).await?;
-        for script in scripts::all() {
-            script.load_async(&mut conn).await?;
-        }
-        Ok(Self::from_connection(conn))
+        Self::connect_with(url, RedisOptions::default()).await
     }
 
-    /// A store on an existing connection, to choose its timeouts and retries
-    /// ([`connect`](Self::connect) keeps the `redis` crate's defaults: 1 s to
-    /// connect, 500 ms per response). Scripts are loaded on first use.
+    /// Connects to the Redis at `url` with `options` and loads the scripts.
+    /// Fails within about twice the connect timeout (connect, then load).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        let link = Link::connect(url, options).await?;
+        let store = Self {
+            conn: Connection::Link(link),
+            timeout: options.timeout,
+            prefix: DEFAULT_PREFIX.into(),
+            time: TimeSource::Server,
+        };
+        // Loading now saves the first call of each script its fallback; a
+        // Redis that answers a connect but not this is as good as down.
+        let load = async {
+            let (_, mut conn) = store.connection()?;
+            let mut pipe = redis::pipe();
+            for lua in scripts::all() {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await.map_err(StoreError::from)
+        };
+        match tokio::time::timeout(options.connect_timeout, load).await {
+            Ok(loaded) => loaded?,
+            Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
+        }
+        Ok(store)
+    }
+
+    /// A store on an existing `ConnectionManager`, whose own timeouts and
+    /// retries then apply underneath the store's deadline
+    /// ([`with_timeout`](Self::with_timeout), 250 ms by default). Its
+    /// reconnects are awaited by the calls made meanwhile; prefer
+    /// [`connect_with`](Self::connect_with), which fails fast while Redis is
+    /// down. Scripts are loaded on first use.
     pub fn from_connection(conn: ConnectionManager) -> Self {
-        Self { conn, prefix: DEFAULT_PREFIX.into(), time: TimeSource::Server }
+        Self {
+            conn: Connection::Manager(conn),
+            timeout: RedisOptions::default().timeout,
+            prefix: DEFAULT_PREFIX.into(),
+            time: TimeSource::Server,
+        }
+    }
+
+    /// The same store with `timeout` as the deadline of each decision.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The deadline of each decision.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The same store writing its keys under `prefix` (default `"slidegate:"`).
@@ -165,44 +303,93 @@ impl RedisStore {
         }
     }
 
-    /// Runs `cmd`, an `EVALSHA` of `script`; loads the script and retries once
-    /// on `NOSCRIPT`.
-    async fn eval(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+    /// The live connection of a [`Connection::Link`] and its generation, or
+    /// an error at once while it is down.
+    fn connection(&self) -> Result<(u64, redis::aio::MultiplexedConnection), StoreError> {
+        match &self.conn {
+            Connection::Link(link) => link.get(),
+            Connection::Manager(_) => {
+                Err(StoreError::NotConnected("a ConnectionManager store has no link".to_owned()))
+            }
+        }
+    }
+
+    /// Runs `lua` on `keys` and `args` under the store's deadline.
+    async fn eval<A: ToRedisArgs + Sync>(
+        &self,
+        lua: &Lua,
+        keys: &[StateKey<'_>],
+        args: &A,
+    ) -> Result<Value, StoreError> {
         // `redis::ScriptInvocation` does the same, but copies every key and
         // argument into a Vec of its own; a `Cmd` writes them into one buffer.
-        let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                Ok(cmd.query_async(&mut conn).await?)
-            }
-            reply => Ok(reply?),
+        let capacity = 64 + keys.len() * (self.prefix.len() + 64);
+        let mut cmd = Cmd::with_capacity(4 + keys.len(), capacity);
+        cmd.arg("EVALSHA").arg(lua.hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
         }
+        cmd.arg(args);
+        let fallback = || {
+            let mut cmd = Cmd::with_capacity(4 + keys.len(), capacity + lua.source().len());
+            cmd.arg("EVAL").arg(lua.source()).arg(keys.len());
+            for key in keys {
+                cmd.arg(key);
+            }
+            cmd.arg(args);
+            cmd
+        };
+        let call = async {
+            match &self.conn {
+                Connection::Link(link) => {
+                    let (generation, mut conn) = link.get()?;
+                    let reply = run(&mut conn, &cmd, fallback).await;
+                    if let Err(err) = &reply {
+                        link.failed(generation, err);
+                    }
+                    Ok(reply?)
+                }
+                Connection::Manager(manager) => Ok(run(&mut manager.clone(), &cmd, fallback).await?),
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::TimedOut(self.timeout)),
+        }
+    }
+}
+
+/// Sends `cmd`, an `EVALSHA`; on `NOSCRIPT` (the script cache was flushed,
+/// or this is a new Redis) sends `fallback()`, the same call as `EVAL` with
+/// the source. `EVAL` cannot fail with `NOSCRIPT`, so one fallback is enough
+/// however often the cache is flushed, and since a `NOSCRIPT` call did not
+/// run, the fallback never charges twice.
+async fn run<C: ConnectionLike + Send>(
+    conn: &mut C,
+    cmd: &Cmd,
+    fallback: impl FnOnce() -> Cmd,
+) -> Result<Value, redis::RedisError> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            fallback().query_async(conn).await
+        }
+        reply => reply,
     }
 }
 
 impl Store for RedisStore {
     async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
-        let script = scripts::decide(limit.algorithm);
-        let mut cmd = Cmd::with_capacity(5, 96 + self.prefix.len() + key.len());
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(key, limit));
-        cmd.arg(DecideArgs { now_ms: self.client_now()?, limit: *limit, cost });
-        let reply = self.eval(script, &cmd).await?;
+        let args = DecideArgs { now_ms: self.client_now()?, limit: *limit, cost };
+        let reply = self.eval(scripts::decide(limit.algorithm), &[self.state_key(key, limit)], &args).await?;
         wire::single_decision(&reply, limit.quota.permits())
     }
 
     async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         validate(key, charges)?;
-        let script = scripts::decide_all();
-        let n = charges.len();
-        let mut cmd = Cmd::with_capacity(4 + n, 64 + n * (self.prefix.len() + key.len() + 64));
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(n);
-        for (limit, _) in charges {
-            cmd.arg(self.state_key(key, limit));
-        }
-        cmd.arg(DecideAllArgs { now_ms: self.client_now()?, charges });
-        let reply = self.eval(script, &cmd).await?;
+        let keys: Vec<StateKey<'_>> = charges.iter().map(|(limit, _)| self.state_key(key, limit)).collect();
+        let args = DecideAllArgs { now_ms: self.client_now()?, charges };
+        let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }
 }

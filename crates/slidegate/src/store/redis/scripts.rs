@@ -114,29 +114,52 @@ pub(super) fn decide_all_source() -> String {
     assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table()))
 }
 
+/// A script with its source: `EVALSHA` needs the hash, and the fallback
+/// after a `NOSCRIPT` sends the source with `EVAL`.
+pub(super) struct Lua {
+    script: Script,
+    source: String,
+}
+
+impl Lua {
+    fn new(source: String) -> Self {
+        Self { script: Script::new(&source), source }
+    }
+
+    /// The SHA1 `EVALSHA` names the script by.
+    pub(super) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// The Lua source, for `EVAL` and `SCRIPT LOAD`.
+    pub(super) fn source(&self) -> &str {
+        &self.source
+    }
+}
+
 struct Scripts {
     /// Indexed like [`Algorithm::ALL`].
-    decide: [Script; Algorithm::ALL.len()],
-    decide_all: Script,
+    decide: [Lua; Algorithm::ALL.len()],
+    decide_all: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    decide: Algorithm::ALL.map(|a| Script::new(&decide_source(a))),
-    decide_all: Script::new(&decide_all_source()),
+    decide: Algorithm::ALL.map(|a| Lua::new(decide_source(a))),
+    decide_all: Lua::new(decide_all_source()),
 });
 
 /// The script deciding one limit of `algorithm`.
-pub(super) fn decide(algorithm: Algorithm) -> &'static Script {
+pub(super) fn decide(algorithm: Algorithm) -> &'static Lua {
     &SCRIPTS.decide[index(algorithm)]
 }
 
 /// The script deciding several limits all-or-nothing.
-pub(super) fn decide_all() -> &'static Script {
+pub(super) fn decide_all() -> &'static Lua {
     &SCRIPTS.decide_all
 }
 
 /// Every script, to load them all when connecting.
-pub(super) fn all() -> impl Iterator<Item = &'static Script> {
+pub(super) fn all() -> impl Iterator<Item = &'static Lua> {
     SCRIPTS.decide.iter().chain([&SCRIPTS.decide_all])
 }
 

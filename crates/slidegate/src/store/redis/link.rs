@@ -1,0 +1,149 @@
+//! The connection a [`super::RedisStore`] decides on, and how it comes back.
+//!
+//! The `redis` crate's `ConnectionManager` reconnects by itself, but every
+//! caller awaits the reconnect in progress, retries included: with Redis
+//! dead, each call waited ~9.5 s of growing back-off. Here the state is
+//! explicit instead: while the connection is known to be down a call fails
+//! at once with [`StoreError::NotConnected`] (nothing was sent, so nothing
+//! was charged), and one background task reconnects with a short, capped
+//! back-off, so the first call after Redis returns finds a connection.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisError};
+
+use super::RedisOptions;
+use crate::store::StoreError;
+
+/// A shared, reconnecting connection. Clones share it.
+#[derive(Clone)]
+pub(super) struct Link {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    options: RedisOptions,
+    /// The live connection and its generation, or `None` while down.
+    conn: RwLock<Option<(u64, MultiplexedConnection)>>,
+    /// Generations number connections, so a failure seen on an old one does
+    /// not take down its replacement.
+    generation: AtomicU64,
+    /// Whether the reconnect task runs (at most one at a time).
+    reconnecting: AtomicBool,
+}
+
+impl Link {
+    /// Connects now, within the options' connect timeout.
+    pub(super) async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        let client = Client::open(url)?;
+        let conn = open(&client, &options).await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                options,
+                conn: RwLock::new(Some((0, conn))),
+                generation: AtomicU64::new(0),
+                reconnecting: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The live connection, or an error at once while it is down (a
+    /// reconnect is then under way in the background).
+    pub(super) fn get(&self) -> Result<(u64, MultiplexedConnection), StoreError> {
+        let current = match self.shared.conn.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        match current {
+            Some(live) => Ok(live),
+            None => {
+                // The task normally runs already; this starts it again should
+                // a runtime have gone away under the previous one.
+                self.spawn_reconnect();
+                Err(StoreError::NotConnected("Redis is down; reconnecting in the background".to_owned()))
+            }
+        }
+    }
+
+    /// Reports that a call on connection `generation` failed with `err`;
+    /// when the error means the connection is gone, marks it down and starts
+    /// reconnecting. Timeouts do not: a slow Redis is still connected.
+    pub(super) fn failed(&self, generation: u64, err: &RedisError) {
+        if !(err.is_connection_dropped() || err.is_connection_refusal() || err.is_unrecoverable_error()) {
+            return;
+        }
+        {
+            let mut conn = match self.shared.conn.write() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            match &*conn {
+                Some((live, _)) if *live == generation => *conn = None,
+                // Already down, or already replaced by a newer connection.
+                _ => return,
+            }
+        }
+        self.spawn_reconnect();
+    }
+
+    fn spawn_reconnect(&self) {
+        if self.shared.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.shared.reconnecting.store(false, Ordering::Release);
+            return;
+        };
+        runtime.spawn(reconnect(Arc::downgrade(&self.shared)));
+    }
+}
+
+/// Reconnects until it succeeds or the store is dropped. Holds the store
+/// only weakly, so a dropped store stops the task.
+async fn reconnect(shared: Weak<Shared>) {
+    let mut delay = match shared.upgrade() {
+        Some(s) => s.options.reconnect_min,
+        None => return,
+    };
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if let Ok(conn) = open(&s.client, &s.options).await {
+            let generation = s.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            let mut slot = match s.conn.write() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *slot = Some((generation, conn));
+            drop(slot);
+            s.reconnecting.store(false, Ordering::Release);
+            return;
+        }
+        let max = s.options.reconnect_max;
+        drop(s);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(max);
+    }
+}
+
+/// One connection attempt, bounded by the connect timeout as a whole (TCP
+/// connect and the handshake commands alike).
+async fn open(client: &Client, options: &RedisOptions) -> Result<MultiplexedConnection, StoreError> {
+    // No response timeout on the connection itself: every call runs under
+    // the store's deadline, which a caller may set above the crate's 500 ms.
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(None);
+    match tokio::time::timeout(
+        options.connect_timeout,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    {
+        Ok(conn) => Ok(conn?),
+        Err(_) => Err(StoreError::TimedOut(options.connect_timeout)),
+    }
+}
