@@ -1,19 +1,4 @@
-//! A throwaway local Redis Cluster: three masters and three replicas on
-//! loopback ports.
-//!
-//! [`RedisCluster::shared`] starts one healthy cluster per test binary for
-//! tests that only read and write; [`RedisCluster::start`] gives a test its own
-//! cluster to break (kill a master, move slots). Methods that change the
-//! topology take `&mut self`, so the shared cluster cannot be broken by
-//! accident.
-//!
-//! ```no_run
-//! use slidegate_test_redis::RedisCluster;
-//! let cluster = RedisCluster::shared();
-//! let seeds = cluster.urls(); // ["redis://127.0.0.1:<port>", ...], the masters
-//! assert_eq!(cluster.cli(cluster.masters()[0], &["-c", "SET", "{user:1}", "x"]), "OK");
-//! # drop(seeds);
-//! ```
+//! [`RedisCluster`]: a throwaway local Redis Cluster.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -35,6 +20,20 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A local Redis Cluster of three masters with one replica each, killed on
 /// drop and when the test process exits.
+///
+/// [`RedisCluster::shared`] starts one healthy cluster per test binary for
+/// tests that only read and write; [`RedisCluster::start`] gives a test its own
+/// cluster to break (kill a master, move slots). Methods that change the
+/// topology take `&mut self`, so the shared cluster cannot be broken by
+/// accident.
+///
+/// ```no_run
+/// use slidegate_test_redis::RedisCluster;
+/// let cluster = RedisCluster::shared();
+/// let seeds = cluster.urls(); // ["redis://127.0.0.1:<port>", ...], the masters
+/// assert_eq!(cluster.cli(cluster.masters()[0], &["-c", "SET", "{user:1}", "x"]), "OK");
+/// # drop(seeds);
+/// ```
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
     /// The slot the most recently killed master owned first, for
@@ -88,12 +87,23 @@ impl RedisCluster {
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temp dir for the cluster: {e}"));
         let reaper = node::remove_at_exit(dir.path());
-        let mut nodes = Vec::new();
-        for _ in 0..MASTERS * 2 {
-            let process = RedisNode::start(&node_spec(&dir), dir.path());
-            let id = redis_cli(process.port(), &[], &["CLUSTER", "MYID"]);
-            nodes.push(ClusterNode { id, process, killed: false });
-        }
+        // In parallel: each start mostly waits for its node to answer.
+        let nodes: Vec<ClusterNode> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..MASTERS * 2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let process = RedisNode::start(&node_spec(&dir), dir.path());
+                        let id = redis_cli(process.port(), &[], &["CLUSTER", "MYID"]);
+                        ClusterNode { id, process, killed: false }
+                    })
+                })
+                .collect();
+            // A start that panicked has its message printed already; repeat the gist.
+            starts
+                .into_iter()
+                .map(|s| s.join().unwrap_or_else(|_| panic!("a cluster node did not start")))
+                .collect()
+        });
         let cluster = RedisCluster { nodes, killed_slot: None, _reaper: reaper, dir };
         let addrs: Vec<String> =
             cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.process.port())).collect();
@@ -391,6 +401,9 @@ fn node_spec(dir: &TempDir) -> NodeSpec {
             "127.0.0.1".into(),
             // Fail over even when the replica's link has been down a while.
             "--cluster-replica-validity-factor".into(),
+            "0".into(),
+            // Replicas sync at once instead of waiting 5 s for more replicas.
+            "--repl-diskless-sync-delay".into(),
             "0".into(),
         ],
         needs_bus: true,

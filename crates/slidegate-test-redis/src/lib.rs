@@ -29,7 +29,6 @@ mod sentinel;
 mod tls;
 
 pub use cluster::{slot_of, RedisCluster, SLOT_COUNT};
-pub use node::RedisNode;
 pub use secured::{SecuredRedis, SecuredRedisBuilder};
 pub use sentinel::RedisSentinel;
 pub use tls::TlsCerts;

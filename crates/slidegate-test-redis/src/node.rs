@@ -152,11 +152,6 @@ impl RedisNode {
         self.port
     }
 
-    /// The process id of the `redis-server` itself.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// Whether the server process is still running.
     pub fn is_running(&mut self) -> bool {
         match &mut self.wrapper {
@@ -330,4 +325,72 @@ pub(crate) fn print_logs<'a>(what: &str, nodes: impl IntoIterator<Item = &'a Red
 /// The logs of `nodes`, one section each, for panic messages.
 pub(crate) fn logs<'a>(nodes: impl IntoIterator<Item = &'a RedisNode>) -> String {
     nodes.into_iter().map(|n| format!("--- log of port {} ---\n{}\n", n.port(), n.log())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+    }
+
+    fn wait_until_gone(pid: u32) {
+        wait_for(
+            "redis-server to die",
+            Duration::from_secs(10),
+            || if alive(pid) { Err(format!("pid {pid} alive")) } else { Ok(()) },
+            String::new,
+        );
+    }
+
+    #[test]
+    fn kill_and_drop_end_the_server() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let mut node = RedisNode::start(&NodeSpec::default(), dir.path());
+        assert!(alive(node.pid));
+        assert_eq!(node.cli(&["PING"]), "PONG");
+        let pid = node.pid;
+        node.kill();
+        assert!(!node.is_running());
+        wait_until_gone(pid);
+        assert!(node.cli(&["PING"]).contains("Could not connect"));
+
+        let node = RedisNode::start(&NodeSpec::default(), dir.path());
+        let pid = node.pid;
+        drop(node);
+        wait_until_gone(pid);
+    }
+
+    #[test]
+    fn a_server_never_dropped_dies_with_the_test_process() {
+        const CHILD: &str = "SLIDEGATE_TEST_REDIS_LEAK_A_NODE";
+        if std::env::var_os(CHILD).is_some() {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let node = RedisNode::start(&NodeSpec::default(), dir.path());
+            println!("pid={}", node.pid);
+            // Like a static: never dropped, so only the lifeline can end it.
+            std::mem::forget(node);
+            std::mem::forget(dir);
+            return;
+        }
+        let exe = std::env::current_exe().expect("the test binary");
+        let out = Command::new(exe)
+            .args([
+                "--exact",
+                "node::tests::a_server_never_dropped_dies_with_the_test_process",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid: u32 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("pid="))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the child printed no pid:\n{text}"));
+        wait_until_gone(pid);
+    }
 }

@@ -1,13 +1,4 @@
-//! A throwaway `redis-server` that guards access: a password for the default
-//! user (`requirepass`), ACL users, TLS, or any mix.
-//!
-//! ```no_run
-//! use slidegate_test_redis::SecuredRedis;
-//! let server = SecuredRedis::builder().password("s3cret").user("limiter", "pw", "~* +@all").tls().start();
-//! let url = server.url(); // "rediss://:s3cret@127.0.0.1:<port>/"
-//! let ca = server.ca_cert(); // what the client must trust
-//! # drop((url, ca));
-//! ```
+//! [`SecuredRedis`]: a throwaway `redis-server` with a password, ACL users or TLS.
 
 use std::path::Path;
 
@@ -84,6 +75,14 @@ impl SecuredRedisBuilder {
 
 /// A `redis-server` with a password, ACL users and/or TLS, killed on drop and
 /// when the test process exits.
+///
+/// ```no_run
+/// use slidegate_test_redis::SecuredRedis;
+/// let server = SecuredRedis::builder().password("s3cret").user("limiter", "pw", "~* +@all").tls().start();
+/// let url = server.url(); // "rediss://:s3cret@127.0.0.1:<port>/"
+/// let ca = server.ca_cert(); // what the client must trust
+/// # drop((url, ca));
+/// ```
 pub struct SecuredRedis {
     node: RedisNode,
     password: Option<String>,

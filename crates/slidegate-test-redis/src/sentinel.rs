@@ -1,15 +1,4 @@
-//! A throwaway Redis Sentinel deployment: a master, one replica and three
-//! sentinels (quorum 2) on loopback ports.
-//!
-//! ```no_run
-//! use slidegate_test_redis::RedisSentinel;
-//! let mut deployment = RedisSentinel::start();
-//! let sentinels = deployment.sentinel_urls(); // ["redis://127.0.0.1:<port>", ...]
-//! let old = deployment.kill_master();
-//! let new = deployment.wait_for_failover();
-//! assert_ne!(old, new);
-//! # drop(sentinels);
-//! ```
+//! [`RedisSentinel`]: a throwaway Redis Sentinel deployment.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -30,6 +19,16 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A master, a replica and three sentinels, killed on drop and when the test
 /// process exits.
+///
+/// ```no_run
+/// use slidegate_test_redis::RedisSentinel;
+/// let mut deployment = RedisSentinel::start();
+/// let sentinels = deployment.sentinel_urls(); // ["redis://127.0.0.1:<port>", ...]
+/// let old = deployment.kill_master();
+/// let new = deployment.wait_for_failover();
+/// assert_ne!(old, new);
+/// # drop(sentinels);
+/// ```
 pub struct RedisSentinel {
     /// The master and the replica, in start order; roles change on failover.
     data: Vec<RedisNode>,
@@ -64,12 +63,13 @@ impl RedisSentinel {
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temp dir for the sentinel deployment: {e}"));
         let reaper = node::remove_at_exit(dir.path());
-        let master = RedisNode::start(&NodeSpec::default(), dir.path());
+        // Replicas sync at once instead of waiting 5 s for more replicas.
+        let data_spec =
+            NodeSpec { args: vec!["--repl-diskless-sync-delay".into(), "0".into()], ..NodeSpec::default() };
+        let master = RedisNode::start(&data_spec, dir.path());
         let master_port = master.port();
-        let replica_spec = NodeSpec {
-            args: vec!["--replicaof".into(), "127.0.0.1".into(), master_port.to_string()],
-            ..NodeSpec::default()
-        };
+        let mut replica_spec = data_spec.clone();
+        replica_spec.args.extend(["--replicaof".into(), "127.0.0.1".into(), master_port.to_string()]);
         let replica = RedisNode::start(&replica_spec, dir.path());
         let mut deployment = RedisSentinel {
             data: vec![master, replica],
@@ -137,7 +137,7 @@ impl RedisSentinel {
             .unwrap_or_else(|| panic!("sentinel does not know master {MASTER_NAME}\n{}", self.logs()))
     }
 
-    /// The ports of the running data nodes (master and replica).
+    /// The ports of the data nodes (master and replica), killed ones included.
     pub fn data_ports(&self) -> Vec<u16> {
         self.data.iter().map(RedisNode::port).collect()
     }

@@ -168,3 +168,13 @@ fn a_tls_server_answers_clients_that_trust_its_ca() {
         .expect("run redis-cli");
     assert_ne!(String::from_utf8_lossy(&plain.stdout).trim(), "PONG");
 }
+
+#[test]
+fn the_shared_sentinel_deployment_names_its_master() {
+    let deployment = RedisSentinel::shared();
+    let master = deployment.master_port();
+    assert!(deployment.data_ports().contains(&master));
+    assert_eq!(deployment.cli(master, &["ROLE"]).lines().next(), Some("master"));
+    let replica = *deployment.data_ports().iter().find(|&&p| p != master).expect("a replica");
+    assert_eq!(deployment.cli(replica, &["ROLE"]).lines().next(), Some("slave"));
+}
