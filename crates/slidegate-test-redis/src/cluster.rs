@@ -58,6 +58,8 @@ struct NodeView {
     port: u16,
     master: bool,
     failed: bool,
+    /// The master's id, for a replica.
+    replica_of: Option<String>,
     /// Owned slot ranges, inclusive; migration markers (`[..]`) left out.
     slots: Vec<(u16, u16)>,
 }
@@ -320,18 +322,24 @@ impl RedisCluster {
         wait_for(what, SETTLE_TIMEOUT, || self.settled(), || self.logs());
     }
 
-    /// `Ok` when every running node reports `cluster_state:ok`, all see the
-    /// same slot map covering every slot with running masters, and every
-    /// running replica's link to its master is up; else why not.
+    /// `Ok` when every running node reports `cluster_state:ok`; all see the
+    /// same slot map, covering every slot with running masters; all see every
+    /// running node healthy and in the role that node gives itself (gossip
+    /// spreads a new replica's role a little later than its link comes up);
+    /// and every running replica's link to its master is up. Else why not.
     fn settled(&self) -> Result<(), String> {
-        let mut first: Option<BTreeMap<(u16, u16), String>> = None;
+        let mut views = Vec::new();
         for node in self.alive() {
             let port = node.process.port();
             let info = self.cli(port, &["CLUSTER", "INFO"]);
             if node::info_field(&info, "cluster_state") != Some("ok") {
                 return Err(format!("port {port}: {info}"));
             }
-            let view = parse_nodes(&self.cli(port, &["CLUSTER", "NODES"]));
+            views.push((node, parse_nodes(&self.cli(port, &["CLUSTER", "NODES"]))));
+        }
+        let mut first: Option<BTreeMap<(u16, u16), String>> = None;
+        for (node, view) in &views {
+            let port = node.process.port();
             let mut map = BTreeMap::new();
             for n in view.iter().filter(|n| n.master) {
                 for &range in &n.slots {
@@ -345,22 +353,26 @@ impl RedisCluster {
             if let Some(dead) = map.values().find(|id| !self.alive().any(|a| &a.id == *id)) {
                 return Err(format!("port {port} still sees slots on killed node {dead}"));
             }
-            for other in self.alive() {
-                if !view.iter().any(|v| v.id == other.id && !v.failed) {
-                    return Err(format!("port {port} does not (yet) see node {} as healthy", other.id));
-                }
-            }
             match &first {
                 None => first = Some(map),
                 Some(seen) if *seen != map => return Err(format!("port {port} disagrees on the slot map")),
                 Some(_) => {}
             }
-            if let Some(me) = view.iter().find(|v| v.id == node.id) {
-                if !me.master {
-                    let info = self.cli(port, &["INFO", "replication"]);
-                    if node::info_field(&info, "master_link_status") != Some("up") {
-                        return Err(format!("replica {port}: link to its master not up"));
-                    }
+            for (other, other_view) in &views {
+                let own = other_view.iter().find(|v| v.id == other.id);
+                let seen = view.iter().find(|v| v.id == other.id);
+                let (Some(own), Some(seen)) = (own, seen) else {
+                    return Err(format!("port {port} does not (yet) know node {}", other.id));
+                };
+                if seen.failed || (seen.master, &seen.replica_of) != (own.master, &own.replica_of) {
+                    return Err(format!("port {port} sees {seen:?}, the node itself says {own:?}"));
+                }
+            }
+            let me = view.iter().find(|v| v.id == node.id);
+            if me.is_some_and(|me| !me.master) {
+                let info = self.cli(port, &["INFO", "replication"]);
+                if node::info_field(&info, "master_link_status") != Some("up") {
+                    return Err(format!("replica {port}: link to its master not up"));
                 }
             }
         }
@@ -433,6 +445,7 @@ fn parse_nodes(text: &str) -> Vec<NodeView> {
                 port,
                 master: flags.contains(&"master"),
                 failed: flags.contains(&"fail") || flags.contains(&"fail?") || flags.contains(&"handshake"),
+                replica_of: (fields[3] != "-").then(|| fields[3].to_owned()),
                 slots,
             })
         })
@@ -498,5 +511,6 @@ mod tests {
         assert_eq!(view[0].slots, vec![(0, 5460)]);
         assert_eq!((view[1].port, view[1].failed, view[1].slots.clone()), (30002, true, vec![(5461, 5461)]));
         assert!(!view[2].master);
+        assert_eq!(view[2].replica_of.as_deref(), Some("a1"));
     }
 }

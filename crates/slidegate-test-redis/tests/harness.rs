@@ -12,7 +12,7 @@ fn the_shared_cluster_serves_keys_in_every_slot_range() {
     let cluster = RedisCluster::shared();
     let masters = cluster.masters();
     assert_eq!(masters.len(), 3, "{cluster:?}");
-    assert_eq!(cluster.replicas().len(), 3, "{cluster:?}");
+    assert_eq!(cluster.replicas().len(), 3, "{cluster:?} {}", cluster.cli(masters[0], &["CLUSTER", "NODES"]));
     assert_eq!(cluster.urls().len(), 3);
     assert!(masters.iter().all(|&p| p != 6379 && p < 55536));
     let owners: std::collections::BTreeSet<u16> =
