@@ -27,16 +27,16 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a started node gets to answer before the start counts as failed.
-pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Fresh ports tried before giving up on starting a node.
-pub(crate) const START_ATTEMPTS: usize = 8;
+const START_ATTEMPTS: usize = 8;
 /// How often conditions are polled while waiting.
-pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(50);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Ports tests must never take, nor use as a cluster bus: the developer's own
 /// Redis (6379), its cluster bus (16379) and Sentinel (26379).
 const RESERVED_PORTS: [u16; 3] = [6379, 16379, 26379];
 /// The cluster bus listens on the data port plus this offset.
-pub(crate) const CLUSTER_BUS_OFFSET: u16 = 10_000;
+const CLUSTER_BUS_OFFSET: u16 = 10_000;
 
 const WRAPPER: &str = r#"exec 3<&0
 redis-server "$@" 3<&- >/dev/null 2>&1 &
