@@ -22,6 +22,17 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+mod cluster;
+mod node;
+mod secured;
+mod sentinel;
+mod tls;
+
+pub use cluster::{slot_of, RedisCluster, SLOT_COUNT};
+pub use secured::{SecuredRedis, SecuredRedisBuilder};
+pub use sentinel::RedisSentinel;
+pub use tls::TlsCerts;
+
 /// How long a started server gets to answer `PING` before the start counts as failed.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Fresh ports tried by [`RedisServer::spawn`] before giving up.
