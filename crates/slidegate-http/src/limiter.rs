@@ -611,6 +611,9 @@ struct Seed {
     reset_at_ms: u64,
 }
 
+/// One shard of the seeds: identity key → one seed per limit of its rule.
+type SeedMap = HashMap<String, Vec<Seed>>;
+
 /// The embedded limiter that decides while the store is unavailable.
 ///
 /// It does not start from zero: each store decision is remembered per
@@ -622,7 +625,7 @@ struct Fallback {
     store: MemoryStore,
     instances: u64,
     hasher: std::hash::RandomState,
-    seeds: Box<[Mutex<HashMap<String, Vec<Seed>>>]>,
+    seeds: Box<[Mutex<SeedMap>]>,
 }
 
 impl std::fmt::Debug for Fallback {
@@ -641,7 +644,7 @@ impl Fallback {
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Seed>>> {
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, SeedMap> {
         let index = (self.hasher.hash_one(key) % SEED_SHARDS as u64) as usize;
         // A panic while holding the lock leaves a map that is still sound.
         self.seeds[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -653,7 +656,8 @@ impl Fallback {
             .iter()
             .map(|d| Seed {
                 remaining: d.remaining / self.instances,
-                reset_at_ms: now_ms.saturating_add(u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)),
+                reset_at_ms: now_ms
+                    .saturating_add(u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)),
             })
             .collect();
         let mut map = self.shard(key);

@@ -60,23 +60,6 @@ fn stall(redis: &RedisServer, millis: u64) -> String {
     redis_command(redis, &format!("EVAL \"{script}\" 0 {}", millis * 1000))
 }
 
-/// The text of `INFO server`.
-fn redis_info(redis: &RedisServer) -> String {
-    let mut stream = TcpStream::connect(redis.addr()).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(b"INFO server\r\n").unwrap();
-    let mut text = Vec::new();
-    let mut chunk = [0u8; 4096];
-    // A bulk reply: read until the process id line has arrived.
-    while !String::from_utf8_lossy(&text).contains("run_id:") {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => text.extend_from_slice(&chunk[..n]),
-        }
-    }
-    String::from_utf8_lossy(&text).into_owned()
-}
-
 /// A stall of 80 ms (a script spinning for 80 ms) amid 600 decisions a second times out
 /// the calls that waited past the 50 ms deadline, and no more: the breaker
 /// judges the failure rate over a second, which one stall does not make half.
