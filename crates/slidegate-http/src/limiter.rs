@@ -709,7 +709,7 @@ impl Fallback {
             for ((seed, (_, cost)), d) in seeds.iter_mut().zip(charges).zip(&mut decisions) {
                 if live(seed) {
                     if admitted {
-                        seed.remaining -= cost;
+                        seed.remaining = seed.remaining.saturating_sub(*cost);
                     }
                     d.remaining = d.remaining.min(seed.remaining);
                 }
