@@ -106,7 +106,7 @@ async fn one_80ms_stall_at_600_decisions_a_second_costs_only_its_own_timeouts() 
     assert_eq!(failed, timeouts, "every failed decision is a call that waited out the deadline");
     // What is left is the stall itself: the calls sent in its first 30 ms wait
     // past the 50 ms deadline, 600/s × 30 ms = 18. Scheduling on a loaded
-    // machine stretches that (17 to 31 measured); 329 failed before.
+    // machine stretches that (12 to 31 measured, mostly 18); 329 failed before.
     assert!(failed < 40, "{failed} failed decisions for one 80 ms stall");
 }
 
