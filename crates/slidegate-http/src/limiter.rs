@@ -1,15 +1,17 @@
 //! The rate limiter of an HTTP service: rules, identities, a store behind a
 //! deadline and a circuit breaker, and the counters of what it decided.
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
 use slidegate::{check_charge, Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
 
-use crate::breaker::Breaker;
+use crate::breaker::{Admit, Breaker, BreakerPolicy};
 use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
@@ -135,6 +137,29 @@ pub struct StoreGuard {
     pub probe_interval: Delay,
     /// Whether an embedded fallback limiter decides while the store is unavailable.
     pub fallback: bool,
+    /// The sliding window over which the breaker measures the failure rate.
+    pub breaker_window: Delay,
+    /// Calls the window must hold before its failure rate opens the breaker;
+    /// below it, `breaker_failures` consecutive failures do.
+    pub breaker_min_calls: u32,
+    /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
+    pub breaker_failure_rate: u8,
+    /// While the breaker is open, one decision per this interval tries the store.
+    pub breaker_trial_interval: Delay,
+    /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
+    pub instances: u32,
+}
+
+impl StoreGuard {
+    fn breaker_policy(&self) -> BreakerPolicy {
+        BreakerPolicy {
+            failures: self.breaker_failures,
+            window: self.breaker_window.get(),
+            min_calls: self.breaker_min_calls,
+            failure_rate: self.breaker_failure_rate,
+            trial_interval: self.breaker_trial_interval.get(),
+        }
+    }
 }
 
 impl Default for StoreGuard {
@@ -144,6 +169,17 @@ impl Default for StoreGuard {
             breaker_failures: 3,
             probe_interval: Delay::from_millis(500),
             fallback: false,
+            // At 600 decisions a second, a 1 s window holds 600 calls: a stall
+            // that times out a few dozen is far below half. 20 calls is the
+            // least for a rate to mean something; below it (a few requests a
+            // second) consecutive failures decide, as they always did.
+            breaker_window: Delay::from_secs(1),
+            breaker_min_calls: 20,
+            breaker_failure_rate: 50,
+            // One decision in 20 ms may pay the deadline to learn the store is
+            // back: recovery within ~20 ms instead of a probe interval.
+            breaker_trial_interval: Delay::from_millis(20),
+            instances: 1,
         }
     }
 }
@@ -155,8 +191,10 @@ struct Inner<S> {
     store: S,
     guard: StoreGuard,
     breaker: Breaker,
-    fallback: Option<MemoryStore>,
+    fallback: Option<Fallback>,
     metrics: Metrics,
+    /// The epoch of the breaker's and the seeds' millisecond times.
+    epoch: tokio::time::Instant,
     legacy_headers: bool,
 }
 
@@ -309,8 +347,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
-        let breaker = Breaker::new(guard.breaker_failures);
-        let fallback = guard.fallback.then(MemoryStore::new);
+        let breaker = Breaker::new(guard.breaker_policy());
+        let fallback = guard.fallback.then(|| Fallback::new(guard.instances));
         Self {
             inner: Arc::new(Inner {
                 rules,
@@ -321,6 +359,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 breaker,
                 fallback,
                 metrics,
+                epoch: tokio::time::Instant::now(),
                 legacy_headers,
             }),
         }
@@ -409,7 +448,12 @@ impl<S: Store + 'static> RateLimiter<S> {
             &scaled
         };
         let (decisions, source) = match self.call_store(key, charges).await {
-            Ok(decisions) => (decisions, DecisionSource::Store),
+            Ok(decisions) => {
+                if let Some(fallback) = &self.inner.fallback {
+                    fallback.remember(key, &decisions, self.now_ms());
+                }
+                (decisions, DecisionSource::Store)
+            }
             Err(failure) => match (&self.inner.fallback, failure) {
                 // A request no store could allow (cost above a limit) is denied
                 // by the embedded limiter's arithmetic, which says so.
@@ -417,13 +461,10 @@ impl<S: Store + 'static> RateLimiter<S> {
                     tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
                     (invalid_denial(charges), DecisionSource::Store)
                 }
-                (Some(fallback), Failure::Unavailable) => match fallback.decide_all_sync(key, charges) {
-                    Ok(decisions) => {
-                        counters.fallback.fetch_add(1, Relaxed);
-                        (decisions, DecisionSource::Fallback)
-                    }
-                    Err(_) => (Vec::new(), self.fail(rule, counters)),
-                },
+                (Some(fallback), Failure::Unavailable) => {
+                    counters.fallback.fetch_add(1, Relaxed);
+                    (fallback.decide(key, charges, self.now_ms()), DecisionSource::Fallback)
+                }
                 (None, Failure::Unavailable) => (Vec::new(), self.fail(rule, counters)),
             },
         };
@@ -460,12 +501,23 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
     }
 
+    /// Milliseconds since the limiter was built, on tokio's clock (which tests pause).
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// One store call under the deadline and the breaker.
     async fn call_store(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, Failure> {
         let inner = &*self.inner;
-        if inner.breaker.is_open() {
-            inner.metrics.store().skipped.fetch_add(1, Relaxed);
-            return Err(Failure::Unavailable);
+        match inner.breaker.admit(self.now_ms()) {
+            Admit::Skip => {
+                inner.metrics.store().skipped.fetch_add(1, Relaxed);
+                return Err(Failure::Unavailable);
+            }
+            Admit::Trial => {
+                inner.metrics.store().trials.fetch_add(1, Relaxed);
+            }
+            Admit::Call => {}
         }
         inner.metrics.store().calls.fetch_add(1, Relaxed);
         let start = Instant::now();
@@ -474,7 +526,9 @@ impl<S: Store + 'static> RateLimiter<S> {
         match result {
             Ok(Ok(decisions)) => {
                 inner.metrics.store().observe_latency(start.elapsed());
-                inner.breaker.record_success();
+                if inner.breaker.record_success(self.now_ms()) {
+                    tracing::info!("rate limit store answers again: circuit breaker closed");
+                }
                 Ok(decisions)
             }
             Ok(Err(err)) if !err.is_unavailable() => Err(Failure::Invalid(err)),
@@ -494,10 +548,11 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     fn store_failed(&self) {
-        if self.inner.breaker.record_failure() {
+        if self.inner.breaker.record_failure(self.now_ms()) {
             self.inner.metrics.store().breaker_opened.fetch_add(1, Relaxed);
             tracing::error!(
                 probe_interval_ms = self.inner.guard.probe_interval.as_millis(),
+                trial_interval_ms = self.inner.guard.breaker_trial_interval.as_millis(),
                 "rate limit store unavailable: circuit breaker open, probing in the background"
             );
             let inner = Arc::clone(&self.inner);
@@ -506,30 +561,185 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 }
 
-/// Probes the store until it answers, then closes the breaker.
+/// The identity the probe charges: no rule's key looks like it.
+const PROBE_KEY: &str = "slidegate-probe";
+
+/// Probes the store until it answers (or a trial closed the breaker first),
+/// then closes the breaker.
 async fn probe<S: Store>(inner: Arc<Inner<S>>) {
-    // Cost 0 asks without charging: a read that proves the store decides again.
+    // The probe does what decisions do: it writes. A read (cost 0) succeeds on
+    // a Redis that refuses every write (out of memory), and closing on it only
+    // re-opened the breaker at the next decision. Cost 1 of a billion per second is
+    // always allowed, so always written; the 1 s window lets the key expire
+    // by itself.
     let probe = [(
         Limit::new(
             Algorithm::FixedWindow,
-            Quota::new(1, Duration::from_secs(1)).expect("1 per second is valid"),
+            Quota::new(1_000_000_000, Duration::from_secs(1)).expect("10^9 per second is a valid quota"),
         ),
-        0,
+        1,
     )];
     loop {
         tokio::time::sleep(inner.guard.probe_interval.get()).await;
+        if !inner.breaker.is_open() {
+            return;
+        }
         inner.metrics.store().probes.fetch_add(1, Relaxed);
-        let answer = tokio::time::timeout(
-            inner.guard.timeout.get(),
-            inner.store.decide_all("slidegate-probe", &probe),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(inner.guard.timeout.get(), inner.store.decide_all(PROBE_KEY, &probe)).await;
         if matches!(answer, Ok(Ok(_))) {
-            inner.breaker.close();
-            tracing::info!("rate limit store answers again: circuit breaker closed");
+            if inner.breaker.close() {
+                tracing::info!("rate limit store answers again: circuit breaker closed");
+            }
             return;
         }
     }
+}
+
+/// Shards of the seed map: requests of different identities rarely share a lock.
+const SEED_SHARDS: usize = 16;
+/// Identities whose last store decision the fallback remembers, at most:
+/// about 100 bytes each, a few MB in all.
+pub const SEED_CAPACITY: usize = 1 << 16;
+
+/// What the store last said of one limit of an identity.
+#[derive(Debug, Clone, Copy)]
+struct Seed {
+    /// Permits this instance may still admit before `reset_at_ms`.
+    remaining: u64,
+    /// When the store's window is back to the full quota (limiter ms).
+    reset_at_ms: u64,
+}
+
+/// One shard of the seeds: identity key → one seed per limit of its rule.
+type SeedMap = HashMap<String, Vec<Seed>>;
+
+/// The embedded limiter that decides while the store is unavailable.
+///
+/// It does not start from zero: each store decision is remembered per
+/// identity (a bounded map, arbitrary eviction when full), and while the
+/// store fails an identity gets at most what the store last said was left
+/// (divided among the instances) until the store's reset time; after it, or
+/// without a memory of the identity, the rules' limits divided by `instances`.
+struct Fallback {
+    store: MemoryStore,
+    instances: u64,
+    hasher: std::hash::RandomState,
+    seeds: Box<[Mutex<SeedMap>]>,
+}
+
+impl std::fmt::Debug for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fallback").field("instances", &self.instances).finish_non_exhaustive()
+    }
+}
+
+impl Fallback {
+    fn new(instances: u32) -> Self {
+        Self {
+            store: MemoryStore::new(),
+            instances: u64::from(instances.max(1)),
+            hasher: std::hash::RandomState::new(),
+            seeds: (0..SEED_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, SeedMap> {
+        let index = (self.hasher.hash_one(key) % SEED_SHARDS as u64) as usize;
+        // A panic while holding the lock leaves a map that is still sound.
+        self.seeds[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remembers what the store decided for `key` at `now_ms`.
+    fn remember(&self, key: &str, decisions: &[Decision], now_ms: u64) {
+        let seeds: Vec<Seed> = decisions
+            .iter()
+            .map(|d| Seed {
+                remaining: d.remaining / self.instances,
+                reset_at_ms: now_ms
+                    .saturating_add(u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)),
+            })
+            .collect();
+        let mut map = self.shard(key);
+        if let Some(slot) = map.get_mut(key) {
+            *slot = seeds;
+            return;
+        }
+        if map.len() >= SEED_CAPACITY / SEED_SHARDS {
+            // Full: forget an arbitrary identity (the hash order), in O(1).
+            if let Some(old) = map.keys().next().cloned() {
+                map.remove(&old);
+            }
+        }
+        map.insert(key.to_owned(), seeds);
+    }
+
+    /// Decides `charges` for `key` at `now_ms` without the store.
+    fn decide(&self, key: &str, charges: &[(Limit, u64)], now_ms: u64) -> Vec<Decision> {
+        let mut map = self.shard(key);
+        let seeds = map.get_mut(key).filter(|s| s.len() == charges.len());
+        let live = |seed: &Seed| seed.reset_at_ms > now_ms;
+        if let Some(seeds) = seeds.as_deref() {
+            if seeds.iter().zip(charges).any(|(s, (_, cost))| live(s) && s.remaining < *cost) {
+                return charges
+                    .iter()
+                    .zip(seeds)
+                    .map(|((limit, cost), s)| {
+                        let wait = Duration::from_millis(s.reset_at_ms.saturating_sub(now_ms));
+                        let short = live(s) && s.remaining < *cost;
+                        Decision {
+                            allowed: !short,
+                            limit: limit.quota.permits(),
+                            remaining: if live(s) { s.remaining } else { 0 },
+                            reset_after: wait,
+                            retry_after: short.then_some(wait),
+                        }
+                    })
+                    .collect();
+            }
+        }
+        let shared: Vec<(Limit, u64)> = charges.iter().map(|(l, c)| (self.share(l), *c)).collect();
+        let mut decisions = match self.store.decide_all_sync(key, &shared) {
+            Ok(decisions) => decisions,
+            // A cost above this instance's share: no such request passes here.
+            Err(_) => return denials(&shared),
+        };
+        if let Some(seeds) = map.get_mut(key).filter(|s| s.len() == charges.len()) {
+            let admitted = decisions.iter().all(|d| d.allowed);
+            for ((seed, (_, cost)), d) in seeds.iter_mut().zip(charges).zip(&mut decisions) {
+                if live(seed) {
+                    if admitted {
+                        seed.remaining = seed.remaining.saturating_sub(*cost);
+                    }
+                    d.remaining = d.remaining.min(seed.remaining);
+                }
+            }
+        }
+        decisions
+    }
+
+    /// `limit` with this instance's share of the quota (at least 1 permit).
+    fn share(&self, limit: &Limit) -> Limit {
+        let permits = (limit.quota.permits() / self.instances).max(1);
+        match Quota::new(permits, limit.quota.window()) {
+            Ok(quota) => Limit::new(limit.algorithm, quota),
+            Err(_) => *limit,
+        }
+    }
+}
+
+/// Denials of a request the fallback cannot decide (its cost exceeds a share).
+fn denials(charges: &[(Limit, u64)]) -> Vec<Decision> {
+    charges
+        .iter()
+        .map(|(limit, _)| Decision {
+            allowed: false,
+            limit: limit.quota.permits(),
+            remaining: 0,
+            reset_after: limit.quota.window(),
+            retry_after: Some(limit.quota.window()),
+        })
+        .collect()
 }
 
 enum Failure {

@@ -54,6 +54,8 @@ pub struct StoreCounters {
     pub probes: AtomicU64,
     /// Times the breaker opened.
     pub breaker_opened: AtomicU64,
+    /// Decisions that tried the store while the breaker was open (half-open trials).
+    pub trials: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -157,7 +159,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
         }
-        let global: [(&str, &str, StoreCounterOf); 6] = [
+        let global: [(&str, &str, StoreCounterOf); 7] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
             ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
@@ -170,6 +172,11 @@ impl Metrics {
                 &c.probes
             }),
             ("slidegate_breaker_opened_total", "Times the circuit breaker opened.", |c| &c.breaker_opened),
+            (
+                "slidegate_breaker_trials_total",
+                "Decisions that tried the store while the circuit breaker was open.",
+                |c| &c.trials,
+            ),
         ];
         for (name, help, field) in global {
             let value = self.sum(|s| field(&s.store));

@@ -233,3 +233,67 @@ fn the_service_hands_out_its_inner_service() {
     assert_eq!(service.get_ref(), &[1, 2]);
     assert_eq!(service.into_inner(), [1, 2]);
 }
+
+/// The fallback limiter does not start from zero: an identity that used its
+/// whole quota on the store gets nothing more from the fallback until the
+/// store's reset time, then the normal quota again.
+#[tokio::test(start_paused = true)]
+async fn the_fallback_starts_from_what_the_store_last_said_was_left() {
+    let store = Arc::new(Switchable::default());
+    let limiter = limiter(&store, "fallback = true");
+    assert_eq!(search(&limiter).await.source, DecisionSource::Store);
+    assert_eq!(search(&limiter).await.source, DecisionSource::Store);
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..5 {
+        let verdict = search(&limiter).await;
+        assert_eq!((verdict.source, verdict.blocks()), (DecisionSource::Fallback, true));
+        // The wait is the store's: until its window is back to the full quota.
+        let retry = verdict.decisive().unwrap().decision.retry_after.unwrap();
+        assert!(retry > Duration::from_secs(59) && retry <= Duration::from_secs(60), "{retry:?}");
+    }
+    // Past the store's reset, the fallback applies the rule's quota itself.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let verdicts = [search(&limiter).await, search(&limiter).await, search(&limiter).await];
+    assert!(verdicts.iter().all(|v| v.source == DecisionSource::Fallback));
+    assert_eq!(verdicts.iter().map(|v| v.blocks()).collect::<Vec<_>>(), [false, false, true]);
+}
+
+/// With `instances = 2` each instance's fallback enforces half the limit, so
+/// two instances together admit the limit, not twice it; and what the store
+/// said was left is halved too.
+#[tokio::test(start_paused = true)]
+async fn the_fallback_shares_the_quota_among_instances() {
+    let store = Arc::new(Switchable::default());
+    let unseeded = limiter(&store, "fallback = true\ninstances = 2");
+    store.down.store(true, Ordering::SeqCst);
+    let verdicts = [search(&unseeded).await, search(&unseeded).await];
+    assert!(verdicts.iter().all(|v| v.source == DecisionSource::Fallback));
+    assert_eq!(verdicts.iter().map(|v| v.blocks()).collect::<Vec<_>>(), [false, true]);
+    // Another identity used 1 of 2 on the store: 1 left, half of it (0) here.
+    let store = Arc::new(Switchable::default());
+    let seeded = limiter(&store, "fallback = true\ninstances = 2");
+    assert_eq!(search(&seeded).await.source, DecisionSource::Store);
+    store.down.store(true, Ordering::SeqCst);
+    let verdict = search(&seeded).await;
+    assert_eq!((verdict.source, verdict.blocks()), (DecisionSource::Fallback, true));
+}
+
+/// One slow call amid busy traffic does not open the breaker; when it is open,
+/// one decision per trial interval tries the store and the first success
+/// closes it, without waiting for the background probe.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_closes_on_the_first_successful_trial() {
+    let store = Arc::new(Switchable::default());
+    let limiter = limiter(&store, "breaker_trial_interval_ms = 20");
+    store.down.store(true, Ordering::SeqCst);
+    search(&limiter).await;
+    search(&limiter).await;
+    assert!(limiter.breaker_open());
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(search(&limiter).await.source, DecisionSource::FailOpen);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The probe is 1 s away; the trial is due now.
+    assert_eq!(search(&limiter).await.source, DecisionSource::Store);
+    assert!(!limiter.breaker_open());
+    assert!(limiter.render_metrics().contains("slidegate_breaker_trials_total 1\n"));
+}

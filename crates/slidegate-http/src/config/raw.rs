@@ -52,6 +52,11 @@ pub(super) struct RawStore {
     /// `insurance` is the key's former name, still read.
     #[serde(alias = "insurance")]
     pub(super) fallback: Option<bool>,
+    pub(super) breaker_window_ms: Option<Millis>,
+    pub(super) breaker_min_calls: Option<Spanned<u32>>,
+    pub(super) breaker_failure_rate: Option<Spanned<u8>>,
+    pub(super) breaker_trial_interval_ms: Option<Millis>,
+    pub(super) instances: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -94,6 +94,16 @@ pub struct StoreConfig {
     /// Whether an embedded fallback limiter applies the rules while the store
     /// is unavailable (TOML key `fallback`, formerly `insurance`).
     pub fallback: bool,
+    /// The window over which the breaker measures the failure rate (`breaker_window_ms`).
+    pub breaker_window: Delay,
+    /// Calls the window must hold before its failure rate counts (`breaker_min_calls`).
+    pub breaker_min_calls: u32,
+    /// Percentage of failed calls that opens the breaker (`breaker_failure_rate`).
+    pub breaker_failure_rate: u8,
+    /// While open, one decision per interval tries the store (`breaker_trial_interval_ms`).
+    pub breaker_trial_interval: Delay,
+    /// Instances sharing the store; the fallback enforces `limit / instances` (`instances`).
+    pub instances: u32,
 }
 
 impl StoreConfig {
@@ -104,6 +114,11 @@ impl StoreConfig {
             breaker_failures: self.breaker_failures,
             probe_interval: self.probe_interval,
             fallback: self.fallback,
+            breaker_window: self.breaker_window,
+            breaker_min_calls: self.breaker_min_calls,
+            breaker_failure_rate: self.breaker_failure_rate,
+            breaker_trial_interval: self.breaker_trial_interval,
+            instances: self.instances,
         }
     }
 }
@@ -119,6 +134,11 @@ impl Default for StoreConfig {
             breaker_failures: guard.breaker_failures,
             probe_interval: guard.probe_interval,
             fallback: guard.fallback,
+            breaker_window: guard.breaker_window,
+            breaker_min_calls: guard.breaker_min_calls,
+            breaker_failure_rate: guard.breaker_failure_rate,
+            breaker_trial_interval: guard.breaker_trial_interval,
+            instances: guard.instances,
         }
     }
 }

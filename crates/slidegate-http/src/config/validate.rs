@@ -230,6 +230,42 @@ impl Validator<'_> {
             Some(p) => p.delay,
             None => default.probe_interval,
         };
+        let breaker_window = match raw.breaker_window_ms {
+            Some(w) if w.delay.get() < std::time::Duration::from_millis(10) => {
+                return Err(self.err(w.span, "breaker_window_ms must be at least 10"))
+            }
+            Some(w) => w.delay,
+            None => default.breaker_window,
+        };
+        let breaker_min_calls = match raw.breaker_min_calls {
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(self.err(m.span(), "breaker_min_calls must be at least 1"))
+            }
+            Some(m) => *m.get_ref(),
+            None => default.breaker_min_calls,
+        };
+        let breaker_failure_rate = match raw.breaker_failure_rate {
+            Some(r) if !(1..=100).contains(r.get_ref()) => {
+                return Err(self.err(
+                    r.span(),
+                    format!("breaker_failure_rate is a percentage from 1 to 100, got {}", r.get_ref()),
+                ))
+            }
+            Some(r) => *r.get_ref(),
+            None => default.breaker_failure_rate,
+        };
+        let breaker_trial_interval = match raw.breaker_trial_interval_ms {
+            Some(t) if t.delay.get().is_zero() => {
+                return Err(self.err(t.span, "breaker_trial_interval_ms must be at least 1"))
+            }
+            Some(t) => t.delay,
+            None => default.breaker_trial_interval,
+        };
+        let instances = match raw.instances {
+            Some(n) if *n.get_ref() == 0 => return Err(self.err(n.span(), "instances must be at least 1")),
+            Some(n) => *n.get_ref(),
+            None => default.instances,
+        };
         Ok(StoreConfig {
             url: raw.url.map(Spanned::into_inner),
             prefix: raw.prefix,
@@ -238,6 +274,11 @@ impl Validator<'_> {
             breaker_failures,
             probe_interval,
             fallback: raw.fallback.unwrap_or(default.fallback),
+            breaker_window,
+            breaker_min_calls,
+            breaker_failure_rate,
+            breaker_trial_interval,
+            instances,
         })
     }
 
