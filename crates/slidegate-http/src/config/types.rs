@@ -59,8 +59,9 @@ pub struct ServerConfig {
     /// How long a request body may stay silent before the request is
     /// abandoned with 408 and its upstream connection released.
     pub body_timeout: Delay,
-    /// Upstream requests in flight at once, over all worker threads; one
-    /// more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`] for a slot, then gets 503.
+    /// Open upstream connections (busy or idle), over all worker threads; a
+    /// request needing one more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`]
+    /// for one to close, then gets 503.
     pub max_upstream_connections: usize,
 }
 

@@ -75,7 +75,7 @@ impl Server {
             admin_prefix: config.server.admin_prefix.clone(),
             admin_on_public: config.server.admin_on_public,
             check_token: config.server.check_token.clone(),
-            limits: UpstreamLimits::new(&config.server),
+            limits: UpstreamLimits::new(&config.server, threads),
             grace: config.server.shutdown_grace,
         })
     }

@@ -6,11 +6,12 @@
 //! pool when its response body ends; a body dropped half-read takes its
 //! connection with it (HTTP/1.1 cannot reuse it).
 //!
-//! Requests in flight to the upstream are bounded over all threads by one
-//! semaphore (`[server] max_upstream_connections`): a request finding every
-//! slot taken waits briefly, then is answered 503. Each request body is
-//! wrapped in a [`RequestBody`], whose idle timeout frees the slot and the
-//! connection of a client that stops sending.
+//! Open upstream connections, idle or busy, are bounded over all threads by
+//! one semaphore (`[server] max_upstream_connections`): each connection holds
+//! a permit until its socket closes, and a request that needs a new
+//! connection when none is left waits briefly, then is answered 503. Each
+//! request body is wrapped in a [`RequestBody`], whose idle timeout closes
+//! the connection (and frees its permit) of a client that stops sending.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,7 +23,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::body::{ClientFault, FaultCell, RequestBody};
 use super::{boxed, ServeBody};
@@ -31,7 +32,7 @@ use crate::headers;
 /// How long a new upstream connection may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Idle connections kept per worker thread.
+/// Idle connections kept per worker thread, at most.
 const MAX_IDLE: usize = 256;
 
 /// Why the upstream could not answer.
@@ -84,22 +85,27 @@ impl UpstreamError {
 pub(crate) struct UpstreamLimits {
     /// How long a request body may stay silent.
     pub(crate) body_timeout: std::time::Duration,
-    /// One permit per request in flight to the upstream.
+    /// One permit per open upstream connection.
     pub(crate) slots: Arc<Semaphore>,
     /// The number of permits `slots` started with.
     pub(crate) max: usize,
+    /// Idle connections one worker thread keeps: few enough that the idle
+    /// connections of all threads hold at most half the permits, so one
+    /// thread's idle pool cannot starve another thread of connections.
+    pub(crate) max_idle: usize,
     /// How long a request waits for a permit.
     pub(crate) queue_wait: std::time::Duration,
 }
 
 impl UpstreamLimits {
     /// The limits of `[server]`.
-    pub(crate) fn new(server: &crate::config::ServerConfig) -> Self {
+    pub(crate) fn new(server: &crate::config::ServerConfig, threads: usize) -> Self {
         let max = server.max_upstream_connections.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             body_timeout: server.body_timeout.get(),
             slots: Arc::new(Semaphore::new(max)),
             max,
+            max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
             queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
         }
     }
@@ -126,21 +132,13 @@ impl Upstream {
         &self.authority
     }
 
-    /// Sends `request` (origin-form URI) on a pooled or new connection, once
-    /// an upstream slot is free.
+    /// Sends `request` (origin-form URI) on a pooled or new connection.
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        let slots = Arc::clone(&self.limits.slots);
-        let permit = match tokio::time::timeout(self.limits.queue_wait, slots.acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            // Timed out, or the semaphore closed (it never is).
-            _ => return Err(UpstreamError::Busy(self.limits.max)),
-        };
         let fault = Arc::new(FaultCell::default());
-        let request =
-            request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
+        let request = request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
         let mut sender = self.checkout().await?;
         let response = match sender.send_request(request).await {
             Ok(response) => response,
@@ -148,9 +146,11 @@ impl Upstream {
             Err(err) => return Err(fault.get().map_or(UpstreamError::Http(err), UpstreamError::Client)),
         };
         let pool = Arc::clone(self);
-        Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool, permit: Some(permit) }))
+        Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool }))
     }
 
+    /// A pooled connection, or a new one once a slot is free: each open
+    /// connection holds one of `max_upstream_connections` slots until it closes.
     async fn checkout(&self) -> Result<SendRequest<RequestBody>, UpstreamError> {
         loop {
             let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
@@ -160,6 +160,12 @@ impl Upstream {
                 return Ok(sender);
             }
         }
+        let slots = Arc::clone(&self.limits.slots);
+        let permit = match tokio::time::timeout(self.limits.queue_wait, slots.acquire_owned()).await {
+            Ok(Ok(permit)) => permit,
+            // Timed out, or the semaphore closed (it never is).
+            _ => return Err(UpstreamError::Busy(self.limits.max)),
+        };
         let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream")
@@ -170,6 +176,8 @@ impl Upstream {
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "upstream connection ended with an error");
             }
+            // The socket is closed by now: its slot is free.
+            drop(permit);
         });
         Ok(sender)
     }
@@ -179,20 +187,17 @@ impl Upstream {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        // Idle connections count against no slot: keep no more than could be busy.
-        if idle.len() < MAX_IDLE.min(self.limits.max) {
+        if idle.len() < self.limits.max_idle {
             idle.push(sender);
         }
     }
 }
 
-/// A response body from the upstream that returns its connection to the
-/// pool, and its slot, at its end.
+/// A response body from the upstream that returns its connection to the pool at its end.
 pub(crate) struct PooledBody {
     body: Incoming,
     sender: Option<SendRequest<RequestBody>>,
     pool: Arc<Upstream>,
-    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl PooledBody {
@@ -200,7 +205,6 @@ impl PooledBody {
         if let Some(sender) = self.sender.take() {
             self.pool.release(sender);
         }
-        self.permit = None;
     }
 }
 
@@ -217,10 +221,7 @@ impl Body for PooledBody {
         match &frame {
             Poll::Ready(None) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.finish(),
-            Poll::Ready(Some(Err(_))) => {
-                drop(this.sender.take());
-                this.permit = None;
-            }
+            Poll::Ready(Some(Err(_))) => drop(this.sender.take()),
             _ => {}
         }
         frame
