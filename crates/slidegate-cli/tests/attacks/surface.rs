@@ -42,7 +42,12 @@ fn raw(addr: SocketAddr, raw: &[u8]) -> Option<Reply> {
     let len: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
     let mut body = vec![0; len];
     reader.read_exact(&mut body).ok()?;
-    Some(Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned(), elapsed: start.elapsed() })
+    Some(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        elapsed: start.elapsed(),
+    })
 }
 
 // ---------------------------------------------------------------- the decision API
@@ -65,11 +70,15 @@ fn by_default_the_admin_endpoints_are_not_on_the_public_listener() {
 fn the_check_api_requires_its_bearer_token_when_one_is_configured() {
     let upstream = Upstream::start();
     // The harness sets SECRET_ENV in serve's environment; it serves as the token here.
-    let text = config(&upstream, "", "")
-        .replace("admin_on_public = true\n", &format!("admin_on_public = true\ncheck_token_env = \"{SECRET_ENV}\"\n"));
+    let text = config(&upstream, "", "").replace(
+        "admin_on_public = true\n",
+        &format!("admin_on_public = true\ncheck_token_env = \"{SECRET_ENV}\"\n"),
+    );
     let sg = Slidegate::start(&text);
     let body = r#"{"rule":"search","key":"k"}"#;
-    for headers in [&[][..], &[("authorization", "Bearer wrong")][..], &[("authorization", "end-to-end-secret")][..]] {
+    for headers in
+        [&[][..], &[("authorization", "Bearer wrong")][..], &[("authorization", "end-to-end-secret")][..]]
+    {
         let reply = check(sg.addr, body, headers);
         assert_eq!(reply.status, 401, "{headers:?}: {reply:?}");
         assert_eq!(reply.header("content-type"), Some("application/problem+json"));
@@ -161,11 +170,14 @@ fn an_absolute_form_target_names_the_host_whatever_host_says() {
     let host_echo = host_echo_upstream();
     let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
     let sg = Slidegate::start(&text);
-    let reply =
-        raw(sg.addr, b"GET http://example.test/api/x HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n")
-            .unwrap();
+    let reply = raw(
+        sg.addr,
+        b"GET http://example.test/api/x HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
     assert_eq!((reply.status, reply.body.as_str()), (200, "example.test"));
-    let reply = raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n").unwrap();
+    let reply =
+        raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n").unwrap();
     assert_eq!((reply.status, reply.body.as_str()), (200, "plain.test"));
 }
 
@@ -176,7 +188,8 @@ fn two_host_headers_connect_and_a_malformed_chunked_body_are_the_clients_errors(
     let two_hosts = raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n").unwrap();
     assert_eq!(two_hosts.status, 400, "{two_hosts:?}");
     assert!(detail(&two_hosts).contains("more than one Host header"));
-    let connect = raw(sg.addr, b"CONNECT example.test:443 HTTP/1.1\r\nHost: example.test:443\r\n\r\n").unwrap();
+    let connect =
+        raw(sg.addr, b"CONNECT example.test:443 HTTP/1.1\r\nHost: example.test:443\r\n\r\n").unwrap();
     assert_eq!(connect.status, 405, "{connect:?}");
     assert!(connect.header("allow").is_some_and(|a| !a.contains("CONNECT")));
     assert_eq!(upstream.hits(), 0);
@@ -213,7 +226,8 @@ impl SinkUpstream {
         thread::spawn(move || {
             for stream in listener.incoming().take(256) {
                 let Ok(mut stream) = stream else { continue };
-                let (open, peak, total) = (Arc::clone(&counters.0), Arc::clone(&counters.1), Arc::clone(&counters.2));
+                let (open, peak, total) =
+                    (Arc::clone(&counters.0), Arc::clone(&counters.1), Arc::clone(&counters.2));
                 let now = open.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
                 total.fetch_add(1, Ordering::SeqCst);

@@ -138,7 +138,8 @@ impl Upstream {
         request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         let fault = Arc::new(FaultCell::default());
-        let request = request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
+        let request =
+            request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
         let mut sender = self.checkout().await?;
         let response = match sender.send_request(request).await {
             Ok(response) => response,
