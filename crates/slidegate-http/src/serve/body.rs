@@ -66,6 +66,9 @@ pin_project_lite::pin_project! {
         idle: std::time::Duration,
         #[pin]
         deadline: tokio::time::Sleep,
+        // The clock starts when the upstream first asks for the body, not
+        // while the request waits for a connection.
+        started: bool,
         fault: std::sync::Arc<FaultCell>,
     }
 }
@@ -77,7 +80,7 @@ impl RequestBody {
         idle: std::time::Duration,
         fault: std::sync::Arc<FaultCell>,
     ) -> Self {
-        Self { inner, idle, deadline: tokio::time::sleep(idle), fault }
+        Self { inner, idle, deadline: tokio::time::sleep(idle), started: false, fault }
     }
 }
 
@@ -92,6 +95,10 @@ impl hyper::body::Body for RequestBody {
         use std::future::Future;
         use std::task::Poll;
         let mut this = self.project();
+        if !*this.started {
+            *this.started = true;
+            this.deadline.as_mut().reset(tokio::time::Instant::now() + *this.idle);
+        }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.deadline.as_mut().reset(tokio::time::Instant::now() + *this.idle);
