@@ -63,6 +63,10 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         if let Some(admin) = server.admin_addr() {
             // Announced first: whoever waits for "listening on" knows both.
             eprintln!("slidegate: admin endpoints on {admin}");
+        } else if !config.server.admin_on_public {
+            eprintln!(
+                "slidegate: admin endpoints off: set [server] admin_listen or admin_on_public to serve them"
+            );
         }
         eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
         server.run(shutdown).await;
@@ -83,6 +87,15 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         config.server.upstream.as_ref().map_or("(none)".into(), |u| u.to_string())
     );
     outln!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
+    let prefix = &config.server.admin_prefix;
+    match (config.server.admin_listen, config.server.admin_on_public) {
+        (Some(addr), _) => outln!("  admin endpoints on {addr}"),
+        (None, true) => outln!("  admin endpoints on the public listener under {prefix}/ (admin_on_public)"),
+        (None, false) => outln!("  admin endpoints off (set admin_listen or admin_on_public)"),
+    }
+    if config.server.check_token.is_some() {
+        outln!("  /v1/check requires a bearer token");
+    }
     for rule in &config.rules {
         let methods = if rule.methods.is_empty() {
             "*".to_owned()

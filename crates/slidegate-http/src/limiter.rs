@@ -119,6 +119,8 @@ struct Rule {
     sets: RuleSets,
     on_error: OnError,
     shadow: bool,
+    /// The largest cost one `/v1/check` call may charge.
+    max_cost: u64,
 }
 
 /// How the limiter guards itself against its store: a deadline on each call,
@@ -261,6 +263,14 @@ pub enum CheckError {
         /// What the store would say.
         source: StoreError,
     },
+    /// The cost is above the rule's `max_cost`: one call may not charge that much.
+    #[error("cost {cost} is above the rule's max_cost {max_cost}: one check may charge at most {max_cost}")]
+    CostAboveMax {
+        /// The requested cost.
+        cost: u64,
+        /// The rule's bound.
+        max_cost: u64,
+    },
 }
 
 impl<S> RateLimiter<S> {
@@ -344,6 +354,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 },
                 on_error: r.on_error,
                 shadow: r.shadow,
+                max_cost: r.max_cost,
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
@@ -420,6 +431,11 @@ impl<S: Store + 'static> RateLimiter<S> {
             return Err(CheckError::EmptyKey);
         }
         let rule = &self.inner.rules[index];
+        // Checked before anything is charged: a large cost is a large write
+        // (a sliding log keeps one entry per permit).
+        if cost > rule.max_cost {
+            return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
+        }
         let set = match &rule.sets {
             RuleSets::Shared { set, .. } => set,
             RuleSets::Split { anonymous: set, .. } if anonymous => set,

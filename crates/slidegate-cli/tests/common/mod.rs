@@ -286,6 +286,7 @@ pub fn config(upstream: &Upstream, store: &str, trusted: &str) -> String {
         r#"[server]
 listen = "127.0.0.1:0"
 upstream = "http://{upstream}"
+admin_on_public = true
 
 {store}
 

@@ -38,13 +38,17 @@ pub(super) struct RawServer {
     pub(super) admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
     pub(super) shutdown_grace: Option<Parsed<Delay>>,
     pub(super) threads: Option<Spanned<u16>>,
+    pub(super) admin_on_public: Option<Spanned<bool>>,
+    pub(super) check_token_env: Option<Spanned<String>>,
+    pub(super) body_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) max_upstream_connections: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStore {
     pub(super) url: Option<Spanned<String>>,
-    pub(super) prefix: Option<String>,
+    pub(super) prefix: Option<Spanned<String>>,
     pub(super) timeout_ms: Option<Millis>,
     pub(super) on_error: Option<OnError>,
     pub(super) breaker_failures: Option<Spanned<u32>>,
@@ -94,6 +98,7 @@ pub(super) struct RawRule {
     /// Compare the path pattern's literal text with case (default: without).
     #[serde(default)]
     pub(super) case_sensitive: bool,
+    pub(super) max_cost: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]

@@ -238,3 +238,93 @@ fn rules_fold_case_unless_told_otherwise() {
     assert!(exact.rules[0].path.is_case_sensitive());
     assert!(!exact.rules[0].path.matches("/API"));
 }
+
+// Values `check-config` used to accept and `serve` then misread.
+
+#[test]
+fn a_store_prefix_with_braces_is_located() {
+    // Braces pick Redis Cluster hash slots: every key would land in one slot.
+    let (l, c, m) = err("[store]\nprefix = \"{x}\"\n");
+    assert_eq!((l, c), (2, 10));
+    assert!(m.starts_with("invalid store prefix \"{x}\": braces choose Redis Cluster hash slots"), "{m}");
+    assert_eq!(err("[store]\nprefix = \"app}\"\n").0, 2);
+    assert_eq!(parse("[store]\nprefix = \"app:\"\n").unwrap().store.prefix.as_deref(), Some("app:"));
+}
+
+#[test]
+fn an_upstream_port_out_of_range_is_located() {
+    // It used to parse, and serve then connected to port 80.
+    let (l, c, m) = err("[server]\nupstream = \"http://127.0.0.1:99999\"\n");
+    assert_eq!((l, c), (2, 12));
+    assert_eq!(m, "invalid upstream \"http://127.0.0.1:99999\": the port must be 1 to 65535");
+    assert_eq!(err("[server]\nupstream = \"http://[::1]:0\"\n").0, 2);
+    let c = parse("[server]\nupstream = \"http://127.0.0.1:65535\"\n").unwrap();
+    assert_eq!(c.server.upstream.unwrap().port_u16(), Some(65535));
+}
+
+#[test]
+fn credentials_in_the_upstream_url_are_located() {
+    // hyper drops them silently: the upstream would never see them.
+    let (l, c, m) = err("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://user:pw@127.0.0.1:9000\"\n");
+    assert_eq!((l, c), (3, 12));
+    assert!(m.contains("credentials in the URL are not sent"), "{m}");
+}
+
+#[test]
+fn invalid_utf8_is_located_at_its_first_bad_byte() {
+    let bytes = b"[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://h\xff:1\"\n";
+    let e = validate::decode(std::path::Path::new("t.toml"), bytes).unwrap_err();
+    assert_eq!(e.location(), Some((3, 21)));
+    assert!(e.to_string().starts_with("t.toml:3:21: invalid UTF-8 (byte 0xff)"), "{e}");
+    assert_eq!(validate::decode(std::path::Path::new("t.toml"), b"[server]\n").unwrap(), "[server]\n");
+}
+
+#[test]
+fn a_shared_store_without_a_hash_secret_is_an_error() {
+    // Each instance would draw its own secret: N instances admit N times the limit.
+    let source = format!("[store]\nurl = \"{}\"\n", example_redis_url());
+    let (l, c, m) = err(&source);
+    assert_eq!((l, c), (2, 7));
+    assert!(m.starts_with("a shared store needs [identity] ip_hash_secret_env"), "{m}");
+    // The embedded store keeps the random per-process secret.
+    assert!(parse("[server]\nlisten = \"127.0.0.1:0\"\n").unwrap().identity.secret.is_none());
+    let env = |name: &str| (name == "S").then(|| "x".to_owned());
+    let with = format!("{source}[identity]\nip_hash_secret_env = \"S\"\n");
+    assert!(Config::parse_with_env(&with, "t.toml", &env).is_ok());
+}
+
+#[test]
+fn the_admin_surface_defaults_closed_and_its_keys_are_checked() {
+    let c = parse("[server]\n").unwrap();
+    assert!(!c.server.admin_on_public);
+    assert_eq!((c.server.admin_listen, c.server.check_token.as_deref()), (None, None));
+    assert_eq!(c.server.body_timeout, Delay::from_secs(30));
+    assert_eq!(c.server.max_upstream_connections, 1024);
+    assert!(parse("[server]\nadmin_on_public = true\n").unwrap().server.admin_on_public);
+    let (l, _, m) = err("[server]\nadmin_listen = \"127.0.0.1:0\"\nadmin_on_public = true\n");
+    assert_eq!(l, 3);
+    assert!(m.starts_with("admin_on_public and admin_listen both set"), "{m}");
+    // A token variable that is unset stops the start, it does not open the API.
+    let (l, c, m) = err("[server]\ncheck_token_env = \"CHECK_TOKEN\"\n");
+    assert_eq!((l, c), (2, 19));
+    assert!(m.starts_with("environment variable CHECK_TOKEN is not set"), "{m}");
+    let env = |name: &str| (name == "CHECK_TOKEN").then(|| "t0ken".to_owned());
+    let c = Config::parse_with_env("[server]\ncheck_token_env = \"CHECK_TOKEN\"\n", "t.toml", &env).unwrap();
+    assert_eq!(c.server.check_token.as_deref(), Some("t0ken"));
+    let c = parse("[server]\nbody_timeout = \"300ms\"\nmax_upstream_connections = 4\n").unwrap();
+    assert_eq!((c.server.body_timeout, c.server.max_upstream_connections), (Delay::from_millis(300), 4));
+    assert_eq!(err("[server]\nbody_timeout = \"0s\"\n").0, 2);
+    assert_eq!(err("[server]\nmax_upstream_connections = 0\n").0, 2);
+}
+
+#[test]
+fn max_cost_defaults_to_one_and_is_read_per_rule() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\n{extra}limits = [{{ limit = 10, window = \"1s\" }}]\n"
+        )
+    };
+    assert_eq!(parse(&rule("")).unwrap().rules[0].max_cost, 1);
+    assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().rules[0].max_cost, 5);
+    assert_eq!(err(&rule("max_cost = 0\n")), (4, 12, "max_cost must be at least 1".into()));
+}

@@ -49,6 +49,26 @@ pub struct ServerConfig {
     pub shutdown_grace: Delay,
     /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
     pub threads: Option<usize>,
+    /// Whether the admin endpoints are served on the public listener (under
+    /// `admin_prefix`). Off by default: without it or `admin_listen` no
+    /// admin endpoint is served at all, and their paths are forwarded.
+    pub admin_on_public: bool,
+    /// The bearer token `/v1/check` requires (read from the variable
+    /// `check_token_env` names); `None`: no token is asked for.
+    pub check_token: Option<String>,
+    /// How long a request body may stay silent before the request is
+    /// abandoned with 408 and its upstream connection released.
+    pub body_timeout: Delay,
+    /// Open upstream connections (busy or idle), over all worker threads; a
+    /// request needing one more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`]
+    /// for one to close, then gets 503.
+    pub max_upstream_connections: usize,
+}
+
+impl ServerConfig {
+    /// How long a request waits for an upstream slot when
+    /// `max_upstream_connections` are busy, before it is answered 503.
+    pub const UPSTREAM_QUEUE_WAIT: Delay = Delay::from_secs(1);
 }
 
 impl Default for ServerConfig {
@@ -60,6 +80,10 @@ impl Default for ServerConfig {
             admin_listen: None,
             shutdown_grace: Delay::from_secs(10),
             threads: None,
+            admin_on_public: false,
+            check_token: None,
+            body_timeout: Delay::from_secs(30),
+            max_upstream_connections: 1024,
         }
     }
 }
@@ -215,6 +239,8 @@ pub struct RuleConfig {
     pub on_error: OnError,
     /// Decide, count and send headers, but never block.
     pub shadow: bool,
+    /// The largest `cost` one `/v1/check` call may charge under this rule.
+    pub max_cost: u64,
 }
 
 impl RuleConfig {
@@ -241,8 +267,13 @@ impl RuleConfig {
             limits,
             on_error: OnError::default(),
             shadow: false,
+            max_cost: Self::DEFAULT_MAX_COST,
         }
     }
+
+    /// `max_cost` unless the rule says otherwise: a `/v1/check` call charges
+    /// what one proxied request charges, no more.
+    pub const DEFAULT_MAX_COST: u64 = 1;
 }
 
 /// The limits of a rule, by identity.

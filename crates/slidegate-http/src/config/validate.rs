@@ -29,9 +29,9 @@ impl Config {
     /// with line and column for anything wrong inside it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let source = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&source, path)
+        let bytes =
+            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(decode(path, &bytes)?, path)
     }
 
     /// Validates the configuration text `source`; `path` names it in errors.
@@ -81,6 +81,22 @@ impl Config {
     }
 }
 
+/// The text of a configuration file; invalid UTF-8 is located at its first
+/// bad byte like any other error (a plain read would say only "invalid data").
+pub(super) fn decode<'b>(path: &Path, bytes: &'b [u8]) -> Result<&'b str, ConfigError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let valid = e.valid_up_to();
+        // The prefix before the bad byte is valid UTF-8 by definition.
+        let before = std::str::from_utf8(&bytes[..valid]).unwrap_or_default();
+        ConfigError::at(
+            path,
+            before,
+            Some(valid..valid),
+            format!("invalid UTF-8 (byte 0x{:02x}): expected a UTF-8 text file", bytes[valid]),
+        )
+    })
+}
+
 struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
@@ -105,8 +121,19 @@ impl Validator<'_> {
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let server = self.server(raw.server)?;
+        let url_span = raw.store.url.as_ref().map(Spanned::span);
         let store = self.store(raw.store)?;
         let identity = self.identity(raw.identity)?;
+        if let (Some(span), None) = (url_span, &identity.secret) {
+            // Each instance would draw its own random secret: one client gets
+            // a different key on each, and N instances admit N times the limit.
+            return Err(self.err(
+                span,
+                "a shared store needs [identity] ip_hash_secret_env: without it each instance draws \
+                 its own random hash secret, a client is counted under a different key on each, and \
+                 instances sharing this store together admit a multiple of every limit",
+            ));
+        }
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
         for rule in raw.rules {
             let name_span = rule.get_ref().name.span();
@@ -142,6 +169,28 @@ impl Validator<'_> {
                             u.get_ref()
                         ),
                     ));
+                }
+                if let Some(authority) = uri.authority() {
+                    if authority.as_str().contains('@') {
+                        // hyper would drop them silently: the upstream never sees them.
+                        return Err(self.err(
+                            u.span(),
+                            format!(
+                                "invalid upstream {:?}: credentials in the URL are not sent; expected http://host:port",
+                                u.get_ref()
+                            ),
+                        ));
+                    }
+                    // `http` reads a port that does not fit in 16 bits as no port at all.
+                    let port =
+                        authority.as_str().get(authority.host().len()..).and_then(|r| r.strip_prefix(':'));
+                    if port.is_some_and(|p| !matches!(p.parse::<u16>(), Ok(1..))) {
+                        // Otherwise the port is read as absent and 80 is used.
+                        return Err(self.err(
+                            u.span(),
+                            format!("invalid upstream {:?}: the port must be 1 to 65535", u.get_ref()),
+                        ));
+                    }
                 }
                 if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
                     return Err(self.err(
@@ -185,6 +234,48 @@ impl Validator<'_> {
             }
             Some(a) => Some(a.into_inner().0),
         };
+        let admin_on_public =
+            match raw.admin_on_public {
+                Some(on) if *on.get_ref() && admin_listen.is_some() => return Err(self.err(
+                    on.span(),
+                    "admin_on_public and admin_listen both set: expected one place for the admin endpoints",
+                )),
+                Some(on) => *on.get_ref(),
+                None => default.admin_on_public,
+            };
+        let check_token = match raw.check_token_env {
+            None => default.check_token,
+            Some(var) => match (self.env)(var.get_ref()) {
+                Some(value) if !value.is_empty() => Some(value),
+                _ => {
+                    return Err(self.err(
+                        var.span(),
+                        format!(
+                            "environment variable {} is not set: check_token_env names the variable holding \
+                             the bearer token /v1/check requires",
+                            var.get_ref()
+                        ),
+                    ))
+                }
+            },
+        };
+        let body_timeout = match raw.body_timeout {
+            Some(t) if t.get_ref().0.get().is_zero() => {
+                return Err(self.err(
+                    t.span(),
+                    "body_timeout must be longer than 0: expected a duration such as \"30s\"",
+                ))
+            }
+            Some(t) => t.into_inner().0,
+            None => default.body_timeout,
+        };
+        let max_upstream_connections = match raw.max_upstream_connections {
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(self.err(m.span(), "max_upstream_connections must be at least 1"))
+            }
+            Some(m) => usize::try_from(*m.get_ref()).unwrap_or(usize::MAX),
+            None => default.max_upstream_connections,
+        };
         Ok(ServerConfig {
             listen,
             upstream,
@@ -196,6 +287,10 @@ impl Validator<'_> {
                 Some(t) => Some(usize::from(*t.get_ref())),
                 None => default.threads,
             },
+            admin_on_public,
+            check_token,
+            body_timeout,
+            max_upstream_connections,
         })
     }
 
@@ -207,6 +302,20 @@ impl Validator<'_> {
                 return Err(
                     self.err(url.span(), format!("invalid store url {u:?}: expected redis://host:port"))
                 );
+            }
+        }
+        if let Some(prefix) = &raw.prefix {
+            if prefix.get_ref().contains(['{', '}']) {
+                // Braces would make Redis Cluster hash only what is between
+                // them: every key of every rule in one slot, or a CROSSSLOT error.
+                return Err(self.err(
+                    prefix.span(),
+                    format!(
+                        "invalid store prefix {:?}: braces choose Redis Cluster hash slots and slidegate \
+                         places its own; expected a prefix without '{{' or '}}'",
+                        prefix.get_ref()
+                    ),
+                ));
             }
         }
         let timeout = match raw.timeout_ms {
@@ -268,7 +377,7 @@ impl Validator<'_> {
         };
         Ok(StoreConfig {
             url: raw.url.map(Spanned::into_inner),
-            prefix: raw.prefix,
+            prefix: raw.prefix.map(Spanned::into_inner),
             timeout,
             on_error: raw.on_error.unwrap_or(default.on_error),
             breaker_failures,
@@ -370,6 +479,11 @@ impl Validator<'_> {
             limits,
             on_error: raw.on_error.unwrap_or(store_on_error),
             shadow: raw.shadow,
+            max_cost: match raw.max_cost {
+                Some(m) if *m.get_ref() == 0 => return Err(self.err(m.span(), "max_cost must be at least 1")),
+                Some(m) => *m.get_ref(),
+                None => RuleConfig::DEFAULT_MAX_COST,
+            },
         })
     }
 

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_TYPE};
+use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use super::{boxed, full, ServeBody, State};
 use crate::headers::{self, ceil_secs};
-use crate::limiter::{CheckError, DecisionSource};
+use crate::limiter::DecisionSource;
 
 /// The largest `/v1/check` body read.
 const MAX_CHECK_BODY: usize = 16 * 1024;
@@ -153,8 +153,44 @@ pub(crate) async fn handle(
         Endpoint::Metrics => {
             text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.limiter.render_metrics())
         }
-        Endpoint::Check => check(state, request).await,
+        Endpoint::Check => {
+            if let Some(token) = &state.check_token {
+                if !bearer_matches(request.headers(), token) {
+                    let mut response = bad_request(
+                        StatusCode::UNAUTHORIZED,
+                        request.uri().path(),
+                        "/v1/check requires the bearer token: expected Authorization: Bearer <token>",
+                    );
+                    response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    return response;
+                }
+            }
+            check(state, request).await
+        }
     }
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`.
+fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+    let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
+    let given = match given.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => given[7..].trim_ascii(),
+        _ => return false,
+    };
+    constant_time_eq(given, token.as_bytes())
+}
+
+/// Compares in time that depends on the lengths only, never on where the
+/// bytes first differ: a caller timing the 401s learns nothing of the token
+/// byte by byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<ServeBody> {
@@ -189,15 +225,9 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
     let verdict =
         match state.limiter.check_key(&parsed.rule, &parsed.key, parsed.cost, parsed.anonymous).await {
             Ok(verdict) => verdict,
-            Err(err) => {
-                let detail = match &err {
-                    CheckError::UnknownRule(_) => {
-                        format!("{err}; known rules: {}", state.limiter.rule_names().join(", "))
-                    }
-                    _ => err.to_string(),
-                };
-                return bad_request(StatusCode::BAD_REQUEST, &path, &detail);
-            }
+            // The message names the caller's own input only: listing every
+            // rule would map the configuration for whoever asks.
+            Err(err) => return bad_request(StatusCode::BAD_REQUEST, &path, &err.to_string()),
         };
     let answer = match verdict.decisive() {
         Some(p) => CheckResponse {
@@ -237,4 +267,25 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
 
 fn duration_ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_matches() {
+        let with = |value: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(AUTHORIZATION, HeaderValue::from_static(value));
+            h
+        };
+        assert!(bearer_matches(&with("Bearer s3cret"), "s3cret"));
+        assert!(bearer_matches(&with("bearer s3cret"), "s3cret"));
+        for wrong in ["Bearer s3cre", "Bearer s3cret2", "Bearer S3cret", "Basic s3cret", "s3cret", "Bearer "]
+        {
+            assert!(!bearer_matches(&with(wrong), "s3cret"), "{wrong}");
+        }
+        assert!(!bearer_matches(&http::HeaderMap::new(), "s3cret"));
+    }
 }

@@ -4,8 +4,10 @@
 //! Requests under `[server] admin_prefix` go to the admin endpoints
 //! (`/v1/check`, `/metrics`, `/healthz`); every other request is decided by
 //! the rules and, unless denied, forwarded to the upstream with both bodies
-//! streamed. With `[server] admin_listen` the admin endpoints are served on
-//! that address only, and the public listener forwards every path.
+//! streamed. The admin endpoints are served only where the config says:
+//! on their own address (`[server] admin_listen`) or, with
+//! `admin_on_public = true`, on the public listener; by default nowhere, and
+//! the public listener forwards every path.
 //!
 //! - `server`: [`Server`] binds, starts the workers and accepts until the
 //!   caller's shutdown future completes (the binary passes a signal).
@@ -36,7 +38,9 @@ pub(crate) struct State {
     /// Set once the thread's runtime runs.
     pub(crate) proxy: Option<proxy::Proxy>,
     pub(crate) admin_prefix: String,
-    /// Whether this listener serves the admin endpoints (false on the public
-    /// listener when they have their own).
+    /// Whether this listener serves the admin endpoints (on the public
+    /// listener only with `admin_on_public`).
     pub(crate) admin_here: bool,
+    /// The bearer token `/v1/check` requires, if any.
+    pub(crate) check_token: Option<String>,
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::upstream::Upstream;
+use super::upstream::{Upstream, UpstreamLimits};
 use super::{boxed, ServeBody, State};
 use crate::headers;
 
@@ -33,8 +33,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 impl Proxy {
     /// A proxy to `upstream` (`http://host:port`, checked by the config).
-    pub(crate) fn new(upstream: &Uri) -> Option<Self> {
-        Some(Self { upstream: Upstream::new(upstream.authority()?.clone()) })
+    pub(crate) fn new(upstream: &Uri, limits: UpstreamLimits) -> Option<Self> {
+        Some(Self { upstream: Upstream::new(upstream.authority()?.clone(), limits) })
     }
 }
 
@@ -145,10 +145,8 @@ pub(crate) async fn forward(
             }
             response
         }
-        Err(err) => {
-            tracing::warn!(%err, "upstream request failed");
-            bad_gateway(uri.path(), "the upstream could not be reached")
-        }
+        // 400/408 when the client's body failed, 503 when saturated, 502 otherwise.
+        Err(err) => err.response(uri.path()),
     }
 }
 

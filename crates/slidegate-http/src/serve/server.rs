@@ -10,6 +10,7 @@ use slidegate::{MemoryStore, RedisOptions};
 use tokio::net::TcpListener;
 
 use super::error::ServeError;
+use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted};
 use super::{admin, proxy, State};
 use crate::config::{Config, Delay};
@@ -37,6 +38,9 @@ pub struct Server {
     limiter: RateLimiter<AnyStore>,
     upstream: http::Uri,
     admin_prefix: String,
+    admin_on_public: bool,
+    check_token: Option<String>,
+    limits: UpstreamLimits,
     grace: Delay,
 }
 
@@ -71,6 +75,9 @@ impl Server {
             limiter,
             upstream,
             admin_prefix: config.server.admin_prefix.clone(),
+            admin_on_public: config.server.admin_on_public,
+            check_token: config.server.check_token.clone(),
+            limits: UpstreamLimits::new(&config.server, threads),
             grace: config.server.shutdown_grace,
         })
     }
@@ -92,13 +99,16 @@ impl Server {
     /// The caller decides what stops the server: a signal in the binary, a
     /// channel in a test.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let admin_here = self.admin_listener.is_none();
+        // Only an explicit setting puts the decision API and metrics where
+        // every client can reach them.
+        let admin_here = self.admin_on_public;
         let admin = self.admin_listener.map(|listener| {
             let state = State {
                 limiter: self.limiter.clone(),
                 proxy: None,
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here: true,
+                check_token: self.check_token.clone(),
             };
             tokio::spawn(admin::serve_listener(listener, Arc::new(state)))
         });
@@ -111,8 +121,9 @@ impl Server {
                 proxy: None,
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here,
+                check_token: self.check_token.clone(),
             };
-            let (upstream, grace) = (self.upstream.clone(), self.grace);
+            let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
@@ -120,7 +131,7 @@ impl Server {
                 };
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
-                    let state = State { proxy: proxy::Proxy::new(&upstream), ..state };
+                    let state = State { proxy: proxy::Proxy::new(&upstream, limits), ..state };
                     worker(connections, Arc::new(state), grace).await;
                 });
             });

@@ -5,6 +5,13 @@
 //! it is there because tasks must be `Send`. A connection goes back to the
 //! pool when its response body ends; a body dropped half-read takes its
 //! connection with it (HTTP/1.1 cannot reuse it).
+//!
+//! Open upstream connections, idle or busy, are bounded over all threads by
+//! one semaphore (`[server] max_upstream_connections`): each connection holds
+//! a permit until its socket closes, and a request that needs a new
+//! connection when none is left waits briefly, then is answered 503. Each
+//! request body is wrapped in a [`RequestBody`], whose idle timeout closes
+//! the connection (and frees its permit) of a client that stops sending.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,11 +23,16 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::sync::Semaphore;
+
+use super::body::{ClientFault, FaultCell, RequestBody};
+use super::{boxed, ServeBody};
+use crate::headers;
 
 /// How long a new upstream connection may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Idle connections kept per worker thread.
+/// Idle connections kept per worker thread, at most.
 const MAX_IDLE: usize = 256;
 
 /// Why the upstream could not answer.
@@ -30,6 +42,73 @@ pub(crate) enum UpstreamError {
     Connect(#[from] std::io::Error),
     #[error("upstream HTTP error: {0}")]
     Http(#[from] hyper::Error),
+    /// Every upstream slot stayed taken for the whole queue wait.
+    #[error("all {0} upstream connections are busy")]
+    Busy(usize),
+    /// The client's body failed: malformed, or silent too long.
+    #[error("the client's request body failed: {0:?}")]
+    Client(ClientFault),
+}
+
+impl UpstreamError {
+    /// The response the client gets: 400 or 408 when its own body was at
+    /// fault, 503 when the upstream is saturated, 502 otherwise. All close
+    /// the connection: the request body may be left half read.
+    pub(crate) fn response(&self, path: &str) -> Response<ServeBody> {
+        let (status, detail) = match self {
+            UpstreamError::Client(ClientFault::Malformed) => {
+                tracing::debug!(err = %self, "client request body failed");
+                (http::StatusCode::BAD_REQUEST, "the request body is malformed")
+            }
+            UpstreamError::Client(ClientFault::Timeout) => {
+                tracing::debug!(err = %self, "client request body timed out");
+                (http::StatusCode::REQUEST_TIMEOUT, "the request body stopped arriving")
+            }
+            UpstreamError::Busy(_) => {
+                tracing::warn!(err = %self, "upstream saturated: request refused");
+                (http::StatusCode::SERVICE_UNAVAILABLE, "the upstream is saturated; retry later")
+            }
+            UpstreamError::Connect(_) | UpstreamError::Http(_) => {
+                tracing::warn!(err = %self, "upstream request failed");
+                (http::StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            }
+        };
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut response = boxed(headers::problem(status, "about:blank", title, detail, Some(path)));
+        response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        response
+    }
+}
+
+/// What bounds one upstream's use: shared by every worker thread's pool.
+#[derive(Clone)]
+pub(crate) struct UpstreamLimits {
+    /// How long a request body may stay silent.
+    pub(crate) body_timeout: std::time::Duration,
+    /// One permit per open upstream connection.
+    pub(crate) slots: Arc<Semaphore>,
+    /// The number of permits `slots` started with.
+    pub(crate) max: usize,
+    /// Idle connections one worker thread keeps: few enough that the idle
+    /// connections of all threads hold at most half the permits, so one
+    /// thread's idle pool cannot starve another thread of connections.
+    pub(crate) max_idle: usize,
+    /// How long a request waits for a permit.
+    pub(crate) queue_wait: std::time::Duration,
+}
+
+impl UpstreamLimits {
+    /// The limits of `[server]`.
+    pub(crate) fn new(server: &crate::config::ServerConfig, threads: usize) -> Self {
+        let max = server.max_upstream_connections.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            body_timeout: server.body_timeout.get(),
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
+            queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
+        }
+    }
 }
 
 /// A pool of HTTP/1.1 connections to one upstream.
@@ -37,14 +116,15 @@ pub(crate) struct Upstream {
     authority: Authority,
     host: String,
     port: u16,
-    idle: Mutex<Vec<SendRequest<Incoming>>>,
+    idle: Mutex<Vec<SendRequest<RequestBody>>>,
+    limits: UpstreamLimits,
 }
 
 impl Upstream {
-    pub(crate) fn new(authority: Authority) -> Arc<Self> {
+    pub(crate) fn new(authority: Authority, limits: UpstreamLimits) -> Arc<Self> {
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = authority.port_u16().unwrap_or(80);
-        Arc::new(Self { authority, host, port, idle: Mutex::new(Vec::new()) })
+        Arc::new(Self { authority, host, port, idle: Mutex::new(Vec::new()), limits })
     }
 
     /// The upstream's `host:port`, for requests that came without `Host`.
@@ -57,13 +137,22 @@ impl Upstream {
         self: &Arc<Self>,
         request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        let fault = Arc::new(FaultCell::default());
+        let request =
+            request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
         let mut sender = self.checkout().await?;
-        let response = sender.send_request(request).await?;
+        let response = match sender.send_request(request).await {
+            Ok(response) => response,
+            // hyper reports the client's body failing as its own error: say whose it was.
+            Err(err) => return Err(fault.get().map_or(UpstreamError::Http(err), UpstreamError::Client)),
+        };
         let pool = Arc::clone(self);
         Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool }))
     }
 
-    async fn checkout(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+    /// A pooled connection, or a new one once a slot is free: each open
+    /// connection holds one of `max_upstream_connections` slots until it closes.
+    async fn checkout(&self) -> Result<SendRequest<RequestBody>, UpstreamError> {
         loop {
             let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let Some(mut sender) = pooled else { break };
@@ -72,6 +161,12 @@ impl Upstream {
                 return Ok(sender);
             }
         }
+        let slots = Arc::clone(&self.limits.slots);
+        let permit = match tokio::time::timeout(self.limits.queue_wait, slots.acquire_owned()).await {
+            Ok(Ok(permit)) => permit,
+            // Timed out, or the semaphore closed (it never is).
+            _ => return Err(UpstreamError::Busy(self.limits.max)),
+        };
         let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream")
@@ -82,16 +177,18 @@ impl Upstream {
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "upstream connection ended with an error");
             }
+            // The socket is closed by now: its slot is free.
+            drop(permit);
         });
         Ok(sender)
     }
 
-    fn release(&self, sender: SendRequest<Incoming>) {
+    fn release(&self, sender: SendRequest<RequestBody>) {
         if sender.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE {
+        if idle.len() < self.limits.max_idle {
             idle.push(sender);
         }
     }
@@ -100,7 +197,7 @@ impl Upstream {
 /// A response body from the upstream that returns its connection to the pool at its end.
 pub(crate) struct PooledBody {
     body: Incoming,
-    sender: Option<SendRequest<Incoming>>,
+    sender: Option<SendRequest<RequestBody>>,
     pool: Arc<Upstream>,
 }
 

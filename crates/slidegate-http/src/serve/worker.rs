@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -70,18 +71,62 @@ pub(super) async fn worker(
     }
 }
 
-/// One request on the public listener: an admin endpoint when they are
-/// served here, otherwise decided and forwarded.
+/// One request on the public listener: refused when its framing is
+/// ambiguous, an admin endpoint when they are served here, otherwise decided
+/// and forwarded.
 async fn handle(
     state: &State,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
     peer: SocketAddr,
     peer_value: &http::HeaderValue,
 ) -> Response<ServeBody> {
+    if let Some(refusal) = refuse(&mut request) {
+        return refusal;
+    }
     if state.admin_here {
         if let Some(endpoint) = admin::endpoint(state, request.uri().path()) {
             return admin::handle(state, endpoint, request).await;
         }
     }
     proxy::forward(state, request, peer, peer_value).await
+}
+
+/// The protocol checks of a request before anything else reads it; may
+/// rewrite `Host` (absolute form).
+fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
+    let path = request.uri().path().to_owned();
+    if request.method() == Method::CONNECT {
+        // A reverse proxy to one upstream opens no tunnels.
+        let mut response = problem(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported", &path);
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
+        return Some(response);
+    }
+    if request.headers().get_all(header::HOST).iter().nth(1).is_some() {
+        // RFC 9112 §3.2: two Host headers are a bad request; which one a
+        // server behind believes is anybody's guess.
+        return Some(problem(StatusCode::BAD_REQUEST, "more than one Host header", &path));
+    }
+    if let Some(authority) = request.uri().authority() {
+        // RFC 9112 §3.2.2: with an absolute-form target the target's
+        // authority is the host; a `Host` saying otherwise is ignored and
+        // replaced, so the upstream sees the host the request was decided for.
+        match HeaderValue::from_str(authority.as_str()) {
+            Ok(host) => {
+                request.headers_mut().remove(header::HOST);
+                request.headers_mut().insert(header::HOST, host);
+            }
+            Err(_) => return Some(problem(StatusCode::BAD_REQUEST, "invalid request target", &path)),
+        }
+    }
+    None
+}
+
+fn problem(status: StatusCode, detail: &str, path: &str) -> Response<ServeBody> {
+    let title = status.canonical_reason().unwrap_or("Bad Request");
+    let mut response =
+        super::boxed(crate::headers::problem(status, "about:blank", title, detail, Some(path)));
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
