@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use super::error::ServeError;
 use super::worker::{worker, Accepted};
-use super::{admin, proxy, State};
+use super::{admin, proxy, sweeper, State};
 use crate::config::{Config, Delay};
 use crate::limiter::RateLimiter;
 use crate::store::{AnyStore, LazyRedis};
@@ -93,6 +93,7 @@ impl Server {
     /// channel in a test.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let admin_here = self.admin_listener.is_none();
+        let sweeper = sweeper::spawn(&self.limiter);
         let admin = self.admin_listener.map(|listener| {
             let state = State {
                 limiter: self.limiter.clone(),
@@ -158,6 +159,9 @@ impl Server {
         drop(self.listener);
         if let Some(admin) = admin {
             admin.abort();
+        }
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
