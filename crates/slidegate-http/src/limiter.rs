@@ -308,6 +308,12 @@ impl<S> RateLimiter<S> {
     pub fn store(&self) -> &S {
         &self.inner.store
     }
+
+    /// The embedded fallback store, when `[store] fallback` is on: a caller
+    /// sweeps it as it sweeps an embedded store, to give memory back.
+    pub fn fallback_store(&self) -> Option<&MemoryStore> {
+        self.inner.fallback.as_ref()
+    }
 }
 
 impl<S: Store + 'static> RateLimiter<S> {

@@ -36,7 +36,7 @@ pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
-pub use store::memory::MemoryStore;
+pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisOptions, RedisStore, TimeSource};
 pub use store::{check_charge, Store, StoreError};

@@ -14,6 +14,7 @@
 //! - `worker`: one thread's connections and the routing of each request.
 //! - `admin`: the admin endpoints and their own listener.
 //! - `proxy` and `upstream`: forwarding to the upstream.
+//! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
 mod admin;
@@ -21,6 +22,7 @@ mod body;
 mod error;
 mod proxy;
 mod server;
+mod sweeper;
 mod upstream;
 mod worker;
 

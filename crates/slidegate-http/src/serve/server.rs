@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use super::error::ServeError;
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted};
-use super::{admin, proxy, State};
+use super::{admin, proxy, sweeper, State};
 use crate::config::{Config, Delay};
 use crate::limiter::RateLimiter;
 use crate::store::{AnyStore, LazyRedis};
@@ -102,6 +102,7 @@ impl Server {
         // Only an explicit setting puts the decision API and metrics where
         // every client can reach them.
         let admin_here = self.admin_on_public;
+        let sweeper = sweeper::spawn(&self.limiter);
         let admin = self.admin_listener.map(|listener| {
             let state = State {
                 limiter: self.limiter.clone(),
@@ -169,6 +170,9 @@ impl Server {
         drop(self.listener);
         if let Some(admin) = admin {
             admin.abort();
+        }
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);

@@ -16,7 +16,12 @@
 //!
 //! Idle identities — whose state no longer changes any decision — are swept
 //! out as tables grow, and [`MemoryStore::evict_idle`] sweeps and shrinks
-//! everything (call it from a timer to give memory back after a burst).
+//! everything. A table that stops growing is otherwise only swept when one of
+//! its identities is decided again after a long horizon (2^14 windows and
+//! more), so a long-running process should call
+//! [`MemoryStore::evict_idle_step`] from a timer: it sweeps a bounded number
+//! of shards per call, round-robin, and gives memory back after a burst
+//! without ever holding more than one shard's lock for one shard's work.
 
 mod packing;
 mod slots;
@@ -24,6 +29,7 @@ mod slots;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub(crate) use self::packing::{PackedCounter, PackedFixed};
@@ -327,6 +333,34 @@ impl Shard {
         };
         &mut self.tables[index]
     }
+
+    /// Forgets every idle state, shrinks every table to what remains, drops
+    /// empty tables. Returns how many states remain.
+    fn sweep(&mut self, now: u64) -> usize {
+        for table in &mut self.tables {
+            table.shrink(now);
+        }
+        self.tables.retain(|t| t.len() > 0);
+        self.tables.shrink_to_fit();
+        self.len()
+    }
+
+    fn len(&self) -> usize {
+        self.tables.iter().map(Table::len).sum()
+    }
+}
+
+/// What one [`MemoryStore::evict_idle_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct SweepReport {
+    /// How many shards were swept: at most the bound asked for, and at most
+    /// the store's shard count.
+    pub shards: usize,
+    /// How many (identity, limit) states those shards forgot.
+    pub forgotten: usize,
+    /// How many states those shards still hold.
+    pub remaining: usize,
 }
 
 /// The embedded, in-process store. Usable from any thread, with or without an
@@ -335,6 +369,8 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: C,
+    /// The shard [`MemoryStore::evict_idle_step`] sweeps next.
+    next_sweep: AtomicUsize,
 }
 
 impl MemoryStore<SystemClock> {
@@ -357,6 +393,7 @@ impl<C: Clock> MemoryStore<C> {
             shards: (0..DEFAULT_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
             clock,
+            next_sweep: AtomicUsize::new(0),
         }
     }
 
@@ -429,27 +466,40 @@ impl<C: Clock> MemoryStore<C> {
     /// gives the memory back. Returns how many states remain.
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now_ms();
-        let mut remaining = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for table in &mut shard.tables {
-                table.shrink(now);
-            }
-            shard.tables.retain(|t| t.len() > 0);
-            shard.tables.shrink_to_fit();
-            remaining += shard.tables.iter().map(Table::len).sum::<usize>();
+        self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
+    }
+
+    /// Sweeps the next `max_shards` shards (round-robin over calls) as
+    /// [`MemoryStore::evict_idle`] sweeps all of them: forgets their idle
+    /// states and gives the memory back.
+    ///
+    /// The bound: one call visits at most `max_shards` shards (none for 0,
+    /// each at most once), locks one at a time, and in each rebuilds its
+    /// tables once — work proportional to the states those shards hold,
+    /// about `max_shards / shard count` of the store, since identities
+    /// spread evenly by hash. A decision for an identity in the shard being
+    /// swept waits for that shard's rebuild; all other shards are untouched.
+    /// Calling it every `t` with `max_shards = k` sweeps the whole store
+    /// every `t × shards / k`.
+    pub fn evict_idle_step(&self, max_shards: usize) -> SweepReport {
+        let count = self.shards.len();
+        let steps = max_shards.min(count);
+        let first = self.next_sweep.fetch_add(steps, Ordering::Relaxed) % count;
+        let now = self.clock.now_ms();
+        let mut report = SweepReport { shards: steps, ..SweepReport::default() };
+        for i in 0..steps {
+            let mut shard = self.shards[(first + i) % count].lock().unwrap_or_else(PoisonError::into_inner);
+            let before = shard.len();
+            let after = shard.sweep(now);
+            report.forgotten += before - after;
+            report.remaining += after;
         }
-        remaining
+        report
     }
 
     /// How many (identity, limit) states the store holds.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                s.lock().unwrap_or_else(PoisonError::into_inner).tables.iter().map(Table::len).sum::<usize>()
-            })
-            .sum()
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).sum()
     }
 
     /// Whether the store holds no state at all.
@@ -655,5 +705,42 @@ mod tests {
         assert_eq!(store.evict_idle(), 3000);
         clock.advance(Duration::from_millis(1));
         assert_eq!(store.evict_idle(), 0);
+    }
+
+    /// A timer calls the step to give memory back in bounded pieces: each
+    /// call sweeps exactly the shards it is allowed, in turn, and leaves the
+    /// others' idle states alone.
+    #[test]
+    fn a_sweep_step_sweeps_only_its_bound_of_shards_in_turn() {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::with_clock(clock.clone()).with_shards(8);
+        let l = limit(Algorithm::FixedWindow, 5, 1000);
+        for i in 0..4000 {
+            store.decide_sync(&format!("id-{i}"), &l, 1).unwrap();
+        }
+        let per_shard: Vec<usize> =
+            store.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).collect();
+        assert!(per_shard.iter().all(|&n| n > 0), "every shard holds identities: {per_shard:?}");
+        // Nothing is idle yet: a step forgets nothing.
+        let report = store.evict_idle_step(1);
+        assert_eq!(report, SweepReport { shards: 1, forgotten: 0, remaining: per_shard[0] });
+
+        clock.advance(Duration::from_millis(1000));
+        // Shard 0 was swept already; the next step takes shard 1 alone.
+        let report = store.evict_idle_step(1);
+        assert_eq!(report, SweepReport { shards: 1, forgotten: per_shard[1], remaining: 0 });
+        assert_eq!(store.len(), 4000 - per_shard[1]);
+        // Three at once: shards 2, 3 and 4, nothing else.
+        let report = store.evict_idle_step(3);
+        let three: usize = per_shard[2..5].iter().sum();
+        assert_eq!(report, SweepReport { shards: 3, forgotten: three, remaining: 0 });
+        assert_eq!(store.len(), per_shard[0] + per_shard[5..].iter().sum::<usize>());
+        // A zero bound does nothing; a bound past the shard count sweeps each
+        // shard once, wrapping round to shard 0.
+        assert_eq!(store.evict_idle_step(0), SweepReport::default());
+        let report = store.evict_idle_step(100);
+        assert_eq!((report.shards, report.remaining), (8, 0));
+        assert_eq!(report.forgotten, per_shard[0] + per_shard[5..].iter().sum::<usize>());
+        assert!(store.is_empty());
     }
 }
