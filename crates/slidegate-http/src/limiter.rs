@@ -312,7 +312,7 @@ impl<S> RateLimiter<S> {
     /// The embedded fallback store, when `[store] fallback` is on: a caller
     /// sweeps it as it sweeps an embedded store, to give memory back.
     pub fn fallback_store(&self) -> Option<&MemoryStore> {
-        self.inner.fallback.as_ref()
+        self.inner.fallback.as_ref().map(|f| &f.store)
     }
 }
 
