@@ -297,6 +297,9 @@ impl RedisStore {
         // Redis that answers a connect but not this is as good as down.
         let load = async {
             let (_, mut conn) = store.connection()?;
+            // A PING first, so that a refusal (`NOAUTH`, a missing ACL
+            // permission) reads as one error, not as six failed loads.
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
             let mut pipe = redis::pipe();
             for lua in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
