@@ -209,3 +209,54 @@ fn sentinel_decisions_follow_the_master_through_a_failover() {
     let missing = keys_without_ttl(|args| deployment.cli(new, args));
     assert!(missing.is_empty(), "keys without a TTL on {new}: {missing:?}");
 }
+
+/// A manual failover (`SENTINEL FAILOVER`) demotes a live master: its
+/// connections may stay open and answer writes with `READONLY`. The store
+/// then asks the sentinels again and writes reach the new master.
+#[test]
+fn sentinel_store_follows_a_manual_failover_to_the_new_master() {
+    let deployment = RedisSentinel::start();
+    let runtime = runtime();
+    let target = RedisTarget::Sentinel {
+        sentinels: deployment.sentinel_urls(),
+        master_name: deployment.master_name().to_owned(),
+    };
+    let store = runtime
+        .block_on(RedisStore::connect_to(&target, options()))
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    runtime.block_on(store.decide("before", &log_limit(), 1)).unwrap_or_else(|e| panic!("before: {e}"));
+    let old = deployment.master_port();
+    let sentinel = deployment.sentinel_ports()[0];
+    let reply = deployment.cli(sentinel, &["SENTINEL", "FAILOVER", deployment.master_name()]);
+    assert_eq!(reply, "OK", "SENTINEL FAILOVER");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let new = loop {
+        let port = deployment.master_port();
+        if port != old && deployment.cli(port, &["ROLE"]).starts_with("master") {
+            break port;
+        }
+        assert!(Instant::now() < deadline, "the sentinels never promoted the replica");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let switched_at = Instant::now();
+    let mut failed = 0;
+    for n in 0.. {
+        let identity = format!("after-{n}");
+        let decided = runtime.block_on(store.decide(&identity, &log_limit(), 1));
+        if decided.is_ok()
+            && deployment.cli(new, &["EXISTS", &store.keys_for(&identity, &log_limit())[0]]) == "1"
+        {
+            break;
+        }
+        failed += u32::from(decided.is_err());
+        assert!(Instant::now() < deadline, "writes never reached the new master {new}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let switched = switched_at.elapsed();
+    eprintln!(
+        "manual sentinel failover {old} → {new}: writes on the new master {switched:?} after it was named, {failed} failed decisions"
+    );
+    // Waiting for the old master to answer READONLY took ~10 s; the store
+    // asks the sentinels every 250 ms.
+    assert!(switched < Duration::from_secs(5), "the store stayed on the old master for {switched:?}");
+}
