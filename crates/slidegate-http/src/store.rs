@@ -95,7 +95,7 @@ impl LazyRedis {
 
     async fn attempt(inner: &LazyInner) -> Result<(), StoreError> {
         // `connect_with` bounds itself by the connect timeout (per step).
-        let store = RedisStore::connect_with(&inner.url, inner.options).await?;
+        let store = RedisStore::connect_with(&inner.url, inner.options.clone()).await?;
         let store = match &inner.prefix {
             Some(p) => store.with_prefix(p.clone()),
             None => store,
