@@ -59,7 +59,7 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         let shutdown = shutdown_signal();
         let server = Server::bind(&config).await?;
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
-        let store = config.store.url.as_deref().unwrap_or("embedded");
+        let store = config.store.describe();
         if let Some(admin) = server.admin_addr() {
             // Announced first: whoever waits for "listening on" knows both.
             eprintln!("slidegate: admin endpoints on {admin}");
@@ -82,7 +82,7 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         config.server.listen,
         config.server.upstream.as_ref().map_or("(none)".into(), |u| u.to_string())
     );
-    outln!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
+    outln!("  store {}", config.store.describe());
     for rule in &config.rules {
         let methods = if rule.methods.is_empty() {
             "*".to_owned()
