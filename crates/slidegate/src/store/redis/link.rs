@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 
+use super::target::Source;
 use super::RedisOptions;
 use crate::store::StoreError;
 
@@ -24,7 +25,9 @@ pub(super) struct Link {
 }
 
 struct Shared {
-    client: Client,
+    /// Where to connect: asked again at each reconnect, so that a Sentinel
+    /// target follows its master through a failover.
+    source: Source,
     options: RedisOptions,
     /// The live connection and its generation, or `None` while down.
     conn: RwLock<Option<(u64, MultiplexedConnection)>>,
@@ -37,12 +40,11 @@ struct Shared {
 
 impl Link {
     /// Connects now, within the options' connect timeout.
-    pub(super) async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let client = Client::open(url)?;
-        let conn = open(&client, &options).await?;
+    pub(super) async fn connect(source: Source, options: RedisOptions) -> Result<Self, StoreError> {
+        let conn = open(&source, &options).await?;
         Ok(Self {
             shared: Arc::new(Shared {
-                client,
+                source,
                 options,
                 conn: RwLock::new(Some((0, conn))),
                 generation: AtomicU64::new(0),
@@ -71,9 +73,17 @@ impl Link {
 
     /// Reports that a call on connection `generation` failed with `err`;
     /// when the error means the connection is gone, marks it down and starts
-    /// reconnecting. Timeouts do not: a slow Redis is still connected.
+    /// reconnecting. Timeouts do not: a slow Redis is still connected. A
+    /// `READONLY` reply on a Sentinel target does: the server was demoted to
+    /// a replica, and the reconnect asks the sentinels for the new master.
     pub(super) fn failed(&self, generation: u64, err: &RedisError) {
-        if !(err.is_connection_dropped() || err.is_connection_refusal() || err.is_unrecoverable_error()) {
+        let demoted = self.shared.source.follows_failover()
+            && err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if !(demoted
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_unrecoverable_error())
+        {
             return;
         }
         {
@@ -111,7 +121,7 @@ async fn reconnect(shared: Weak<Shared>) {
     };
     loop {
         let Some(s) = shared.upgrade() else { return };
-        if let Ok(conn) = open(&s.client, &s.options).await {
+        if let Ok(conn) = open(&s.source, &s.options).await {
             let generation = s.generation.fetch_add(1, Ordering::AcqRel) + 1;
             let mut slot = match s.conn.write() {
                 Ok(guard) => guard,
@@ -130,8 +140,10 @@ async fn reconnect(shared: Weak<Shared>) {
 }
 
 /// One connection attempt, bounded by the connect timeout as a whole (TCP
-/// connect and the handshake commands alike).
-async fn open(client: &Client, options: &RedisOptions) -> Result<MultiplexedConnection, StoreError> {
+/// connect and the handshake commands alike), after finding the server (for
+/// Sentinel, each sentinel asked within the connect timeout).
+async fn open(source: &Source, options: &RedisOptions) -> Result<MultiplexedConnection, StoreError> {
+    let client = source.client(options).await?;
     // No response timeout on the connection itself: every call runs under
     // the store's deadline, which a caller may set above the crate's 500 ms.
     let config = AsyncConnectionConfig::new()

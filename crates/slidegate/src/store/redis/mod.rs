@@ -35,18 +35,24 @@
 mod key;
 mod link;
 mod scripts;
+mod target;
 mod wire;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use self::key::StateKey;
 use self::link::Link;
 use self::scripts::Lua;
+pub use self::target::RedisTarget;
+use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Clock, Decision, Limit};
@@ -78,17 +84,35 @@ impl fmt::Debug for TimeSource {
     }
 }
 
-/// Deadlines and reconnection of a [`RedisStore`], for
-/// [`RedisStore::connect_with`].
+/// Deadlines, reconnection, credentials and TLS of a [`RedisStore`], for
+/// [`RedisStore::connect_with`] and [`RedisStore::connect_to`].
 ///
 /// The defaults suit a Redis on the same network: a decision that takes
 /// longer than 250 ms is better answered by a fallback than waited for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisOptions {
     timeout: Duration,
     connect_timeout: Duration,
     reconnect_min: Duration,
     reconnect_max: Duration,
+    username: Option<String>,
+    password: Option<String>,
+    tls_ca: Option<PathBuf>,
+}
+
+impl fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("reconnect_min", &self.reconnect_min)
+            .field("reconnect_max", &self.reconnect_max)
+            .field("username", &self.username)
+            // Never printed: options end up in logs.
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca", &self.tls_ca)
+            .finish()
+    }
 }
 
 impl Default for RedisOptions {
@@ -98,6 +122,9 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_millis(500),
             reconnect_min: Duration::from_millis(25),
             reconnect_max: Duration::from_millis(200),
+            username: None,
+            password: None,
+            tls_ca: None,
         }
     }
 }
@@ -133,6 +160,23 @@ impl RedisOptions {
         self
     }
 
+    /// The ACL user and password for the data nodes (the server, the
+    /// cluster's nodes, the master behind Sentinel). Each one given
+    /// overrides the URL's; `None` keeps the URL's. A password alone logs in
+    /// as the `default` user (`requirepass`).
+    pub fn with_credentials(mut self, username: Option<String>, password: Option<String>) -> Self {
+        self.username = username;
+        self.password = password;
+        self
+    }
+
+    /// Trusts the CA certificate in this PEM file for `rediss://` servers,
+    /// instead of the system roots.
+    pub fn with_tls_ca(mut self, ca_cert_pem_path: PathBuf) -> Self {
+        self.tls_ca = Some(ca_cert_pem_path);
+        self
+    }
+
     /// The deadline of one decision.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -151,6 +195,10 @@ enum Connection {
     Link(Link),
     /// A caller's `ConnectionManager` ([`RedisStore::from_connection`]).
     Manager(ConnectionManager),
+    /// The `redis` crate's cluster connection: routes each script by its
+    /// keys' slot, follows `MOVED`/`ASK`, retries `TRYAGAIN`, all within the
+    /// store's deadline.
+    Cluster(ClusterConnection),
 }
 
 /// A [`Store`] in Redis. Cheap to clone: clones share one multiplexed,
@@ -204,7 +252,41 @@ impl RedisStore {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let link = Link::connect(url, options).await?;
+        Self::connect_to(&RedisTarget::Single(url.to_owned()), options).await
+    }
+
+    /// Connects to `target` with `options`.
+    ///
+    /// - [`RedisTarget::Single`] and [`RedisTarget::Sentinel`] share the
+    ///   single-server behaviour: scripts loaded now, calls failing at once
+    ///   while the connection is down, one background reconnect. For
+    ///   Sentinel every (re)connect first asks the sentinels for the master,
+    ///   and a `READONLY` reply (the master was demoted) also reconnects, so
+    ///   the store follows a failover by itself.
+    /// - [`RedisTarget::Cluster`] uses the `redis` crate's cluster client,
+    ///   which follows `MOVED`/`ASK` and retries `TRYAGAIN` and dropped
+    ///   connections within the deadline. Scripts are not loaded up front:
+    ///   the first call on each node falls back to `EVAL` once. While a
+    ///   node is dead, calls for its slots do not fail at once but time out
+    ///   at the deadline (the client reconnects and refreshes its slot map
+    ///   under the calls); calls for other slots are unaffected.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); also [`StoreError::Redis`] when the CA
+    /// file cannot be read or a list of URLs is empty, and
+    /// [`StoreError::NotConnected`] when no sentinel knows the master.
+    pub async fn connect_to(target: &RedisTarget, options: RedisOptions) -> Result<Self, StoreError> {
+        let source = match target {
+            RedisTarget::Single(url) => {
+                let certs = target::certificates(&options)?;
+                Source::Fixed(target::client(target::node_info(url, &options)?, certs.as_ref())?)
+            }
+            RedisTarget::Sentinel { sentinels, master_name } => {
+                Source::Sentinel(SentinelSource::new(sentinels, master_name, &options)?)
+            }
+            RedisTarget::Cluster(urls) => return Self::connect_cluster(urls, options).await,
+        };
+        let link = Link::connect(source, options.clone()).await?;
         let store = Self {
             conn: Connection::Link(link),
             timeout: options.timeout,
@@ -226,6 +308,44 @@ impl RedisStore {
             Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
         }
         Ok(store)
+    }
+
+    async fn connect_cluster(urls: &[String], options: RedisOptions) -> Result<Self, StoreError> {
+        if urls.is_empty() {
+            return Err(target::config_error("no cluster node URLs", String::new()));
+        }
+        let mut builder = ClusterClientBuilder::new(urls.to_vec())
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.timeout)
+            .overall_response_timeout(Some(options.timeout))
+            // Redirects and `TRYAGAIN` during a slot migration are retried
+            // after a short pause; the store's deadline bounds them all.
+            .retries(16)
+            .min_retry_wait(2)
+            .max_retry_wait(50);
+        if let Some(username) = &options.username {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &options.password {
+            builder = builder.password(password);
+        }
+        if let Some(certs) = target::certificates(&options)? {
+            builder = builder.certs(certs);
+        }
+        if urls.iter().any(|url| url.starts_with("rediss://")) {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = builder.build()?;
+        let conn = match tokio::time::timeout(options.connect_timeout, client.get_async_connection()).await {
+            Ok(conn) => conn?,
+            Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
+        };
+        Ok(Self {
+            conn: Connection::Cluster(conn),
+            timeout: options.timeout,
+            prefix: DEFAULT_PREFIX.into(),
+            time: TimeSource::Server,
+        })
     }
 
     /// A store on an existing `ConnectionManager`, whose own timeouts and
@@ -308,8 +428,8 @@ impl RedisStore {
     fn connection(&self) -> Result<(u64, redis::aio::MultiplexedConnection), StoreError> {
         match &self.conn {
             Connection::Link(link) => link.get(),
-            Connection::Manager(_) => {
-                Err(StoreError::NotConnected("a ConnectionManager store has no link".to_owned()))
+            Connection::Manager(_) | Connection::Cluster(_) => {
+                Err(StoreError::NotConnected("only a store's own link is used here".to_owned()))
             }
         }
     }
@@ -350,6 +470,7 @@ impl RedisStore {
                     Ok(reply?)
                 }
                 Connection::Manager(manager) => Ok(run(&mut manager.clone(), &cmd, fallback).await?),
+                Connection::Cluster(cluster) => Ok(run(&mut cluster.clone(), &cmd, fallback).await?),
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
