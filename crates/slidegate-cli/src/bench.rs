@@ -273,7 +273,7 @@ impl<'a> Bench<'a> {
                     .with_timeout(Duration::from_secs(30))
                     .with_connect_timeout(Duration::from_secs(5));
                 for _ in 0..args.connections {
-                    cluster_load.push(RedisStore::connect_to(&target, options).await?);
+                    cluster_load.push(RedisStore::connect_to(&target, options.clone()).await?);
                 }
                 Nodes::cluster(&args.redis_cluster).await?
             }

@@ -82,15 +82,6 @@ impl Nodes {
         Ok(total)
     }
 
-    /// Keys summed over the masters (`DBSIZE`).
-    pub async fn dbsize(&mut self) -> Result<u64, redis::RedisError> {
-        let mut total = 0;
-        for conn in self.connections() {
-            total += redis::cmd("DBSIZE").query_async::<u64>(conn).await?;
-        }
-        Ok(total)
-    }
-
     /// The connection to the master that holds `key`: the one that answers
     /// `EXISTS` instead of redirecting (`MOVED`).
     pub async fn owner_of(&mut self, key: &str) -> Result<&mut ConnectionManager, Box<dyn std::error::Error>> {
