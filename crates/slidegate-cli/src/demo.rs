@@ -191,7 +191,10 @@ async fn redis_experiments(
     identities: u64,
 ) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let (allowed, curves) = boundary_burst(store, clock, "burst").await?;
-    let reference_key = format!("{prefix}reference");
+    // The script derives its second key from the first: on a cluster a hash
+    // tag keeps both in one slot, as a caller of the script would have to.
+    let reference_key =
+        if nodes.is_cluster() { format!("{prefix}{{reference}}") } else { format!("{prefix}reference") };
     let reference = reference_burst(nodes.owner_of(&reference_key).await?, &reference_key).await?;
     nodes.delete_prefix(prefix).await?;
 
