@@ -203,7 +203,8 @@ fn tcp_address(url: &str) -> Result<(String, u16), Box<dyn std::error::Error>> {
 }
 
 async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
-    let urls: Vec<String> = args.redis_url.iter().cloned().chain(args.redis_cluster.iter().cloned()).collect();
+    let urls: Vec<String> =
+        args.redis_url.iter().cloned().chain(args.redis_cluster.iter().cloned()).collect();
     let mut addresses = Vec::new();
     for url in &urls {
         let (host, port) = tcp_address(url)?;
@@ -222,7 +223,10 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
     bench.admin.delete_prefix(&bench.prefix).await?;
     let measured = measured?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&json_report(&args, &quota, &measured, bench.admin.len()))?);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&json_report(&args, &quota, &measured, bench.admin.len()))?
+        );
     } else {
         print_table(&measured);
     }
@@ -448,7 +452,8 @@ fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: us
     for (algorithm, f) in &measured.algorithms {
         algorithms.insert(algorithm.name().to_owned(), f.to_json());
         if let Some(reference) = reference {
-            ratios.insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
+            ratios
+                .insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
         }
     }
     json!({

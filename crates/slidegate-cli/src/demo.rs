@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
+    Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    TimeSource,
 };
 use tokio::task::JoinSet;
 

@@ -89,7 +89,10 @@ impl Nodes {
 
     /// The connection to the master that holds `key`: the one that answers
     /// `EXISTS` instead of redirecting (`MOVED`).
-    pub async fn owner_of(&mut self, key: &str) -> Result<&mut ConnectionManager, Box<dyn std::error::Error>> {
+    pub async fn owner_of(
+        &mut self,
+        key: &str,
+    ) -> Result<&mut ConnectionManager, Box<dyn std::error::Error>> {
         let mut owner = None;
         for (i, (_, conn)) in self.masters.iter_mut().enumerate() {
             if redis::cmd("EXISTS").arg(key).query_async::<u64>(conn).await.is_ok() {
@@ -187,6 +190,9 @@ mod tests {
     #[test]
     fn a_master_url_keeps_the_seeds_scheme_and_credentials() {
         assert_eq!(with_address("redis://127.0.0.1:7000", "127.0.0.1:7001"), "redis://127.0.0.1:7001");
-        assert_eq!(with_address("rediss://u:p@localhost:7000/0", "127.0.0.1:7002"), "rediss://u:p@127.0.0.1:7002");
+        assert_eq!(
+            with_address("rediss://u:p@localhost:7000/0", "127.0.0.1:7002"),
+            "rediss://u:p@127.0.0.1:7002"
+        );
     }
 }

@@ -109,10 +109,18 @@ fn check_config_prints_a_cluster_store_without_secrets() {
     );
     assert!(!stdout.contains("hunter2") && !stdout.contains("s3cret-pw"), "{stdout}");
     // The variable unset: a located error, exit code 2.
-    let out = Command::new(binary()).arg("check-config").arg(&path).env_remove("SG_TEST_REDIS_PW").output().unwrap();
+    let out = Command::new(binary())
+        .arg("check-config")
+        .arg(&path)
+        .env_remove("SG_TEST_REDIS_PW")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("slidegate.toml:4:16: environment variable SG_TEST_REDIS_PW is not set"), "{stderr}");
+    assert!(
+        stderr.contains("slidegate.toml:4:16: environment variable SG_TEST_REDIS_PW is not set"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -222,7 +230,11 @@ impl Traffic {
                     while !stop.load(Ordering::Relaxed) {
                         let key = format!("identity-{}", i % 30);
                         let reply = get(addr, "/api/busy", &[("x-api-key", &key)]);
-                        seen.lock().unwrap().push((Instant::now(), reply.status, reply.header("ratelimit").is_some()));
+                        seen.lock().unwrap().push((
+                            Instant::now(),
+                            reply.status,
+                            reply.header("ratelimit").is_some(),
+                        ));
                         i += 4;
                     }
                 })
@@ -256,7 +268,8 @@ fn assert_fail_open_gap(seen: &[(Instant, u16, bool)], killed: Instant) -> (Dura
     let statuses: Vec<u16> = seen.iter().map(|(_, s, _)| *s).filter(|s| *s != 200).collect();
     assert_eq!(statuses, Vec::<u16>::new(), "fail-open traffic got non-200 answers");
     assert!(seen.iter().any(|(at, _, decided)| *at < killed && *decided), "no decision before the kill");
-    let undecided: Vec<Instant> = seen.iter().filter(|(_, _, decided)| !decided).map(|(at, ..)| *at).collect();
+    let undecided: Vec<Instant> =
+        seen.iter().filter(|(_, _, decided)| !decided).map(|(at, ..)| *at).collect();
     assert!(!undecided.is_empty(), "the kill went unnoticed: no request failed open");
     assert!(undecided.iter().all(|at| *at >= killed), "a request failed open before the kill");
     let last = undecided.iter().max().copied().unwrap_or(killed);

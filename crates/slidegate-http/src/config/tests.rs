@@ -310,8 +310,10 @@ fn url_cluster_and_sentinel_exclude_each_other_at_the_second_key() {
 
 #[test]
 fn credentials_come_from_the_environment_and_never_show() {
-    let c = parse_store("cluster = [\"redis://127.0.0.1:7000\"]\nusername = \"limiter\"\npassword_env = \"REDIS_PW\"\n")
-        .unwrap();
+    let c = parse_store(
+        "cluster = [\"redis://127.0.0.1:7000\"]\nusername = \"limiter\"\npassword_env = \"REDIS_PW\"\n",
+    )
+    .unwrap();
     assert_eq!(c.store.username.as_deref(), Some("limiter"));
     let password = c.store.password.as_ref().unwrap();
     assert_eq!((password.variable(), password.expose()), ("REDIS_PW", "s3cret"));
@@ -342,10 +344,15 @@ fn tls_ca_needs_rediss_urls_and_a_readable_file() {
     let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let c = parse_store(&format!("cluster = [\"rediss://127.0.0.1:7000\"]\ntls_ca = \"{ca}\"\n")).unwrap();
     assert_eq!(c.store.tls_ca.as_deref(), Some(std::path::Path::new(ca)));
-    let (line, column, message) = store_err(&format!("url = \"redis://127.0.0.1:7000\"\ntls_ca = \"{ca}\"\n"));
+    let (line, column, message) =
+        store_err(&format!("url = \"redis://127.0.0.1:7000\"\ntls_ca = \"{ca}\"\n"));
     assert_eq!((line, column), (3, 10));
-    assert!(message.starts_with("tls_ca is the CA trusted for TLS, but the store URLs are not rediss://"), "{message}");
-    let (line, column, message) = store_err("url = \"rediss://127.0.0.1:7000\"\ntls_ca = \"/no/such/ca.pem\"\n");
+    assert!(
+        message.starts_with("tls_ca is the CA trusted for TLS, but the store URLs are not rediss://"),
+        "{message}"
+    );
+    let (line, column, message) =
+        store_err("url = \"rediss://127.0.0.1:7000\"\ntls_ca = \"/no/such/ca.pem\"\n");
     assert_eq!((line, column), (3, 10));
     assert!(message.starts_with("cannot read tls_ca /no/such/ca.pem"), "{message}");
     let (_, _, message) = store_err(&format!("tls_ca = \"{ca}\"\n"));

@@ -15,8 +15,8 @@ use toml::Spanned;
 use super::error::ConfigError;
 use super::raw::{RawConfig, RawIdentity, RawLimit, RawRule, RawServer, RawStore};
 use super::types::{
-    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig, RuleLimits,
-    ServerConfig, StoreConfig,
+    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig,
+    RuleLimits, ServerConfig, StoreConfig,
 };
 use super::values::{Cidr, MethodName};
 
@@ -325,7 +325,9 @@ impl Validator<'_> {
         }
         let cluster = match raw.cluster.take() {
             None => Vec::new(),
-            Some(list) => self.redis_urls("cluster", list, "[\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]")?,
+            Some(list) => {
+                self.redis_urls("cluster", list, "[\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]")?
+            }
         };
         let (sentinel, master_name) = match (raw.sentinel.take(), raw.master_name.take()) {
             (None, None) => (Vec::new(), None),
@@ -351,7 +353,10 @@ impl Validator<'_> {
         };
         let has_redis = !named.is_empty();
         let needs_redis = |key: &str, span: Range<usize>| {
-            self.err(span, format!("{key} applies to a Redis store: expected `url`, `cluster` or `sentinel` in [store]"))
+            self.err(
+                span,
+                format!("{key} applies to a Redis store: expected `url`, `cluster` or `sentinel` in [store]"),
+            )
         };
         let username = match raw.username.take() {
             None => None,
@@ -394,7 +399,10 @@ impl Validator<'_> {
                 if let Err(e) = std::fs::metadata(&path) {
                     return Err(self.err(
                         ca.span(),
-                        format!("cannot read tls_ca {}: {e}: expected a PEM CA certificate file", path.display()),
+                        format!(
+                            "cannot read tls_ca {}: {e}: expected a PEM CA certificate file",
+                            path.display()
+                        ),
                     ));
                 }
                 Some(path)
@@ -413,7 +421,9 @@ impl Validator<'_> {
         let span = list.span();
         let list = list.into_inner();
         if list.is_empty() {
-            return Err(self.err(span, format!("{key} is empty: expected at least one URL, such as {example}")));
+            return Err(
+                self.err(span, format!("{key} is empty: expected at least one URL, such as {example}"))
+            );
         }
         list.into_iter()
             .map(|u| {
@@ -423,7 +433,9 @@ impl Validator<'_> {
                 } else {
                     Err(self.err(
                         u.span(),
-                        format!("invalid {key} URL {text:?}: expected redis://host:port or rediss://host:port"),
+                        format!(
+                            "invalid {key} URL {text:?}: expected redis://host:port or rediss://host:port"
+                        ),
                     ))
                 }
             })
