@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
@@ -36,21 +37,37 @@ struct Shared {
     generation: AtomicU64,
     /// Whether the reconnect task runs (at most one at a time).
     reconnecting: AtomicBool,
+    /// The address of the live connection (`host:port`), for a Sentinel
+    /// target's watch to see that the sentinels name another master.
+    addr: RwLock<String>,
 }
+
+/// How often a Sentinel target asks the sentinels whether the master moved.
+/// A manual or forced failover can leave the old master writable for
+/// seconds before it is demoted (and answers `READONLY`); asking keeps the
+/// store off a master its sentinels have given up.
+const SENTINEL_POLL: Duration = Duration::from_millis(250);
 
 impl Link {
     /// Connects now, within the options' connect timeout.
     pub(super) async fn connect(source: Source, options: RedisOptions) -> Result<Self, StoreError> {
-        let conn = open(&source, &options).await?;
-        Ok(Self {
+        let (conn, addr) = open(&source, &options).await?;
+        let link = Self {
             shared: Arc::new(Shared {
                 source,
                 options,
                 conn: RwLock::new(Some((0, conn))),
                 generation: AtomicU64::new(0),
                 reconnecting: AtomicBool::new(false),
+                addr: RwLock::new(addr),
             }),
-        })
+        };
+        if link.shared.source.follows_failover() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(watch(Arc::downgrade(&link.shared)));
+            }
+        }
+        Ok(link)
     }
 
     /// The live connection, or an error at once while it is down (a
@@ -86,6 +103,12 @@ impl Link {
         {
             return;
         }
+        self.drop_connection(generation);
+    }
+
+    /// Marks connection `generation` down, unless it was replaced already,
+    /// and starts reconnecting.
+    fn drop_connection(&self, generation: u64) {
         {
             let mut conn = match self.shared.conn.write() {
                 Ok(guard) => guard,
@@ -121,8 +144,12 @@ async fn reconnect(shared: Weak<Shared>) {
     };
     loop {
         let Some(s) = shared.upgrade() else { return };
-        if let Ok(conn) = open(&s.source, &s.options).await {
+        if let Ok((conn, addr)) = open(&s.source, &s.options).await {
             let generation = s.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            match s.addr.write() {
+                Ok(mut guard) => *guard = addr,
+                Err(poisoned) => *poisoned.into_inner() = addr,
+            }
             let mut slot = match s.conn.write() {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
@@ -139,11 +166,38 @@ async fn reconnect(shared: Weak<Shared>) {
     }
 }
 
+/// For a Sentinel target: asks the sentinels now and then which master they
+/// name, and reconnects when it is not the one connected to. Holds the store
+/// only weakly, so a dropped store stops the task.
+async fn watch(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(SENTINEL_POLL).await;
+        let Some(s) = shared.upgrade() else { return };
+        let Ok(client) = s.source.client(&s.options).await else { continue };
+        let named = client.get_connection_info().addr().to_string();
+        let moved = match s.addr.read() {
+            Ok(current) => *current != named,
+            Err(poisoned) => *poisoned.into_inner() != named,
+        };
+        let live = match s.conn.read() {
+            Ok(guard) => guard.as_ref().map(|(generation, _)| *generation),
+            Err(poisoned) => poisoned.into_inner().as_ref().map(|(generation, _)| *generation),
+        };
+        if let (true, Some(generation)) = (moved, live) {
+            Link { shared: s }.drop_connection(generation);
+        }
+    }
+}
+
 /// One connection attempt, bounded by the connect timeout as a whole (TCP
 /// connect and the handshake commands alike), after finding the server (for
 /// Sentinel, each sentinel asked within the connect timeout).
-async fn open(source: &Source, options: &RedisOptions) -> Result<MultiplexedConnection, StoreError> {
+async fn open(
+    source: &Source,
+    options: &RedisOptions,
+) -> Result<(MultiplexedConnection, String), StoreError> {
     let client = source.client(options).await?;
+    let addr = client.get_connection_info().addr().to_string();
     // No response timeout on the connection itself: every call runs under
     // the store's deadline, which a caller may set above the crate's 500 ms.
     let config = AsyncConnectionConfig::new()
@@ -155,7 +209,7 @@ async fn open(source: &Source, options: &RedisOptions) -> Result<MultiplexedConn
     )
     .await
     {
-        Ok(conn) => Ok(conn?),
+        Ok(conn) => Ok((conn?, addr)),
         Err(_) => Err(StoreError::TimedOut(options.connect_timeout)),
     }
 }

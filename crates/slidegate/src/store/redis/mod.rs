@@ -297,6 +297,9 @@ impl RedisStore {
         // Redis that answers a connect but not this is as good as down.
         let load = async {
             let (_, mut conn) = store.connection()?;
+            // A PING first, so that a refusal (`NOAUTH`, a missing ACL
+            // permission) reads as one error, not as six failed loads.
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
             let mut pipe = redis::pipe();
             for lua in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
@@ -319,10 +322,16 @@ impl RedisStore {
             .response_timeout(options.timeout)
             .overall_response_timeout(Some(options.timeout))
             // Redirects and `TRYAGAIN` during a slot migration are retried
-            // after a short pause; the store's deadline bounds them all.
-            .retries(16)
+            // until the store's deadline (the overall response timeout), a
+            // few ms apart: a multi-key script whose keys are split between
+            // the two nodes of a migrating slot gets `TRYAGAIN` until the
+            // slot's keys have moved, which can take longer than the
+            // client's default 16 quick retries. A constant pause (exponent
+            // base 1) also keeps the client's `base^retry` from overflowing.
+            .retries(1_000)
+            .retry_wait_formula(10, 1)
             .min_retry_wait(2)
-            .max_retry_wait(50);
+            .max_retry_wait(10);
         if let Some(username) = &options.username {
             builder = builder.username(username);
         }

@@ -1,0 +1,167 @@
+//! Random traces for the stores-agree property: replayed through
+//! `MemoryStore` and `RedisStore` (client time, one shared `ManualClock`)
+//! they must give identical results, call for call, for every algorithm.
+//! `stores_agree.rs` replays them on a single `redis-server`, `cluster.rs`
+//! on a Redis Cluster.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use redis::aio::ConnectionLike;
+use slidegate::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota, RedisStore, Store, TimeSource};
+
+#[derive(Debug, Clone)]
+pub enum Call {
+    /// `decide(identity, limits[limit], cost)`
+    One { limit: usize, cost: u64 },
+    /// `decide_all(identity, [(limits[i], costs[i]) for i in mask])`
+    All { mask: u8, costs: [u64; 4] },
+}
+
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Milliseconds the clock moves before the call; now and then backwards
+    /// (a failover to a server whose clock is behind, an NTP step).
+    advance: i64,
+    identity: usize,
+    call: Call,
+}
+
+#[derive(Debug, Clone)]
+pub struct Trace {
+    start: u64,
+    limits: Vec<Limit>,
+    steps: Vec<Step>,
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(Algorithm::ALL.to_vec())
+}
+
+/// Small limits and windows, so that limits are reached and windows turn
+/// often; now and then a huge limit on a tiny window (rates finer than a
+/// permit per µs, products up to 2^53), where the costs scale with the limit.
+fn limit() -> impl Strategy<Value = Limit> {
+    let window = prop::sample::select(vec![1u64, 2, 3, 7, 10, 50, 100, 250, 1000, 1500, 60_000]);
+    let small = (algorithm(), 1u64..=6, window)
+        .prop_map(|(a, n, w)| Limit::new(a, Quota::new(n, Duration::from_millis(w)).expect("valid quota")));
+    // The log keeps one entry per permit: huge limits are for the others.
+    let counting = prop::sample::select(
+        Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog).collect::<Vec<_>>(),
+    );
+    let huge = (counting, prop::sample::select(vec![10_000u64, 10_000_000, 1 << 40, 1 << 50]), 1u64..=8)
+        .prop_filter_map("limit × window ≤ 2^53", |(a, n, w)| {
+            Quota::new(n, Duration::from_millis(w)).ok().map(|q| Limit::new(a, q))
+        });
+    prop_oneof![6 => small, 1 => huge]
+}
+
+fn step(limits: usize) -> impl Strategy<Value = Step> {
+    // Steps back of 15 s and 60 s pass the 10 s TTL slack of client time on Redis.
+    let advance = prop_oneof![
+        30 => Just(0i64),
+        30 => 0i64..20,
+        20 => 0i64..400,
+        10 => 0i64..3000,
+        10 => -3000i64..0,
+        1 => Just(-15_000i64),
+        1 => Just(-60_000i64),
+        1 => Just(70_000i64),
+    ];
+    // Costs up to 7 exceed small limits now and then: both stores must refuse
+    // alike. A cost of u64::MAX − k stands for the limit − k.
+    let call = prop_oneof![
+        4 => (0..limits, 0u64..=7).prop_map(|(limit, cost)| Call::One { limit, cost }),
+        1 => (0..limits, 0u64..=2).prop_map(|(limit, k)| Call::One { limit, cost: u64::MAX - k }),
+        1 => (1u8..16, [0u64..=3, 0u64..=3, 0u64..=3, 0u64..=3]).prop_map(|(mask, costs)| Call::All { mask, costs }),
+    ];
+    (advance, 0usize..3, call).prop_map(|(advance, identity, call)| Step { advance, identity, call })
+}
+
+pub fn trace() -> impl Strategy<Value = Trace> {
+    prop::collection::vec(limit(), 1..=4).prop_flat_map(|mut limits| {
+        limits.dedup();
+        let n = limits.len();
+        // A realistic epoch in ms, at any phase of every window.
+        (1_700_000_000_000u64..1_700_000_100_000, Just(limits), prop::collection::vec(step(n), 1..80))
+            .prop_map(|(start, limits, steps)| Trace { start, limits, steps })
+    })
+}
+
+const IDENTITIES: [&str; 3] = ["alice", "bob", "}carol{"];
+
+/// Replays `trace` through a fresh `MemoryStore` and `redis` under the
+/// prefix `<prefix>case<case>:`; `admin` reads the keys' PTTL.
+pub async fn replay<C: ConnectionLike + Clone + Send>(
+    redis: &RedisStore,
+    admin: &C,
+    prefix: &str,
+    case: usize,
+    trace: &Trace,
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(trace.start);
+    let memory = MemoryStore::with_clock(clock.clone());
+    let redis = redis
+        .clone()
+        .with_prefix(format!("{prefix}case{case}:"))
+        .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
+    for (i, step) in trace.steps.iter().enumerate() {
+        clock.set(clock.now_ms().saturating_add_signed(step.advance));
+        let identity = IDENTITIES[step.identity];
+        let at = format!("step {i} at t = start + {} ms: {step:?}", clock_offset(&clock, trace));
+        match &step.call {
+            Call::One { limit, cost } => {
+                let limit = &trace.limits[*limit % trace.limits.len()];
+                let permits = limit.quota.permits();
+                let cost = if *cost > u64::MAX - 3 { permits.saturating_sub(u64::MAX - cost) } else { *cost };
+                let m = memory.decide(identity, limit, cost).await;
+                let r = redis.decide(identity, limit, cost).await;
+                let wrote = cost > 0 && r.as_ref().is_ok_and(|d| d.allowed);
+                let (m, r) = (format!("{m:?}"), format!("{r:?}"));
+                prop_assert_eq!(&m, &r, "{} on {}", at, limit);
+                // A write sets the key to live as long as the state matters
+                // (a peek's reset_after): a key timed window + slack from
+                // now forgot permits stamped later, before the clock stepped
+                // back. (A step back after the last write only the slack covers.)
+                if wrote && limit.algorithm == Algorithm::SlidingLog {
+                    let reset = memory.decide(identity, limit, 0).await.map(|d| d.reset_after);
+                    if let Some(reset) = reset.ok().filter(|r| !r.is_zero()) {
+                        let key = &redis.keys_for(identity, limit)[0];
+                        let pttl: i64 = redis::cmd("PTTL")
+                            .arg(key)
+                            .query_async(&mut admin.clone())
+                            .await
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert!(
+                            u128::try_from(pttl).unwrap_or(0) >= reset.as_millis(),
+                            "{} on {}: key {} lives {} ms, its state {:?}",
+                            at,
+                            limit,
+                            key,
+                            pttl,
+                            reset
+                        );
+                    }
+                }
+            }
+            Call::All { mask, costs } => {
+                let charges: Vec<(Limit, u64)> = (0..trace.limits.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| (trace.limits[i], costs[i]))
+                    .collect();
+                let m = memory.decide_all(identity, &charges).await;
+                let r = redis.decide_all(identity, &charges).await;
+                let (m, r) = (format!("{m:?}"), format!("{r:?}"));
+                prop_assert_eq!(&m, &r, "{} on {:?}", at, charges);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn clock_offset(clock: &ManualClock, trace: &Trace) -> i128 {
+    i128::from(clock.now_ms()) - i128::from(trace.start)
+}
