@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use slidegate_test_redis::{RedisCluster, RedisSentinel};
+use slidegate_test_redis::{RedisCluster, RedisSentinel, SecuredRedis};
 
 /// A `serve` configuration on the store `store` (the `[store]` keys naming
 /// Redis), keys under `prefix`, store calls bounded by `timeout_ms`.
@@ -205,6 +205,31 @@ fn three_instances_on_one_cluster_admit_exactly_the_limit() {
     assert_eq!(other.into_inner().unwrap(), Vec::<u16>::new());
     assert_eq!((allowed, denied), (100, 900));
     assert_eq!(upstream.hits(), 100);
+}
+
+#[test]
+fn serve_logs_in_with_a_user_and_a_password_from_the_environment_over_tls() {
+    let redis = SecuredRedis::builder()
+        .password("default-pw")
+        .user("limiter", "limiter-pw", "~* +@all")
+        .tls()
+        .start();
+    // The child inherits it; no other test reads this variable.
+    std::env::set_var("SG_TEST_LIMITER_PW", "limiter-pw");
+    let upstream = Upstream::start();
+    let store = format!(
+        "url = \"rediss://127.0.0.1:{}/\"\nusername = \"limiter\"\npassword_env = \"SG_TEST_LIMITER_PW\"\ntls_ca = {:?}",
+        redis.port(),
+        redis.ca_cert().unwrap().display().to_string()
+    );
+    let sg = Slidegate::start(&cluster_config(&upstream, &store, "acl:", 2000, "deny"));
+    let first = sg.get("/api/search", &[("x-api-key", "tls-key")]);
+    assert_eq!((first.status, first.header("x-ratelimit-remaining")), (200, Some("1")), "{first:?}");
+    // Written as the ACL user: the key is there, under the prefix.
+    let keys = redis.cli(&["--scan"]);
+    assert!(keys.lines().any(|k| k.starts_with("acl:")), "{keys}");
+    let log = sg.log.lock().unwrap().clone();
+    assert!(!log.contains("limiter-pw"), "the password was logged:\n{log}");
 }
 
 // ---------------------------------------------------------------- failover
