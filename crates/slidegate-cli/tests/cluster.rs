@@ -312,7 +312,7 @@ fn assert_still_serving(sg: &mut Slidegate) {
 fn a_killed_cluster_master_fails_open_then_decisions_resume_and_keys_keep_ttls() {
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start();
-    let mut sg = Slidegate::start(&cluster_config(&upstream, &cluster_store(&cluster), "fo:", 200, "allow"));
+    let mut sg = Slidegate::start(&cluster_config(&upstream, &cluster_store(&cluster), "fo:", 500, "allow"));
     let traffic = Traffic::start(sg.addr);
     traffic.wait_for_decisions(60);
     let killed = Instant::now();
@@ -341,7 +341,7 @@ fn a_killed_sentinel_master_fails_open_then_decisions_resume_and_keys_keep_ttls(
     let upstream = Upstream::start();
     let urls: Vec<String> = sentinel.sentinel_urls().iter().map(|u| format!("{u:?}")).collect();
     let store = format!("sentinel = [{}]\nmaster_name = {:?}", urls.join(", "), sentinel.master_name());
-    let mut sg = Slidegate::start(&cluster_config(&upstream, &store, "so:", 200, "allow"));
+    let mut sg = Slidegate::start(&cluster_config(&upstream, &store, "so:", 500, "allow"));
     let traffic = Traffic::start(sg.addr);
     traffic.wait_for_decisions(60);
     let killed = Instant::now();
