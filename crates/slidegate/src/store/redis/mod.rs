@@ -29,6 +29,13 @@
 //!   replays random traces through this store and [`crate::MemoryStore`] and
 //!   asserts identical decisions.
 //!
+//! - [`RedisTarget`] picks one server, a Redis Cluster or a master behind
+//!   Sentinel (see [`RedisStore::connect_to`]). Replication is asynchronous:
+//!   after a failover the promoted replica may lack the last writes, and the
+//!   identities they charged regain those permits (none lost in the tests,
+//!   a local replica being a fraction of a millisecond behind; bounded by
+//!   the writes of the replication lag before the master died).
+//!
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
 
