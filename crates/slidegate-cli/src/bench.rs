@@ -7,6 +7,11 @@
 //! Keys are written under a prefix unique to the run and deleted afterwards;
 //! `CONFIG RESETSTAT` is issued before each phase, so run it against a Redis
 //! of its own.
+//!
+//! On a Redis Cluster (`--redis-cluster`) the store's algorithms are measured
+//! through the cluster client, server figures are read from every master, and
+//! the reference script and `redis-benchmark` are left out: the article's
+//! script is called on one server by its callers, not routed by key.
 
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -17,10 +22,14 @@ use hdrhistogram::Histogram;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
-use slidegate::{Algorithm, Clock, Limit, ManualClock, Quota, RedisStore, Store, SystemClock, TimeSource};
+use slidegate::{
+    Algorithm, Clock, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget, Store, SystemClock,
+    TimeSource,
+};
 
-use crate::redis_info::{evalsha_usec_per_call, used_memory};
-use crate::redis_keys::{delete_prefix, run_prefix};
+use crate::redis_info::evalsha_usec_per_call;
+use crate::redis_keys::run_prefix;
+use crate::redis_nodes::Nodes;
 use crate::reference_script::ReferenceScript;
 
 /// Arguments of `slidegate bench`.
@@ -38,14 +47,20 @@ enum Target {
 
 /// Arguments of `slidegate bench redis`.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("redis").required(true).args(["redis_url", "redis_cluster"])))]
 struct RedisArgs {
     /// The Redis to measure, e.g. redis://127.0.0.1:7400/ (loopback only; it gets CONFIG RESETSTAT).
-    #[arg(long)]
-    redis_url: String,
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// A Redis Cluster to measure instead: seed node URLs, comma-separated
+    /// (loopback only; every master gets CONFIG RESETSTAT).
+    #[arg(long, value_name = "URL,URL,...", value_delimiter = ',', num_args = 1.., conflicts_with = "redis_url")]
+    redis_cluster: Vec<String>,
     /// Seconds of load per algorithm.
     #[arg(long, default_value_t = 5.0, value_parser = crate::args::seconds(3600.0))]
     seconds: f64,
-    /// Redis connections (each multiplexed: requests in flight share it).
+    /// Redis connections (each multiplexed: requests in flight share it); on
+    /// a cluster, cluster clients (each with a connection per node).
     #[arg(long, default_value_t = 4, value_parser = crate::args::count(1..=64))]
     connections: usize,
     /// Requests in flight per connection.
@@ -137,7 +152,8 @@ fn round(v: f64, digits: i32) -> f64 {
 struct Measured {
     /// Every algorithm, in [`Algorithm::ALL`] order.
     algorithms: Vec<(Algorithm, Figures)>,
-    reference_script: Figures,
+    /// The article's script; `None` on a cluster.
+    reference_script: Option<Figures>,
     /// `redis-benchmark -P 16` calls per second of the reference script, if it ran.
     redis_benchmark_p16: Option<f64>,
 }
@@ -146,7 +162,7 @@ impl Measured {
     /// Every candidate's figures, in table order.
     fn rows(&self) -> impl Iterator<Item = (&'static str, &Figures)> {
         let algorithms = self.algorithms.iter().map(|(a, f)| (a.name(), f));
-        algorithms.chain([(Candidate::ReferenceScript.name(), &self.reference_script)])
+        algorithms.chain(self.reference_script.iter().map(|f| (Candidate::ReferenceScript.name(), f)))
     }
 }
 
@@ -177,25 +193,40 @@ impl Subject {
     }
 }
 
+/// The TCP address of `url`; an error for other kinds of address.
+fn tcp_address(url: &str) -> Result<(String, u16), Box<dyn std::error::Error>> {
+    let client = redis::Client::open(url)?;
+    match client.get_connection_info().addr() {
+        ConnectionAddr::Tcp(host, port) => Ok((host.clone(), *port)),
+        other => Err(format!("bench redis needs a TCP loopback address, got {other}").into()),
+    }
+}
+
 async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
-    let client = redis::Client::open(args.redis_url.as_str())?;
-    let (host, port) = match client.get_connection_info().addr() {
-        ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
-        other => return Err(format!("bench redis needs a TCP loopback address, got {other}").into()),
-    };
-    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if !loopback {
-        eprintln!("slidegate bench redis: {host} is not a loopback address; this load only goes to a Redis on this machine");
-        return Ok(ExitCode::from(crate::EX_USAGE));
+    let urls: Vec<String> =
+        args.redis_url.iter().cloned().chain(args.redis_cluster.iter().cloned()).collect();
+    let mut addresses = Vec::new();
+    for url in &urls {
+        let (host, port) = tcp_address(url)?;
+        let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            eprintln!("slidegate bench redis: {host} is not a loopback address; this load only goes to a Redis on this machine");
+            return Ok(ExitCode::from(crate::EX_USAGE));
+        }
+        addresses.push((host, port));
     }
     let quota = Quota::new(args.limit, Duration::from_secs(args.window_secs))?;
-    let mut bench = Bench::setup(&args, &client, quota).await?;
-    let measured = bench.measure_all(&host, port).await;
-    // Leave the Redis as we found it, whatever happened.
-    delete_prefix(&mut bench.admin, &bench.prefix).await?;
+    let mut bench = Bench::setup(&args, quota).await?;
+    let single = if args.redis_cluster.is_empty() { addresses.first() } else { None };
+    let measured = bench.measure_all(single).await;
+    // Leave the Redis as we found it, whatever happened: every master.
+    bench.admin.delete_prefix(&bench.prefix).await?;
     let measured = measured?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&json_report(&args, &quota, &measured))?);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&json_report(&args, &quota, &measured, bench.admin.len()))?
+        );
     } else {
         print_table(&measured);
     }
@@ -206,10 +237,13 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
 struct Bench<'a> {
     args: &'a RedisArgs,
     quota: Quota,
-    /// For `CONFIG RESETSTAT`, `INFO` and deleting keys: never timed.
-    admin: ConnectionManager,
-    /// `--connections` of them, each multiplexing its requests in flight.
+    /// For `CONFIG RESETSTAT`, `INFO` and deleting keys, on every master: never timed.
+    admin: Nodes,
+    /// `--connections` of them, each multiplexing its requests in flight;
+    /// empty on a cluster.
     load: Vec<ConnectionManager>,
+    /// `--connections` cluster clients; empty on one server.
+    cluster_load: Vec<RedisStore>,
     script: Arc<ReferenceScript>,
     /// Every key of the run starts with it; each candidate adds `<index>:`.
     prefix: String,
@@ -217,30 +251,48 @@ struct Bench<'a> {
 
 impl<'a> Bench<'a> {
     /// Opens the connections and loads the reference script.
-    async fn setup(
-        args: &'a RedisArgs,
-        client: &redis::Client,
-        quota: Quota,
-    ) -> Result<Self, redis::RedisError> {
+    async fn setup(args: &'a RedisArgs, quota: Quota) -> Result<Self, Box<dyn std::error::Error>> {
         // A loaded machine may stall Redis past the client's default 500 ms; a
         // stall belongs in the latency figures, not in an error.
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(Duration::from_secs(30)))
             .set_connection_timeout(Some(Duration::from_secs(5)));
-        let mut admin = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
-        let mut load = Vec::new();
-        for _ in 0..args.connections {
-            load.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
-        }
         let script = Arc::new(ReferenceScript::new());
-        script.load(&mut admin).await?;
+        let (mut load, mut cluster_load) = (Vec::new(), Vec::new());
+        let admin = match &args.redis_url {
+            Some(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                for _ in 0..args.connections {
+                    load.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+                }
+                let mut admin = Nodes::single(url).await?;
+                for conn in admin.connections() {
+                    script.load(conn).await?;
+                }
+                admin
+            }
+            None => {
+                let target = RedisTarget::Cluster(args.redis_cluster.clone());
+                let options = RedisOptions::new()
+                    .with_timeout(Duration::from_secs(30))
+                    .with_connect_timeout(Duration::from_secs(5));
+                for _ in 0..args.connections {
+                    cluster_load.push(RedisStore::connect_to(&target, options.clone()).await?);
+                }
+                Nodes::cluster(&args.redis_cluster).await?
+            }
+        };
         // The same prefix for the reference script's keys as for the store's:
         // key length is part of the memory per identity.
-        Ok(Bench { args, quota, admin, load, script, prefix: run_prefix("sgb") })
+        Ok(Bench { args, quota, admin, load, cluster_load, script, prefix: run_prefix("sgb") })
     }
 
     /// Every candidate in turn, then the `redis-benchmark` comparison.
-    async fn measure_all(&mut self, host: &str, port: u16) -> Result<Measured, Box<dyn std::error::Error>> {
+    /// `single`: the one server's address, for the comparisons a cluster leaves out.
+    async fn measure_all(
+        &mut self,
+        single: Option<&(String, u16)>,
+    ) -> Result<Measured, Box<dyn std::error::Error>> {
         // Each candidate's keys under `<run prefix><index>:`, the same
         // length for all, so none pays more key bytes than another.
         let mut algorithms = Vec::new();
@@ -248,12 +300,18 @@ impl<'a> Bench<'a> {
             let prefix = format!("{}{index}:", self.prefix);
             algorithms.push((algorithm, self.measure(Candidate::Algorithm(algorithm), &prefix).await?));
         }
+        let Some((host, port)) = single else {
+            if !self.args.json {
+                eprintln!("reference script and redis-benchmark: not run on a cluster (the article's script runs on one server)");
+            }
+            return Ok(Measured { algorithms, reference_script: None, redis_benchmark_p16: None });
+        };
         let prefix = format!("{}{}:", self.prefix, Algorithm::ALL.len());
-        let reference_script = self.measure(Candidate::ReferenceScript, &prefix).await?;
+        let reference_script = Some(self.measure(Candidate::ReferenceScript, &prefix).await?);
         let redis_benchmark_p16 = if self.args.no_redis_benchmark {
             None
         } else {
-            self.redis_benchmark_comparison(host, port).await?
+            self.redis_benchmark_comparison(host, *port).await?
         };
         Ok(Measured { algorithms, reference_script, redis_benchmark_p16 })
     }
@@ -278,7 +336,9 @@ impl<'a> Bench<'a> {
         let clock: Option<Arc<dyn Clock>> =
             if self.args.client_time { Some(Arc::new(SystemClock)) } else { None };
         let subjects = self.subjects(candidate, prefix, clock);
-        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut self.admin).await?;
+        for conn in self.admin.connections() {
+            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
+        }
         let load = drive(
             &subjects,
             self.args.in_flight,
@@ -286,10 +346,10 @@ impl<'a> Bench<'a> {
             Duration::from_secs_f64(self.args.seconds),
         )
         .await?;
-        let server_us_per_decision = evalsha_usec_per_call(&mut self.admin).await?;
-        delete_prefix(&mut self.admin, prefix).await?;
+        let server_us_per_decision = self.server_us_per_call().await?;
+        self.admin.delete_prefix(prefix).await?;
         let bytes_per_identity = self.memory_per_identity(candidate, prefix).await?;
-        delete_prefix(&mut self.admin, prefix).await?;
+        self.admin.delete_prefix(prefix).await?;
         Ok(Figures {
             decisions_per_sec: load.decisions as f64 / load.elapsed.as_secs_f64(),
             p50_us: load.latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
@@ -310,18 +370,47 @@ impl<'a> Bench<'a> {
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let clock = ManualClock::new(SystemClock.now_ms());
         let subjects = self.subjects(candidate, prefix, Some(Arc::new(clock.clone())));
-        let before = used_memory(&mut self.admin).await?;
+        let before = self.admin.used_memory().await?;
         let n = self.args.memory_identities;
         fill(&subjects, self.args.in_flight, n).await?;
         clock.advance(self.quota.window());
         fill(&subjects, self.args.in_flight, n).await?;
-        let after = used_memory(&mut self.admin).await?;
+        let after = self.admin.used_memory().await?;
         Ok(after.saturating_sub(before) as f64 / n as f64)
     }
 
     /// `candidate` on each load connection, keys under `prefix`, on `clock`
     /// (`None`: Redis `TIME` for the store; the system clock for the reference script).
+    /// Server CPU per script call: on a cluster, the mean over the masters
+    /// that ran any (the keys spread evenly, so each ran about as many).
+    async fn server_us_per_call(&mut self) -> Result<f64, Box<dyn std::error::Error>> {
+        let mut per_master = Vec::new();
+        for conn in self.admin.connections() {
+            let us = evalsha_usec_per_call(conn).await?;
+            if us > 0.0 {
+                per_master.push(us);
+            }
+        }
+        Ok(per_master.iter().sum::<f64>() / per_master.len().max(1) as f64)
+    }
+
     fn subjects(&self, candidate: Candidate, prefix: &str, clock: Option<Arc<dyn Clock>>) -> Vec<Subject> {
+        if let Candidate::Algorithm(algorithm) = candidate {
+            if !self.cluster_load.is_empty() {
+                let limit = Limit::new(algorithm, self.quota);
+                return self
+                    .cluster_load
+                    .iter()
+                    .map(|store| {
+                        let mut store = store.clone().with_prefix(prefix);
+                        if let Some(clock) = &clock {
+                            store = store.with_time_source(TimeSource::Client(clock.clone()));
+                        }
+                        Subject::Store(store, limit)
+                    })
+                    .collect();
+            }
+        }
         let subject = |conn: &ConnectionManager| match candidate {
             Candidate::Algorithm(algorithm) => {
                 let mut store = RedisStore::from_connection(conn.clone()).with_prefix(prefix);
@@ -350,27 +439,32 @@ impl<'a> Bench<'a> {
     ) -> Result<Option<f64>, redis::RedisError> {
         let prefix = format!("{}rb:", self.prefix);
         let figure = redis_benchmark_p16(host, port, self.script.sha(), &prefix, &self.quota).await;
-        delete_prefix(&mut self.admin, &prefix).await?;
+        self.admin.delete_prefix(&prefix).await?;
         Ok(figure)
     }
 }
 
 /// The JSON report: field names are read by BENCHMARKS.md and the tests.
-fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured) -> Value {
-    let reference = &measured.reference_script;
+fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: usize) -> Value {
+    let reference = measured.reference_script.as_ref();
     let mut algorithms = Map::new();
     let mut ratios = Map::new();
     for (algorithm, f) in &measured.algorithms {
         algorithms.insert(algorithm.name().to_owned(), f.to_json());
-        ratios.insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
+        if let Some(reference) = reference {
+            ratios
+                .insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
+        }
     }
     json!({
         "algorithms": algorithms,
-        "reference_script": reference.to_json(),
+        "reference_script": reference.map(|r| r.to_json()),
         "redis_benchmark_p16_per_sec": measured.redis_benchmark_p16.map(|v| round(v, 0)),
         "ratios_vs_reference": ratios,
         "setup": {
             "redis_url": args.redis_url,
+            "redis_cluster": (!args.redis_cluster.is_empty()).then_some(&args.redis_cluster),
+            "masters": masters,
             "seconds": args.seconds,
             "connections": args.connections,
             "in_flight_per_connection": args.in_flight,
@@ -416,7 +510,10 @@ fn print_table(measured: &Measured) {
             f.allowed_pct
         );
     }
-    let r = &measured.reference_script;
+    let Some(r) = &measured.reference_script else {
+        outln!("\nreference script, redis-benchmark: not run on a cluster");
+        return;
+    };
     outln!();
     outln!("{:<24} {:>12} {:>12} {:>12}", "vs reference script", "throughput", "server CPU", "memory");
     for (algorithm, f) in &measured.algorithms {

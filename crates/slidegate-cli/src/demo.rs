@@ -1,5 +1,6 @@
 //! `slidegate demo`: the source article's two experiments, on the embedded
-//! store by default or on a Redis given with `--redis-url`.
+//! store by default, on a Redis given with `--redis-url` or on a Redis
+//! Cluster given with `--redis-cluster`.
 //!
 //! A. Boundary burst: limit 100 per 60 s; 100 requests in the last 100 ms of
 //!    window 0, then 100 in the first 100 ms of window 1, on a manual clock.
@@ -15,11 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisStore, Store, TimeSource};
+use slidegate::{
+    Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    TimeSource,
+};
 use tokio::task::JoinSet;
 
-use crate::redis_info::used_memory;
-use crate::redis_keys::{delete_prefix, run_prefix};
+use crate::redis_keys::run_prefix;
+use crate::redis_nodes::Nodes;
 use crate::reference_script::ReferenceScript;
 
 /// Arguments of `slidegate demo`.
@@ -29,6 +33,10 @@ pub struct DemoArgs {
     /// (keys use a prefix of their own and are deleted afterwards).
     #[arg(long, value_name = "URL")]
     redis_url: Option<String>,
+    /// Run both experiments against this Redis Cluster (seed node URLs,
+    /// comma-separated); keys are deleted from every master afterwards.
+    #[arg(long, value_name = "URL,URL,...", value_delimiter = ',', num_args = 1.., conflicts_with = "redis_url")]
+    redis_cluster: Vec<String>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -84,9 +92,10 @@ struct Memory {
 pub fn run(args: DemoArgs) -> crate::CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (report, curves) = runtime.block_on(async {
-        match &args.redis_url {
-            None => embedded(args.identities as u64).await,
-            Some(url) => on_redis(url, args.identities as u64).await,
+        match (&args.redis_url, args.redis_cluster.as_slice()) {
+            (Some(url), _) => on_redis(&RedisTarget::Single(url.clone()), args.identities as u64).await,
+            (None, []) => embedded(args.identities as u64).await,
+            (None, seeds) => on_redis(&RedisTarget::Cluster(seeds.to_vec()), args.identities as u64).await,
         }
     })?;
     if let Some(dir) = &args.plot {
@@ -148,32 +157,47 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
     Ok((report, curves))
 }
 
-async fn on_redis(url: &str, identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
-    let unreachable = |e: redis::RedisError| format!("cannot reach Redis at {url}: {e}");
-    let client = redis::Client::open(url).map_err(unreachable)?;
-    let mut conn = client.get_multiplexed_async_connection().await.map_err(unreachable)?;
+async fn on_redis(
+    target: &RedisTarget,
+    identities: u64,
+) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+    let (mut nodes, name) = match target {
+        RedisTarget::Cluster(seeds) => (
+            Nodes::cluster(seeds).await.map_err(|e| format!("cannot reach the Redis Cluster: {e}"))?,
+            seeds.join(","),
+        ),
+        RedisTarget::Single(url) => {
+            (Nodes::single(url).await.map_err(|e| format!("cannot reach Redis at {url}: {e}"))?, url.clone())
+        }
+        _ => return Err("demo runs on one Redis or a Redis Cluster".into()),
+    };
     let prefix = run_prefix("sgdemo");
     let clock = ManualClock::new(0);
-    let store = RedisStore::connect(url)
-        .await?
+    let store = RedisStore::connect_to(target, RedisOptions::new())
+        .await
+        .map_err(|e| format!("cannot reach Redis at {name}: {e}"))?
         .with_prefix(prefix.clone())
         .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
-    let result = redis_experiments(&store, &clock, &mut conn, &prefix, identities).await;
-    // Leave the user's Redis as we found it, whatever happened.
-    delete_prefix(&mut conn, &prefix).await?;
+    let result = redis_experiments(&store, &clock, &mut nodes, &prefix, identities).await;
+    // Leave the user's Redis as we found it, whatever happened: every master.
+    nodes.delete_prefix(&prefix).await?;
     result
 }
 
 async fn redis_experiments(
     store: &RedisStore,
     clock: &ManualClock,
-    conn: &mut redis::aio::MultiplexedConnection,
+    nodes: &mut Nodes,
     prefix: &str,
     identities: u64,
 ) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let (allowed, curves) = boundary_burst(store, clock, "burst").await?;
-    let reference = reference_burst(conn, &format!("{prefix}reference")).await?;
-    delete_prefix(conn, prefix).await?;
+    // The script derives its second key from the first: on a cluster a hash
+    // tag keeps both in one slot, as a caller of the script would have to.
+    let reference_key =
+        if nodes.is_cluster() { format!("{prefix}{{reference}}") } else { format!("{prefix}reference") };
+    let reference = reference_burst(nodes.owner_of(&reference_key).await?, &reference_key).await?;
+    nodes.delete_prefix(prefix).await?;
 
     let mut memory = BTreeMap::new();
     for algorithm in Algorithm::ALL {
@@ -181,15 +205,15 @@ async fn redis_experiments(
         one_identity(store, clock, &limit).await?;
         let mut usage = 0;
         for key in store.keys_for("one", &limit) {
-            let bytes: Option<u64> =
-                redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(conn).await?;
-            usage += bytes.unwrap_or(0);
+            // On a cluster, asked of the master that holds the key.
+            usage += nodes.memory_usage(&key).await?;
         }
-        delete_prefix(conn, prefix).await?;
-        settle(conn).await?;
+        nodes.delete_prefix(prefix).await?;
+        settle(nodes).await?;
 
         clock.set(WINDOW_0_MS);
-        let before = used_memory(conn).await?;
+        // On a cluster, summed over the masters the identities spread across.
+        let before = nodes.used_memory().await?;
         let mut tasks = JoinSet::new();
         for chunk in 0..identities.div_ceil(IN_FLIGHT) {
             for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
@@ -200,9 +224,9 @@ async fn redis_experiments(
                 done??;
             }
         }
-        let after = used_memory(conn).await?;
-        delete_prefix(conn, prefix).await?;
-        settle(conn).await?;
+        let after = nodes.used_memory().await?;
+        nodes.delete_prefix(prefix).await?;
+        settle(nodes).await?;
         memory.insert(
             algorithm.name(),
             Memory {
@@ -212,8 +236,8 @@ async fn redis_experiments(
             },
         );
     }
-    let report =
-        Report { store: "redis", identities, boundary_burst: burst_report(allowed, Some(reference)), memory };
+    let store = if nodes.is_cluster() { "redis_cluster" } else { "redis" };
+    let report = Report { store, identities, boundary_burst: burst_report(allowed, Some(reference)), memory };
     Ok((report, curves))
 }
 
@@ -243,7 +267,7 @@ async fn boundary_burst<S: Store>(
 
 /// The article's script on the same timestamps, called with EVALSHA.
 async fn reference_burst(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut redis::aio::ConnectionManager,
     key: &str,
 ) -> Result<u64, Box<dyn std::error::Error>> {
     let script = ReferenceScript::new();
@@ -299,15 +323,22 @@ async fn one_identity<S: Store>(
 
 /// Lets Redis shrink its key tables after a delete, so the next measurement
 /// pays for its own table growth (`serverCron` resizes them, 10 times a second).
-async fn settle(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), redis::RedisError> {
+async fn settle(nodes: &mut Nodes) -> Result<(), redis::RedisError> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    redis::cmd("PING").query_async::<()>(conn).await
+    for conn in nodes.connections() {
+        redis::cmd("PING").query_async::<()>(conn).await?;
+    }
+    Ok(())
 }
 
 fn render(report: &Report) -> String {
     let mut out = String::new();
     let b = &report.boundary_burst;
-    let store = if report.store == "redis" { "Redis" } else { "embedded store" };
+    let store = match report.store {
+        "redis" => "Redis",
+        "redis_cluster" => "Redis Cluster",
+        _ => "embedded store",
+    };
     let _ = writeln!(out, "slidegate demo on the {store}\n");
     let _ = writeln!(out, "A. Boundary burst: limit {} per {} s", b.limit, b.window_ms / 1000);
     let _ = writeln!(
@@ -333,7 +364,9 @@ fn render(report: &Report) -> String {
         );
     }
     let _ = writeln!(out, "\nB. Memory per identity (limit {ONE_IDENTITY_REQUESTS} per 60 s)\n");
-    let (one_header, many_header) = if report.store == "redis" {
+    let (one_header, many_header) = if report.store == "redis_cluster" {
+        ("MEMORY USAGE, 1 identity", "Σ masters used_memory Δ / id")
+    } else if report.store == "redis" {
         ("MEMORY USAGE, 1 identity", "used_memory Δ / identity")
     } else {
         ("heap, 1 identity + table", "heap / identity")

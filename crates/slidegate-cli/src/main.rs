@@ -20,6 +20,7 @@ mod demo;
 mod plot;
 mod redis_info;
 mod redis_keys;
+mod redis_nodes;
 mod reference_script;
 mod serve;
 

@@ -40,7 +40,7 @@ pub async fn delete_prefix(conn: &mut impl ConnectionLike, prefix: &str) -> Resu
 }
 
 /// Escapes the glob metacharacters of a `SCAN MATCH` pattern (`* ? [ ] \`).
-fn glob_escape(s: &str) -> String {
+pub fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

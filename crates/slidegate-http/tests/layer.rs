@@ -1,5 +1,5 @@
 //! The tower layer inside an axum app, and the limiter's failure policy
-//! (deadline, circuit breaker, insurance, shadow mode) on a store that can be
+//! (deadline, circuit breaker, fallback limiter, shadow mode) on a store that can be
 //! switched off. Time is tokio's paused clock: nothing here sleeps for real.
 
 #![allow(clippy::unwrap_used)]
@@ -161,14 +161,14 @@ async fn a_hanging_store_costs_the_deadline_until_the_breaker_opens_then_nothing
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_insurance_limiter_applies_the_rules_while_the_store_is_down() {
+async fn the_fallback_limiter_applies_the_rules_while_the_store_is_down() {
     let store = Arc::new(Switchable::default());
-    let limiter = limiter(&store, "insurance = true");
+    let limiter = limiter(&store, "fallback = true");
     store.down.store(true, Ordering::SeqCst);
     let verdicts: Vec<_> = [search(&limiter).await, search(&limiter).await, search(&limiter).await].into();
     assert!(verdicts.iter().all(|v| v.source == DecisionSource::Fallback));
     assert_eq!(verdicts.iter().map(|v| v.blocks()).collect::<Vec<_>>(), [false, false, true]);
-    assert!(limiter.render_metrics().contains("slidegate_requests_insurance_total{rule=\"search\"} 3\n"));
+    assert!(limiter.render_metrics().contains("slidegate_requests_fallback_total{rule=\"search\"} 3\n"));
 }
 
 #[tokio::test(start_paused = true)]

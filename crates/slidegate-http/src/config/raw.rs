@@ -61,6 +61,13 @@ pub(super) struct RawStore {
     pub(super) breaker_failure_rate: Option<Spanned<u8>>,
     pub(super) breaker_trial_interval_ms: Option<Millis>,
     pub(super) instances: Option<Spanned<u32>>,
+    // Where Redis is besides `url`, and how to log in to it.
+    pub(super) cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) sentinel: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) master_name: Option<Spanned<String>>,
+    pub(super) username: Option<Spanned<String>>,
+    pub(super) password_env: Option<Spanned<String>>,
+    pub(super) tls_ca: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -1,7 +1,9 @@
 //! The validated configuration, as plain types a program can also build in
 //! code, and their defaults — the one place each default is written.
 
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use http::{HeaderName, Method, Uri};
 use ipnet::IpNet;
@@ -128,6 +130,70 @@ pub struct StoreConfig {
     pub breaker_trial_interval: Delay,
     /// Instances sharing the store; the fallback enforces `limit / instances` (`instances`).
     pub instances: u32,
+    /// Seed nodes of a Redis Cluster (`cluster`); empty unless the store is a cluster.
+    /// At most one of `url`, `cluster` and `sentinel` is set.
+    pub cluster: Vec<String>,
+    /// Sentinels that know where the master `master_name` is (`sentinel`);
+    /// empty unless the store is found through Sentinel.
+    pub sentinel: Vec<String>,
+    /// The master the sentinels are asked for (`master_name`); set exactly when `sentinel` is.
+    pub master_name: Option<String>,
+    /// The ACL user for the Redis data nodes (`username`), overriding a URL's.
+    pub username: Option<String>,
+    /// The password for the Redis data nodes, read from the variable `password_env` names.
+    pub password: Option<Password>,
+    /// A CA certificate (PEM) trusted for `rediss://` (`tls_ca`); `None`: the system roots.
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// A password taken from an environment variable: its `Debug` names the
+/// variable, never the value, so a logged configuration holds no secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password {
+    variable: String,
+    value: String,
+}
+
+impl Password {
+    /// The password `value`, read from the environment variable `variable`.
+    pub fn from_env(variable: impl Into<String>, value: impl Into<String>) -> Self {
+        Self { variable: variable.into(), value: value.into() }
+    }
+
+    /// The variable it was read from.
+    pub fn variable(&self) -> &str {
+        &self.variable
+    }
+
+    /// The password itself, for logging in.
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Password(from ${})", self.variable)
+    }
+}
+
+/// Where the store's data lives, as `[store]` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreLocation<'a> {
+    /// No Redis: the embedded store.
+    Embedded,
+    /// One Redis server (`url`).
+    Single(&'a str),
+    /// A Redis Cluster (`cluster`), by seed nodes.
+    Cluster(&'a [String]),
+    /// A master found through Sentinel (`sentinel`, `master_name`).
+    Sentinel {
+        /// The sentinels' URLs.
+        sentinels: &'a [String],
+        /// The master's name.
+        master_name: &'a str,
+    },
 }
 
 impl StoreConfig {
@@ -147,6 +213,68 @@ impl StoreConfig {
     }
 }
 
+impl StoreConfig {
+    /// Where the data lives: embedded, one Redis, a cluster or through Sentinel.
+    pub fn location(&self) -> StoreLocation<'_> {
+        if let Some(url) = &self.url {
+            StoreLocation::Single(url)
+        } else if !self.cluster.is_empty() {
+            StoreLocation::Cluster(&self.cluster)
+        } else if let (false, Some(master_name)) = (self.sentinel.is_empty(), &self.master_name) {
+            StoreLocation::Sentinel { sentinels: &self.sentinel, master_name }
+        } else {
+            StoreLocation::Embedded
+        }
+    }
+
+    /// The store in one line for logs and `check-config`, without secrets:
+    /// a password written in a URL shows as `***`, one from the environment
+    /// by its variable's name.
+    ///
+    /// ```
+    /// use slidegate_http::config::StoreConfig;
+    ///
+    /// let mut store = StoreConfig::default();
+    /// assert_eq!(store.describe(), "embedded");
+    /// store.cluster = vec!["redis://:hunter2@127.0.0.1:7000".into(), "redis://127.0.0.1:7001".into()];
+    /// assert_eq!(store.describe(), "Redis Cluster redis://:***@127.0.0.1:7000, redis://127.0.0.1:7001");
+    /// ```
+    pub fn describe(&self) -> String {
+        let list = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
+        let mut out = match self.location() {
+            StoreLocation::Embedded => return "embedded".to_owned(),
+            StoreLocation::Single(url) => format!("Redis {}", redact_url(url)),
+            StoreLocation::Cluster(seeds) => format!("Redis Cluster {}", list(seeds)),
+            StoreLocation::Sentinel { sentinels, master_name } => {
+                format!("Redis master {master_name:?} through Sentinel {}", list(sentinels))
+            }
+        };
+        if let Some(user) = &self.username {
+            out.push_str(&format!(", user {user}"));
+        }
+        if let Some(password) = &self.password {
+            out.push_str(&format!(", password from ${}", password.variable()));
+        }
+        if let Some(ca) = &self.tls_ca {
+            out.push_str(&format!(", CA {}", ca.display()));
+        }
+        out
+    }
+}
+
+/// `url` with the password of its user information replaced by `***`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let userinfo = &rest[..at];
+    let user = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => userinfo.to_owned(),
+    };
+    format!("{scheme}://{user}{}", &rest[at..])
+}
+
 impl Default for StoreConfig {
     fn default() -> Self {
         let guard = StoreGuard::default();
@@ -163,6 +291,12 @@ impl Default for StoreConfig {
             breaker_failure_rate: guard.breaker_failure_rate,
             breaker_trial_interval: guard.breaker_trial_interval,
             instances: guard.instances,
+            cluster: Vec::new(),
+            sentinel: Vec::new(),
+            master_name: None,
+            username: None,
+            password: None,
+            tls_ca: None,
         }
     }
 }

@@ -15,8 +15,8 @@ use toml::Spanned;
 use super::error::ConfigError;
 use super::raw::{RawConfig, RawIdentity, RawLimit, RawRule, RawServer, RawStore};
 use super::types::{
-    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits,
-    ServerConfig, StoreConfig,
+    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig,
+    RuleLimits, ServerConfig, StoreConfig,
 };
 use super::values::{Cidr, MethodName};
 
@@ -97,6 +97,16 @@ pub(super) fn decode<'b>(path: &Path, bytes: &'b [u8]) -> Result<&'b str, Config
     })
 }
 
+/// The `[store]` keys that say which Redis and how to log in, validated.
+struct RedisDeployment {
+    cluster: Vec<String>,
+    sentinel: Vec<String>,
+    master_name: Option<String>,
+    username: Option<String>,
+    password: Option<Password>,
+    tls_ca: Option<std::path::PathBuf>,
+}
+
 struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
@@ -121,7 +131,10 @@ impl Validator<'_> {
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let server = self.server(raw.server)?;
-        let url_span = raw.store.url.as_ref().map(Spanned::span);
+        // Any Redis store is shared by the instances pointed at it.
+        let url_span = (raw.store.url.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
         let store = self.store(raw.store)?;
         let identity = self.identity(raw.identity)?;
         if let (Some(span), None) = (url_span, &identity.secret) {
@@ -294,7 +307,7 @@ impl Validator<'_> {
         })
     }
 
-    fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
+    fn store(&self, mut raw: RawStore) -> Result<StoreConfig, ConfigError> {
         let default = StoreConfig::default();
         if let Some(url) = &raw.url {
             let u = url.get_ref();
@@ -318,6 +331,7 @@ impl Validator<'_> {
                 ));
             }
         }
+        let redis = self.redis_deployment(&mut raw)?;
         let timeout = match raw.timeout_ms {
             Some(t) if t.delay.get().is_zero() => {
                 return Err(self.err(t.span, "timeout_ms must be at least 1"))
@@ -388,7 +402,156 @@ impl Validator<'_> {
             breaker_failure_rate,
             breaker_trial_interval,
             instances,
+            cluster: redis.cluster,
+            sentinel: redis.sentinel,
+            master_name: redis.master_name,
+            username: redis.username,
+            password: redis.password,
+            tls_ca: redis.tls_ca,
         })
+    }
+
+    /// `cluster`, `sentinel` and `master_name`, the credentials and the CA:
+    /// checked against each other and against `url`, and taken out of `raw`.
+    fn redis_deployment(&self, raw: &mut RawStore) -> Result<RedisDeployment, ConfigError> {
+        // One deployment: the second key named is the one reported.
+        let mut named: Vec<(&str, Range<usize>)> = Vec::new();
+        if let Some(url) = &raw.url {
+            named.push(("url", url.span()));
+        }
+        if let Some(cluster) = &raw.cluster {
+            named.push(("cluster", cluster.span()));
+        }
+        if let Some(sentinel) = &raw.sentinel {
+            named.push(("sentinel", sentinel.span()));
+        }
+        named.sort_by_key(|(_, span)| span.start);
+        if let [(first, _), (second, span), ..] = named.as_slice() {
+            return Err(self.err(
+                span.clone(),
+                format!(
+                    "`{second}` and `{first}` both name the Redis store: expected one of `url` (one server), \
+                     `cluster` (seed nodes of a Redis Cluster) or `sentinel` (with `master_name`)"
+                ),
+            ));
+        }
+        let cluster = match raw.cluster.take() {
+            None => Vec::new(),
+            Some(list) => {
+                self.redis_urls("cluster", list, "[\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]")?
+            }
+        };
+        let (sentinel, master_name) = match (raw.sentinel.take(), raw.master_name.take()) {
+            (None, None) => (Vec::new(), None),
+            (None, Some(name)) => {
+                return Err(self.err(
+                    name.span(),
+                    "master_name is the master Sentinel is asked for: expected `sentinel = [\"redis://host:26379\"]` beside it",
+                ))
+            }
+            (Some(list), None) => {
+                return Err(self.err(
+                    list.span(),
+                    "sentinel needs `master_name`, the name the sentinels monitor the master by, such as \"mymaster\"",
+                ))
+            }
+            (Some(list), Some(name)) => {
+                if name.get_ref().is_empty() {
+                    return Err(self.err(name.span(), "master_name must not be empty"));
+                }
+                let urls = self.redis_urls("sentinel", list, "[\"redis://127.0.0.1:26379\"]")?;
+                (urls, Some(name.into_inner()))
+            }
+        };
+        let has_redis = !named.is_empty();
+        let needs_redis = |key: &str, span: Range<usize>| {
+            self.err(
+                span,
+                format!("{key} applies to a Redis store: expected `url`, `cluster` or `sentinel` in [store]"),
+            )
+        };
+        let username = match raw.username.take() {
+            None => None,
+            Some(u) if !has_redis => return Err(needs_redis("username", u.span())),
+            Some(u) if u.get_ref().is_empty() => return Err(self.err(u.span(), "username must not be empty")),
+            Some(u) => Some(u.into_inner()),
+        };
+        let password = match raw.password_env.take() {
+            None => None,
+            Some(var) if !has_redis => return Err(needs_redis("password_env", var.span())),
+            Some(var) => match (self.env)(var.get_ref()) {
+                Some(value) if !value.is_empty() => Some(Password::from_env(var.get_ref().clone(), value)),
+                _ => {
+                    return Err(self.err(
+                        var.span(),
+                        format!(
+                            "environment variable {} is not set: password_env names the variable holding \
+                             the Redis password (so the file holds no secret)",
+                            var.get_ref()
+                        ),
+                    ))
+                }
+            },
+        };
+        let tls_ca = match raw.tls_ca.take() {
+            None => None,
+            Some(ca) if !has_redis => return Err(needs_redis("tls_ca", ca.span())),
+            Some(ca) => {
+                let tls = |u: &String| u.starts_with("rediss://");
+                let plain = raw.url.as_ref().is_some_and(|u| !tls(u.get_ref()))
+                    || (!cluster.is_empty() && !cluster.iter().all(tls));
+                if plain {
+                    return Err(self.err(
+                        ca.span(),
+                        "tls_ca is the CA trusted for TLS, but the store URLs are not rediss://: \
+                         expected rediss://host:port URLs with tls_ca",
+                    ));
+                }
+                let path = std::path::PathBuf::from(ca.get_ref());
+                if let Err(e) = std::fs::metadata(&path) {
+                    return Err(self.err(
+                        ca.span(),
+                        format!(
+                            "cannot read tls_ca {}: {e}: expected a PEM CA certificate file",
+                            path.display()
+                        ),
+                    ));
+                }
+                Some(path)
+            }
+        };
+        Ok(RedisDeployment { cluster, sentinel, master_name, username, password, tls_ca })
+    }
+
+    /// A non-empty list of `redis://` or `rediss://` URLs for the key `key`.
+    fn redis_urls(
+        &self,
+        key: &str,
+        list: Spanned<Vec<Spanned<String>>>,
+        example: &str,
+    ) -> Result<Vec<String>, ConfigError> {
+        let span = list.span();
+        let list = list.into_inner();
+        if list.is_empty() {
+            return Err(
+                self.err(span, format!("{key} is empty: expected at least one URL, such as {example}"))
+            );
+        }
+        list.into_iter()
+            .map(|u| {
+                let text = u.get_ref();
+                if text.starts_with("redis://") || text.starts_with("rediss://") {
+                    Ok(u.into_inner())
+                } else {
+                    Err(self.err(
+                        u.span(),
+                        format!(
+                            "invalid {key} URL {text:?}: expected redis://host:port or rediss://host:port"
+                        ),
+                    ))
+                }
+            })
+            .collect()
     }
 
     fn identity(&self, raw: RawIdentity) -> Result<IdentityConfig, ConfigError> {

@@ -237,8 +237,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             reset_after_ms: duration_ms(p.decision.reset_after),
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
             policy: p.name.to_string(),
-            // The wire keeps the fallback limiter's former name, "insurance", for existing clients.
-            degraded: (verdict.source == DecisionSource::Fallback).then_some("insurance"),
+            degraded: (verdict.source == DecisionSource::Fallback).then_some("fallback"),
         },
         // The store failed and nobody decided: say what `on_error` chose.
         None => CheckResponse {

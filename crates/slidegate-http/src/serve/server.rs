@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{MemoryStore, RedisOptions};
+use slidegate::{MemoryStore, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 
 use super::error::ServeError;
@@ -186,24 +186,37 @@ impl Server {
     }
 }
 
-/// The store `config` names: Redis (connected now if it answers, in the
-/// background otherwise) or the embedded one.
+/// The store `config` names: Redis (one server, a cluster or through
+/// Sentinel; connected now if it answers, in the background otherwise) or the
+/// embedded one.
 async fn connect_store(config: &Config) -> AnyStore {
-    match &config.store.url {
-        None => AnyStore::Memory(MemoryStore::new()),
-        Some(url) => {
-            // The limiter enforces `timeout` on every call; the store's own
-            // deadline matches it, so a stalled call is dropped at once.
-            let options = RedisOptions::new()
-                .with_connect_timeout(CONNECT_TIMEOUT)
-                .with_timeout(config.store.timeout.get());
-            let (store, error) = LazyRedis::connect_with(url, config.store.prefix.clone(), options).await;
-            if let Some(err) = error {
-                // Start anyway: rules fail open or closed as configured, and
-                // the store connects in the background once Redis is back.
-                tracing::error!(%err, %url, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
-            }
-            AnyStore::Redis(store)
+    use crate::config::StoreLocation;
+    let store = &config.store;
+    let target = match store.location() {
+        StoreLocation::Single(url) => RedisTarget::Single(url.to_owned()),
+        StoreLocation::Cluster(seeds) => RedisTarget::Cluster(seeds.to_vec()),
+        StoreLocation::Sentinel { sentinels, master_name } => {
+            RedisTarget::Sentinel { sentinels: sentinels.to_vec(), master_name: master_name.to_owned() }
         }
+        _ => return AnyStore::Memory(MemoryStore::new()),
+    };
+    // The limiter enforces `timeout` on every call; the store's own deadline
+    // matches it, so a stalled call is dropped at once.
+    let mut options =
+        RedisOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(store.timeout.get());
+    if store.username.is_some() || store.password.is_some() {
+        let password = store.password.as_ref().map(|p| p.expose().to_owned());
+        options = options.with_credentials(store.username.clone(), password);
     }
+    if let Some(ca) = &store.tls_ca {
+        options = options.with_tls_ca(ca.clone());
+    }
+    let name = store.describe();
+    let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
+    if let Some(err) = error {
+        // Start anyway: rules fail open or closed as configured, and the
+        // store connects in the background once Redis is back.
+        tracing::error!(%err, store = %name, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
+    }
+    AnyStore::Redis(lazy)
 }
