@@ -90,12 +90,14 @@ fn assert_every_key_expires(cli: impl Fn(&[&str]) -> String) -> usize {
 fn check_config_prints_a_cluster_store_without_secrets() {
     let (_dir, path) = write_config(
         "[store]\ncluster = [\"redis://admin:hunter2@127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n\
-         username = \"limiter\"\npassword_env = \"SG_TEST_REDIS_PW\"\n",
+         username = \"limiter\"\npassword_env = \"SG_TEST_REDIS_PW\"\n\n\
+         [identity]\nip_hash_secret_env = \"SG_TEST_HASH_SECRET\"\n",
     );
     let out = Command::new(binary())
         .arg("check-config")
         .arg(&path)
         .env("SG_TEST_REDIS_PW", "s3cret-pw")
+        .env("SG_TEST_HASH_SECRET", "shared")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
