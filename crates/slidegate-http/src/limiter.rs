@@ -322,10 +322,8 @@ impl<S> RateLimiter<S> {
     /// number `rule`: in the top offenders and, for a block, in the rule's
     /// blocked counter. One call for every kind of refusal.
     pub fn record_offence(&self, rule: usize, key: &str, event: Event) {
-        if matches!(event, Event::Blocked { .. }) {
-            if rule < self.inner.rules.len() {
-                self.inner.metrics.rule(rule).blocked.fetch_add(1, Relaxed);
-            }
+        if matches!(event, Event::Blocked { .. }) && rule < self.inner.rules.len() {
+            self.inner.metrics.rule(rule).blocked.fetch_add(1, Relaxed);
         }
         if let Some(identity) = IdentityHash::from_key(key) {
             self.inner.offenders.record(rule, identity, event);

@@ -243,7 +243,7 @@ th { background: #f0f0f3; font-weight: 600; }
           fresh.appendChild(tr);
         }
         rows.replaceChildren(fresh);
-        status.textContent = "Refreshed " + new Date().toLocaleTimeString() + ", every {REFRESH_MS} ms.";
+        status.textContent = "Refreshed " + new Date().toLocaleTimeString() + ", every " + {REFRESH_MS} / 1000 + " s.";
       })
       .catch(function (e) { status.textContent = "Refresh failed: " + e.message; });
   }
@@ -265,6 +265,22 @@ mod tests {
         assert_eq!(Query::parse(Some("minutes=2&limit=3")), Ok(Query { minutes: 2, limit: 3 }));
         for bad in ["minutes=0", "minutes=6", "limit=0", "limit=321", "limit=x", "other=1", "minutes"] {
             assert!(Query::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shows_the_block_state_and_the_precision() {
+        assert_eq!(block_state(None), "not blocked");
+        assert_eq!(block_state(Some(1)), "blocked, 1 s left");
+        assert_eq!(block_state(Some(90_000)), "blocked, 90 s left");
+        assert_eq!((precision(0).as_str(), precision(3).as_str()), ("exact", "at most 3 over"));
+    }
+
+    #[test]
+    fn the_page_loads_nothing_from_elsewhere() {
+        let lower = PAGE.to_ascii_lowercase();
+        for external in ["http:", "https:", "//", " src=", " href="] {
+            assert!(!lower.contains(external), "{external}");
         }
     }
 
