@@ -320,9 +320,13 @@ impl<S> RateLimiter<S> {
 
     /// Records that the identity `key` (a limiter key) was refused under rule
     /// number `rule`: in the top offenders and, for a block, in the rule's
-    /// blocked counter. One call for every kind of refusal.
+    /// blocked counter. One call for every kind of refusal; an unknown rule
+    /// or a key that is not a limiter key records nothing.
     pub fn record_offence(&self, rule: usize, key: &str, event: Event) {
-        if matches!(event, Event::Blocked { .. }) && rule < self.inner.rules.len() {
+        if rule >= self.inner.rules.len() {
+            return;
+        }
+        if matches!(event, Event::Blocked { .. }) {
             self.inner.metrics.rule(rule).blocked.fetch_add(1, Relaxed);
         }
         if let Some(identity) = IdentityHash::from_key(key) {

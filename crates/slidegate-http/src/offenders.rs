@@ -382,6 +382,46 @@ mod tests {
         assert!(o.top_at(later + 5 * MINUTE_MS, MINUTES, 10).is_empty());
     }
 
+    /// The limiter records its denials (shadow ones too) and a block in one
+    /// call, which also counts it per rule.
+    #[cfg(feature = "config")]
+    #[tokio::test]
+    async fn the_limiter_records_denials_and_blocks() {
+        use crate::{Config, RateLimiter};
+        let config = Config::parse(
+            "[[rules]]\nname = \"a\"\npath = \"/a\"\nlimits = [{ limit = 1, window = \"1m\" }]\n\
+             [[rules]]\nname = \"b\"\npath = \"/b\"\nshadow = true\nlimits = [{ limit = 1, window = \"1m\" }]\n",
+            "offenders.toml",
+        )
+        .unwrap();
+        let limiter = RateLimiter::from_config(&config, slidegate::MemoryStore::new());
+        for _ in 0..4 {
+            limiter.check_key("a", "user-1", 1, false).await.unwrap();
+        }
+        for _ in 0..3 {
+            limiter.check_key("b", "user-1", 1, false).await.unwrap();
+        }
+        let top = limiter.offenders().top(MINUTES, 10);
+        assert_eq!(
+            top.iter().map(|o| (o.rule, o.denials, o.error)).collect::<Vec<_>>(),
+            [(0, 3, 0), (1, 2, 0)]
+        );
+        assert_eq!(top[0].identity.kind(), IdentityKind::ApiKey);
+        // The same key hashes alike under every rule: one identity, two rules.
+        assert_eq!(top[0].identity, top[1].identity);
+        let key = limiter.identity().key("b", crate::IdentitySource::ApiKey, b"user-1");
+        let until = SystemTime::now() + Duration::from_secs(600);
+        limiter.record_offence(1, &key, Event::Blocked { until });
+        limiter.record_offence(9, &key, Event::Blocked { until }); // no such rule: ignored
+        limiter.record_offence(1, "not a limiter key", Event::Denied);
+        let text = limiter.render_metrics();
+        assert!(text.contains("slidegate_requests_blocked_total{rule=\"b\"} 1\n"), "{text}");
+        assert!(text.contains("slidegate_requests_blocked_total{rule=\"a\"} 0\n"));
+        let blocked: Vec<_> =
+            limiter.offenders().top(MINUTES, 10).into_iter().filter(|o| o.blocked_until.is_some()).collect();
+        assert_eq!(blocked.iter().map(|o| (o.rule, o.denials)).collect::<Vec<_>>(), [(1, 3)]);
+    }
+
     #[test]
     fn a_block_is_shown_until_it_ends() {
         let o = Offenders::new();
