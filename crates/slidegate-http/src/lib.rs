@@ -52,6 +52,7 @@ mod identity;
 mod layer;
 mod limiter;
 mod metrics;
+pub mod offenders;
 mod rules;
 #[cfg(feature = "serve")]
 pub mod serve;

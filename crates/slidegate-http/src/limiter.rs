@@ -15,6 +15,7 @@ use crate::breaker::{Admit, Breaker, BreakerPolicy};
 use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
+use crate::offenders::{Event, IdentityHash, Offenders};
 use crate::rules::RuleMatcher;
 
 /// One named limit of a rule and what it decided.
@@ -198,6 +199,8 @@ struct Inner<S> {
     /// The epoch of the breaker's and the seeds' millisecond times.
     epoch: tokio::time::Instant,
     legacy_headers: bool,
+    /// The identities refused most lately, in bounded memory.
+    offenders: Offenders,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -309,6 +312,28 @@ impl<S> RateLimiter<S> {
         &self.inner.store
     }
 
+    /// The identities refused most over the last minutes (the admin
+    /// `/v1/offenders` and `/offenders`).
+    pub fn offenders(&self) -> &Offenders {
+        &self.inner.offenders
+    }
+
+    /// Records that the identity `key` (a limiter key) was refused under rule
+    /// number `rule`: in the top offenders and, for a block, in the rule's
+    /// blocked counter. One call for every kind of refusal; an unknown rule
+    /// or a key that is not a limiter key records nothing.
+    pub fn record_offence(&self, rule: usize, key: &str, event: Event) {
+        if rule >= self.inner.rules.len() {
+            return;
+        }
+        if matches!(event, Event::Blocked { .. }) {
+            self.inner.metrics.rule(rule).blocked.fetch_add(1, Relaxed);
+        }
+        if let Some(identity) = IdentityHash::from_key(key) {
+            self.inner.offenders.record(rule, identity, event);
+        }
+    }
+
     /// The embedded fallback store, when `[store] fallback` is on: a caller
     /// sweeps it as it sweeps an embedded store, to give memory back.
     pub fn fallback_store(&self) -> Option<&MemoryStore> {
@@ -378,6 +403,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 metrics,
                 epoch: tokio::time::Instant::now(),
                 legacy_headers,
+                offenders: Offenders::new(),
             }),
         }
     }
@@ -506,6 +532,20 @@ impl<S: Store + 'static> RateLimiter<S> {
                 (false, false) => counters.denied.fetch_add(1, Relaxed),
                 (false, true) => counters.shadow_denied.fetch_add(1, Relaxed),
             };
+            if verdict.allowed() {
+                // Near the limit: a tenth or less of some limit left.
+                if verdict
+                    .policies
+                    .iter()
+                    .any(|p| p.decision.remaining.saturating_mul(10) <= p.decision.limit)
+                {
+                    counters.near_limit.fetch_add(1, Relaxed);
+                }
+            } else {
+                // Shadow denials too: the operator of a shadow rule wants to
+                // see whom it would refuse.
+                self.record_offence(index, key, Event::Denied);
+            }
         }
         verdict
     }

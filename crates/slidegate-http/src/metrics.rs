@@ -36,6 +36,10 @@ pub struct RuleCounters {
     pub fail_closed: AtomicU64,
     /// Decided by the embedded fallback limiter because the store failed.
     pub fallback: AtomicU64,
+    /// Allowed with at most a tenth of a limit left: clients about to be denied.
+    pub near_limit: AtomicU64,
+    /// Refused because the identity is blocked (a penalty).
+    pub blocked: AtomicU64,
 }
 
 /// What happened to calls to the store.
@@ -126,7 +130,7 @@ impl Metrics {
     /// breaker's state now.
     pub fn render(&self, breaker_open: bool) -> String {
         let mut out = String::with_capacity(4096);
-        let per_rule: [(&str, &str, CounterOf); 6] = [
+        let per_rule: [(&str, &str, CounterOf); 8] = [
             ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
             ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
             (
@@ -149,6 +153,16 @@ impl Metrics {
                 "Requests decided by the embedded fallback limiter because the store failed.",
                 |c| &c.fallback,
             ),
+            // Per rule only, never per identity: the top offenders page names
+            // identities; a label per identity would grow without bound.
+            (
+                "slidegate_requests_near_limit_total",
+                "Requests allowed with at most 10% of a limit left.",
+                |c| &c.near_limit,
+            ),
+            ("slidegate_requests_blocked_total", "Requests refused because the identity is blocked.", |c| {
+                &c.blocked
+            }),
         ];
         for (name, help, field) in per_rule {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -214,6 +228,8 @@ mod tests {
         let m = Metrics::new(["search".to_owned(), "trending".to_owned()]);
         m.rule(0).denied.fetch_add(3, Relaxed);
         m.rule(1).fail_open.fetch_add(2, Relaxed);
+        m.rule(1).near_limit.fetch_add(4, Relaxed);
+        m.rule(0).blocked.fetch_add(5, Relaxed);
         m.store().observe_latency(Duration::from_micros(80));
         m.store().observe_latency(Duration::from_micros(300));
         // Another thread counts in another shard; the sum is the same.
@@ -224,6 +240,8 @@ mod tests {
         assert!(text.contains("slidegate_requests_denied_total{rule=\"search\"} 3\n"), "{text}");
         assert!(text.contains("slidegate_requests_fail_open_total{rule=\"trending\"} 2\n"));
         assert!(text.contains("slidegate_requests_fail_open_total{rule=\"search\"} 0\n"));
+        assert!(text.contains("slidegate_requests_near_limit_total{rule=\"trending\"} 4\n"), "{text}");
+        assert!(text.contains("slidegate_requests_blocked_total{rule=\"search\"} 5\n"));
         assert!(text.contains("slidegate_breaker_open 1\n"));
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.00025\"} 1\n"));

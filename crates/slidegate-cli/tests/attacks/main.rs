@@ -10,5 +10,6 @@ mod common;
 
 mod breaker;
 mod identity;
+mod offenders;
 mod store_failures;
 mod surface;

@@ -1,4 +1,5 @@
 //! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
+//! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
 //! served on the public listener or on their own.
 
 use std::convert::Infallible;
@@ -26,6 +27,8 @@ pub(crate) enum Endpoint {
     Check,
     Metrics,
     Health,
+    Offenders,
+    OffendersPage,
 }
 
 impl Endpoint {
@@ -34,6 +37,8 @@ impl Endpoint {
             "/v1/check" => Some(Endpoint::Check),
             "/metrics" => Some(Endpoint::Metrics),
             "/healthz" => Some(Endpoint::Health),
+            "/v1/offenders" => Some(Endpoint::Offenders),
+            "/offenders" => Some(Endpoint::OffendersPage),
             _ => None,
         }
     }
@@ -41,14 +46,18 @@ impl Endpoint {
     fn method(self) -> Method {
         match self {
             Endpoint::Check => Method::POST,
-            Endpoint::Metrics | Endpoint::Health => Method::GET,
+            Endpoint::Metrics | Endpoint::Health | Endpoint::Offenders | Endpoint::OffendersPage => {
+                Method::GET
+            }
         }
     }
 
     fn allow(self) -> HeaderValue {
         match self {
             Endpoint::Check => HeaderValue::from_static("POST"),
-            Endpoint::Metrics | Endpoint::Health => HeaderValue::from_static("GET, HEAD"),
+            Endpoint::Metrics | Endpoint::Health | Endpoint::Offenders | Endpoint::OffendersPage => {
+                HeaderValue::from_static("GET, HEAD")
+            }
         }
     }
 }
@@ -96,7 +105,7 @@ async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Respons
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics or {0}/healthz",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/v1/offenders or {0}/offenders",
             state.admin_prefix
         ),
         Some(path),
@@ -152,6 +161,17 @@ pub(crate) async fn handle(
         Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
         Endpoint::Metrics => {
             text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.limiter.render_metrics())
+        }
+        Endpoint::Offenders | Endpoint::OffendersPage => {
+            let query = match super::offenders::Query::parse(request.uri().query()) {
+                Ok(query) => query,
+                Err(detail) => return bad_request(StatusCode::BAD_REQUEST, request.uri().path(), &detail),
+            };
+            if endpoint == Endpoint::Offenders {
+                super::offenders::json(state, query)
+            } else {
+                super::offenders::page(state, query)
+            }
         }
         Endpoint::Check => {
             if let Some(token) = &state.check_token {

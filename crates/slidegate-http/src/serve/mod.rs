@@ -20,6 +20,7 @@
 mod admin;
 mod body;
 mod error;
+mod offenders;
 mod proxy;
 mod server;
 mod sweeper;

@@ -1,0 +1,111 @@
+//! The top offenders on the admin listener: who is refused most, as keyed
+//! hashes, in JSON and on a page an operator opens in a browser.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+/// The test configuration with the admin endpoints on their own listener:
+/// the top offenders are served there.
+fn admin_config(upstream: &Upstream) -> String {
+    config(upstream, "", "").replace("admin_on_public = true\n", "admin_listen = \"127.0.0.1:0\"\n")
+}
+
+#[test]
+fn the_identities_refused_most_are_listed_hashed_with_exact_counts() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&admin_config(&upstream));
+    let admin = sg.admin_addr();
+    // "search" allows 2 a minute per identity: three scrapers at different
+    // rates get 6, 3 and 1 denials; one anonymous client (127.0.0.1) 2.
+    let scrapers = [("scraper-key-alpha", 8), ("scraper-key-bravo", 5), ("scraper-key-charlie", 3)];
+    for (key, requests) in scrapers {
+        let statuses: Vec<u16> = (0..requests)
+            .map(|i| sg.get(&format!("/api/search?q={i}"), &[("x-api-key", key)]).status)
+            .collect();
+        assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), requests - 2, "{key}: {statuses:?}");
+    }
+    for _ in 0..4 {
+        sg.get("/api/search?q=anon", &[]);
+    }
+    assert_eq!(upstream.hits(), 2 * 4);
+
+    let reply = get(admin, "/v1/offenders?minutes=5&limit=20", &[]);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let offenders = json["offenders"].as_array().unwrap();
+    let rows: Vec<(&str, &str, u64, u64)> = offenders
+        .iter()
+        .map(|o| {
+            (
+                o["rule"].as_str().unwrap(),
+                o["kind"].as_str().unwrap(),
+                o["denials"].as_u64().unwrap(),
+                o["error"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // Fewer identities than the capacity: exact counts, most refused first.
+    assert_eq!(
+        rows,
+        [
+            ("search", "api_key", 6, 0),
+            ("search", "api_key", 3, 0),
+            ("search", "ip", 2, 0),
+            ("search", "api_key", 1, 0)
+        ]
+    );
+    assert_eq!((json["minutes"].as_u64(), json["capacity_per_minute"].as_u64()), (Some(5), Some(64)));
+    let hashes: Vec<&str> = offenders.iter().map(|o| o["identity"].as_str().unwrap()).collect();
+    for hash in &hashes {
+        assert!(hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
+    }
+    assert!(offenders.iter().all(|o| o["blocked_until_unix_ms"].is_null() && o["blocked_for_ms"].is_null()));
+    // Hashed, never raw.
+    for raw in ["scraper-key", "127.0.0.1"] {
+        assert!(!reply.body.contains(raw), "{raw} in {}", reply.body);
+    }
+    // The limit and the minutes are honoured; bad values are refused.
+    let top1: serde_json::Value =
+        serde_json::from_str(&get(admin, "/v1/offenders?limit=1&minutes=1", &[]).body).unwrap();
+    assert_eq!(top1["offenders"].as_array().unwrap().len(), 1);
+    assert_eq!(top1["offenders"][0]["identity"].as_str(), Some(hashes[0]));
+    assert_eq!(get(admin, "/v1/offenders?limit=0", &[]).status, 400);
+    assert_eq!(get(admin, "/v1/offenders?minutes=6", &[]).status, 400);
+
+    let page = get(admin, "/offenders", &[]);
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert!(page.header("content-security-policy").unwrap().starts_with("default-src 'none'"));
+    assert!(page.body.contains("<td>search</td>"), "{}", page.body);
+    assert!(page.body.contains(&format!("<td class=\"mono\">{}</td>", hashes[0])));
+    assert!(page.body.contains("<td class=\"num\">6</td>"));
+    assert!(page.body.contains("not blocked"));
+    for raw in ["scraper-key", "127.0.0.1"] {
+        assert!(!page.body.contains(raw), "{raw}");
+    }
+    // No external assets: nothing loaded from another origin.
+    let lower = page.body.to_ascii_lowercase();
+    for external in ["http://", "https://", "src=\"//", "href=\"//"] {
+        assert!(!lower.contains(external), "{external} in the page");
+    }
+    // The proxy does not serve them: the public listener forwards the path.
+    assert_eq!(sg.get("/offenders", &[]).body, "GET /offenders xff=127.0.0.1");
+}
+
+#[test]
+fn near_limit_requests_are_counted_per_rule() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, "", ""));
+    // "trending" allows 5 a minute to an API key: the 5th leaves 0 of 5
+    // (≤ 10%), the 4th leaves 1 (20%).
+    for _ in 0..5 {
+        assert_eq!(sg.get("/api/videos/trending", &[("x-api-key", "k")]).status, 200);
+    }
+    wait_for("the near-limit counter", Duration::from_secs(10), || {
+        sg.metric("slidegate_requests_near_limit_total{rule=\"trending\"}") == 1.0
+    });
+    assert_eq!(sg.metric("slidegate_requests_near_limit_total{rule=\"search\"}"), 0.0);
+    assert_eq!(sg.metric("slidegate_requests_blocked_total{rule=\"trending\"}"), 0.0);
+}
