@@ -348,14 +348,13 @@ mod tests {
 
     #[test]
     fn fail_closed_is_503_not_429() {
-        let v =
-            Verdict {
-                rule: "search",
-                policies: vec![],
-                source: DecisionSource::FailClosed,
-                shadow: false,
-                pending: None,
-            };
+        let v = Verdict {
+            rule: "search",
+            policies: vec![],
+            source: DecisionSource::FailClosed,
+            shadow: false,
+            pending: None,
+        };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(response.headers(), "retry-after"), Some("1"));

@@ -68,12 +68,14 @@ mod store;
 pub mod guide {}
 
 pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
-pub use response_cost::ResponseCost;
 pub use config::{Config, ConfigError, Delay, OnError};
 pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
-pub use limiter::{CheckError, DecisionSource, PendingCharge, PolicyResult, RateLimiter, StoreGuard, Verdict};
+pub use limiter::{
+    CheckError, DecisionSource, PendingCharge, PolicyResult, RateLimiter, StoreGuard, Verdict,
+};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
+pub use response_cost::ResponseCost;
 pub use rules::{lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatcher};
 #[cfg(feature = "redis")]
 pub use store::{AnyStore, LazyRedis};

@@ -484,7 +484,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         let Some(value) = breadth.of.value(path) else {
             return Ok(None);
         };
-        let decision = match self.guarded(self.inner.store.decide_distinct(key, &breadth.quota, &value)).await {
+        let decision = match self.guarded(self.inner.store.decide_distinct(key, &breadth.quota, &value)).await
+        {
             Ok(decision) => decision,
             Err(_) => return Ok(None),
         };
@@ -690,7 +691,10 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     /// `call`, a store call, under the deadline and the breaker.
-    async fn guarded<T>(&self, call: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, Failure> {
+    async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, Failure> {
         let inner = &*self.inner;
         match inner.breaker.admit(self.now_ms()) {
             Admit::Skip => {

@@ -54,7 +54,8 @@ mod tests {
         let probes = ResponseCost { count_status: vec![404], cost_header: None };
         assert_eq!(probes.cost(StatusCode::OK, &h, 1), 0);
         assert_eq!(probes.cost(StatusCode::NOT_FOUND, &h, 1), 1);
-        let priced = ResponseCost { count_status: vec![], cost_header: Some(HeaderName::from_static("x-cost")) };
+        let priced =
+            ResponseCost { count_status: vec![], cost_header: Some(HeaderName::from_static("x-cost")) };
         assert_eq!(priced.cost(StatusCode::OK, &h, 10), 1);
         h.insert("x-cost", "5".parse().unwrap());
         assert_eq!(priced.cost(StatusCode::OK, &h, 10), 5);

@@ -114,5 +114,8 @@ async fn a_walk_past_its_breadth_is_refused_and_revisits_pass() {
     assert_eq!(admitted, 50);
     let (status, headers) = call(&app, "/api/videos/0").await;
     assert_eq!(status, StatusCode::OK, "a revisit");
-    assert_eq!(headers.get("ratelimit-policy").unwrap(), "\"videos\";q=100000;w=60, \"videos-breadth\";q=50;w=600");
+    assert_eq!(
+        headers.get("ratelimit-policy").unwrap(),
+        "\"videos\";q=100000;w=60, \"videos-breadth\";q=50;w=600"
+    );
 }

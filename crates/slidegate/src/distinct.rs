@@ -184,10 +184,12 @@ impl HyperLogLog {
 
     fn rank(&self, index: usize) -> u8 {
         match &self.registers {
-            Registers::Sparse(entries) => match entries.binary_search_by_key(&index, |e| (*e >> 8) as usize) {
-                Ok(at) => (entries[at] & 0xff) as u8,
-                Err(_) => 0,
-            },
+            Registers::Sparse(entries) => {
+                match entries.binary_search_by_key(&index, |e| (*e >> 8) as usize) {
+                    Ok(at) => (entries[at] & 0xff) as u8,
+                    Err(_) => 0,
+                }
+            }
             Registers::Dense(registers) => registers[index],
         }
     }

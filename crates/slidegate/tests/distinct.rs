@@ -35,9 +35,14 @@ fn the_embedded_sketch_estimates_exactly_as_redis_pfcount() {
                 pipe.cmd("PFADD").arg("catalogue").arg(video(added)).ignore();
             }
             let _: () = pipe.query_async(&mut conn).await.expect("PFADD");
-            let redis_count: u64 = redis::cmd("PFCOUNT").arg("catalogue").query_async(&mut conn).await.expect("PFCOUNT");
-            let bytes: u64 =
-                redis::cmd("MEMORY").arg("USAGE").arg("catalogue").query_async(&mut conn).await.expect("MEMORY");
+            let redis_count: u64 =
+                redis::cmd("PFCOUNT").arg("catalogue").query_async(&mut conn).await.expect("PFCOUNT");
+            let bytes: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg("catalogue")
+                .query_async(&mut conn)
+                .await
+                .expect("MEMORY");
             let ours = hll.count();
             let error = (ours as f64 - n as f64) / n as f64 * 100.0;
             println!("| {n} | {ours} | {error:+.2}% | {bytes} | {} |", hll.bytes());

@@ -52,7 +52,9 @@ breadth = {{ distinct = 200, window = "10m", of = "param:id" }}
                 if first_denied.is_none() {
                     first_denied = Some(id);
                     assert_eq!(reply.header("ratelimit-policy"), Some("\"videos-breadth\";q=200;w=600"));
-                    assert!(reply.header("ratelimit").is_some_and(|h| h.starts_with("\"videos-breadth\";r=0;t=")));
+                    assert!(reply
+                        .header("ratelimit")
+                        .is_some_and(|h| h.starts_with("\"videos-breadth\";r=0;t=")));
                     let wait: u64 = reply.header("retry-after").unwrap().parse().unwrap();
                     assert!((1..=600).contains(&wait), "retry-after {wait}");
                 }

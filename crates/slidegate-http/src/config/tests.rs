@@ -328,3 +328,33 @@ fn max_cost_defaults_to_one_and_is_read_per_rule() {
     assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().rules[0].max_cost, 5);
     assert_eq!(err(&rule("max_cost = 0\n")), (4, 12, "max_cost must be at least 1".into()));
 }
+
+#[test]
+fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
+    let c = parse(
+        "[[rules]]\nname = \"v\"\npath = \"/api/videos/{id}\"\nlimits = [{ limit = 5, window = \"1s\" }]\n\
+         breadth = { distinct = 200, window = \"10m\", of = \"param:id\" }\ncount_status = [404, 410]\n\
+         cost_header = \"x-ratelimit-cost\"\n",
+    )
+    .unwrap();
+    let breadth = c.rules[0].breadth.as_ref().unwrap();
+    assert_eq!((breadth.quota.permits(), breadth.quota.window_ms()), (200, 600_000));
+    assert_eq!(breadth.of, crate::BreadthOf::Param { name: "id".into(), segment: 3 });
+    assert_eq!(c.rules[0].response_cost.count_status, [404, 410]);
+    assert_eq!(c.rules[0].response_cost.cost_header.as_ref().unwrap().as_str(), "x-ratelimit-cost");
+
+    let rule =
+        "[[rules]]\nname = \"v\"\npath = \"/api/videos/{id}\"\nlimits = [{ limit = 5, window = \"1s\" }]\n";
+    let (l, c, m) =
+        err(&format!("{rule}breadth = {{ distinct = 200, window = \"10m\", of = \"param:slug\" }}\n"));
+    assert_eq!((l, c), (5, 50));
+    assert!(m.contains("has no {slug}"), "{m}");
+    let (l, _, m) = err(&format!("{rule}breadth = {{ distinct = 0, window = \"10m\" }}\n"));
+    assert_eq!(l, 5);
+    assert!(m.starts_with("invalid breadth"), "{m}");
+    let (l, _, m) = err(&format!("{rule}count_status = [200, 999]\n"));
+    assert_eq!(l, 5);
+    assert!(m.contains("100 to 599"), "{m}");
+    let (_, _, m) = err(&format!("{rule}cost_header = \"bad header\"\n"));
+    assert!(m.contains("invalid cost_header"), "{m}");
+}

@@ -506,9 +506,17 @@ impl Validator<'_> {
         })
     }
 
-    fn breadth(&self, raw: super::raw::RawBreadth, pattern: &str) -> Result<crate::BreadthConfig, ConfigError> {
+    fn breadth(
+        &self,
+        raw: super::raw::RawBreadth,
+        pattern: &str,
+    ) -> Result<crate::BreadthConfig, ConfigError> {
         let quota = Quota::new(*raw.distinct.get_ref(), raw.window.duration).map_err(|e| {
-            let at = if matches!(e, QuotaError::ZeroLimit) { raw.distinct.span() } else { raw.window.span.clone() };
+            let at = if matches!(e, QuotaError::ZeroLimit) {
+                raw.distinct.span()
+            } else {
+                raw.window.span.clone()
+            };
             self.err(at, format!("invalid breadth: {e}"))
         })?;
         let of = match &raw.of {

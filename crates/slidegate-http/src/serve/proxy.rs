@@ -143,7 +143,9 @@ pub(crate) async fn forward(
             // A rule counting responses charges now, before the client sees
             // the answer, so its next request sees the charge.
             let charged = match verdict.as_ref().and_then(|v| v.pending()) {
-                Some(pending) => limiter.charge_response(pending, response.status(), response.headers()).await,
+                Some(pending) => {
+                    limiter.charge_response(pending, response.status(), response.headers()).await
+                }
                 None => None,
             };
             if let Some(v) = charged.as_ref().filter(|c| c.allowed()).or(verdict.as_ref()) {

@@ -36,8 +36,8 @@ pub(crate) use self::packing::{PackedCounter, PackedFixed};
 use self::packing::{Packing, Plain};
 use self::slots::{slot_id, Slots};
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
-use crate::store::{check_time, validate, Store, StoreError};
 use crate::distinct::DistinctTable;
+use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
@@ -549,7 +549,12 @@ impl<C: Clock> MemoryStore<C> {
     ///
     /// # Errors
     /// [`StoreError::EmptyKey`], [`StoreError::TimeOutOfRange`].
-    pub fn decide_distinct_sync(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
+    pub fn decide_distinct_sync(
+        &self,
+        key: &str,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
         if key.is_empty() {
             return Err(StoreError::EmptyKey);
         }
