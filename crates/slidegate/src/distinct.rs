@@ -296,6 +296,8 @@ type Sketches = HashMap<(String, Quota), Entry>;
 pub(crate) struct DistinctTable {
     shards: Box<[Mutex<Sketches>]>,
     hasher: std::hash::RandomState,
+    /// The shard [`DistinctTable::sweep_step`] sweeps next.
+    next_sweep: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for DistinctTable {
@@ -303,6 +305,7 @@ impl Default for DistinctTable {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
+            next_sweep: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -326,14 +329,24 @@ impl DistinctTable {
 
     /// Forgets the sketches of windows that ended; returns how many remain.
     pub(crate) fn sweep(&self, now_ms: u64) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| {
-                let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-                map.retain(|(_, quota), entry| entry.window == now_ms / quota.window_ms());
-                map.len()
-            })
-            .sum()
+        self.shards.iter().map(|shard| Self::sweep_shard(shard, now_ms)).sum()
+    }
+
+    /// Sweeps the next `max_shards` shards (round-robin over calls), so a
+    /// periodic caller's work per call stays a fraction of the table.
+    pub(crate) fn sweep_step(&self, now_ms: u64, max_shards: usize) {
+        let count = self.shards.len();
+        let steps = max_shards.min(count);
+        let first = self.next_sweep.fetch_add(steps, std::sync::atomic::Ordering::Relaxed) % count;
+        for i in 0..steps {
+            Self::sweep_shard(&self.shards[(first + i) % count], now_ms);
+        }
+    }
+
+    fn sweep_shard(shard: &Mutex<Sketches>, now_ms: u64) -> usize {
+        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|(_, quota), entry| entry.window == now_ms / quota.window_ms());
+        map.len()
     }
 }
 
@@ -386,5 +399,17 @@ mod tests {
         assert_eq!(denied.remaining, 0);
         assert!(decide(&mut hll, &quota, 1_000, b"b").allowed);
         assert_eq!(hll.count(), 3, "a denial adds nothing");
+    }
+
+    #[test]
+    fn sketches_of_ended_windows_are_swept() {
+        let quota = Quota::new(3, Duration::from_secs(10)).unwrap();
+        let table = DistinctTable::default();
+        for i in 0..100u32 {
+            table.decide(&format!("id{i}"), &quota, 1_000, b"/a");
+        }
+        assert_eq!(table.sweep(9_999), 100);
+        table.sweep_step(10_000, SHARDS);
+        assert_eq!(table.sweep(10_000), 0);
     }
 }

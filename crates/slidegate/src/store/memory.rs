@@ -492,9 +492,8 @@ impl<C: Clock> MemoryStore<C> {
         let first = self.next_sweep.fetch_add(steps, Ordering::Relaxed) % count;
         let now = self.clock.now_ms();
         let mut report = SweepReport { shards: steps, ..SweepReport::default() };
-        // Sketches of ended windows go with each step: one pass over a map
-        // holding one entry per identity with a distinct-value limit.
-        self.distinct.sweep(now);
+        // Sketches of ended windows go too, as many of their shards per step.
+        self.distinct.sweep_step(now, steps);
         for i in 0..steps {
             let mut shard = self.shards[(first + i) % count].lock().unwrap_or_else(PoisonError::into_inner);
             let before = shard.len();
