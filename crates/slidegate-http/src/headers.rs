@@ -237,7 +237,7 @@ mod tests {
     }
 
     fn verdict(policies: Vec<PolicyResult<'static>>, shadow: bool) -> Verdict<'static> {
-        Verdict { rule: "search", policies, source: DecisionSource::Store, shadow }
+        Verdict { rule: "search", policies, source: DecisionSource::Store, shadow, pending: None }
     }
 
     fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -348,8 +348,13 @@ mod tests {
 
     #[test]
     fn fail_closed_is_503_not_429() {
-        let v =
-            Verdict { rule: "search", policies: vec![], source: DecisionSource::FailClosed, shadow: false };
+        let v = Verdict {
+            rule: "search",
+            policies: vec![],
+            source: DecisionSource::FailClosed,
+            shadow: false,
+            pending: None,
+        };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(response.headers(), "retry-after"), Some("1"));

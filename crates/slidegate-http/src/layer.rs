@@ -180,6 +180,7 @@ where
                 limiter.check_request(request.method(), request.uri().path(), request.headers(), peer).await;
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
+            let pending = verdict.as_ref().and_then(|v| v.pending()).cloned();
             let added = match verdict {
                 Some(verdict) if verdict.blocks() => {
                     let response =
@@ -196,7 +197,25 @@ where
                 }
                 None => HeaderMap::new(),
             };
-            Checked::Allowed { future: inner.call(request), headers: added }
+            // A rule counting responses charges when the inner service has
+            // answered: the charge runs on its own clone of the limiter.
+            let charge: Option<ChargeFn> = pending.map(|pending| {
+                let limiter = limiter.clone();
+                let charge: ChargeFn = Box::new(move |status, headers| {
+                    Box::pin(async move {
+                        let legacy = limiter.legacy_headers();
+                        let mut added = HeaderMap::new();
+                        if let Some(v) = limiter.charge_response(&pending, status, &headers).await {
+                            if v.allowed() {
+                                headers::apply(&mut added, &v, legacy);
+                            }
+                        }
+                        added
+                    })
+                });
+                charge
+            });
+            Checked::Allowed { future: inner.call(request), headers: added, charge }
         };
         ResponseFuture { state: State::Checking { check: Box::pin(check) } }
     }
@@ -238,8 +257,13 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// headers to add to its response.
 enum Checked<F> {
     Blocked(Response<Full<Bytes>>),
-    Allowed { future: F, headers: HeaderMap },
+    Allowed { future: F, headers: HeaderMap, charge: Option<ChargeFn> },
 }
+
+/// The charge after the response: given its status and headers, the rate
+/// limit headers of the charge's decision (empty when nothing was charged).
+type ChargeFn = Box<dyn FnOnce(StatusCode, HeaderMap) -> ChargeFuture + Send>;
+type ChargeFuture = Pin<Box<dyn Future<Output = HeaderMap> + Send>>;
 
 /// The check, boxed: the store's `decide` is an `async fn` of the [`Store`]
 /// trait, whose future has no name a field could hold.
@@ -248,7 +272,7 @@ type CheckFuture<F> = Pin<Box<dyn Future<Output = Checked<F>> + Send>>;
 pin_project! {
     /// The response future of [`RateLimit`]: the rate limit check, then the
     /// inner service's future `F`, polled in place.
-    pub struct ResponseFuture<F> {
+    pub struct ResponseFuture<F: Future> {
         #[pin]
         state: State<F>,
     }
@@ -256,9 +280,10 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F: Future> {
         Checking { check: CheckFuture<F> },
-        Forwarding { #[pin] future: F, headers: HeaderMap },
+        Forwarding { #[pin] future: F, headers: HeaderMap, charge: Option<ChargeFn> },
+        Charging { charge: ChargeFuture, response: Option<F::Output>, headers: HeaderMap },
     }
 }
 
@@ -274,12 +299,30 @@ where
             match state.as_mut().project() {
                 StateProj::Checking { check } => match ready!(check.as_mut().poll(cx)) {
                     Checked::Blocked(response) => return Poll::Ready(Ok(response.map(Either::Right))),
-                    Checked::Allowed { future, headers } => state.set(State::Forwarding { future, headers }),
+                    Checked::Allowed { future, headers, charge } => {
+                        state.set(State::Forwarding { future, headers, charge })
+                    }
                 },
-                StateProj::Forwarding { future, headers } => {
+                StateProj::Forwarding { future, headers, charge } => {
                     let mut response = ready!(future.poll(cx))?;
+                    if let Some(charge) = charge.take() {
+                        let charge = charge(response.status(), response.headers().clone());
+                        let headers = std::mem::take(headers);
+                        state.set(State::Charging { charge, response: Some(Ok(response)), headers });
+                        continue;
+                    }
                     // Each name replaces the inner service's value, as inserting would.
                     response.headers_mut().extend(std::mem::take(headers));
+                    return Poll::Ready(Ok(response.map(Either::Left)));
+                }
+                StateProj::Charging { charge, response, headers } => {
+                    let charged = ready!(charge.as_mut().poll(cx));
+                    let Some(Ok(mut response)) = response.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    response.headers_mut().extend(std::mem::take(headers));
+                    // The charge's headers, when it decided, say what is left after it.
+                    response.headers_mut().extend(charged);
                     return Poll::Ready(Ok(response.map(Either::Left)));
                 }
             }
@@ -287,7 +330,7 @@ where
     }
 }
 
-impl<F> std::fmt::Debug for ResponseFuture<F> {
+impl<F: Future> std::fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

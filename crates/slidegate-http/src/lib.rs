@@ -45,6 +45,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod breadth;
 mod breaker;
 pub mod config;
 pub mod headers;
@@ -53,6 +54,7 @@ mod layer;
 mod limiter;
 mod metrics;
 pub mod offenders;
+mod response_cost;
 mod rules;
 #[cfg(feature = "serve")]
 pub mod serve;
@@ -66,11 +68,15 @@ mod store;
 #[doc = include_str!("../../../docs/serve.md")]
 pub mod guide {}
 
+pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
 pub use config::{Config, ConfigError, Delay, OnError};
 pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
-pub use limiter::{CheckError, DecisionSource, PolicyResult, RateLimiter, StoreGuard, Verdict};
+pub use limiter::{
+    CheckError, DecisionSource, PendingCharge, PolicyResult, RateLimiter, StoreGuard, Verdict,
+};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
+pub use response_cost::ResponseCost;
 pub use rules::{lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatcher};
 #[cfg(feature = "redis")]
 pub use store::{AnyStore, LazyRedis};

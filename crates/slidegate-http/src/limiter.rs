@@ -56,9 +56,26 @@ pub struct Verdict<'a> {
     pub source: DecisionSource,
     /// Whether the rule is in shadow mode (never blocks).
     pub shadow: bool,
+    /// The charge still owed after the upstream answers (a rule with
+    /// `count_status` or `cost_header`): see [`RateLimiter::charge_response`].
+    pub(crate) pending: Option<PendingCharge>,
+}
+
+/// A charge decided after the response: who, under which rule's limits.
+#[derive(Debug, Clone)]
+pub struct PendingCharge {
+    index: usize,
+    key: String,
+    anonymous: bool,
 }
 
 impl<'a> Verdict<'a> {
+    /// The charge owed after the upstream answers, for rules that count
+    /// responses (`count_status`) or price them (`cost_header`).
+    pub fn pending(&self) -> Option<&PendingCharge> {
+        self.pending.as_ref()
+    }
+
     /// Whether every limit allowed (true for fail-open, false for fail-closed).
     pub fn allowed(&self) -> bool {
         match self.source {
@@ -122,6 +139,23 @@ struct Rule {
     shadow: bool,
     /// The largest cost one `/v1/check` call may charge.
     max_cost: u64,
+    breadth: Option<crate::BreadthConfig>,
+    /// The breadth limit's policy name: `<rule>-breadth`.
+    breadth_name: String,
+    response_cost: crate::ResponseCost,
+}
+
+/// How [`RateLimiter::decide`] charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Charge the cost now (the usual request).
+    Charge,
+    /// Charge nothing; deny when a limit has no permit left (before a
+    /// charge that comes with the response).
+    Peek,
+    /// The charge after the response: counted in no metric (the request was
+    /// counted at its peek).
+    AfterResponse,
 }
 
 /// How the limiter guards itself against its store: a deadline on each call,
@@ -386,6 +420,9 @@ impl<S: Store + 'static> RateLimiter<S> {
                 on_error: r.on_error,
                 shadow: r.shadow,
                 max_cost: r.max_cost,
+                breadth: r.breadth.clone(),
+                breadth_name: format!("{}-breadth", r.name),
+                response_cost: r.response_cost.clone(),
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
@@ -426,6 +463,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             let bytes = ip.map(|ip| identity.ip_bytes(ip)).unwrap_or_default();
             identity.key(&rule.name, IdentitySource::Ip, &bytes)
         };
+        let anonymous = api_key.is_none();
         let (key, set) = match (&rule.sets, api_key) {
             (RuleSets::Shared { identity: IdentityKind::ApiKey, set }, Some(k)) => {
                 (identity.key(&rule.name, IdentitySource::ApiKey, k), set)
@@ -436,7 +474,106 @@ impl<S: Store + 'static> RateLimiter<S> {
             }
             (RuleSets::Split { anonymous, .. }, None) => (ip_key(), anonymous),
         };
-        Some(self.decide(index, &key, set, 1).await)
+        // Breadth first: its denial is never charged to the rate limits.
+        let breadth = match &rule.breadth {
+            Some(breadth) => match self.decide_breadth(index, &key, breadth, path).await {
+                Ok(policy) => policy,
+                Err(verdict) => return Some(verdict),
+            },
+            None => None,
+        };
+        let mut verdict = if rule.response_cost.is_deferred() {
+            let mut verdict = self.decide(index, &key, set, 0, Mode::Peek).await;
+            if verdict.source == DecisionSource::Store || verdict.source == DecisionSource::Fallback {
+                verdict.pending = Some(PendingCharge { index, key, anonymous });
+            }
+            verdict
+        } else {
+            self.decide(index, &key, set, 1, Mode::Charge).await
+        };
+        verdict.policies.extend(breadth);
+        Some(verdict)
+    }
+
+    /// The breadth decision for a request to `path`: `Ok(Some(policy))` to
+    /// report with the rate limits, `Ok(None)` when breadth did not decide
+    /// (no value in the path, or the store failed: breadth then steps aside
+    /// and the rate limits decide as configured), `Err(verdict)` a denial.
+    async fn decide_breadth<'s>(
+        &'s self,
+        index: usize,
+        key: &str,
+        breadth: &crate::BreadthConfig,
+        path: &str,
+    ) -> Result<Option<PolicyResult<'s>>, Verdict<'s>> {
+        let rule = &self.inner.rules[index];
+        let Some(value) = breadth.of.value(path) else {
+            return Ok(None);
+        };
+        let decision = match self.guarded(self.inner.store.decide_distinct(key, &breadth.quota, &value)).await
+        {
+            Ok(decision) => decision,
+            Err(_) => return Ok(None),
+        };
+        let policy = PolicyResult { name: &rule.breadth_name, quota: breadth.quota, decision };
+        if policy.decision.allowed {
+            return Ok(Some(policy));
+        }
+        let counters = self.inner.metrics.rule(index);
+        if rule.shadow {
+            counters.shadow_denied.fetch_add(1, Relaxed);
+        } else {
+            counters.denied.fetch_add(1, Relaxed);
+        }
+        Err(Verdict {
+            rule: &rule.name,
+            policies: vec![policy],
+            source: DecisionSource::Store,
+            shadow: rule.shadow,
+            pending: None,
+        })
+    }
+
+    /// Charges what the response says a request cost, for a verdict with a
+    /// [`Verdict::pending`] charge: nothing for a status the rule does not
+    /// count, else the `cost_header` value (clamped to `max_cost` and to the
+    /// smallest limit) or 1. One store call; if the whole cost no longer
+    /// fits, a second one charges what is left, so an expensive answer
+    /// exhausts the limit rather than going free. Returns the decision of the
+    /// charge (for the response's headers), `None` when nothing was charged.
+    pub async fn charge_response(
+        &self,
+        pending: &PendingCharge,
+        status: http::StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Verdict<'_>> {
+        let rule = self.inner.rules.get(pending.index)?;
+        let set = match &rule.sets {
+            RuleSets::Shared { set, .. } => set,
+            RuleSets::Split { anonymous: set, .. } if pending.anonymous => set,
+            RuleSets::Split { authenticated: set, .. } => set,
+        };
+        // Never more than the smallest limit holds: the store would refuse it.
+        let most = set.charges.iter().map(|(l, c)| l.quota.permits() / (*c).max(1)).min().unwrap_or(0);
+        let cost = rule.response_cost.cost(status, headers, rule.max_cost).min(most);
+        if cost == 0 {
+            return None;
+        }
+        let verdict = self.decide(pending.index, &pending.key, set, cost, Mode::AfterResponse).await;
+        if verdict.allowed() || verdict.source != DecisionSource::Store {
+            return Some(verdict);
+        }
+        let left = verdict
+            .policies
+            .iter()
+            .zip(&set.charges)
+            .map(|(p, (_, c))| p.decision.remaining / (*c).max(1))
+            .min()
+            .unwrap_or(0);
+        if left == 0 {
+            return Some(verdict);
+        }
+        Some(self.decide(pending.index, &pending.key, set, left, Mode::AfterResponse).await)
     }
 
     /// Decides `cost` times each limit's cost for the opaque identity `key`
@@ -482,10 +619,17 @@ impl<S: Store + 'static> RateLimiter<S> {
             })?;
         }
         let key = self.inner.identity.key(&rule.name, IdentitySource::ApiKey, key.as_bytes());
-        Ok(self.decide(index, &key, set, cost).await)
+        Ok(self.decide(index, &key, set, cost, Mode::Charge).await)
     }
 
-    async fn decide<'s>(&'s self, index: usize, key: &str, set: &'s PolicySet, cost: u64) -> Verdict<'s> {
+    async fn decide<'s>(
+        &'s self,
+        index: usize,
+        key: &str,
+        set: &'s PolicySet,
+        cost: u64,
+        mode: Mode,
+    ) -> Verdict<'s> {
         let rule = &self.inner.rules[index];
         let counters = self.inner.metrics.rule(index);
         let scaled: Vec<(Limit, u64)>;
@@ -516,6 +660,19 @@ impl<S: Store + 'static> RateLimiter<S> {
                 (None, Failure::Unavailable) => (Vec::new(), self.fail(rule, counters)),
             },
         };
+        let mut decisions = decisions;
+        if mode == Mode::Peek {
+            // A peek is allowed even at zero permits left; the request it
+            // guards would charge at least one, so deny it now. The wait is
+            // the store's reset time: exact for fixed windows, an upper
+            // bound for the others.
+            for d in &mut decisions {
+                if d.allowed && d.remaining == 0 {
+                    d.allowed = false;
+                    d.retry_after = Some(d.reset_after.max(Duration::from_millis(1)));
+                }
+            }
+        }
         let policies: Vec<PolicyResult<'s>> = decisions
             .into_iter()
             .zip(set.names.iter().zip(charges))
@@ -525,8 +682,8 @@ impl<S: Store + 'static> RateLimiter<S> {
                 decision,
             })
             .collect();
-        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow };
-        if matches!(source, DecisionSource::Store | DecisionSource::Fallback) {
+        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow, pending: None };
+        if mode != Mode::AfterResponse && matches!(source, DecisionSource::Store | DecisionSource::Fallback) {
             match (verdict.allowed(), rule.shadow) {
                 (true, _) => counters.allowed.fetch_add(1, Relaxed),
                 (false, false) => counters.denied.fetch_add(1, Relaxed),
@@ -570,6 +727,14 @@ impl<S: Store + 'static> RateLimiter<S> {
 
     /// One store call under the deadline and the breaker.
     async fn call_store(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, Failure> {
+        self.guarded(self.inner.store.decide_all(key, charges)).await
+    }
+
+    /// `call`, a store call, under the deadline and the breaker.
+    async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, Failure> {
         let inner = &*self.inner;
         match inner.breaker.admit(self.now_ms()) {
             Admit::Skip => {
@@ -583,8 +748,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
         inner.metrics.store().calls.fetch_add(1, Relaxed);
         let start = Instant::now();
-        let result =
-            tokio::time::timeout(inner.guard.timeout.get(), inner.store.decide_all(key, charges)).await;
+        let result = tokio::time::timeout(inner.guard.timeout.get(), call).await;
         match result {
             Ok(Ok(decisions)) => {
                 inner.metrics.store().observe_latency(start.elapsed());

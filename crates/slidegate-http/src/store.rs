@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Decision, Limit, MemoryStore, RedisOptions, RedisStore, RedisTarget, Store, StoreError};
+use slidegate::{
+    Decision, Limit, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store, StoreError,
+};
 use tokio::sync::OnceCell;
 
 /// The embedded store or Redis.
@@ -31,6 +33,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.decide_all_sync(key, charges),
             AnyStore::Redis(store) => store.connected()?.decide_all(key, charges).await,
+        }
+    }
+
+    async fn decide_distinct(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.decide_distinct_sync(key, quota, value),
+            AnyStore::Redis(store) => store.connected()?.decide_distinct(key, quota, value).await,
         }
     }
 }

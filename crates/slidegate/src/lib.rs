@@ -29,6 +29,7 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+pub mod distinct;
 mod quota;
 pub mod store;
 

@@ -9,6 +9,7 @@
 mod common;
 
 mod breaker;
+mod crawl;
 mod identity;
 mod offenders;
 mod store_failures;

@@ -106,6 +106,19 @@ pub(super) struct RawRule {
     #[serde(default)]
     pub(super) case_sensitive: bool,
     pub(super) max_cost: Option<Spanned<u64>>,
+    // Crawl breadth and response-based charging.
+    pub(super) breadth: Option<Spanned<RawBreadth>>,
+    pub(super) count_status: Option<Spanned<Vec<Spanned<u16>>>>,
+    pub(super) cost_header: Option<Spanned<String>>,
+}
+
+/// `breadth = { distinct = 200, window = "10m", of = "param:id" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBreadth {
+    pub(super) distinct: Spanned<u64>,
+    pub(super) window: WindowValue,
+    pub(super) of: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -482,3 +482,33 @@ fn a_cluster_or_sentinel_store_without_a_hash_secret_is_an_error() {
         assert!(m.starts_with("a shared store needs [identity] ip_hash_secret_env"), "{m}");
     }
 }
+
+#[test]
+fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
+    let c = parse(
+        "[[rules]]\nname = \"v\"\npath = \"/api/videos/{id}\"\nlimits = [{ limit = 5, window = \"1s\" }]\n\
+         breadth = { distinct = 200, window = \"10m\", of = \"param:id\" }\ncount_status = [404, 410]\n\
+         cost_header = \"x-ratelimit-cost\"\n",
+    )
+    .unwrap();
+    let breadth = c.rules[0].breadth.as_ref().unwrap();
+    assert_eq!((breadth.quota.permits(), breadth.quota.window_ms()), (200, 600_000));
+    assert_eq!(breadth.of, crate::BreadthOf::Param { name: "id".into(), segment: 3 });
+    assert_eq!(c.rules[0].response_cost.count_status, [404, 410]);
+    assert_eq!(c.rules[0].response_cost.cost_header.as_ref().unwrap().as_str(), "x-ratelimit-cost");
+
+    let rule =
+        "[[rules]]\nname = \"v\"\npath = \"/api/videos/{id}\"\nlimits = [{ limit = 5, window = \"1s\" }]\n";
+    let (l, c, m) =
+        err(&format!("{rule}breadth = {{ distinct = 200, window = \"10m\", of = \"param:slug\" }}\n"));
+    assert_eq!((l, c), (5, 50));
+    assert!(m.contains("has no {slug}"), "{m}");
+    let (l, _, m) = err(&format!("{rule}breadth = {{ distinct = 0, window = \"10m\" }}\n"));
+    assert_eq!(l, 5);
+    assert!(m.starts_with("invalid breadth"), "{m}");
+    let (l, _, m) = err(&format!("{rule}count_status = [200, 999]\n"));
+    assert_eq!(l, 5);
+    assert!(m.contains("100 to 599"), "{m}");
+    let (_, _, m) = err(&format!("{rule}cost_header = \"bad header\"\n"));
+    assert!(m.contains("invalid cost_header"), "{m}");
+}

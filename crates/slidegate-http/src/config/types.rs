@@ -373,8 +373,13 @@ pub struct RuleConfig {
     pub on_error: OnError,
     /// Decide, count and send headers, but never block.
     pub shadow: bool,
-    /// The largest `cost` one `/v1/check` call may charge under this rule.
+    /// The largest `cost` one `/v1/check` call may charge under this rule
+    /// (and the most a `cost_header` may charge).
     pub max_cost: u64,
+    /// How many distinct paths or parameter values an identity may touch per window.
+    pub breadth: Option<crate::BreadthConfig>,
+    /// Charge after the response: by status, or by a header's cost.
+    pub response_cost: crate::ResponseCost,
 }
 
 impl RuleConfig {
@@ -402,6 +407,8 @@ impl RuleConfig {
             on_error: OnError::default(),
             shadow: false,
             max_cost: Self::DEFAULT_MAX_COST,
+            breadth: None,
+            response_cost: crate::ResponseCost::default(),
         }
     }
 

@@ -635,7 +635,26 @@ impl Validator<'_> {
                 ))
             }
         };
+        let breadth = match raw.breadth {
+            Some(b) => Some(self.breadth(b.into_inner(), &raw.path.0.to_string())?),
+            None => None,
+        };
+        let mut count_status = Vec::new();
+        for status in raw.count_status.map(Spanned::into_inner).unwrap_or_default() {
+            if !(100..=599).contains(status.get_ref()) {
+                return Err(self.err(status.span(), "count_status: expected HTTP statuses from 100 to 599"));
+            }
+            count_status.push(*status.get_ref());
+        }
+        let cost_header = match raw.cost_header {
+            Some(h) => Some(http::HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                self.err(h.span(), format!("invalid cost_header {:?}: expected a header name", h.get_ref()))
+            })?),
+            None => None,
+        };
         Ok(RuleConfig {
+            breadth,
+            response_cost: crate::ResponseCost { count_status, cost_header },
             name,
             path: raw.path.0.case_sensitive(raw.case_sensitive),
             methods: self.each::<MethodName>(raw.methods)?.into_iter().map(|m| m.0).collect(),
@@ -648,6 +667,27 @@ impl Validator<'_> {
                 None => RuleConfig::DEFAULT_MAX_COST,
             },
         })
+    }
+
+    fn breadth(
+        &self,
+        raw: super::raw::RawBreadth,
+        pattern: &str,
+    ) -> Result<crate::BreadthConfig, ConfigError> {
+        let quota = Quota::new(*raw.distinct.get_ref(), raw.window.duration).map_err(|e| {
+            let at = if matches!(e, QuotaError::ZeroLimit) {
+                raw.distinct.span()
+            } else {
+                raw.window.span.clone()
+            };
+            self.err(at, format!("invalid breadth: {e}"))
+        })?;
+        let of = match &raw.of {
+            Some(of) => crate::BreadthOf::parse(of.get_ref(), pattern)
+                .map_err(|e| self.err(of.span(), format!("invalid breadth `of`: {e}")))?,
+            None => crate::BreadthOf::Path,
+        };
+        Ok(crate::BreadthConfig { quota, of })
     }
 
     fn limits(

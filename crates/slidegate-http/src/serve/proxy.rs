@@ -140,7 +140,15 @@ pub(crate) async fn forward(
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
             *response.version_mut() = http::Version::HTTP_11;
             strip_hop_by_hop(response.headers_mut());
-            if let Some(v) = &verdict {
+            // A rule counting responses charges now, before the client sees
+            // the answer, so its next request sees the charge.
+            let charged = match verdict.as_ref().and_then(|v| v.pending()) {
+                Some(pending) => {
+                    limiter.charge_response(pending, response.status(), response.headers()).await
+                }
+                None => None,
+            };
+            if let Some(v) = charged.as_ref().filter(|c| c.allowed()).or(verdict.as_ref()) {
                 headers::apply(response.headers_mut(), v, limiter.legacy_headers());
             }
             response

@@ -36,6 +36,7 @@ pub(crate) use self::packing::{PackedCounter, PackedFixed};
 use self::packing::{Packing, Plain};
 use self::slots::{slot_id, Slots};
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
+use crate::distinct::DistinctTable;
 use crate::store::{check_time, validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
 
@@ -371,6 +372,8 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     clock: C,
     /// The shard [`MemoryStore::evict_idle_step`] sweeps next.
     next_sweep: AtomicUsize,
+    /// Distinct-value sketches ([`Store::decide_distinct`]).
+    distinct: DistinctTable,
 }
 
 impl MemoryStore<SystemClock> {
@@ -394,6 +397,7 @@ impl<C: Clock> MemoryStore<C> {
             hasher: foldhash::quality::RandomState::default(),
             clock,
             next_sweep: AtomicUsize::new(0),
+            distinct: DistinctTable::default(),
         }
     }
 
@@ -466,6 +470,7 @@ impl<C: Clock> MemoryStore<C> {
     /// gives the memory back. Returns how many states remain.
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now_ms();
+        self.distinct.sweep(now);
         self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
     }
 
@@ -487,6 +492,8 @@ impl<C: Clock> MemoryStore<C> {
         let first = self.next_sweep.fetch_add(steps, Ordering::Relaxed) % count;
         let now = self.clock.now_ms();
         let mut report = SweepReport { shards: steps, ..SweepReport::default() };
+        // Sketches of ended windows go too, as many of their shards per step.
+        self.distinct.sweep_step(now, steps);
         for i in 0..steps {
             let mut shard = self.shards[(first + i) % count].lock().unwrap_or_else(PoisonError::into_inner);
             let before = shard.len();
@@ -524,6 +531,34 @@ impl<C: Clock> Store for MemoryStore<C> {
         charges: &[(Limit, u64)],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         std::future::ready(self.decide_all_sync(key, charges))
+    }
+
+    fn decide_distinct(
+        &self,
+        key: &str,
+        quota: &Quota,
+        value: &[u8],
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.decide_distinct_sync(key, quota, value))
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// [`Store::decide_distinct`], now.
+    ///
+    /// # Errors
+    /// [`StoreError::EmptyKey`], [`StoreError::TimeOutOfRange`].
+    pub fn decide_distinct_sync(
+        &self,
+        key: &str,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
+        if key.is_empty() {
+            return Err(StoreError::EmptyKey);
+        }
+        let now = check_time(self.clock.now_ms())?;
+        Ok(self.distinct.decide(key, quota, now, value))
     }
 }
 

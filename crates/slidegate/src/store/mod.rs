@@ -14,7 +14,7 @@ use std::future::Future;
 use thiserror::Error;
 
 use crate::algorithm::sliding_log;
-use crate::{Algorithm, Decision, Limit};
+use crate::{Algorithm, Decision, Limit, Quota};
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
@@ -67,6 +67,10 @@ pub enum StoreError {
         /// The time the clock read, in ms since the Unix epoch.
         now_ms: u64,
     },
+    /// The store cannot do what was asked (a store that keeps no
+    /// distinct-value sketches, say). Nothing was charged.
+    #[error("the store does not support {0}")]
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -78,7 +82,8 @@ impl StoreError {
             | StoreError::EmptyKey
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
-            | StoreError::SlidingLogTooLarge { .. } => false,
+            | StoreError::SlidingLogTooLarge { .. }
+            | StoreError::Unsupported(_) => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
             StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
@@ -100,6 +105,7 @@ impl StoreError {
             | StoreError::DuplicateLimit(_)
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotConnected(_)
+            | StoreError::Unsupported(_)
             | StoreError::TimeOutOfRange { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(e) => !e.is_connection_refusal(),
@@ -143,6 +149,28 @@ pub trait Store: Send + Sync {
         key: &str,
         charges: &[(Limit, u64)],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
+    /// Admits `value` among the distinct values `key` touches per window of
+    /// `quota` (at most `quota.permits()` of them, estimated with the
+    /// HyperLogLog of [`crate::distinct`]; windows aligned to multiples of
+    /// the window since the epoch). A value already seen in the window is
+    /// always admitted; a new one while the estimate is below the permits.
+    /// Only an admitted value is added: a denial writes nothing.
+    ///
+    /// The `Decision`'s `remaining` is the permits minus the estimate,
+    /// `reset_after` the end of the window.
+    ///
+    /// The default answers [`StoreError::Unsupported`]: a store without
+    /// sketches.
+    fn decide_distinct(
+        &self,
+        key: &str,
+        quota: &Quota,
+        value: &[u8],
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, quota, value);
+        std::future::ready(Err(StoreError::Unsupported("distinct-value limits")))
+    }
 }
 
 /// The latest time the stores decide at: 9999-12-31T23:59:59.999Z, in ms

@@ -62,7 +62,7 @@ pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Clock, Decision, Limit};
+use crate::{Clock, Decision, Limit, Quota};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -451,10 +451,10 @@ impl RedisStore {
     }
 
     /// Runs `lua` on `keys` and `args` under the store's deadline.
-    async fn eval<A: ToRedisArgs + Sync>(
+    async fn eval<K: ToRedisArgs + Sync, A: ToRedisArgs + Sync>(
         &self,
         lua: &Lua,
-        keys: &[StateKey<'_>],
+        keys: &[K],
         args: &A,
     ) -> Result<Value, StoreError> {
         // `redis::ScriptInvocation` does the same, but copies every key and
@@ -528,5 +528,41 @@ impl Store for RedisStore {
         let args = DecideAllArgs { now_ms: self.client_now()?, charges };
         let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+    }
+
+    async fn decide_distinct(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
+        if key.is_empty() {
+            return Err(StoreError::EmptyKey);
+        }
+        let now = self.client_now()?;
+        let sketch = self.distinct_key(key, quota);
+        let keys = [format!("{sketch}:w"), format!("{sketch}:tmp"), sketch];
+        let slack: u64 = if now.is_some() { 10_000 } else { 0 };
+        let now_arg: i64 = now.map_or(-1, |n| n as i64);
+        let args = (now_arg, quota.window_ms(), quota.permits(), value, slack);
+        // The script wants the sketch first.
+        let ordered = [&keys[2], &keys[0], &keys[1]];
+        let reply = self.eval(scripts::distinct(), &ordered, &args).await?;
+        let (allowed, count, reset_after): (i64, u64, u64) = redis::from_redis_value(reply)
+            .map_err(|e| StoreError::UnexpectedReply(format!("distinct: {e}")))?;
+        let reset_after = Duration::from_millis(reset_after);
+        let allowed = allowed == 1;
+        Ok(Decision {
+            allowed,
+            limit: quota.permits(),
+            remaining: quota.permits().saturating_sub(count),
+            reset_after,
+            retry_after: (!allowed).then_some(reset_after),
+        })
+    }
+}
+
+impl RedisStore {
+    /// The Redis key of `key`'s distinct-value sketch under `quota`:
+    /// `<prefix>{<identity>}:hll:<limit>:<window_ms>`, in the identity's slot
+    /// (its window number lives in the same key plus `:w`).
+    pub fn distinct_key(&self, key: &str, quota: &Quota) -> String {
+        let escape = if key.starts_with(['{', '}']) { "{" } else { "" };
+        format!("{}{{{escape}{key}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
     }
 }

@@ -158,6 +158,14 @@ pub(super) fn decide_all() -> &'static Lua {
     &SCRIPTS.decide_all
 }
 
+/// The distinct-values script (`distinct.lua`): standalone, without the
+/// prelude, since it reads no packed state. Loaded by its first call's
+/// `EVAL` fallback.
+pub(super) fn distinct() -> &'static Lua {
+    static DISTINCT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("distinct.lua").to_owned()));
+    &DISTINCT
+}
+
 /// Every script, to load them all when connecting.
 pub(super) fn all() -> impl Iterator<Item = &'static Lua> {
     SCRIPTS.decide.iter().chain([&SCRIPTS.decide_all])
