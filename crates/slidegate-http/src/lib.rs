@@ -47,6 +47,7 @@
 
 mod breaker;
 pub mod config;
+mod deny_cache;
 pub mod headers;
 mod identity;
 mod layer;

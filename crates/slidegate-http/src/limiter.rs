@@ -12,6 +12,7 @@ use http::{HeaderMap, Method};
 use slidegate::{check_charge, Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
 
 use crate::breaker::{Admit, Breaker, BreakerPolicy};
+use crate::deny_cache::DenyCache;
 use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
@@ -150,6 +151,8 @@ pub struct StoreGuard {
     pub breaker_trial_interval: Delay,
     /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
     pub instances: u32,
+    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
+    pub deny_cache: usize,
 }
 
 impl StoreGuard {
@@ -182,6 +185,7 @@ impl Default for StoreGuard {
             // back: recovery within ~20 ms instead of a probe interval.
             breaker_trial_interval: Delay::from_millis(20),
             instances: 1,
+            deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
         }
     }
 }
@@ -198,6 +202,8 @@ struct Inner<S> {
     /// The epoch of the breaker's and the seeds' millisecond times.
     epoch: tokio::time::Instant,
     legacy_headers: bool,
+    /// Store denials answered locally until they end (see `deny_cache.rs`).
+    deny_cache: Option<DenyCache>,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -366,6 +372,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
         let breaker = Breaker::new(guard.breaker_policy());
         let fallback = guard.fallback.then(|| Fallback::new(guard.instances));
+        let deny_cache = DenyCache::new(guard.deny_cache);
         Self {
             inner: Arc::new(Inner {
                 rules,
@@ -378,6 +385,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 metrics,
                 epoch: tokio::time::Instant::now(),
                 legacy_headers,
+                deny_cache,
             }),
         }
     }
@@ -469,7 +477,20 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.charges.iter().map(|(l, c)| (*l, c.saturating_mul(cost))).collect();
             &scaled
         };
-        let (decisions, source) = match self.call_store(key, charges).await {
+        let cached = self.inner.deny_cache.as_ref().and_then(|c| c.lookup(key, &set.charges, cost, self.now_ms()));
+        let started_ms = self.now_ms();
+        let stored = match cached {
+            Some(decisions) => {
+                self.inner.metrics.store().deny_cache_hits.fetch_add(1, Relaxed);
+                Ok(decisions)
+            }
+            None => self.call_store(key, charges).await.inspect(|decisions| {
+                if let Some(cache) = &self.inner.deny_cache {
+                    cache.remember(key, &set.charges, cost, decisions, started_ms);
+                }
+            }),
+        };
+        let (decisions, source) = match stored {
             Ok(decisions) => {
                 if let Some(fallback) = &self.inner.fallback {
                     fallback.remember(key, &decisions, self.now_ms());

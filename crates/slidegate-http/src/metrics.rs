@@ -56,6 +56,8 @@ pub struct StoreCounters {
     pub breaker_opened: AtomicU64,
     /// Decisions that tried the store while the breaker was open (half-open trials).
     pub trials: AtomicU64,
+    /// Denials answered by the local deny cache, without a store call.
+    pub deny_cache_hits: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -159,7 +161,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
         }
-        let global: [(&str, &str, StoreCounterOf); 7] = [
+        let global: [(&str, &str, StoreCounterOf); 8] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
             ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
@@ -176,6 +178,11 @@ impl Metrics {
                 "slidegate_breaker_trials_total",
                 "Decisions that tried the store while the circuit breaker was open.",
                 |c| &c.trials,
+            ),
+            (
+                "slidegate_deny_cache_hits_total",
+                "Denials answered by the local deny cache without a store call.",
+                |c| &c.deny_cache_hits,
             ),
         ];
         for (name, help, field) in global {

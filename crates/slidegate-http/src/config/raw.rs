@@ -61,6 +61,7 @@ pub(super) struct RawStore {
     pub(super) breaker_failure_rate: Option<Spanned<u8>>,
     pub(super) breaker_trial_interval_ms: Option<Millis>,
     pub(super) instances: Option<Spanned<u32>>,
+    pub(super) deny_cache: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -128,6 +128,8 @@ pub struct StoreConfig {
     pub breaker_trial_interval: Delay,
     /// Instances sharing the store; the fallback enforces `limit / instances` (`instances`).
     pub instances: u32,
+    /// Capacity of the exact local deny cache, in denied identities; 0 is off (`deny_cache`).
+    pub deny_cache: usize,
 }
 
 impl StoreConfig {
@@ -143,6 +145,7 @@ impl StoreConfig {
             breaker_failure_rate: self.breaker_failure_rate,
             breaker_trial_interval: self.breaker_trial_interval,
             instances: self.instances,
+            deny_cache: self.deny_cache,
         }
     }
 }
@@ -163,6 +166,7 @@ impl Default for StoreConfig {
             breaker_failure_rate: guard.breaker_failure_rate,
             breaker_trial_interval: guard.breaker_trial_interval,
             instances: guard.instances,
+            deny_cache: guard.deny_cache,
         }
     }
 }

@@ -388,6 +388,8 @@ impl Validator<'_> {
             breaker_failure_rate,
             breaker_trial_interval,
             instances,
+            // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
+            deny_cache: raw.deny_cache.map_or(default.deny_cache, |n| *n.get_ref() as usize),
         })
     }
 
