@@ -10,5 +10,6 @@ mod common;
 
 mod breaker;
 mod identity;
+mod scrapers;
 mod store_failures;
 mod surface;
