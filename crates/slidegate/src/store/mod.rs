@@ -14,7 +14,7 @@ use std::future::Future;
 use thiserror::Error;
 
 use crate::algorithm::sliding_log;
-use crate::{Algorithm, Decision, Limit};
+use crate::{Algorithm, Decision, Limit, Penalized, Penalty};
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
@@ -143,6 +143,23 @@ pub trait Store: Send + Sync {
         key: &str,
         charges: &[(Limit, u64)],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
+    /// [`Store::decide_all`] under a [`Penalty`]: an identity the penalty
+    /// has blocked is answered without deciding its limits, and a denial is
+    /// counted toward the next block, atomically with the decision.
+    ///
+    /// The default decides without a penalty (never blocks): a store that
+    /// keeps no penalty state stays usable, and the limits still hold.
+    fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> impl Future<Output = Result<Penalized, StoreError>> + Send {
+        let _ = penalty;
+        let decided = self.decide_all(key, charges);
+        async move { decided.await.map(Penalized::decided) }
+    }
 }
 
 /// The latest time the stores decide at: 9999-12-31T23:59:59.999Z, in ms

@@ -55,14 +55,14 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
-use self::key::StateKey;
+use self::key::{PenaltyKey, StateKey};
 use self::link::Link;
 use self::scripts::Lua;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Clock, Decision, Limit};
+use crate::{Clock, Decision, Limit, Penalized, Penalty};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -451,10 +451,10 @@ impl RedisStore {
     }
 
     /// Runs `lua` on `keys` and `args` under the store's deadline.
-    async fn eval<A: ToRedisArgs + Sync>(
+    async fn eval<K: ToRedisArgs + Sync, A: ToRedisArgs + Sync>(
         &self,
         lua: &Lua,
-        keys: &[StateKey<'_>],
+        keys: &[K],
         args: &A,
     ) -> Result<Value, StoreError> {
         // `redis::ScriptInvocation` does the same, but copies every key and
@@ -528,5 +528,22 @@ impl Store for RedisStore {
         let args = DecideAllArgs { now_ms: self.client_now()?, charges };
         let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+    }
+
+    async fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> Result<Penalized, StoreError> {
+        validate(key, charges)?;
+        // The penalty path formats its keys: one more key than decide_all,
+        // and only rules with a penalty pay for the strings.
+        let mut keys: Vec<String> =
+            charges.iter().map(|(limit, _)| self.state_key(key, limit).to_string()).collect();
+        keys.push(PenaltyKey { prefix: &self.prefix, identity: key }.to_string());
+        let args = (DecideAllArgs { now_ms: self.client_now()?, charges }, wire::PenaltyArgs(penalty));
+        let reply = self.eval(scripts::penalty(), &keys, &args).await?;
+        wire::penalized(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }
 }
