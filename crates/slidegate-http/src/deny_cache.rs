@@ -91,6 +91,17 @@ struct Slot {
     until_ms: u64,
     /// The store's decisions, replayed with the elapsed time taken off.
     decisions: Box<[Decision]>,
+    /// A penalty-box block: it covers every cost, not only `cost` and above.
+    blocked: bool,
+}
+
+/// A cached denial, as of the lookup's time.
+#[derive(Debug)]
+pub struct CachedDenial {
+    /// One decision per limit, waits counted down.
+    pub decisions: Vec<Decision>,
+    /// Whether the identity is blocked by the penalty box.
+    pub blocked: bool,
 }
 
 /// A fixed-capacity cache of store denials (see the module docs).
@@ -156,40 +167,45 @@ impl DenyCache {
     ///
     /// `charges` are the limits with their per-request costs, before `cost`
     /// multiplies them.
-    pub fn lookup(&self, key: &str, charges: &[(Limit, u64)], cost: u64, now_ms: u64) -> Option<Vec<Decision>> {
+    pub fn lookup(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<CachedDenial> {
         let set = self.set_fingerprint(charges);
         let (fingerprint, bucket) = self.locate(key, set);
         let slots = self.bucket(bucket);
-        let slot = slots
-            .iter()
-            .find(|s| s.fingerprint == fingerprint && s.set == set && &*s.key == key)?;
-        if now_ms >= slot.until_ms || cost < slot.cost {
+        let slot = slots.iter().find(|s| s.fingerprint == fingerprint && s.set == set && &*s.key == key)?;
+        if now_ms >= slot.until_ms || (cost < slot.cost && !slot.blocked) {
             return None;
         }
         let elapsed = Duration::from_millis(now_ms - slot.decided_at_ms);
-        Some(
-            slot.decisions
-                .iter()
-                .map(|d| {
-                    let reset_after = d.reset_after.saturating_sub(elapsed);
-                    match d.retry_after {
-                        Some(wait) if wait > elapsed => {
-                            Decision { reset_after, retry_after: Some(wait - elapsed), ..*d }
-                        }
-                        // This limit's own wait is over: the store would no
-                        // longer list it as violated; a longer one still binds.
-                        Some(_) => Decision { allowed: true, reset_after, retry_after: None, ..*d },
-                        None => Decision { reset_after, ..*d },
+        let decisions = slot
+            .decisions
+            .iter()
+            .map(|d| {
+                let reset_after = d.reset_after.saturating_sub(elapsed);
+                match d.retry_after {
+                    Some(wait) if wait > elapsed => {
+                        Decision { reset_after, retry_after: Some(wait - elapsed), ..*d }
                     }
-                })
-                .collect(),
-        )
+                    // This limit's own wait is over: the store would no
+                    // longer list it as violated; a longer one still binds.
+                    Some(_) => Decision { allowed: true, reset_after, retry_after: None, ..*d },
+                    None => Decision { reset_after, ..*d },
+                }
+            })
+            .collect();
+        Some(CachedDenial { decisions, blocked: slot.blocked })
     }
 
     /// Remembers what the store decided for `key` under `charges` at a cost
     /// of `cost`, in a call that started at `started_ms`: a denial is cached
     /// until its longest `retry_after`; an admission (of a smaller cost)
-    /// drops the entry, whose headers would no longer be the store's.
+    /// drops the entry, whose headers would no longer be the store's. A
+    /// `blocked` denial (the penalty box) then covers every cost.
     pub fn remember(
         &self,
         key: &str,
@@ -197,6 +213,7 @@ impl DenyCache {
         cost: u64,
         decisions: &[Decision],
         started_ms: u64,
+        blocked: bool,
     ) {
         let set = self.set_fingerprint(charges);
         let (fingerprint, bucket) = self.locate(key, set);
@@ -216,9 +233,12 @@ impl DenyCache {
             decided_at_ms: started_ms,
             until_ms: started_ms.saturating_add(millis(wait)),
             decisions: decisions.into(),
+            blocked,
         };
         let mut slots = self.bucket(bucket);
-        if let Some(old) = slots.iter_mut().find(|s| s.fingerprint == fingerprint && s.set == set && *s.key == *key) {
+        if let Some(old) =
+            slots.iter_mut().find(|s| s.fingerprint == fingerprint && s.set == set && *s.key == *key)
+        {
             *old = slot;
         } else if slots.len() < WAYS {
             slots.push(slot);
@@ -251,19 +271,22 @@ mod tests {
     #[test]
     fn answers_until_the_deadline_and_counts_down() {
         let cache = DenyCache::new(16).unwrap();
-        cache.remember("k", &charges(10), 1, &[denial(1_000)], 5_000);
-        let d = cache.lookup("k", &charges(10), 1, 5_400).unwrap();
+        cache.remember("k", &charges(10), 1, &[denial(1_000)], 5_000, false);
+        let d = cache.lookup("k", &charges(10), 1, 5_400).unwrap().decisions;
         assert_eq!(d[0].retry_after, Some(Duration::from_millis(600)));
         assert_eq!(d[0].reset_after, Duration::from_millis(600));
         assert!(!d[0].allowed);
-        assert_eq!(cache.lookup("k", &charges(10), 1, 5_999).unwrap()[0].retry_after, Some(Duration::from_millis(1)));
+        assert_eq!(
+            cache.lookup("k", &charges(10), 1, 5_999).unwrap().decisions[0].retry_after,
+            Some(Duration::from_millis(1))
+        );
         assert!(cache.lookup("k", &charges(10), 1, 6_000).is_none());
     }
 
     #[test]
     fn a_smaller_cost_another_set_or_another_key_misses() {
         let cache = DenyCache::new(16).unwrap();
-        cache.remember("k", &charges(10), 3, &[denial(1_000)], 0);
+        cache.remember("k", &charges(10), 3, &[denial(1_000)], 0, false);
         assert!(cache.lookup("k", &charges(10), 2, 1).is_none());
         assert!(cache.lookup("k", &charges(10), 3, 1).is_some());
         assert!(cache.lookup("k", &charges(10), 4, 1).is_some());
@@ -275,10 +298,10 @@ mod tests {
     fn admissions_are_not_cached_and_drop_the_entry() {
         let cache = DenyCache::new(16).unwrap();
         let allowed = Decision { allowed: true, retry_after: None, ..denial(0) };
-        cache.remember("k", &charges(10), 1, &[allowed], 0);
+        cache.remember("k", &charges(10), 1, &[allowed], 0, false);
         assert!(cache.lookup("k", &charges(10), 1, 0).is_none());
-        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0);
-        cache.remember("k", &charges(10), 1, &[allowed], 10);
+        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, false);
+        cache.remember("k", &charges(10), 1, &[allowed], 10, false);
         assert!(cache.lookup("k", &charges(10), 5, 20).is_none());
     }
 
@@ -286,8 +309,8 @@ mod tests {
     fn a_limit_whose_own_wait_is_over_is_no_longer_violated() {
         let cache = DenyCache::new(16).unwrap();
         let two = [charges(10), charges(20)].concat();
-        cache.remember("k", &two, 1, &[denial(100), denial(1_000)], 0);
-        let d = cache.lookup("k", &two, 1, 100).unwrap();
+        cache.remember("k", &two, 1, &[denial(100), denial(1_000)], 0, false);
+        let d = cache.lookup("k", &two, 1, 100).unwrap().decisions;
         assert!(d[0].allowed);
         assert_eq!(d[0].retry_after, None);
         assert_eq!(d[1].retry_after, Some(Duration::from_millis(900)));
@@ -299,15 +322,24 @@ mod tests {
         let cache = DenyCache::new(1).unwrap();
         assert_eq!(cache.capacity(), WAYS);
         for i in 0..WAYS as u64 {
-            cache.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0);
+            cache.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0, false);
         }
-        cache.remember("new", &charges(10), 1, &[denial(5_000)], 0);
+        cache.remember("new", &charges(10), 1, &[denial(5_000)], 0, false);
         assert!(cache.lookup("k0", &charges(10), 1, 1).is_none(), "the earliest deadline was evicted");
         assert!(cache.lookup("new", &charges(10), 1, 1).is_some());
         for i in 1..WAYS as u64 {
             assert!(cache.lookup(&format!("k{i}"), &charges(10), 1, 1).is_some());
         }
         assert_eq!(cache.buckets.iter().map(|b| b.lock().unwrap().len()).sum::<usize>(), WAYS);
+    }
+
+    #[test]
+    fn a_block_covers_every_cost() {
+        let cache = DenyCache::new(16).unwrap();
+        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, true);
+        let hit = cache.lookup("k", &charges(10), 1, 999).unwrap();
+        assert!(hit.blocked);
+        assert!(cache.lookup("k", &charges(10), 1, 1_000).is_none());
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod identity;
 mod layer;
 mod limiter;
 mod metrics;
+mod penalty;
 mod rules;
 #[cfg(feature = "serve")]
 pub mod serve;

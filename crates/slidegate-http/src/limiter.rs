@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
-use slidegate::{check_charge, Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
+use slidegate::{
+    check_charge, Algorithm, Decision, Limit, MemoryStore, Penalized, Penalty, Quota, Store, StoreError,
+};
 
 use crate::breaker::{Admit, Breaker, BreakerPolicy};
-use crate::deny_cache::DenyCache;
 use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::deny_cache::DenyCache;
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
 use crate::rules::RuleMatcher;
@@ -56,6 +58,9 @@ pub struct Verdict<'a> {
     pub source: DecisionSource,
     /// Whether the rule is in shadow mode (never blocks).
     pub shadow: bool,
+    /// Whether the identity is in the rule's penalty box: every policy is
+    /// denied until the block ends, whatever the limits say.
+    pub blocked: bool,
 }
 
 impl<'a> Verdict<'a> {
@@ -122,6 +127,7 @@ struct Rule {
     shadow: bool,
     /// The largest cost one `/v1/check` call may charge.
     max_cost: u64,
+    penalty: Option<Penalty>,
 }
 
 /// How the limiter guards itself against its store: a deadline on each call,
@@ -367,6 +373,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 on_error: r.on_error,
                 shadow: r.shadow,
                 max_cost: r.max_cost,
+                penalty: r.penalty,
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
@@ -477,17 +484,33 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.charges.iter().map(|(l, c)| (*l, c.saturating_mul(cost))).collect();
             &scaled
         };
-        let cached = self.inner.deny_cache.as_ref().and_then(|c| c.lookup(key, &set.charges, cost, self.now_ms()));
         let started_ms = self.now_ms();
+        let cached =
+            self.inner.deny_cache.as_ref().and_then(|c| c.lookup(key, &set.charges, cost, started_ms));
+        let mut blocked = false;
         let stored = match cached {
-            Some(decisions) => {
+            Some(hit) => {
                 self.inner.metrics.store().deny_cache_hits.fetch_add(1, Relaxed);
-                Ok(decisions)
+                blocked = hit.blocked;
+                Ok(hit.decisions)
             }
-            None => self.call_store(key, charges).await.inspect(|decisions| {
+            None => self.call_store(key, charges, rule.penalty.as_ref()).await.map(|outcome| {
+                let decisions = match outcome.blocked_for {
+                    Some(wait) => {
+                        blocked = true;
+                        if !outcome.decisions.is_empty() {
+                            // This denial started the block: worth a line, once.
+                            tracing::warn!(rule = %rule.name, identity = key, block_ms = wait.as_millis() as u64,
+                                shadow = rule.shadow, "identity blocked by the penalty box");
+                        }
+                        crate::penalty::block_denials(charges, wait)
+                    }
+                    None => outcome.decisions,
+                };
                 if let Some(cache) = &self.inner.deny_cache {
-                    cache.remember(key, &set.charges, cost, decisions, started_ms);
+                    cache.remember(key, &set.charges, cost, &decisions, started_ms, blocked);
                 }
+                decisions
             }),
         };
         let (decisions, source) = match stored {
@@ -520,7 +543,11 @@ impl<S: Store + 'static> RateLimiter<S> {
                 decision,
             })
             .collect();
-        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow };
+        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow, blocked };
+        if blocked {
+            let counter = if rule.shadow { &counters.shadow_blocked } else { &counters.blocked };
+            counter.fetch_add(1, Relaxed);
+        }
         if matches!(source, DecisionSource::Store | DecisionSource::Fallback) {
             match (verdict.allowed(), rule.shadow) {
                 (true, _) => counters.allowed.fetch_add(1, Relaxed),
@@ -550,7 +577,12 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     /// One store call under the deadline and the breaker.
-    async fn call_store(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, Failure> {
+    async fn call_store(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: Option<&Penalty>,
+    ) -> Result<Penalized, Failure> {
         let inner = &*self.inner;
         match inner.breaker.admit(self.now_ms()) {
             Admit::Skip => {
@@ -564,8 +596,13 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
         inner.metrics.store().calls.fetch_add(1, Relaxed);
         let start = Instant::now();
-        let result =
-            tokio::time::timeout(inner.guard.timeout.get(), inner.store.decide_all(key, charges)).await;
+        let call = async {
+            match penalty {
+                Some(penalty) => inner.store.decide_all_penalized(key, charges, penalty).await,
+                None => inner.store.decide_all(key, charges).await.map(Penalized::decided),
+            }
+        };
+        let result = tokio::time::timeout(inner.guard.timeout.get(), call).await;
         match result {
             Ok(Ok(decisions)) => {
                 inner.metrics.store().observe_latency(start.elapsed());

@@ -36,6 +36,10 @@ pub struct RuleCounters {
     pub fail_closed: AtomicU64,
     /// Decided by the embedded fallback limiter because the store failed.
     pub fallback: AtomicU64,
+    /// Refused because the penalty box blocks the identity.
+    pub blocked: AtomicU64,
+    /// Blocked by the penalty box of a shadow-mode rule, and let through.
+    pub shadow_blocked: AtomicU64,
 }
 
 /// What happened to calls to the store.
@@ -128,7 +132,7 @@ impl Metrics {
     /// breaker's state now.
     pub fn render(&self, breaker_open: bool) -> String {
         let mut out = String::with_capacity(4096);
-        let per_rule: [(&str, &str, CounterOf); 6] = [
+        let per_rule: [(&str, &str, CounterOf); 8] = [
             ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
             ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
             (
@@ -152,6 +156,16 @@ impl Metrics {
                 "slidegate_requests_insurance_total",
                 "Requests decided by the embedded fallback limiter because the store failed.",
                 |c| &c.fallback,
+            ),
+            (
+                "slidegate_requests_blocked_total",
+                "Requests refused because the penalty box blocks the identity.",
+                |c| &c.blocked,
+            ),
+            (
+                "slidegate_requests_shadow_blocked_total",
+                "Requests a shadow-mode rule's penalty box would have refused.",
+                |c| &c.shadow_blocked,
             ),
         ];
         for (name, help, field) in per_rule {

@@ -75,7 +75,10 @@ async fn a_cached_denial_is_the_stores_denial_for_every_algorithm() {
                 assert_eq!(a.decisive(), b.decisive(), "{algorithm:?}");
                 assert_eq!(rendered(&a), rendered(&b), "{algorithm:?}");
             } else if let (Some(x), Some(y)) = (a.decisive(), b.decisive()) {
-                assert!(x.decision.retry_after <= y.decision.retry_after, "{algorithm:?}: never later than the store");
+                assert!(
+                    x.decision.retry_after <= y.decision.retry_after,
+                    "{algorithm:?}: never later than the store"
+                );
             }
             advance(&clock, (seed >> 20) % 90).await;
         }
@@ -143,7 +146,10 @@ async fn a_smaller_cost_asks_the_store() {
 async fn cached_denial_cost_is_printed() {
     let clock = ManualClock::new(1_000);
     for (label, capacity) in [("cached", 1024), ("embedded store", 0)] {
-        let limiter = limiter(&config(Algorithm::SlidingWindowCounter, "{ limit = 1, window = \"1h\" }", capacity), &clock);
+        let limiter = limiter(
+            &config(Algorithm::SlidingWindowCounter, "{ limit = 1, window = \"1h\" }", capacity),
+            &clock,
+        );
         limiter.check_key("api", "k", 1, false).await.unwrap();
         let n = 200_000u32;
         let start = std::time::Instant::now();

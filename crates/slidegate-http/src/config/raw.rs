@@ -100,6 +100,17 @@ pub(super) struct RawRule {
     #[serde(default)]
     pub(super) case_sensitive: bool,
     pub(super) max_cost: Option<Spanned<u64>>,
+    pub(super) penalty: Option<Spanned<RawPenalty>>,
+}
+
+/// `penalty = { after = 20, within = "1m", block = "10m", max_block = "24h" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPenalty {
+    pub(super) after: u64,
+    pub(super) within: Parsed<Delay>,
+    pub(super) block: Parsed<Delay>,
+    pub(super) max_block: Option<Parsed<Delay>>,
 }
 
 #[derive(Deserialize)]

@@ -245,6 +245,8 @@ pub struct RuleConfig {
     pub shadow: bool,
     /// The largest `cost` one `/v1/check` call may charge under this rule.
     pub max_cost: u64,
+    /// The penalty box: identities denied too often are blocked for a while.
+    pub penalty: Option<slidegate::Penalty>,
 }
 
 impl RuleConfig {
@@ -272,6 +274,7 @@ impl RuleConfig {
             on_error: OnError::default(),
             shadow: false,
             max_cost: Self::DEFAULT_MAX_COST,
+            penalty: None,
         }
     }
 

@@ -13,7 +13,7 @@ use slidegate::{check_charge, Limit, Quota, QuotaError, StoreError};
 use toml::Spanned;
 
 use super::error::ConfigError;
-use super::raw::{RawConfig, RawIdentity, RawLimit, RawRule, RawServer, RawStore};
+use super::raw::{RawConfig, RawIdentity, RawLimit, RawPenalty, RawRule, RawServer, RawStore};
 use super::types::{
     Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits,
     ServerConfig, StoreConfig,
@@ -486,7 +486,22 @@ impl Validator<'_> {
                 Some(m) => *m.get_ref(),
                 None => RuleConfig::DEFAULT_MAX_COST,
             },
+            penalty: match raw.penalty {
+                Some(p) => Some(self.penalty(p)?),
+                None => None,
+            },
         })
+    }
+
+    fn penalty(&self, spanned: Spanned<RawPenalty>) -> Result<slidegate::Penalty, ConfigError> {
+        let span = spanned.span();
+        let raw = spanned.into_inner();
+        let block = raw.block.0.get();
+        // Without a cap, repeat offenders double up to a day (or the first block, if longer).
+        let max_block =
+            raw.max_block.map_or(block.max(std::time::Duration::from_secs(86_400)), |m| m.0.get());
+        slidegate::Penalty::new(raw.after, raw.within.0.get(), block, max_block)
+            .map_err(|e| self.err(span, format!("invalid penalty: {e}")))
     }
 
     fn limits(

@@ -1,0 +1,27 @@
+//! The penalty box as the HTTP limiter sees it: a blocked identity is denied
+//! by every policy of its rule until the block ends.
+//!
+//! The store keeps the block (see `slidegate::Penalty`), so every instance
+//! sharing it refuses the identity; the deny cache keeps it locally until it
+//! ends, so a blocked identity costs no store call per request. A block
+//! covers every cost: unlike a limit's denial, a smaller request does not
+//! fit sooner.
+
+use std::time::Duration;
+
+use slidegate::{Decision, Limit};
+
+/// Every policy's denial while the identity is blocked for `wait`: no
+/// permit left, back (and retry) when the block ends.
+pub(crate) fn block_denials(charges: &[(Limit, u64)], wait: Duration) -> Vec<Decision> {
+    charges
+        .iter()
+        .map(|(limit, _)| Decision {
+            allowed: false,
+            limit: limit.quota.permits(),
+            remaining: 0,
+            reset_after: wait,
+            retry_after: Some(wait),
+        })
+        .collect()
+}
