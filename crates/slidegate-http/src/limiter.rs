@@ -485,8 +485,11 @@ impl<S: Store + 'static> RateLimiter<S> {
             &scaled
         };
         let started_ms = self.now_ms();
+        // Under a penalty the store counts denials, so only a block is
+        // answered locally (see penalty.rs).
         let cached =
             self.inner.deny_cache.as_ref().and_then(|c| c.lookup(key, &set.charges, cost, started_ms));
+        let cached = cached.filter(|hit| hit.blocked || rule.penalty.is_none());
         let mut blocked = false;
         let stored = match cached {
             Some(hit) => {

@@ -6,6 +6,13 @@
 //! ends, so a blocked identity costs no store call per request. A block
 //! covers every cost: unlike a limit's denial, a smaller request does not
 //! fit sooner.
+//!
+//! Under a rule with a penalty the deny cache answers blocks only, not the
+//! limits' own denials: the store must count each denial to know when to
+//! block. So an abusive identity costs at most `after + 1` store calls per
+//! `within` before its block, then none until the block ends. (Counting
+//! cached denials locally and reporting them in batches would save those
+//! calls too, at the price of instances disagreeing on the count.)
 
 use std::time::Duration;
 

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Decision, Limit, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
+use slidegate::{
+    Decision, Limit, MemoryStore, Penalized, Penalty, RedisOptions, RedisStore, Store, StoreError,
+};
 use tokio::sync::OnceCell;
 
 /// The embedded store or Redis.
@@ -31,6 +33,18 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.decide_all_sync(key, charges),
             AnyStore::Redis(store) => store.connected()?.decide_all(key, charges).await,
+        }
+    }
+
+    async fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> Result<Penalized, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.decide_all_penalized_sync(key, charges, penalty),
+            AnyStore::Redis(store) => store.connected()?.decide_all_penalized(key, charges, penalty).await,
         }
     }
 }
