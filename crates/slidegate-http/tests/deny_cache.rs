@@ -64,7 +64,7 @@ async fn a_cached_denial_is_the_stores_denial_for_every_algorithm() {
         for _ in 0..600 {
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             let cost = 1 + (seed >> 33) % 3;
-            let key = if (seed >> 40) % 4 == 0 { "polite" } else { "scraper" };
+            let key = if (seed >> 40).is_multiple_of(4) { "polite" } else { "scraper" };
             let a = cached.check_key("api", key, cost, false).await.unwrap();
             let b = direct.check_key("api", key, cost, false).await.unwrap();
             assert_eq!(a.allowed(), b.allowed(), "{algorithm:?} cost {cost}");

@@ -3,6 +3,7 @@
 //! decisions and the same blocks, and the Redis state is one hash in the
 //! identity's slot that expires by itself.
 #![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -65,7 +65,8 @@ fn scrape(sg: &Slidegate, n: usize) -> (Vec<u16>, Vec<Waits>) {
         if reply.status == 429 {
             let retry = reply.header("retry-after").unwrap().parse().unwrap();
             let ratelimit = reply.header("ratelimit").unwrap();
-            let reset = ratelimit.strip_prefix("\"trending\";r=0;t=").unwrap_or_else(|| panic!("{ratelimit}"));
+            let reset =
+                ratelimit.strip_prefix("\"trending\";r=0;t=").unwrap_or_else(|| panic!("{ratelimit}"));
             waits.push((retry, reset.parse().unwrap()));
             assert_eq!(reply.header("ratelimit-policy").unwrap(), "\"trending\";q=10;w=60");
         }

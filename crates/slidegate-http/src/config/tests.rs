@@ -328,3 +328,28 @@ fn max_cost_defaults_to_one_and_is_read_per_rule() {
     assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().rules[0].max_cost, 5);
     assert_eq!(err(&rule("max_cost = 0\n")), (4, 12, "max_cost must be at least 1".into()));
 }
+
+#[test]
+fn penalty_and_deny_cache_are_read_and_checked() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}"
+        )
+    };
+    assert_eq!(parse(&rule("")).unwrap().rules[0].penalty, None);
+    let c = parse(&rule("penalty = { after = 20, within = \"1m\", block = \"10m\", max_block = \"24h\" }\n"))
+        .unwrap();
+    let p = c.rules[0].penalty.unwrap();
+    assert_eq!((p.after(), p.within_ms(), p.block_ms(), p.max_block_ms()), (20, 60_000, 600_000, 86_400_000));
+    // Without a cap, a day.
+    let c = parse(&rule("penalty = { after = 1, within = \"1s\", block = \"1m\" }\n")).unwrap();
+    assert_eq!(c.rules[0].penalty.unwrap().max_block_ms(), 86_400_000);
+    let (line, _, message) =
+        err(&rule("penalty = { after = 1, within = \"1s\", block = \"1h\", max_block = \"1m\" }\n"));
+    assert_eq!(line, 5);
+    assert_eq!(message, "invalid penalty: penalty max_block (60000 ms) is shorter than block (3600000 ms)");
+    assert!(parse(&rule("penalty = { after = 1, within = \"1s\" }\n")).is_err(), "block is required");
+
+    assert_eq!(parse("").unwrap().store.deny_cache, 65_536);
+    assert_eq!(parse("[store]\ndeny_cache = 0\n").unwrap().store.deny_cache, 0);
+}
