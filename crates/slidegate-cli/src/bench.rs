@@ -43,6 +43,9 @@ pub struct BenchArgs {
 enum Target {
     /// Drive decisions through the Redis store at full speed (loopback Redis only).
     Redis(RedisArgs),
+    /// Polite and abusive identities: store calls and Redis CPU per request
+    /// with and without the deny cache and the penalty box (loopback Redis only).
+    Attack(crate::bench_attack::AttackArgs),
 }
 
 /// Arguments of `slidegate bench redis`.
@@ -98,6 +101,7 @@ pub fn run(args: BenchArgs) -> crate::CommandResult {
                 tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
             runtime.block_on(bench_redis(args))
         }
+        Target::Attack(args) => crate::bench_attack::run(args),
     }
 }
 

@@ -16,6 +16,7 @@ macro_rules! outln {
 mod accuracy;
 mod args;
 mod bench;
+mod bench_attack;
 mod demo;
 mod plot;
 mod redis_info;

@@ -27,6 +27,11 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for an exceeded quota.
 pub const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
+/// The problem type of draft-ietf-httpapi-ratelimit-headers (section 5.3)
+/// for a client refused because of an abusive pattern: the penalty box.
+pub const ABNORMAL_USAGE_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
+
 /// `d` in whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_nanos().div_ceil(1_000_000_000).try_into().unwrap_or(u64::MAX)
@@ -178,6 +183,22 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
         return response;
     };
     let wait = ceil_secs(decisive.decision.retry_after.unwrap_or_default());
+    if verdict.blocked {
+        let detail = format!(
+            "denied too often under rule {:?}: blocked for abnormal usage; retry in {wait} s",
+            verdict.rule
+        );
+        let mut response = problem_with(Problem {
+            kind: ABNORMAL_USAGE_TYPE,
+            title: "Request not satisfied due to detection of abnormal request pattern",
+            status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+            detail: &detail,
+            instance: Some(path),
+            violated_policies: Some(verdict.violated().map(|p| p.name).collect()),
+        });
+        apply(response.headers_mut(), verdict, legacy);
+        return response;
+    }
     let detail = format!(
         "policy {:?} allows {} requests per {}; retry in {} s",
         decisive.name,
@@ -237,7 +258,14 @@ mod tests {
     }
 
     fn verdict(policies: Vec<PolicyResult<'static>>, shadow: bool) -> Verdict<'static> {
-        Verdict { rule: "search", policies, source: DecisionSource::Store, shadow, pending: None }
+        Verdict {
+            rule: "search",
+            policies,
+            source: DecisionSource::Store,
+            shadow,
+            pending: None,
+            blocked: false,
+        }
     }
 
     fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -354,6 +382,7 @@ mod tests {
             source: DecisionSource::FailClosed,
             shadow: false,
             pending: None,
+            blocked: false,
         };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

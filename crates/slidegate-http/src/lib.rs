@@ -48,12 +48,14 @@
 mod breadth;
 mod breaker;
 pub mod config;
+mod deny_cache;
 pub mod headers;
 mod identity;
 mod layer;
 mod limiter;
 mod metrics;
 pub mod offenders;
+mod penalty;
 mod response_cost;
 mod rules;
 #[cfg(feature = "serve")]

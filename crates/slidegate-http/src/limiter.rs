@@ -9,10 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
-use slidegate::{check_charge, Algorithm, Decision, Limit, MemoryStore, Quota, Store, StoreError};
+use slidegate::{
+    check_charge, Algorithm, Decision, Limit, MemoryStore, Penalized, Penalty, Quota, Store, StoreError,
+};
 
 use crate::breaker::{Admit, Breaker, BreakerPolicy};
 use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::deny_cache::DenyCache;
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
 use crate::offenders::{Event, IdentityHash, Offenders};
@@ -59,6 +62,9 @@ pub struct Verdict<'a> {
     /// The charge still owed after the upstream answers (a rule with
     /// `count_status` or `cost_header`): see [`RateLimiter::charge_response`].
     pub(crate) pending: Option<PendingCharge>,
+    /// Whether the identity is in the rule's penalty box: every policy is
+    /// denied until the block ends, whatever the limits say.
+    pub blocked: bool,
 }
 
 /// A charge decided after the response: who, under which rule's limits.
@@ -143,6 +149,7 @@ struct Rule {
     /// The breadth limit's policy name: `<rule>-breadth`.
     breadth_name: String,
     response_cost: crate::ResponseCost,
+    penalty: Option<Penalty>,
 }
 
 /// How [`RateLimiter::decide`] charges.
@@ -185,6 +192,8 @@ pub struct StoreGuard {
     pub breaker_trial_interval: Delay,
     /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
     pub instances: u32,
+    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
+    pub deny_cache: usize,
 }
 
 impl StoreGuard {
@@ -217,6 +226,7 @@ impl Default for StoreGuard {
             // back: recovery within ~20 ms instead of a probe interval.
             breaker_trial_interval: Delay::from_millis(20),
             instances: 1,
+            deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
         }
     }
 }
@@ -235,6 +245,8 @@ struct Inner<S> {
     legacy_headers: bool,
     /// The identities refused most lately, in bounded memory.
     offenders: Offenders,
+    /// Store denials answered locally until they end (see `deny_cache.rs`).
+    deny_cache: Option<DenyCache>,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -423,11 +435,13 @@ impl<S: Store + 'static> RateLimiter<S> {
                 breadth: r.breadth.clone(),
                 breadth_name: format!("{}-breadth", r.name),
                 response_cost: r.response_cost.clone(),
+                penalty: r.penalty,
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
         let breaker = Breaker::new(guard.breaker_policy());
         let fallback = guard.fallback.then(|| Fallback::new(guard.instances));
+        let deny_cache = DenyCache::new(guard.deny_cache);
         Self {
             inner: Arc::new(Inner {
                 rules,
@@ -441,6 +455,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 epoch: tokio::time::Instant::now(),
                 legacy_headers,
                 offenders: Offenders::new(),
+                deny_cache,
             }),
         }
     }
@@ -531,6 +546,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             source: DecisionSource::Store,
             shadow: rule.shadow,
             pending: None,
+            blocked: false,
         })
     }
 
@@ -639,7 +655,39 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.charges.iter().map(|(l, c)| (*l, c.saturating_mul(cost))).collect();
             &scaled
         };
-        let (decisions, source) = match self.call_store(key, charges).await {
+        let started_ms = self.now_ms();
+        // Under a penalty the store counts denials, so only a block is
+        // answered locally (see penalty.rs).
+        let cached =
+            self.inner.deny_cache.as_ref().and_then(|c| c.lookup(key, &set.charges, cost, started_ms));
+        let cached = cached.filter(|hit| hit.blocked || rule.penalty.is_none());
+        let mut blocked = false;
+        let stored = match cached {
+            Some(hit) => {
+                self.inner.metrics.store().deny_cache_hits.fetch_add(1, Relaxed);
+                blocked = hit.blocked;
+                Ok(hit.decisions)
+            }
+            None => self.call_store(key, charges, rule.penalty.as_ref()).await.map(|outcome| {
+                let decisions = match outcome.blocked_for {
+                    Some(wait) => {
+                        blocked = true;
+                        if !outcome.decisions.is_empty() {
+                            // This denial started the block: worth a line, once.
+                            tracing::warn!(rule = %rule.name, identity = key, block_ms = wait.as_millis() as u64,
+                                shadow = rule.shadow, "identity blocked by the penalty box");
+                        }
+                        crate::penalty::block_denials(charges, wait)
+                    }
+                    None => outcome.decisions,
+                };
+                if let Some(cache) = &self.inner.deny_cache {
+                    cache.remember(key, &set.charges, cost, &decisions, started_ms, blocked);
+                }
+                decisions
+            }),
+        };
+        let (decisions, source) = match stored {
             Ok(decisions) => {
                 if let Some(fallback) = &self.inner.fallback {
                     fallback.remember(key, &decisions, self.now_ms());
@@ -682,7 +730,18 @@ impl<S: Store + 'static> RateLimiter<S> {
                 decision,
             })
             .collect();
-        let verdict = Verdict { rule: &rule.name, policies, source, shadow: rule.shadow, pending: None };
+        let verdict =
+            Verdict { rule: &rule.name, policies, source, shadow: rule.shadow, pending: None, blocked };
+        if blocked {
+            if rule.shadow {
+                counters.shadow_blocked.fetch_add(1, Relaxed);
+            } else {
+                // Counts the block and shows it on the top offenders page.
+                let wait = verdict.policies.iter().filter_map(|p| p.decision.retry_after).max();
+                let until = std::time::SystemTime::now() + wait.unwrap_or_default();
+                self.record_offence(index, key, Event::Blocked { until });
+            }
+        }
         if mode != Mode::AfterResponse && matches!(source, DecisionSource::Store | DecisionSource::Fallback) {
             match (verdict.allowed(), rule.shadow) {
                 (true, _) => counters.allowed.fetch_add(1, Relaxed),
@@ -698,7 +757,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 {
                     counters.near_limit.fetch_add(1, Relaxed);
                 }
-            } else {
+            } else if !blocked {
                 // Shadow denials too: the operator of a shadow rule wants to
                 // see whom it would refuse.
                 self.record_offence(index, key, Event::Denied);
@@ -726,8 +785,20 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     /// One store call under the deadline and the breaker.
-    async fn call_store(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, Failure> {
-        self.guarded(self.inner.store.decide_all(key, charges)).await
+    async fn call_store(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: Option<&Penalty>,
+    ) -> Result<Penalized, Failure> {
+        let store = &self.inner.store;
+        self.guarded(async {
+            match penalty {
+                Some(penalty) => store.decide_all_penalized(key, charges, penalty).await,
+                None => store.decide_all(key, charges).await.map(Penalized::decided),
+            }
+        })
+        .await
     }
 
     /// `call`, a store call, under the deadline and the breaker.

@@ -38,8 +38,10 @@ pub struct RuleCounters {
     pub fallback: AtomicU64,
     /// Allowed with at most a tenth of a limit left: clients about to be denied.
     pub near_limit: AtomicU64,
-    /// Refused because the identity is blocked (a penalty).
+    /// Refused because the penalty box blocks the identity.
     pub blocked: AtomicU64,
+    /// Blocked by the penalty box of a shadow-mode rule, and let through.
+    pub shadow_blocked: AtomicU64,
 }
 
 /// What happened to calls to the store.
@@ -60,6 +62,8 @@ pub struct StoreCounters {
     pub breaker_opened: AtomicU64,
     /// Decisions that tried the store while the breaker was open (half-open trials).
     pub trials: AtomicU64,
+    /// Denials answered by the local deny cache, without a store call.
+    pub deny_cache_hits: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -130,7 +134,7 @@ impl Metrics {
     /// breaker's state now.
     pub fn render(&self, breaker_open: bool) -> String {
         let mut out = String::with_capacity(4096);
-        let per_rule: [(&str, &str, CounterOf); 8] = [
+        let per_rule: [(&str, &str, CounterOf); 9] = [
             ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
             ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
             (
@@ -160,9 +164,16 @@ impl Metrics {
                 "Requests allowed with at most 10% of a limit left.",
                 |c| &c.near_limit,
             ),
-            ("slidegate_requests_blocked_total", "Requests refused because the identity is blocked.", |c| {
-                &c.blocked
-            }),
+            (
+                "slidegate_requests_blocked_total",
+                "Requests refused because the penalty box blocks the identity.",
+                |c| &c.blocked,
+            ),
+            (
+                "slidegate_requests_shadow_blocked_total",
+                "Requests a shadow-mode rule's penalty box would have refused.",
+                |c| &c.shadow_blocked,
+            ),
         ];
         for (name, help, field) in per_rule {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -171,7 +182,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
         }
-        let global: [(&str, &str, StoreCounterOf); 7] = [
+        let global: [(&str, &str, StoreCounterOf); 8] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
             ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
@@ -188,6 +199,11 @@ impl Metrics {
                 "slidegate_breaker_trials_total",
                 "Decisions that tried the store while the circuit breaker was open.",
                 |c| &c.trials,
+            ),
+            (
+                "slidegate_deny_cache_hits_total",
+                "Denials answered by the local deny cache without a store call.",
+                |c| &c.deny_cache_hits,
             ),
         ];
         for (name, help, field) in global {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Decision, Limit, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store, StoreError,
+    Decision, Limit, MemoryStore, Penalized, Penalty, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    StoreError,
 };
 use tokio::sync::OnceCell;
 
@@ -40,6 +41,18 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.decide_distinct_sync(key, quota, value),
             AnyStore::Redis(store) => store.connected()?.decide_distinct(key, quota, value).await,
+        }
+    }
+
+    async fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> Result<Penalized, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.decide_all_penalized_sync(key, charges, penalty),
+            AnyStore::Redis(store) => store.connected()?.decide_all_penalized(key, charges, penalty).await,
         }
     }
 }

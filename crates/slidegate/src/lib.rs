@@ -30,12 +30,14 @@ pub mod algorithm;
 mod clock;
 mod decision;
 pub mod distinct;
+mod penalty;
 mod quota;
 pub mod store;
 
 pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
+pub use penalty::{Penalized, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]

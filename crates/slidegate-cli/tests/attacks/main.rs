@@ -12,5 +12,6 @@ mod breaker;
 mod crawl;
 mod identity;
 mod offenders;
+mod scrapers;
 mod store_failures;
 mod surface;

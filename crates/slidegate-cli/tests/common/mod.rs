@@ -317,9 +317,12 @@ pub fn embedded(upstream: &Upstream) -> Slidegate {
 
 // ---------------------------------------------------------------- Redis
 
+/// The failure-handling tests count store calls and fail-open answers per
+/// request, so the deny cache (which answers known denials locally, Redis up
+/// or down) is off here; `attacks/scrapers.rs` tests it.
 pub fn redis_store(redis: &RedisServer) -> String {
     format!(
-        "[store]\nurl = \"{}\"\ntimeout_ms = 50\non_error = \"allow\"\nbreaker_failures = 3\nprobe_interval_ms = 100\n",
+        "[store]\nurl = \"{}\"\ntimeout_ms = 50\non_error = \"allow\"\nbreaker_failures = 3\nprobe_interval_ms = 100\ndeny_cache = 0\n",
         redis.url()
     )
 }

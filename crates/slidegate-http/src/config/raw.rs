@@ -68,6 +68,7 @@ pub(super) struct RawStore {
     pub(super) username: Option<Spanned<String>>,
     pub(super) password_env: Option<Spanned<String>>,
     pub(super) tls_ca: Option<Spanned<String>>,
+    pub(super) deny_cache: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -110,6 +111,7 @@ pub(super) struct RawRule {
     pub(super) breadth: Option<Spanned<RawBreadth>>,
     pub(super) count_status: Option<Spanned<Vec<Spanned<u16>>>>,
     pub(super) cost_header: Option<Spanned<String>>,
+    pub(super) penalty: Option<Spanned<RawPenalty>>,
 }
 
 /// `breadth = { distinct = 200, window = "10m", of = "param:id" }`.
@@ -119,6 +121,16 @@ pub(super) struct RawBreadth {
     pub(super) distinct: Spanned<u64>,
     pub(super) window: WindowValue,
     pub(super) of: Option<Spanned<String>>,
+}
+
+/// `penalty = { after = 20, within = "1m", block = "10m", max_block = "24h" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPenalty {
+    pub(super) after: u64,
+    pub(super) within: Parsed<Delay>,
+    pub(super) block: Parsed<Delay>,
+    pub(super) max_block: Option<Parsed<Delay>>,
 }
 
 #[derive(Deserialize)]

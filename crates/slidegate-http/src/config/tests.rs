@@ -512,3 +512,28 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
     let (_, _, m) = err(&format!("{rule}cost_header = \"bad header\"\n"));
     assert!(m.contains("invalid cost_header"), "{m}");
 }
+
+#[test]
+fn penalty_and_deny_cache_are_read_and_checked() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}"
+        )
+    };
+    assert_eq!(parse(&rule("")).unwrap().rules[0].penalty, None);
+    let c = parse(&rule("penalty = { after = 20, within = \"1m\", block = \"10m\", max_block = \"24h\" }\n"))
+        .unwrap();
+    let p = c.rules[0].penalty.unwrap();
+    assert_eq!((p.after(), p.within_ms(), p.block_ms(), p.max_block_ms()), (20, 60_000, 600_000, 86_400_000));
+    // Without a cap, a day.
+    let c = parse(&rule("penalty = { after = 1, within = \"1s\", block = \"1m\" }\n")).unwrap();
+    assert_eq!(c.rules[0].penalty.unwrap().max_block_ms(), 86_400_000);
+    let (line, _, message) =
+        err(&rule("penalty = { after = 1, within = \"1s\", block = \"1h\", max_block = \"1m\" }\n"));
+    assert_eq!(line, 5);
+    assert_eq!(message, "invalid penalty: penalty max_block (60000 ms) is shorter than block (3600000 ms)");
+    assert!(parse(&rule("penalty = { after = 1, within = \"1s\" }\n")).is_err(), "block is required");
+
+    assert_eq!(parse("").unwrap().store.deny_cache, 65_536);
+    assert_eq!(parse("[store]\ndeny_cache = 0\n").unwrap().store.deny_cache, 0);
+}

@@ -144,6 +144,8 @@ pub struct StoreConfig {
     pub password: Option<Password>,
     /// A CA certificate (PEM) trusted for `rediss://` (`tls_ca`); `None`: the system roots.
     pub tls_ca: Option<PathBuf>,
+    /// Capacity of the exact local deny cache, in denied identities; 0 is off (`deny_cache`).
+    pub deny_cache: usize,
 }
 
 /// A password taken from an environment variable: its `Debug` names the
@@ -209,6 +211,7 @@ impl StoreConfig {
             breaker_failure_rate: self.breaker_failure_rate,
             breaker_trial_interval: self.breaker_trial_interval,
             instances: self.instances,
+            deny_cache: self.deny_cache,
         }
     }
 }
@@ -297,6 +300,7 @@ impl Default for StoreConfig {
             username: None,
             password: None,
             tls_ca: None,
+            deny_cache: guard.deny_cache,
         }
     }
 }
@@ -380,6 +384,8 @@ pub struct RuleConfig {
     pub breadth: Option<crate::BreadthConfig>,
     /// Charge after the response: by status, or by a header's cost.
     pub response_cost: crate::ResponseCost,
+    /// The penalty box: identities denied too often are blocked for a while.
+    pub penalty: Option<slidegate::Penalty>,
 }
 
 impl RuleConfig {
@@ -409,6 +415,7 @@ impl RuleConfig {
             max_cost: Self::DEFAULT_MAX_COST,
             breadth: None,
             response_cost: crate::ResponseCost::default(),
+            penalty: None,
         }
     }
 

@@ -13,7 +13,7 @@ use slidegate::{check_charge, Limit, Quota, QuotaError, StoreError};
 use toml::Spanned;
 
 use super::error::ConfigError;
-use super::raw::{RawConfig, RawIdentity, RawLimit, RawRule, RawServer, RawStore};
+use super::raw::{RawConfig, RawIdentity, RawLimit, RawPenalty, RawRule, RawServer, RawStore};
 use super::types::{
     Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig,
     RuleLimits, ServerConfig, StoreConfig,
@@ -408,6 +408,8 @@ impl Validator<'_> {
             username: redis.username,
             password: redis.password,
             tls_ca: redis.tls_ca,
+            // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
+            deny_cache: raw.deny_cache.map_or(default.deny_cache, |n| *n.get_ref() as usize),
         })
     }
 
@@ -666,6 +668,10 @@ impl Validator<'_> {
                 Some(m) => *m.get_ref(),
                 None => RuleConfig::DEFAULT_MAX_COST,
             },
+            penalty: match raw.penalty {
+                Some(p) => Some(self.penalty(p)?),
+                None => None,
+            },
         })
     }
 
@@ -688,6 +694,17 @@ impl Validator<'_> {
             None => crate::BreadthOf::Path,
         };
         Ok(crate::BreadthConfig { quota, of })
+    }
+
+    fn penalty(&self, spanned: Spanned<RawPenalty>) -> Result<slidegate::Penalty, ConfigError> {
+        let span = spanned.span();
+        let raw = spanned.into_inner();
+        let block = raw.block.0.get();
+        // Without a cap, repeat offenders double up to a day (or the first block, if longer).
+        let max_block =
+            raw.max_block.map_or(block.max(std::time::Duration::from_secs(86_400)), |m| m.0.get());
+        slidegate::Penalty::new(raw.after, raw.within.0.get(), block, max_block)
+            .map_err(|e| self.err(span, format!("invalid penalty: {e}")))
     }
 
     fn limits(

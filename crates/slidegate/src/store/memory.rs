@@ -38,7 +38,7 @@ use self::slots::{slot_id, Slots};
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
 use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Algorithm, Clock, Decision, Limit, Quota, SystemClock};
+use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, PenaltyState, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
 /// A sliding-log table is not swept before it holds this many identities.
@@ -321,6 +321,9 @@ impl Table {
 struct Shard {
     /// One table per limit seen; an identity rarely meets more than a handful.
     tables: Vec<Table>,
+    /// Penalty states by identity hash: only identities that were denied
+    /// under a penalty, forgotten by the sweep once idle.
+    penalties: HashMap<u64, PenaltyState>,
 }
 
 impl Shard {
@@ -343,12 +346,37 @@ impl Shard {
         }
         self.tables.retain(|t| t.len() > 0);
         self.tables.shrink_to_fit();
+        self.penalties.retain(|_, p| !p.is_idle(now));
+        self.penalties.shrink_to_fit();
         self.len()
     }
 
     fn len(&self) -> usize {
         self.tables.iter().map(Table::len).sum()
     }
+}
+
+/// Decides `charges` for identity `id` at `now` all-or-nothing, under the
+/// shard's lock the caller holds.
+fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)]) -> Vec<Decision> {
+    let mut decisions: Vec<Decision> =
+        charges.iter().map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false)).collect();
+    if decisions.iter().all(|d| d.allowed) {
+        // Same state, same time: committing reproduces each checked
+        // decision, now with the charges of the limits before it applied.
+        for ((limit, cost), decision) in charges.iter().zip(&mut decisions) {
+            *decision = shard.table(limit, now).decide(id, now, *cost, true);
+        }
+    } else {
+        // Nothing is charged, so a limit that had room reports its
+        // remaining permits without this request: a peek at cost 0.
+        for ((limit, _), decision) in charges.iter().zip(&mut decisions) {
+            if decision.allowed {
+                *decision = shard.table(limit, now).decide(id, now, 0, false);
+            }
+        }
+    }
+    decisions
 }
 
 /// What one [`MemoryStore::evict_idle_step`] did.
@@ -444,26 +472,36 @@ impl<C: Clock> MemoryStore<C> {
         validate(key, charges)?;
         let now = check_time(self.clock.now_ms())?;
         let (id, mut shard) = self.locate(key);
-        let mut decisions: Vec<Decision> = charges
-            .iter()
-            .map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false))
-            .collect();
-        if decisions.iter().all(|d| d.allowed) {
-            // Same state, same time: committing reproduces each checked
-            // decision, now with the charges of the limits before it applied.
-            for ((limit, cost), decision) in charges.iter().zip(&mut decisions) {
-                *decision = shard.table(limit, now).decide(id, now, *cost, true);
-            }
-        } else {
-            // Nothing is charged, so a limit that had room reports its
-            // remaining permits without this request: a peek at cost 0.
-            for ((limit, _), decision) in charges.iter().zip(&mut decisions) {
-                if decision.allowed {
-                    *decision = shard.table(limit, now).decide(id, now, 0, false);
-                }
-            }
+        Ok(decide_locked(&mut shard, id, now, charges))
+    }
+
+    /// [`MemoryStore::decide_all_sync`] under `penalty`; see
+    /// [`Store::decide_all_penalized`]. The arithmetic is [`PenaltyState`]'s,
+    /// under the shard's lock with the decision.
+    ///
+    /// # Errors
+    /// As [`MemoryStore::decide_all_sync`].
+    pub fn decide_all_penalized_sync(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> Result<Penalized, StoreError> {
+        validate(key, charges)?;
+        let now = check_time(self.clock.now_ms())?;
+        let (id, mut shard) = self.locate(key);
+        if let Some(ms) = shard.penalties.get(&id).and_then(|p| p.blocked_for(now)) {
+            return Ok(Penalized::blocked(Vec::new(), ms));
         }
-        Ok(decisions)
+        let decisions = decide_locked(&mut shard, id, now, charges);
+        if decisions.iter().all(|d| d.allowed) {
+            return Ok(Penalized::decided(decisions));
+        }
+        let block = shard.penalties.entry(id).or_default().deny(penalty, now);
+        Ok(match block {
+            Some(ms) => Penalized::blocked(decisions, ms),
+            None => Penalized::decided(decisions),
+        })
     }
 
     /// Forgets every identity whose state no longer affects any decision and
@@ -531,6 +569,15 @@ impl<C: Clock> Store for MemoryStore<C> {
         charges: &[(Limit, u64)],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         std::future::ready(self.decide_all_sync(key, charges))
+    }
+
+    fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> impl Future<Output = Result<Penalized, StoreError>> + Send {
+        std::future::ready(self.decide_all_penalized_sync(key, charges, penalty))
     }
 
     fn decide_distinct(

@@ -14,7 +14,7 @@ use std::future::Future;
 use thiserror::Error;
 
 use crate::algorithm::sliding_log;
-use crate::{Algorithm, Decision, Limit, Quota};
+use crate::{Algorithm, Decision, Limit, Penalized, Penalty, Quota};
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
@@ -170,6 +170,23 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let _ = (key, quota, value);
         std::future::ready(Err(StoreError::Unsupported("distinct-value limits")))
+    }
+
+    /// [`Store::decide_all`] under a [`Penalty`]: an identity the penalty
+    /// has blocked is answered without deciding its limits, and a denial is
+    /// counted toward the next block, atomically with the decision.
+    ///
+    /// The default decides without a penalty (never blocks): a store that
+    /// keeps no penalty state stays usable, and the limits still hold.
+    fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> impl Future<Output = Result<Penalized, StoreError>> + Send {
+        let _ = penalty;
+        let decided = self.decide_all(key, charges);
+        async move { decided.await.map(Penalized::decided) }
     }
 }
 

@@ -40,6 +40,21 @@ impl fmt::Display for StateKey<'_> {
     }
 }
 
+/// The key of an identity's penalty state: `<prefix>{<identity>}:penalty`,
+/// in the same slot as its limits' state keys.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PenaltyKey<'a> {
+    pub(super) prefix: &'a str,
+    pub(super) identity: &'a str,
+}
+
+impl fmt::Display for PenaltyKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let escape = if self.identity.starts_with(['{', '}']) { "{" } else { "" };
+        write!(f, "{}{{{escape}{}}}:penalty", self.prefix, self.identity)
+    }
+}
+
 impl ToRedisArgs for StateKey<'_> {
     fn write_redis_args<W>(&self, out: &mut W)
     where

@@ -55,14 +55,14 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
-use self::key::StateKey;
+use self::key::{PenaltyKey, StateKey};
 use self::link::Link;
 use self::scripts::Lua;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Clock, Decision, Limit, Quota};
+use crate::{Clock, Decision, Limit, Penalized, Penalty, Quota};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -528,6 +528,23 @@ impl Store for RedisStore {
         let args = DecideAllArgs { now_ms: self.client_now()?, charges };
         let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+    }
+
+    async fn decide_all_penalized(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        penalty: &Penalty,
+    ) -> Result<Penalized, StoreError> {
+        validate(key, charges)?;
+        // The penalty path formats its keys: one more key than decide_all,
+        // and only rules with a penalty pay for the strings.
+        let mut keys: Vec<String> =
+            charges.iter().map(|(limit, _)| self.state_key(key, limit).to_string()).collect();
+        keys.push(PenaltyKey { prefix: &self.prefix, identity: key }.to_string());
+        let args = (DecideAllArgs { now_ms: self.client_now()?, charges }, wire::PenaltyArgs(penalty));
+        let reply = self.eval(scripts::penalty(), &keys, &args).await?;
+        wire::penalized(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }
 
     async fn decide_distinct(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {

@@ -40,6 +40,7 @@ use crate::Algorithm;
 const PRELUDE: &str = include_str!("prelude.lua");
 const DECIDE: &str = include_str!("decide.lua");
 const DECIDE_ALL: &str = include_str!("decide_all.lua");
+const PENALTY: &str = include_str!("penalty.lua");
 
 /// An algorithm's number in `decide_all.lua`'s ARGV: its place in
 /// [`Algorithm::ALL`], from 1, as in the table [`dispatch_table`] writes.
@@ -114,6 +115,24 @@ pub(super) fn decide_all_source() -> String {
     assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table()))
 }
 
+/// The source of `decide_all.lua` inside the penalty box: `penalty.lua`'s
+/// comment block, then `decide_all.lua` with the `head` part after the
+/// algorithms, its limit loop bounded by the `limits` part (the last key is
+/// the penalty's), and its final `return` replaced by the `tail` part.
+pub(super) fn penalty_source() -> String {
+    let (comment, parts) = PENALTY.split_once("--! part head\n").expect("penalty.lua has a head part");
+    let (head, parts) = parts.split_once("--! part limits\n").expect("penalty.lua has a limits part");
+    let (limits, tail) = parts.split_once("--! part tail\n").expect("penalty.lua has a tail part");
+    let splice = |text: &str, from: &str, to: &str| {
+        assert_eq!(text.matches(from).count(), 1, "decide_all.lua has one {from:?}");
+        text.replace(from, to)
+    };
+    let main = splice(DECIDE_ALL, "--! algorithms\n", &format!("{}{head}", dispatch_table()));
+    let main = splice(&main, "for i = 1, #KEYS do", &format!("for i = 1, {} do", limits.trim()));
+    let main = splice(&main, "return table.concat(reply)\n", tail);
+    format!("{comment}{}", assemble(&main))
+}
+
 /// A script with its source: `EVALSHA` needs the hash, and the fallback
 /// after a `NOSCRIPT` sends the source with `EVAL`.
 pub(super) struct Lua {
@@ -141,11 +160,13 @@ struct Scripts {
     /// Indexed like [`Algorithm::ALL`].
     decide: [Lua; Algorithm::ALL.len()],
     decide_all: Lua,
+    penalty: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     decide: Algorithm::ALL.map(|a| Lua::new(decide_source(a))),
     decide_all: Lua::new(decide_all_source()),
+    penalty: Lua::new(penalty_source()),
 });
 
 /// The script deciding one limit of `algorithm`.
@@ -166,9 +187,14 @@ pub(super) fn distinct() -> &'static Lua {
     &DISTINCT
 }
 
+/// The script deciding several limits inside the penalty box.
+pub(super) fn penalty() -> &'static Lua {
+    &SCRIPTS.penalty
+}
+
 /// Every script, to load them all when connecting.
 pub(super) fn all() -> impl Iterator<Item = &'static Lua> {
-    SCRIPTS.decide.iter().chain([&SCRIPTS.decide_all])
+    SCRIPTS.decide.iter().chain([&SCRIPTS.decide_all, &SCRIPTS.penalty])
 }
 
 #[cfg(test)]
@@ -191,6 +217,11 @@ mod tests {
         let all = decide_all_source();
         assert!(all.starts_with("-- slidegate decide_all:"));
         assert!(!all.contains("--! "));
+        let penalty = penalty_source();
+        assert!(penalty.starts_with("-- slidegate decide_penalized:"));
+        assert!(!penalty.contains("--! "));
+        assert!(penalty.contains("for i = 1, #KEYS - 1 do"));
+        assert!(penalty.contains("return table.concat(reply) .. struct_pack('<d', blocked)"));
         for a in Algorithm::ALL {
             assert!(all.contains(&format!("local function {}_commit(", a.tag())));
         }

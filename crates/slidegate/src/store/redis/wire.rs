@@ -12,7 +12,7 @@ use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
 
 use super::scripts;
 use crate::store::StoreError;
-use crate::{Decision, Limit};
+use crate::{Decision, Limit, Penalized, Penalty};
 
 /// The time argument that makes a script read Redis `TIME`.
 const NOW_FROM_REDIS: f64 = -1.0;
@@ -88,6 +88,54 @@ pub(super) fn decisions(
 ) -> Result<Vec<Decision>, StoreError> {
     let bytes = reply_bytes(reply, limits.len())?;
     bytes.chunks_exact(DECISION_BYTES).zip(limits).map(|(chunk, limit)| decision(chunk, limit)).collect()
+}
+
+/// ARGV[2] of `penalty.lua`: after, within, block and max_block as doubles.
+pub(super) struct PenaltyArgs<'a>(pub(super) &'a Penalty);
+
+impl ToRedisArgs for PenaltyArgs<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let p = self.0;
+        let mut bytes = Vec::with_capacity(32);
+        for v in [p.after(), p.within_ms(), p.block_ms(), p.max_block_ms()] {
+            bytes.extend_from_slice(&(v as f64).to_le_bytes());
+        }
+        out.write_arg(&bytes);
+    }
+}
+
+impl ToSingleRedisArg for PenaltyArgs<'_> {}
+
+/// A `penalty.lua` reply: one double (blocked, the remaining ms) or the
+/// decisions followed by one double (the block this denial started, or -1).
+pub(super) fn penalized(
+    reply: &Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+) -> Result<Penalized, StoreError> {
+    let count = limits.len();
+    let bytes = match reply {
+        Value::BulkString(bytes) if bytes.len() == 8 || bytes.len() == count * DECISION_BYTES + 8 => bytes,
+        other => {
+            return Err(StoreError::UnexpectedReply(format!(
+                "expected 8 or {} bytes ({count} decisions and a block), got {other:?}",
+                count * DECISION_BYTES + 8
+            )))
+        }
+    };
+    let (decided, block) = bytes.split_at(bytes.len() - 8);
+    let mut le = [0u8; 8];
+    le.copy_from_slice(block);
+    let block = f64::from_le_bytes(le);
+    let decisions = decided
+        .chunks_exact(DECISION_BYTES)
+        .zip(limits)
+        .map(|(chunk, limit)| decision(chunk, limit))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Integral ms below 2^53 by the penalty's bounds.
+    Ok(if block >= 0.0 { Penalized::blocked(decisions, block as u64) } else { Penalized::decided(decisions) })
 }
 
 /// The one decision in a `decide.lua` reply.

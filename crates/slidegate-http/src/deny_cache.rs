@@ -1,0 +1,349 @@
+//! The exact local deny cache: once the store has denied an identity, the
+//! same identity and limit set is answered here, without a store call, until
+//! the store's `retry_after` has passed.
+//!
+//! # Why it is exact
+//!
+//! The store denied a request of cost `c` (each limit charged `c` times its
+//! own cost) for identity `k` under limit set `L` and said it fits again
+//! after `T` (the longest `retry_after` of the violated limits, each exact to
+//! the millisecond). A request of the same `k`, `L` and a cost `c' ≥ c`
+//! arriving before `T` would be denied by the store too:
+//!
+//! - **A denial charges nothing** (`decide_all` charges all limits or none),
+//!   so the denied request left the state as it found it.
+//! - **Without charges, state only decays toward admitting.** Every
+//!   algorithm's state is a function of the admitted charges and the time:
+//!   a fixed window resets, a sliding window's previous count weighs less, a
+//!   GCRA's theoretical arrival time and a token bucket's debt fall behind
+//!   the clock, a sliding log's entries age out. The earliest time a charge
+//!   of `c` fits is what `retry_after` computes, and for `c' ≥ c` it is no
+//!   earlier (needing more room never needs less time).
+//! - **Other arrivals only add charges** (this instance's smaller costs,
+//!   which still go to the store, and every other instance's): a charge
+//!   never makes room, so it can only push the earliest fitting time later.
+//!
+//! Hence the store would admit nothing of cost `≥ c` before `T`: answering
+//! those locally changes no decision. `T` is measured on the local monotonic
+//! clock from the moment the store call *started*: the store decided after
+//! that moment, so the local deadline is never later than the store's.
+//!
+//! # Where it does not hold, and what happens then
+//!
+//! - **A smaller cost** than the cached one may fit earlier: it goes to the
+//!   store (a miss), whose answer replaces the entry if it is a denial.
+//! - **A changed limit set** (another rule, a split rule's other set, a
+//!   configuration built anew): entries are keyed by identity *and* by a
+//!   fingerprint of the limits and their costs, so a changed set misses.
+//! - **Several instances** share a store: each caches only the denials it
+//!   was told of. Each is still exact; an instance that has not yet been
+//!   told asks the store once.
+//! - **The store's clock steps** (Redis `TIME`, or a client clock): the
+//!   cache counts `retry_after` on the local monotonic clock. If the store's
+//!   clock steps *back*, the store would still deny at local `T`; the request
+//!   then goes to the store, which denies and re-caches — still exact. If it
+//!   steps *forward* by `Δ`, the store would have admitted up to `Δ` before
+//!   `T`: the cache denies for up to `Δ` longer than the store would have.
+//!   A step forward also ages every identity's state at once in the store, so
+//!   this is the one case where the cache is stricter than the store.
+//! - **The store's state is deleted** (a flushed Redis, an expired key):
+//!   the store would admit at once; the cache keeps denying until `T`. The
+//!   identity had exceeded its quota, so this errs on its side.
+//!
+//! # Bounded memory
+//!
+//! A fixed number of buckets of [`WAYS`] slots each, each bucket behind its
+//! own mutex; an identity's keyed hash picks the bucket. A full bucket evicts
+//! an expired slot if it has one, else the slot whose denial ends first: that
+//! entry would stop saving store calls soonest, and an evicted identity only
+//! costs one store call to come back. The hash is keyed per process, so a
+//! client cannot choose identities that crowd one bucket. Each slot holds
+//! the identity key (about 40 bytes), the deadline and the decisions to
+//! replay the headers: about 100 bytes plus 48 per limit of the rule.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use slidegate::{Decision, Limit};
+
+/// Slots per bucket: a lookup compares at most this many entries.
+pub const WAYS: usize = 8;
+
+/// The default capacity (`[store] deny_cache`): 64 Ki denied identities, a
+/// few MB.
+pub const DEFAULT_CAPACITY: usize = 1 << 16;
+
+/// One cached denial.
+#[derive(Debug)]
+struct Slot {
+    /// Hash of the key and of the limit set: compared first, cheaply.
+    fingerprint: u64,
+    /// The identity key, compared in full: a hash collision never denies.
+    key: Box<str>,
+    /// The fingerprint of the limit set alone, compared in full too.
+    set: u64,
+    /// The denied request's cost multiplier.
+    cost: u64,
+    /// When the store call that denied started (limiter ms).
+    decided_at_ms: u64,
+    /// When the denial ends (limiter ms): `decided_at_ms` + the longest `retry_after`.
+    until_ms: u64,
+    /// The store's decisions, replayed with the elapsed time taken off.
+    decisions: Box<[Decision]>,
+    /// A penalty-box block: it covers every cost, not only `cost` and above.
+    blocked: bool,
+}
+
+/// A cached denial, as of the lookup's time.
+#[derive(Debug)]
+pub struct CachedDenial {
+    /// One decision per limit, waits counted down.
+    pub decisions: Vec<Decision>,
+    /// Whether the identity is blocked by the penalty box.
+    pub blocked: bool,
+}
+
+/// A fixed-capacity cache of store denials (see the module docs).
+#[derive(Debug)]
+pub struct DenyCache {
+    buckets: Box<[Mutex<Vec<Slot>>]>,
+    hasher: std::hash::RandomState,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl DenyCache {
+    /// A cache of about `capacity` denials (rounded up to whole buckets);
+    /// `None` for a capacity of 0 (the cache is off).
+    pub fn new(capacity: usize) -> Option<Self> {
+        if capacity == 0 {
+            return None;
+        }
+        let buckets = capacity.div_ceil(WAYS);
+        Some(Self {
+            buckets: (0..buckets).map(|_| Mutex::new(Vec::with_capacity(WAYS))).collect(),
+            hasher: std::hash::RandomState::new(),
+        })
+    }
+
+    /// How many denials the cache holds at most.
+    #[cfg(test)]
+    pub fn capacity(&self) -> usize {
+        self.buckets.len() * WAYS
+    }
+
+    /// The fingerprint of a limit set: its algorithms, quotas and per-request costs.
+    fn set_fingerprint(&self, charges: &[(Limit, u64)]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        for (limit, cost) in charges {
+            limit.algorithm.name().hash(&mut h);
+            limit.quota.permits().hash(&mut h);
+            limit.quota.window_ms().hash(&mut h);
+            cost.hash(&mut h);
+        }
+        h.finish()
+    }
+
+    fn locate(&self, key: &str, set: u64) -> (u64, &Mutex<Vec<Slot>>) {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        set.hash(&mut h);
+        let fingerprint = h.finish();
+        let index = (fingerprint % self.buckets.len() as u64) as usize;
+        (fingerprint, &self.buckets[index])
+    }
+
+    fn bucket<'a>(&self, bucket: &'a Mutex<Vec<Slot>>) -> std::sync::MutexGuard<'a, Vec<Slot>> {
+        // A panic while holding the lock leaves slots that are each still sound.
+        bucket.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The decisions of a cached denial of `key` under `charges` that covers
+    /// a request of `cost` at `now_ms`, with `retry_after` and `reset_after`
+    /// counting down; `None` when the store must decide.
+    ///
+    /// `charges` are the limits with their per-request costs, before `cost`
+    /// multiplies them.
+    pub fn lookup(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<CachedDenial> {
+        let set = self.set_fingerprint(charges);
+        let (fingerprint, bucket) = self.locate(key, set);
+        let slots = self.bucket(bucket);
+        let slot = slots.iter().find(|s| s.fingerprint == fingerprint && s.set == set && &*s.key == key)?;
+        if now_ms >= slot.until_ms || (cost < slot.cost && !slot.blocked) {
+            return None;
+        }
+        let elapsed = Duration::from_millis(now_ms - slot.decided_at_ms);
+        let decisions = slot
+            .decisions
+            .iter()
+            .map(|d| {
+                let reset_after = d.reset_after.saturating_sub(elapsed);
+                match d.retry_after {
+                    Some(wait) if wait > elapsed => {
+                        Decision { reset_after, retry_after: Some(wait - elapsed), ..*d }
+                    }
+                    // This limit's own wait is over: the store would no
+                    // longer list it as violated; a longer one still binds.
+                    Some(_) => Decision { allowed: true, reset_after, retry_after: None, ..*d },
+                    None => Decision { reset_after, ..*d },
+                }
+            })
+            .collect();
+        Some(CachedDenial { decisions, blocked: slot.blocked })
+    }
+
+    /// Remembers what the store decided for `key` under `charges` at a cost
+    /// of `cost`, in a call that started at `started_ms`: a denial is cached
+    /// until its longest `retry_after`; an admission (of a smaller cost)
+    /// drops the entry, whose headers would no longer be the store's. A
+    /// `blocked` denial (the penalty box) then covers every cost.
+    pub fn remember(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        cost: u64,
+        decisions: &[Decision],
+        started_ms: u64,
+        blocked: bool,
+    ) {
+        let set = self.set_fingerprint(charges);
+        let (fingerprint, bucket) = self.locate(key, set);
+        let wait = decisions.iter().filter(|d| !d.allowed).filter_map(|d| d.retry_after).max();
+        let Some(wait) = wait.filter(|w| !w.is_zero() && cost > 0) else {
+            // The store's state moved (an admission charged it): a cached
+            // denial is still a denial, but its headers would be stale.
+            let mut slots = self.bucket(bucket);
+            slots.retain(|s| !(s.fingerprint == fingerprint && s.set == set && *s.key == *key));
+            return;
+        };
+        let slot = Slot {
+            fingerprint,
+            key: key.into(),
+            set,
+            cost,
+            decided_at_ms: started_ms,
+            until_ms: started_ms.saturating_add(millis(wait)),
+            decisions: decisions.into(),
+            blocked,
+        };
+        let mut slots = self.bucket(bucket);
+        if let Some(old) =
+            slots.iter_mut().find(|s| s.fingerprint == fingerprint && s.set == set && *s.key == *key)
+        {
+            *old = slot;
+        } else if slots.len() < WAYS {
+            slots.push(slot);
+        } else if let Some(victim) = slots.iter_mut().min_by_key(|s| s.until_ms) {
+            // An expired slot has the smallest deadline of all, so it goes first.
+            *victim = slot;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slidegate::{Algorithm, Quota};
+
+    fn charges(permits: u64) -> Vec<(Limit, u64)> {
+        vec![(Limit::new(Algorithm::FixedWindow, Quota::new(permits, Duration::from_secs(60)).unwrap()), 1)]
+    }
+
+    fn denial(retry_ms: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            reset_after: Duration::from_millis(retry_ms),
+            retry_after: Some(Duration::from_millis(retry_ms)),
+        }
+    }
+
+    #[test]
+    fn answers_until_the_deadline_and_counts_down() {
+        let cache = DenyCache::new(16).unwrap();
+        cache.remember("k", &charges(10), 1, &[denial(1_000)], 5_000, false);
+        let d = cache.lookup("k", &charges(10), 1, 5_400).unwrap().decisions;
+        assert_eq!(d[0].retry_after, Some(Duration::from_millis(600)));
+        assert_eq!(d[0].reset_after, Duration::from_millis(600));
+        assert!(!d[0].allowed);
+        assert_eq!(
+            cache.lookup("k", &charges(10), 1, 5_999).unwrap().decisions[0].retry_after,
+            Some(Duration::from_millis(1))
+        );
+        assert!(cache.lookup("k", &charges(10), 1, 6_000).is_none());
+    }
+
+    #[test]
+    fn a_smaller_cost_another_set_or_another_key_misses() {
+        let cache = DenyCache::new(16).unwrap();
+        cache.remember("k", &charges(10), 3, &[denial(1_000)], 0, false);
+        assert!(cache.lookup("k", &charges(10), 2, 1).is_none());
+        assert!(cache.lookup("k", &charges(10), 3, 1).is_some());
+        assert!(cache.lookup("k", &charges(10), 4, 1).is_some());
+        assert!(cache.lookup("k", &charges(11), 3, 1).is_none());
+        assert!(cache.lookup("other", &charges(10), 3, 1).is_none());
+    }
+
+    #[test]
+    fn admissions_are_not_cached_and_drop_the_entry() {
+        let cache = DenyCache::new(16).unwrap();
+        let allowed = Decision { allowed: true, retry_after: None, ..denial(0) };
+        cache.remember("k", &charges(10), 1, &[allowed], 0, false);
+        assert!(cache.lookup("k", &charges(10), 1, 0).is_none());
+        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, false);
+        cache.remember("k", &charges(10), 1, &[allowed], 10, false);
+        assert!(cache.lookup("k", &charges(10), 5, 20).is_none());
+    }
+
+    #[test]
+    fn a_limit_whose_own_wait_is_over_is_no_longer_violated() {
+        let cache = DenyCache::new(16).unwrap();
+        let two = [charges(10), charges(20)].concat();
+        cache.remember("k", &two, 1, &[denial(100), denial(1_000)], 0, false);
+        let d = cache.lookup("k", &two, 1, 100).unwrap().decisions;
+        assert!(d[0].allowed);
+        assert_eq!(d[0].retry_after, None);
+        assert_eq!(d[1].retry_after, Some(Duration::from_millis(900)));
+    }
+
+    #[test]
+    fn memory_is_bounded_and_the_earliest_deadline_goes_first() {
+        // One bucket: WAYS slots, all identities compete.
+        let cache = DenyCache::new(1).unwrap();
+        assert_eq!(cache.capacity(), WAYS);
+        for i in 0..WAYS as u64 {
+            cache.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0, false);
+        }
+        cache.remember("new", &charges(10), 1, &[denial(5_000)], 0, false);
+        assert!(cache.lookup("k0", &charges(10), 1, 1).is_none(), "the earliest deadline was evicted");
+        assert!(cache.lookup("new", &charges(10), 1, 1).is_some());
+        for i in 1..WAYS as u64 {
+            assert!(cache.lookup(&format!("k{i}"), &charges(10), 1, 1).is_some());
+        }
+        assert_eq!(cache.buckets.iter().map(|b| b.lock().unwrap().len()).sum::<usize>(), WAYS);
+    }
+
+    #[test]
+    fn a_block_covers_every_cost() {
+        let cache = DenyCache::new(16).unwrap();
+        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, true);
+        let hit = cache.lookup("k", &charges(10), 1, 999).unwrap();
+        assert!(hit.blocked);
+        assert!(cache.lookup("k", &charges(10), 1, 1_000).is_none());
+    }
+
+    #[test]
+    fn off_at_zero() {
+        assert!(DenyCache::new(0).is_none());
+    }
+}
