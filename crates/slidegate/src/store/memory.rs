@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub(crate) use self::packing::{PackedCounter, PackedFixed};
 use self::packing::{Packing, Plain};
@@ -69,13 +69,6 @@ pub(crate) trait LimitTable {
     fn new(quota: Quota, now: u64) -> Self;
     /// Decides `cost` for identity `id`; charges it only when `commit`.
     fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision;
-    /// Decides and charges `cost` for identity `id` under the shard's shared
-    /// lock, as [`LimitTable::decide`] with `commit` would; `None` when that
-    /// takes the exclusive lock (an identity not stored, a sweep due, a
-    /// state that is not one atomic word).
-    fn decide_shared(&self, _id: u64, _now: u64, _cost: u64) -> Option<Decision> {
-        None
-    }
     /// Forgets every identity whose state no longer matters and gives back
     /// the memory the rest does not need.
     fn shrink(&mut self, now: u64);
@@ -87,7 +80,7 @@ pub(crate) trait LimitTable {
 /// compact table ([`Slots`]) in the representation [`Packing`] chose.
 pub(crate) struct Keyed<P: Packing> {
     packing: P,
-    slots: Slots<P::Cell>,
+    slots: Slots<P::Packed>,
     /// When the table was last swept: packed times are restored relative to
     /// it, and every state in the table was written at most one horizon later.
     swept_ms: u64,
@@ -110,7 +103,6 @@ impl<P: Packing> Keyed<P> {
         }
         let (packing, reference) = (self.packing, self.reference);
         if let Some(slot) = self.slots.get_mut(id) {
-            let slot = P::cell_mut(slot);
             let (next, decision) =
                 P::Algorithm::decide(packing.unpack(*slot, reference), now, cost, packing.quota());
             if commit {
@@ -125,37 +117,9 @@ impl<P: Packing> Keyed<P> {
                 // Growing is the moment to drop idle states: the table may not need to grow.
                 self.rebuild(now, 1);
             }
-            self.slots.insert_new(id, P::cell(packing.pack(next)));
+            self.slots.insert_new(id, packing.pack(next));
         }
         decision
-    }
-
-    /// [`Keyed::decide`] with `commit`, for a stored identity whose state is
-    /// one atomic word: decides on the word as loaded and installs the new
-    /// state by compare-and-swap, deciding again on what another thread
-    /// wrote in between. Each decision thus applies to the state every
-    /// earlier one left, as under the lock.
-    #[inline]
-    fn decide_shared(&self, id: u64, now: u64, cost: u64) -> Option<Decision> {
-        if !P::SHARED || now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
-            return None;
-        }
-        let (packing, reference) = (self.packing, self.reference);
-        let cell = self.slots.get(id)?;
-        let mut current = P::load(cell);
-        loop {
-            let (next, decision) =
-                P::Algorithm::decide(packing.unpack(current, reference), now, cost, packing.quota());
-            let next = packing.pack(next);
-            // A denial or a peek leaves the state as it was: nothing to write.
-            if next == current {
-                return Some(decision);
-            }
-            match P::compare_exchange(cell, current, next) {
-                Ok(()) => return Some(decision),
-                Err(actual) => current = actual,
-            }
-        }
     }
 
     /// Drops every idle state and resizes the table for the rest plus `room`.
@@ -165,10 +129,8 @@ impl<P: Packing> Keyed<P> {
     /// a window old, so the next horizon starts now.
     fn rebuild(&mut self, now: u64, room: usize) {
         let (packing, reference) = (self.packing, self.reference);
-        self.slots.rebuild(
-            |p| !P::Algorithm::is_idle(&packing.unpack(P::load(p), reference), now, packing.quota()),
-            room,
-        );
+        self.slots
+            .rebuild(|p| !P::Algorithm::is_idle(&packing.unpack(*p, reference), now, packing.quota()), room);
         self.swept_ms = now;
         self.reference = packing.reference(now);
     }
@@ -217,13 +179,6 @@ impl<P: Packing> LimitTable for PackedTable<P> {
         match self {
             Self::Packed(t) => t.decide(id, now, cost, commit),
             Self::Plain(t) => Keyed::decide(t, id, now, cost, commit),
-        }
-    }
-    #[inline]
-    fn decide_shared(&self, id: u64, now: u64, cost: u64) -> Option<Decision> {
-        match self {
-            Self::Packed(t) => t.decide_shared(id, now, cost),
-            Self::Plain(_) => None,
         }
     }
     fn shrink(&mut self, now: u64) {
@@ -318,13 +273,6 @@ macro_rules! memory_states {
                 }
             }
 
-            #[inline]
-            fn decide_shared(&self, id: u64, now: u64, cost: u64) -> Option<Decision> {
-                match self {
-                    $(Self::$variant(t) => t.decide_shared(id, now, cost),)*
-                }
-            }
-
             fn shrink(&mut self, now: u64) {
                 match self {
                     $(Self::$variant(t) => t.shrink(now),)*
@@ -403,21 +351,6 @@ impl Shard {
     }
 }
 
-// A panic while holding a shard's lock cannot leave a state half-written
-// (states are replaced whole, words by one store), so a poisoned shard is
-// still sound.
-
-/// A shard, shared: its tables' atomic words may be updated, nothing moved.
-#[inline]
-fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    shard.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A shard, exclusively: inserts, sweeps and multi-limit decisions.
-fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    shard.write().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// What one [`MemoryStore::evict_idle_step`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -434,7 +367,7 @@ pub struct SweepReport {
 /// The embedded, in-process store. Usable from any thread, with or without an
 /// async runtime.
 pub struct MemoryStore<C: Clock = SystemClock> {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: C,
     /// The shard [`MemoryStore::evict_idle_step`] sweeps next.
@@ -460,7 +393,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A store on `clock` (a [`crate::ManualClock`] in tests and replays).
     pub fn with_clock(clock: C) -> Self {
         Self {
-            shards: (0..DEFAULT_SHARDS).map(|_| RwLock::default()).collect(),
+            shards: (0..DEFAULT_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
             clock,
             next_sweep: AtomicUsize::new(0),
@@ -470,7 +403,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The same store split over `shards` locks (at least one).
     pub fn with_shards(mut self, shards: usize) -> Self {
-        self.shards = (0..shards.max(1)).map(|_| RwLock::default()).collect();
+        self.shards = (0..shards.max(1)).map(|_| Mutex::default()).collect();
         self
     }
 
@@ -480,12 +413,15 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The identity hash of `key` and the shard it lives in.
-    fn locate(&self, key: &str) -> (u64, &RwLock<Shard>) {
+    fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
         let id = slot_id(self.hasher.hash_one(key));
         // Bits 32.. pick the shard; compact tables start probing from the
         // high bits, the sliding log's map uses the low bits for buckets and
         // the top 7 for tags: the choices stay independent.
-        (id, &self.shards[(id >> 32) as usize % self.shards.len()])
+        let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
+        // A panic while holding the lock cannot leave a state half-written
+        // (states are replaced whole), so a poisoned shard is still sound.
+        (id, shard.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Decides `cost` permits for `key` under `limit` now, charging them when allowed.
@@ -496,18 +432,8 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
         let now = check_time(self.clock.now_ms())?;
-        let (id, shard) = self.locate(key);
-        // The fast path: a stored identity whose state is one word, decided
-        // by compare-and-swap while other threads decide in the same shard.
-        if let Some(decision) = read(shard)
-            .tables
-            .iter()
-            .find(|t| t.limit == *limit)
-            .and_then(|t| t.states.decide_shared(id, now, cost))
-        {
-            return Ok(decision);
-        }
-        Ok(write(shard).table(limit, now).decide(id, now, cost, true))
+        let (id, mut shard) = self.locate(key);
+        Ok(shard.table(limit, now).decide(id, now, cost, true))
     }
 
     /// Decides several limits for `key` all-or-nothing; see [`Store::decide_all`].
@@ -517,8 +443,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_all_sync(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         validate(key, charges)?;
         let now = check_time(self.clock.now_ms())?;
-        let (id, shard) = self.locate(key);
-        let mut shard = write(shard);
+        let (id, mut shard) = self.locate(key);
         let mut decisions: Vec<Decision> = charges
             .iter()
             .map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false))
@@ -546,7 +471,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now_ms();
         self.distinct.sweep(now);
-        self.shards.iter().map(|shard| write(shard).sweep(now)).sum()
+        self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
     }
 
     /// Sweeps the next `max_shards` shards (round-robin over calls) as
@@ -570,7 +495,7 @@ impl<C: Clock> MemoryStore<C> {
         // Sketches of ended windows go too, as many of their shards per step.
         self.distinct.sweep_step(now, steps);
         for i in 0..steps {
-            let mut shard = write(&self.shards[(first + i) % count]);
+            let mut shard = self.shards[(first + i) % count].lock().unwrap_or_else(PoisonError::into_inner);
             let before = shard.len();
             let after = shard.sweep(now);
             report.forgotten += before - after;
@@ -581,7 +506,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// How many (identity, limit) states the store holds.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| read(s).len()).sum()
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).sum()
     }
 
     /// Whether the store holds no state at all.
@@ -828,7 +753,8 @@ mod tests {
         for i in 0..4000 {
             store.decide_sync(&format!("id-{i}"), &l, 1).unwrap();
         }
-        let per_shard: Vec<usize> = store.shards.iter().map(|s| read(s).len()).collect();
+        let per_shard: Vec<usize> =
+            store.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).collect();
         assert!(per_shard.iter().all(|&n| n > 0), "every shard holds identities: {per_shard:?}");
         // Nothing is idle yet: a step forgets nothing.
         let report = store.evict_idle_step(1);

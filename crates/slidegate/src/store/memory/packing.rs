@@ -16,14 +16,8 @@
 //! was written between one window before the last sweep (a survivor) and one
 //! horizon after it. The algorithm then runs on the restored state, so
 //! decisions are identical to the unpacked ones.
-//!
-//! A packed state is one machine word, so its slot is an [`AtomicU64`]: a
-//! decision can update it by compare-and-swap while other threads read the
-//! table too (see the fast path in `memory.rs`). Plain states are bigger
-//! than a word and are only ever changed under the shard's exclusive lock.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm::fixed_window::{self, FixedWindow};
 use crate::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
@@ -35,13 +29,7 @@ pub(crate) trait Packing: Copy {
     /// The algorithm whose states are packed; they must be plain values.
     type Algorithm: Definition<State: Copy>;
     /// What a slot holds.
-    type Packed: Copy + Default + PartialEq;
-    /// How a slot stores it: the value itself, or an atomic word when
-    /// [`Packing::SHARED`].
-    type Cell: Default;
-    /// Whether states can be updated in place under a shared lock, by
-    /// [`Packing::compare_exchange`].
-    const SHARED: bool;
+    type Packed: Copy + Default;
     /// The packing for `quota`, or `None` when the quota leaves it no room.
     fn new(quota: Quota) -> Option<Self>;
     /// The quota the states are decided under.
@@ -54,47 +42,6 @@ pub(crate) trait Packing: Copy {
     fn unpack(&self, packed: Self::Packed, reference: u64) -> State<Self>;
     /// The table must sweep idle states at least this often for [`Packing::unpack`] to be exact.
     fn horizon_ms(&self) -> u64;
-    /// A cell holding `packed`.
-    fn cell(packed: Self::Packed) -> Self::Cell;
-    /// The value of a cell the caller holds exclusively.
-    fn cell_mut(cell: &mut Self::Cell) -> &mut Self::Packed;
-    /// The value of a shared cell.
-    fn load(cell: &Self::Cell) -> Self::Packed;
-    /// Replaces `current` by `new` if the cell still holds `current`, else
-    /// returns what it holds; only called when [`Packing::SHARED`].
-    fn compare_exchange(
-        cell: &Self::Cell,
-        current: Self::Packed,
-        new: Self::Packed,
-    ) -> Result<(), Self::Packed>;
-}
-
-/// The cell operations of a packing whose state is one `u64`.
-macro_rules! word_cells {
-    () => {
-        type Cell = AtomicU64;
-        const SHARED: bool = true;
-        #[inline]
-        fn cell(packed: u64) -> AtomicU64 {
-            AtomicU64::new(packed)
-        }
-        #[inline]
-        fn cell_mut(cell: &mut AtomicU64) -> &mut u64 {
-            cell.get_mut()
-        }
-        // Relaxed is enough: a decision reads and writes this one word only,
-        // and every update of one atomic is totally ordered (its modification
-        // order), so concurrent decisions see each other's charges; the
-        // shard lock orders the word against inserts and rebuilds.
-        #[inline]
-        fn load(cell: &AtomicU64) -> u64 {
-            cell.load(Ordering::Relaxed)
-        }
-        #[inline]
-        fn compare_exchange(cell: &AtomicU64, current: u64, new: u64) -> Result<(), u64> {
-            cell.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed).map(drop)
-        }
-    };
 }
 
 /// The state type a packing packs.
@@ -124,8 +71,6 @@ impl<A> Copy for Plain<A> {}
 impl<A: Definition<State: Copy>> Packing for Plain<A> {
     type Algorithm = A;
     type Packed = A::State;
-    type Cell = A::State;
-    const SHARED: bool = false;
     fn new(quota: Quota) -> Option<Self> {
         Some(Self::of(quota))
     }
@@ -146,19 +91,6 @@ impl<A: Definition<State: Copy>> Packing for Plain<A> {
     }
     fn horizon_ms(&self) -> u64 {
         u64::MAX
-    }
-    fn cell(packed: A::State) -> A::State {
-        packed
-    }
-    #[inline]
-    fn cell_mut(cell: &mut A::State) -> &mut A::State {
-        cell
-    }
-    fn load(cell: &A::State) -> A::State {
-        *cell
-    }
-    fn compare_exchange(_: &A::State, _: A::State, _: A::State) -> Result<(), A::State> {
-        unreachable!("plain states are only changed under the exclusive lock")
     }
 }
 
@@ -211,7 +143,6 @@ pub(crate) struct PackedCounter {
 impl Packing for PackedCounter {
     type Algorithm = SlidingWindowCounter;
     type Packed = u64;
-    word_cells!();
     /// `None` when the limit leaves too few window bits.
     fn new(quota: Quota) -> Option<Self> {
         let count_bits = count_bits(quota.permits());
@@ -260,7 +191,6 @@ pub(crate) struct PackedFixed {
 impl Packing for PackedFixed {
     type Algorithm = FixedWindow;
     type Packed = u64;
-    word_cells!();
     /// `None` when the limit leaves too few window bits.
     fn new(quota: Quota) -> Option<Self> {
         let count_bits = count_bits(quota.permits());

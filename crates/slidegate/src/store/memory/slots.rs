@@ -26,7 +26,7 @@ pub(super) struct Slots<V> {
     len: usize,
 }
 
-impl<V: Default> Slots<V> {
+impl<V: Copy + Default> Slots<V> {
     pub(super) fn new() -> Self {
         Self { slots: Vec::new(), len: 0 }
     }
@@ -51,19 +51,6 @@ impl<V: Default> Slots<V> {
                 EMPTY => return Err(i),
                 _ => i = if i + 1 == self.slots.len() { 0 } else { i + 1 },
             }
-        }
-    }
-
-    /// The value stored for `id`, shared: what the lock-free fast path reads
-    /// (and updates, when `V` is atomic) under the shard's read lock.
-    #[inline]
-    pub(super) fn get(&self, id: u64) -> Option<&V> {
-        if self.len == 0 {
-            return None;
-        }
-        match self.probe(id) {
-            Ok(i) => Some(&self.slots[i].1),
-            Err(_) => None,
         }
     }
 
@@ -102,7 +89,7 @@ impl<V: Default> Slots<V> {
         let live = self.slots.iter().filter(|(id, v)| *id != EMPTY && keep(v)).count();
         let want = live + room;
         let capacity = if want == 0 { 0 } else { (want * 15 / 8).max(8) };
-        let old = std::mem::replace(&mut self.slots, (0..capacity).map(|_| (EMPTY, V::default())).collect());
+        let old = std::mem::replace(&mut self.slots, vec![(EMPTY, V::default()); capacity]);
         self.len = 0;
         for (id, value) in old {
             if id != EMPTY && keep(&value) {
