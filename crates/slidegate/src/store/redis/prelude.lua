@@ -11,8 +11,11 @@
 -- algorithms are written so every sum and product stays below that bound,
 -- where + − × on integers are exact. Division goes through div_floor /
 -- div_ceil, which are exact too (math.fmod is exact in IEEE arithmetic, and
--- a multiple of b divided by b is exact); `/` alone could round across an
--- integer near 2^53 and `%` is built on it.
+-- a multiple of b divided by b is exact). `%` (a − floor(a / b) × b) is
+-- exact as well when 0 ≤ a < 2^53 and b ≥ 1 are integers: a quotient that is
+-- not an integer lies at least 1/b below the next one, more than half an
+-- ulp of a/b while a < 2^53, so the rounded a / b never reaches it. The hot
+-- paths use `%` on such operands: an operator, where fmod is a C call.
 --
 -- Numbers handed to redis.call are formatted by Redis itself ("%.17g" on
 -- 7.0, integer printing on later versions): exact for integers below 1e17.
@@ -26,7 +29,7 @@ local client_time = now >= 0
 if not client_time then
   local t = call('TIME')
   local us = tonumber(t[2])
-  now = tonumber(t[1]) * 1000 + (us - fmod(us, 1000)) / 1000
+  now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
 end
 
 -- In client time a key's TTL runs on Redis's clock from the write, while the
@@ -63,7 +66,7 @@ local function window_skew(s_window, window, elapsed, w)
   if s_window < 0 then
     return 0
   end
-  local ahead = fmod(s_window - window + TWO_32, TWO_32)
+  local ahead = (s_window - window + TWO_32) % TWO_32
   if ahead > 0 and ahead < TWO_32 / 2 then
     return ahead * w - elapsed
   end

@@ -23,10 +23,10 @@ end
 -- -> the decision, then the new state and whether the key already holds
 --    this window (its TTL is then right).
 local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
-  local elapsed = fmod(now, w)
-  local window = fmod((now - elapsed) / w, TWO_32)
+  local elapsed = now % w
+  local window = (now - elapsed) / w % TWO_32
   local skew = 0
-  if s_cur > 0 or s_prev > 0 then
+  if s_window ~= window and (s_cur > 0 or s_prev > 0) then
     skew = window_skew(s_window, window, elapsed, w)
   end
   if skew > 0 then
@@ -35,7 +35,7 @@ local function swc_decide(cost, limit, w, s_window, s_cur, s_prev)
   local cur, prev = 0, 0
   if s_window == window then
     cur, prev = s_cur, s_prev
-  elseif fmod(s_window + 1, TWO_32) == window then
+  elseif (s_window + 1) % TWO_32 == window then
     prev = s_cur
   end
   -- prev × (W − e) ≤ limit × W ≤ 2^53
@@ -93,7 +93,6 @@ local function swc_commit(key, limit, w, cost, window, cur, prev, same_window)
   if same_window then
     call('SET', key, value, 'KEEPTTL')
   else
-    local elapsed = fmod(now, w)
-    call('SET', key, value, expiry(now - elapsed + 2 * w))
+    call('SET', key, value, expiry(now - now % w + 2 * w))
   end
 end
