@@ -39,5 +39,5 @@ pub use decision::Decision;
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
-pub use store::redis::{RedisOptions, RedisStore, RedisTarget, TimeSource};
+pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
 pub use store::{check_charge, Store, StoreError};
