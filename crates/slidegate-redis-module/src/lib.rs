@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use redis_module::{raw, redis_module, Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 use slidegate::algorithm::{fixed_window, gcra, sliding_window_counter as swc, token_bucket};
 use slidegate::{Algorithm, Decision, Quota};
 
@@ -194,7 +194,10 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
                     .ok()
                     .and_then(|s| s.trim().parse::<f64>().ok())
                     .and_then(whole)
-                    .map_or_else(gcra::State::default, |us| gcra::State { tat_ms: us.div_ceil(1000), frac: 0 }),
+                    .map_or_else(gcra::State::default, |us| gcra::State {
+                        tat_ms: us.div_ceil(1000),
+                        frac: 0,
+                    }),
             };
             let (after, d) = gcra::decide(state, now, cost, q);
             if !charged(&d) {
@@ -253,6 +256,7 @@ fn reply(d: &Decision) -> RedisValue {
 }
 
 /// An open key, closed (and signalled as modified, when written) on drop.
+#[cfg_attr(test, allow(dead_code))]
 struct OpenKey(*mut raw::RedisModuleKey);
 
 impl Drop for OpenKey {
@@ -261,8 +265,52 @@ impl Drop for OpenKey {
     }
 }
 
+#[cfg_attr(test, allow(dead_code))]
 const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write the key");
 
+/// Propagates `SET key value PXAT at` (or `KEEPTTL` without `at`) to
+/// replicas and the AOF. The format string hands Redis the buffers as they
+/// are (`b`: pointer and length; `c`: C string; `l`: long long), with no
+/// module strings created on the way.
+#[cfg_attr(test, allow(dead_code))]
+fn replicate_set(ctx: &Context, key: &[u8], value: &[u8], at: Option<i64>) -> Result<(), RedisError> {
+    // SAFETY: bound once when the module loads, read-only afterwards.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
+    // SAFETY: every pointer lives across the call, each buffer comes with its
+    // length, and the C strings are NUL-terminated literals.
+    let status = unsafe {
+        match at {
+            None => replicate(
+                ctx.ctx,
+                c"SET".as_ptr(),
+                c"bbc".as_ptr(),
+                key.as_ptr(),
+                key.len(),
+                value.as_ptr(),
+                value.len(),
+                c"KEEPTTL".as_ptr(),
+            ),
+            Some(at) => replicate(
+                ctx.ctx,
+                c"SET".as_ptr(),
+                c"bbcl".as_ptr(),
+                key.as_ptr(),
+                key.len(),
+                value.as_ptr(),
+                value.len(),
+                c"PXAT".as_ptr(),
+                at,
+            ),
+        }
+    };
+    if status == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err(WRITE_FAILED)
+    }
+}
+
+#[cfg_attr(test, allow(dead_code))]
 fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [_, key_name, raw_args] = args.as_slice() else {
         return Err(RedisError::WrongArity);
@@ -270,8 +318,8 @@ fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let a = parse_args(raw_args.as_slice())?;
     // SAFETY: Milliseconds takes no argument and is bound when the module loads.
     let server_now = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
-    let server_now =
-        u64::try_from(server_now).map_err(|_| RedisError::Str("ERR slidegate: the server clock is before 1970"))?;
+    let server_now = u64::try_from(server_now)
+        .map_err(|_| RedisError::Str("ERR slidegate: the server clock is before 1970"))?;
     let now = a.client_now.unwrap_or(server_now);
 
     let key = OpenKey(raw::open_key(ctx.ctx, key_name.inner, raw::KeyMode::READ | raw::KeyMode::WRITE));
@@ -307,7 +355,7 @@ fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         unsafe { std::ptr::copy_nonoverlapping(write.value.as_ptr(), ptr.cast::<u8>(), len) };
         let key_bytes = key_name.as_slice();
         match write.expiry {
-            Expiry::Keep => ctx.replicate("SET", &[key_bytes, &write.value, b"KEEPTTL"]),
+            Expiry::Keep => replicate_set(ctx, key_bytes, &write.value, None)?,
             Expiry::IdleAt(idle_at) => {
                 // On the server's clock: the absolute time of the script's
                 // PXAT (server time), or of its PX from now (client time, with slack).
@@ -321,8 +369,7 @@ fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 if status != raw::REDISMODULE_OK as i32 {
                     return Err(WRITE_FAILED);
                 }
-                let at_text = at.to_string();
-                ctx.replicate("SET", &[key_bytes, &write.value, b"PXAT", at_text.as_bytes()]);
+                replicate_set(ctx, key_bytes, &write.value, Some(at_ms))?;
             }
         }
     }
@@ -330,7 +377,9 @@ fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(reply(&decision))
 }
 
-redis_module! {
+// Not in unit tests: the module's allocator is Redis's, which a test binary lacks.
+#[cfg(not(test))]
+redis_module::redis_module! {
     name: "slidegate",
     version: 1,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),

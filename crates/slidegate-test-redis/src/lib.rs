@@ -64,7 +64,8 @@ impl RedisServer {
             .prefix("slidegate-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temp dir for redis-server: {e}"));
-        let mut server = RedisServer { port: 0, child: None, dir, args: args.iter().map(|a| (*a).to_owned()).collect() };
+        let mut server =
+            RedisServer { port: 0, child: None, dir, args: args.iter().map(|a| (*a).to_owned()).collect() };
         let mut failures = Vec::new();
         for _ in 0..SPAWN_ATTEMPTS {
             server.port = free_port();
@@ -300,6 +301,17 @@ fn server_pid(addr: SocketAddr) -> Option<u32> {
     }
 }
 
+impl RedisServer {
+    /// As [`spawn`](Self::spawn), with more `redis-server` arguments (kept
+    /// across [`restart`](Self::restart)), e.g. `["--loadmodule", path]`.
+    ///
+    /// # Panics
+    /// As [`spawn`](Self::spawn); also when the arguments keep the server from starting.
+    pub fn spawn_with_args(args: &[&str]) -> RedisServer {
+        Self::spawn_configured(args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,16 +370,5 @@ mod tests {
         let b = RedisServer::spawn();
         assert_ne!(a.port(), b.port());
         assert!(ping(a.addr()) && ping(b.addr()));
-    }
-}
-
-impl RedisServer {
-    /// As [`spawn`](Self::spawn), with more `redis-server` arguments (kept
-    /// across [`restart`](Self::restart)), e.g. `["--loadmodule", path]`.
-    ///
-    /// # Panics
-    /// As [`spawn`](Self::spawn); also when the arguments keep the server from starting.
-    pub fn spawn_with_args(args: &[&str]) -> RedisServer {
-        Self::spawn_configured(args)
     }
 }

@@ -36,7 +36,8 @@ fn module_path() -> &'static Path {
         }
         // <target>/<profile>/deps/<this test>
         let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("a test runs from <target>/<profile>/deps");
+        let profile_dir =
+            exe.parent().and_then(Path::parent).expect("a test runs from <target>/<profile>/deps");
         let built = profile_dir.join(LIB);
         if built.exists() {
             return built;
@@ -145,8 +146,11 @@ async fn lua_and_module_share_keys() {
 
 /// `INFO commandstats` calls of `cmd` (lower case) so far.
 async fn calls(server: &RedisServer, cmd: &str) -> u64 {
-    let info: String =
-        redis::cmd("INFO").arg("commandstats").query_async(&mut support::admin(server).await).await.expect("INFO");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut support::admin(server).await)
+        .await
+        .expect("INFO");
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
         .and_then(|rest| rest.split(',').next())
@@ -169,9 +173,10 @@ async fn auto_uses_the_module_where_loaded_and_lua_elsewhere() {
     assert_eq!(calls(&without, "evalsha").await, 1);
 
     // Forced onto a module the server lacks: an error, not a silent fallback.
-    let forced = RedisStore::connect_with(&without.url(), RedisOptions::default().with_engine(Engine::Module))
-        .await
-        .expect("connect");
+    let forced =
+        RedisStore::connect_with(&without.url(), RedisOptions::default().with_engine(Engine::Module))
+            .await
+            .expect("connect");
     assert!(forced.decide("a", &limit, 1).await.is_err());
 }
 
@@ -211,7 +216,8 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let store = module_store(&master).await;
-    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::Gcra]
+    for algorithm in
+        [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::Gcra]
     {
         let limit = support::limit(algorithm, 10, 60_000);
         for _ in 0..3 {
@@ -225,7 +231,8 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
             let key = key.clone();
             async move {
                 let value: Vec<u8> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.expect("GET");
-                let at: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(&mut conn).await.expect("PEXPIRETIME");
+                let at: i64 =
+                    redis::cmd("PEXPIRETIME").arg(&key).query_async(&mut conn).await.expect("PEXPIRETIME");
                 (value, at)
             }
         };

@@ -36,6 +36,10 @@
 //!   a local replica being a fraction of a millisecond behind; bounded by
 //!   the writes of the replication lag before the master died).
 //!
+//! - Where Redis loads the native module (`crates/slidegate-redis-module`),
+//!   single limits other than the sliding log are decided by its
+//!   `SLIDEGATE.DECIDE` instead, on the same keys and values ([`Engine`]).
+//!
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
 
@@ -563,11 +567,14 @@ impl RedisStore {
 impl RedisStore {
     /// Asks the connection of `generation` whether it has the module and
     /// remembers the answer for that generation.
-    async fn probe_module<C: ConnectionLike + Send>(&self, generation: u64, conn: &mut C) -> Result<bool, StoreError> {
+    async fn probe_module<C: ConnectionLike + Send>(
+        &self,
+        generation: u64,
+        conn: &mut C,
+    ) -> Result<bool, StoreError> {
         let reply: Value = redis::cmd("COMMAND").arg("INFO").arg(MODULE_DECIDE).query_async(conn).await?;
         // One entry per name asked: nil for a command the server does not know.
-        let present =
-            matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)));
+        let present = matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)));
         self.module.present.store(present, Ordering::Relaxed);
         self.module.asked.store(generation + 1, Ordering::Release);
         Ok(present)
@@ -642,7 +649,9 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let charges = [(*limit, cost)];
         let mut cmd = Cmd::with_capacity(3, 128 + self.prefix.len() + key.len());
-        cmd.arg(MODULE_DECIDE).arg(self.state_key(key, limit)).arg(DecideAllArgs { now_ms, charges: &charges });
+        cmd.arg(MODULE_DECIDE)
+            .arg(self.state_key(key, limit))
+            .arg(DecideAllArgs { now_ms, charges: &charges });
         let reply = self.send(&cmd).await?;
         wire::single_decision(&reply, limit.quota.permits())
     }
