@@ -9,8 +9,10 @@ pub async fn used_memory(conn: &mut impl ConnectionLike) -> Result<u64, Box<dyn 
     used_memory_in(&info).ok_or_else(|| "INFO memory has no used_memory line".into())
 }
 
-/// `usec / calls` of `EVALSHA` in `INFO commandstats`: server CPU per script
-/// call since the last `CONFIG RESETSTAT`, 0 when there were no calls.
+/// `usec / calls` of `EVALSHA` and the native module's `SLIDEGATE.DECIDE`
+/// together in `INFO commandstats`: server CPU per decision since the last
+/// `CONFIG RESETSTAT` (a store on a server with the module loaded decides
+/// single limits there), 0 when there were no calls.
 pub async fn evalsha_usec_per_call(
     conn: &mut impl ConnectionLike,
 ) -> Result<f64, Box<dyn std::error::Error>> {
@@ -23,14 +25,21 @@ fn used_memory_in(info: &str) -> Option<u64> {
 }
 
 fn evalsha_usec_per_call_in(info: &str) -> Result<f64, Box<dyn std::error::Error>> {
-    let line = info
+    let (mut calls, mut usec, mut found) = (0.0, 0.0, false);
+    for line in info
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .ok_or("INFO commandstats has no cmdstat_evalsha line")?;
-    let field = |name: &str| -> Option<f64> {
-        line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-    };
-    let (calls, usec) = (field("calls").ok_or("no calls")?, field("usec").ok_or("no usec")?);
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_slidegate.decide:"))
+    {
+        let field = |name: &str| -> Option<f64> {
+            line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        };
+        calls += field("calls").ok_or("no calls")?;
+        usec += field("usec").ok_or("no usec")?;
+        found = true;
+    }
+    if !found {
+        return Err("INFO commandstats has no cmdstat_evalsha line".into());
+    }
     Ok(if calls > 0.0 { usec / calls } else { 0.0 })
 }
 
@@ -51,5 +60,7 @@ mod tests {
                     cmdstat_evalsha:calls=4,usec=18,usec_per_call=4.50,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(evalsha_usec_per_call_in(info).ok(), Some(4.5));
         assert!(evalsha_usec_per_call_in("# Commandstats\r\n").is_err());
+        let with_module = "cmdstat_slidegate.decide:calls=6,usec=6,usec_per_call=1.00\r\n";
+        assert_eq!(evalsha_usec_per_call_in(with_module).ok(), Some(1.0));
     }
 }

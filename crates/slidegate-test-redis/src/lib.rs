@@ -45,6 +45,8 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     dir: TempDir,
+    /// More `redis-server` arguments, given at every (re)start.
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -53,12 +55,17 @@ impl RedisServer {
     /// # Panics
     /// If `redis-server` is not installed, or no server could be started.
     pub fn spawn() -> RedisServer {
+        Self::spawn_with_args(&[])
+    }
+
+    fn spawn_configured(args: &[&str]) -> RedisServer {
         ensure_installed();
         let dir = tempfile::Builder::new()
             .prefix("slidegate-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temp dir for redis-server: {e}"));
-        let mut server = RedisServer { port: 0, child: None, dir };
+        let mut server =
+            RedisServer { port: 0, child: None, dir, args: args.iter().map(|a| (*a).to_owned()).collect() };
         let mut failures = Vec::new();
         for _ in 0..SPAWN_ATTEMPTS {
             server.port = free_port();
@@ -174,6 +181,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log_path())
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -290,6 +298,17 @@ fn server_pid(addr: SocketAddr) -> Option<u32> {
                 .find_map(|l| l.strip_prefix("process_id:"))
                 .and_then(|p| p.trim().parse().ok());
         }
+    }
+}
+
+impl RedisServer {
+    /// As [`spawn`](Self::spawn), with more `redis-server` arguments (kept
+    /// across [`restart`](Self::restart)), e.g. `["--loadmodule", path]`.
+    ///
+    /// # Panics
+    /// As [`spawn`](Self::spawn); also when the arguments keep the server from starting.
+    pub fn spawn_with_args(args: &[&str]) -> RedisServer {
+        Self::spawn_configured(args)
     }
 }
 

@@ -41,5 +41,5 @@ pub use penalty::{Penalized, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
-pub use store::redis::{RedisOptions, RedisStore, RedisTarget, TimeSource};
+pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
 pub use store::{check_charge, Store, StoreError};

@@ -36,6 +36,10 @@
 //!   a local replica being a fraction of a millisecond behind; bounded by
 //!   the writes of the replication lag before the master died).
 //!
+//! - Where Redis loads the native module (`crates/slidegate-redis-module`),
+//!   single limits other than the sliding log are decided by its
+//!   `SLIDEGATE.DECIDE` instead, on the same keys and values ([`Engine`]).
+//!
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
 
@@ -47,6 +51,7 @@ mod wire;
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +67,7 @@ pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
 use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Clock, Decision, Limit, Penalized, Penalty, Quota};
+use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, Quota};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -105,6 +110,36 @@ pub struct RedisOptions {
     username: Option<String>,
     password: Option<String>,
     tls_ca: Option<PathBuf>,
+    engine: Engine,
+}
+
+/// What decides a single limit ([`Store::decide`]) inside Redis.
+///
+/// The native module (`crates/slidegate-redis-module`, loaded with
+/// `--loadmodule`) runs `slidegate::algorithm` itself on the keys the Lua
+/// scripts keep, so both engines interoperate on one key. The sliding log,
+/// [`Store::decide_all`] and [`Store::decide_distinct`] always use Lua.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// The module where Redis has it (asked at connect and after each
+    /// reconnect with `COMMAND INFO SLIDEGATE.DECIDE`), else Lua.
+    #[default]
+    Auto,
+    /// Always the Lua scripts.
+    Lua,
+    /// Always the module: a Redis without it answers every decision with an error.
+    Module,
+}
+
+/// The module command that decides one limit.
+const MODULE_DECIDE: &str = "SLIDEGATE.DECIDE";
+
+/// Whether the connection of one generation has the module ([`Engine::Auto`]).
+#[derive(Debug, Default)]
+struct ModuleProbe {
+    /// The link generation last asked, plus one; 0 before the first answer.
+    asked: AtomicU64,
+    present: AtomicBool,
 }
 
 impl fmt::Debug for RedisOptions {
@@ -118,6 +153,7 @@ impl fmt::Debug for RedisOptions {
             // Never printed: options end up in logs.
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls_ca", &self.tls_ca)
+            .field("engine", &self.engine)
             .finish()
     }
 }
@@ -132,6 +168,7 @@ impl Default for RedisOptions {
             username: None,
             password: None,
             tls_ca: None,
+            engine: Engine::Auto,
         }
     }
 }
@@ -184,6 +221,12 @@ impl RedisOptions {
         self
     }
 
+    /// Decides single limits with `engine` (default [`Engine::Auto`]).
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
     /// The deadline of one decision.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -229,6 +272,8 @@ pub struct RedisStore {
     timeout: Duration,
     prefix: Arc<str>,
     time: TimeSource,
+    engine: Engine,
+    module: Arc<ModuleProbe>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -237,6 +282,7 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("time", &self.time)
             .field("timeout", &self.timeout)
+            .field("engine", &self.engine)
             .finish()
     }
 }
@@ -299,6 +345,8 @@ impl RedisStore {
             timeout: options.timeout,
             prefix: DEFAULT_PREFIX.into(),
             time: TimeSource::Server,
+            engine: options.engine,
+            module: Arc::default(),
         };
         // Loading now saves the first call of each script its fallback; a
         // Redis that answers a connect but not this is as good as down.
@@ -311,7 +359,11 @@ impl RedisStore {
             for lua in scripts::all() {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
             }
-            pipe.query_async::<()>(&mut conn).await.map_err(StoreError::from)
+            pipe.query_async::<()>(&mut conn).await?;
+            if store.engine == Engine::Auto {
+                store.probe_module(0, &mut conn).await?;
+            }
+            Ok::<_, StoreError>(())
         };
         match tokio::time::timeout(options.connect_timeout, load).await {
             Ok(loaded) => loaded?,
@@ -361,6 +413,8 @@ impl RedisStore {
             timeout: options.timeout,
             prefix: DEFAULT_PREFIX.into(),
             time: TimeSource::Server,
+            engine: options.engine,
+            module: Arc::default(),
         })
     }
 
@@ -376,6 +430,8 @@ impl RedisStore {
             timeout: RedisOptions::default().timeout,
             prefix: DEFAULT_PREFIX.into(),
             time: TimeSource::Server,
+            engine: Engine::Auto,
+            module: Arc::default(),
         }
     }
 
@@ -403,6 +459,18 @@ impl RedisStore {
     pub fn with_time_source(mut self, time: TimeSource) -> Self {
         self.time = time;
         self
+    }
+
+    /// The same store deciding single limits with `engine` (default [`Engine::Auto`]).
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self.module = Arc::default();
+        self
+    }
+
+    /// The engine setting (not what [`Engine::Auto`] found).
+    pub fn engine(&self) -> Engine {
+        self.engine
     }
 
     /// The key prefix.
@@ -496,6 +564,105 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Asks the connection of `generation` whether it has the module and
+    /// remembers the answer for that generation.
+    async fn probe_module<C: ConnectionLike + Send>(
+        &self,
+        generation: u64,
+        conn: &mut C,
+    ) -> Result<bool, StoreError> {
+        let reply: Value = redis::cmd("COMMAND").arg("INFO").arg(MODULE_DECIDE).query_async(conn).await?;
+        // One entry per name asked: nil for a command the server does not know.
+        let present = matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)));
+        self.module.present.store(present, Ordering::Relaxed);
+        self.module.asked.store(generation + 1, Ordering::Release);
+        Ok(present)
+    }
+
+    /// Whether a decision under `algorithm` goes to the module.
+    async fn use_module(&self, algorithm: Algorithm) -> Result<bool, StoreError> {
+        if algorithm == Algorithm::SlidingLog {
+            // A sorted set, which the module leaves to the scripts.
+            return Ok(false);
+        }
+        match self.engine {
+            Engine::Lua => return Ok(false),
+            Engine::Module => return Ok(true),
+            Engine::Auto => {}
+        }
+        // A reconnect may have reached another server (a restart without the
+        // module, a failover): each connection generation is asked once.
+        let generation = match &self.conn {
+            Connection::Link(link) => link.get()?.0,
+            Connection::Manager(_) | Connection::Cluster(_) => 0,
+        };
+        if self.module.asked.load(Ordering::Acquire) == generation + 1 {
+            return Ok(self.module.present.load(Ordering::Relaxed));
+        }
+        let probe = async {
+            match &self.conn {
+                Connection::Link(link) => {
+                    let (generation, mut conn) = link.get()?;
+                    self.probe_module(generation, &mut conn).await
+                }
+                Connection::Manager(manager) => self.probe_module(0, &mut manager.clone()).await,
+                Connection::Cluster(cluster) => self.probe_module(0, &mut cluster.clone()).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, probe).await {
+            Ok(present) => present,
+            Err(_) => Err(StoreError::TimedOut(self.timeout)),
+        }
+    }
+
+    /// Sends `cmd` under the store's deadline.
+    async fn send(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+        let call = async {
+            match &self.conn {
+                Connection::Link(link) => {
+                    let (generation, mut conn) = link.get()?;
+                    let reply = cmd.query_async(&mut conn).await;
+                    if let Err(err) = &reply {
+                        link.failed(generation, err);
+                    }
+                    Ok(reply?)
+                }
+                Connection::Manager(manager) => Ok(cmd.query_async(&mut manager.clone()).await?),
+                Connection::Cluster(cluster) => Ok(cmd.query_async(&mut cluster.clone()).await?),
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::TimedOut(self.timeout)),
+        }
+    }
+
+    /// One decision by the module's `SLIDEGATE.DECIDE`: the key the scripts
+    /// use, the arguments of `decide_all.lua` for one limit, the scripts' reply.
+    async fn decide_by_module(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: u64,
+        now_ms: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let charges = [(*limit, cost)];
+        let mut cmd = Cmd::with_capacity(3, 128 + self.prefix.len() + key.len());
+        cmd.arg(MODULE_DECIDE)
+            .arg(self.state_key(key, limit))
+            .arg(DecideAllArgs { now_ms, charges: &charges });
+        let reply = self.send(&cmd).await?;
+        wire::single_decision(&reply, limit.quota.permits())
+    }
+}
+
+/// Whether Redis refused a command it does not know (nothing ran).
+fn is_unknown_command(err: &StoreError) -> bool {
+    matches!(err, StoreError::Redis(e) if e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| d.starts_with("unknown command")))
+}
+
 /// Sends `cmd`, an `EVALSHA`; on `NOSCRIPT` (the script cache was flushed,
 /// or this is a new Redis) sends `fallback()`, the same call as `EVAL` with
 /// the source. `EVAL` cannot fail with `NOSCRIPT`, so one fallback is enough
@@ -517,7 +684,18 @@ async fn run<C: ConnectionLike + Send>(
 impl Store for RedisStore {
     async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
-        let args = DecideArgs { now_ms: self.client_now()?, limit: *limit, cost };
+        let now_ms = self.client_now()?;
+        if self.use_module(limit.algorithm).await? {
+            match self.decide_by_module(key, limit, cost, now_ms).await {
+                // The module went away under a live connection (MODULE
+                // UNLOAD): nothing ran, so Lua decides, until the next probe.
+                Err(err) if self.engine == Engine::Auto && is_unknown_command(&err) => {
+                    self.module.present.store(false, Ordering::Relaxed);
+                }
+                decided => return decided,
+            }
+        }
+        let args = DecideArgs { now_ms, limit: *limit, cost };
         let reply = self.eval(scripts::decide(limit.algorithm), &[self.state_key(key, limit)], &args).await?;
         wire::single_decision(&reply, limit.quota.permits())
     }
