@@ -17,7 +17,8 @@
 //!   (see [`RedisStore::keys_for`]); the `{identity}` hash tag keeps all keys of
 //!   an identity in one Redis Cluster slot. The sliding window counter, fixed
 //!   window and token bucket keep a packed string (12 bytes for limits below
-//!   2^32), GCRA one integer, the sliding log a sorted set with one member per
+//!   2^32), GCRA a 13-byte string (ms and a fraction of one), the sliding
+//!   log a sorted set with one member per
 //!   admitted permit.
 //! - Every write sets its TTL in the same command (`SET … PXAT`, or `KEEPTTL`
 //!   while a window's expiry is already right) or script, so idle identities
