@@ -13,7 +13,8 @@ pub fn run_prefix(tag: &str) -> String {
     format!("{tag}{}:", std::process::id())
 }
 
-/// Deletes every key that starts with `prefix` (`SCAN` + `UNLINK`).
+/// Deletes every key that starts with `prefix` (`SCAN` + `UNLINK`), on one
+/// server or one cluster node.
 ///
 /// The prefix is taken literally: glob characters in it match only
 /// themselves, so a prefix like `a*:` never reaches another run's `ab:` keys.
@@ -30,7 +31,13 @@ pub async fn delete_prefix(conn: &mut impl ConnectionLike, prefix: &str) -> Resu
             .query_async(conn)
             .await?;
         if !keys.is_empty() {
-            redis::cmd("UNLINK").arg(&keys).query_async::<()>(conn).await?;
+            // One UNLINK per key, pipelined: a cluster node refuses one
+            // command whose keys lie in different slots, and this serves both.
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("UNLINK").arg(key).ignore();
+            }
+            pipe.query_async::<()>(conn).await?;
         }
         if next == 0 {
             return Ok(());
@@ -40,7 +47,7 @@ pub async fn delete_prefix(conn: &mut impl ConnectionLike, prefix: &str) -> Resu
 }
 
 /// Escapes the glob metacharacters of a `SCAN MATCH` pattern (`* ? [ ] \`).
-pub fn glob_escape(s: &str) -> String {
+fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::redis_info::used_memory;
-use crate::redis_keys::{delete_prefix, glob_escape};
+use crate::redis_keys::delete_prefix;
 
 /// One connection per master (a single server is its own only master).
 pub struct Nodes {
@@ -67,13 +67,8 @@ impl Nodes {
 
     /// Deletes every key starting with `prefix` on every master.
     pub async fn delete_prefix(&mut self, prefix: &str) -> Result<(), redis::RedisError> {
-        let cluster = self.cluster;
         for conn in self.connections() {
-            if cluster {
-                delete_prefix_per_key(conn, prefix).await?;
-            } else {
-                delete_prefix(conn, prefix).await?;
-            }
+            delete_prefix(conn, prefix).await?;
         }
         Ok(())
     }
@@ -110,34 +105,6 @@ impl Nodes {
         let bytes: Option<u64> =
             redis::cmd("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0).query_async(conn).await?;
         Ok(bytes.unwrap_or(0))
-    }
-}
-
-/// [`delete_prefix`] for a cluster node: one `UNLINK` per key (pipelined),
-/// since a cluster refuses a command whose keys lie in different slots.
-async fn delete_prefix_per_key(conn: &mut ConnectionManager, prefix: &str) -> Result<(), redis::RedisError> {
-    let pattern = format!("{}*", glob_escape(prefix));
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
-        if !keys.is_empty() {
-            let mut pipe = redis::pipe();
-            for key in &keys {
-                pipe.cmd("UNLINK").arg(key).ignore();
-            }
-            pipe.query_async::<()>(conn).await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
     }
 }
 
