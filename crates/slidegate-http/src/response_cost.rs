@@ -64,4 +64,22 @@ mod tests {
         h.insert("x-cost", "-3".parse().unwrap());
         assert_eq!(priced.cost(StatusCode::OK, &h, 10), 0);
     }
+
+    /// What a broken upstream may send: anything unreadable costs the
+    /// default 1, an integer too large for i64 too, and padding is ignored.
+    #[test]
+    fn an_unreadable_cost_header_costs_one() {
+        let priced =
+            ResponseCost { count_status: vec![], cost_header: Some(HeaderName::from_static("x-cost")) };
+        for bad in ["abc", "", "5.5", "0x10", "99999999999999999999", "5, 6"] {
+            let mut h = HeaderMap::new();
+            h.insert("x-cost", http::HeaderValue::from_str(bad).unwrap());
+            assert_eq!(priced.cost(StatusCode::OK, &h, 10), 1, "{bad:?}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("x-cost", http::HeaderValue::from_bytes(b"\xff").unwrap());
+        assert_eq!(priced.cost(StatusCode::OK, &h, 10), 1, "not UTF-8");
+        h.insert("x-cost", " 7 ".parse().unwrap());
+        assert_eq!(priced.cost(StatusCode::OK, &h, 10), 7);
+    }
 }
