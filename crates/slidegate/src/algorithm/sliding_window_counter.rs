@@ -131,7 +131,7 @@ impl Definition for SlidingWindowCounter {
     const TAG: &'static str = "swc";
     const LUA: &'static str = include_str!("../store/redis/sliding_window_counter.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::PackedTable<crate::store::memory::PackedCounter>;
+    type MemoryTable = crate::store::memory::CounterTables;
 
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
         decide(state, now_ms, cost, quota)

@@ -23,18 +23,22 @@
 //! of shards per call, round-robin, and gives memory back after a burst
 //! without ever holding more than one shard's lock for one shard's work.
 
+mod hot;
 mod packing;
+mod shared_slots;
 mod slots;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-pub(crate) use self::packing::{PackedCounter, PackedFixed};
-use self::packing::{Packing, Plain};
+pub(crate) use self::packing::PackedFixed;
+use self::packing::{PackedCounter, Packing, Plain};
+use self::shared_slots::SharedSlots;
 use self::slots::{slot_id, Slots};
+use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
 use crate::store::{check_time, validate, Store, StoreError};
@@ -74,6 +78,16 @@ pub(crate) trait LimitTable {
     fn shrink(&mut self, now: u64);
     /// How many identities the table holds.
     fn len(&self) -> usize;
+    /// Keeps `id`'s state out of reach of decisions without the lock (see
+    /// `hot.rs`) until [`LimitTable::release`], so that a multi-limit
+    /// decision is atomic.
+    fn hold(&mut self, _id: u64, _now: u64) {}
+    /// Ends [`LimitTable::hold`].
+    fn release(&mut self) {}
+    /// A handle for deciding on `id`'s state without the lock, where the table allows it.
+    fn handle(&self, _id: u64) -> Option<hot::Handle> {
+        None
+    }
 }
 
 /// The states of one limit whose state is a small copyable value, in a
@@ -195,6 +209,156 @@ impl<P: Packing> LimitTable for PackedTable<P> {
     }
 }
 
+/// The sliding window counter's packed states, in a table whose states a
+/// thread holding a handle may also update without the shard's lock (see
+/// `hot.rs` and `shared_slots.rs`). Decides exactly as [`Keyed`] does.
+pub(crate) struct CounterTable {
+    packing: PackedCounter,
+    slots: SharedSlots,
+    /// As in [`Keyed`].
+    swept_ms: u64,
+    reference: u64,
+    /// `(id, slot, state)` of the state a multi-limit decision holds frozen
+    /// ([`LimitTable::hold`]): decisions under the lock use this copy.
+    held: Option<(u64, usize, u64)>,
+}
+
+impl CounterTable {
+    fn new(packing: PackedCounter, now: u64) -> Self {
+        Self { packing, slots: SharedSlots::new(), swept_ms: now, reference: packing.reference(now), held: None }
+    }
+
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
+            self.rebuild(now, 0);
+        }
+        let (packing, reference) = (self.packing, self.reference);
+        let quota = *packing.quota();
+        if let Some(index) = self.slots.find(id) {
+            if let Some((_, held, packed)) = &mut self.held {
+                if *held == index {
+                    let (next, decision) = SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
+                    if commit {
+                        *packed = packing.pack(next);
+                    }
+                    return decision;
+                }
+            }
+            let decided = self.slots.update(index, |packed| {
+                let state = packing.unpack(packed, reference);
+                let (next, decision) = SlidingWindowCounter::decide(state, now, cost, &quota);
+                (decision, (commit && next != state).then(|| packing.pack(next)))
+            });
+            // Only `hold` freezes a state of the table in use, and that one is `held`.
+            return decided.unwrap_or_else(|| unreachable!("a frozen state in a table in use"));
+        }
+        let fresh = crate::algorithm::sliding_window_counter::State::default();
+        let (next, decision) = SlidingWindowCounter::decide(fresh, now, cost, &quota);
+        if commit && next != fresh {
+            if self.slots.is_full() {
+                // Growing is the moment to drop idle states: the table may not need to grow.
+                self.rebuild(now, 1);
+            }
+            self.slots.insert_new(id, packing.pack(next));
+        }
+        decision
+    }
+
+    /// As [`Keyed::rebuild`]; a state held frozen is put back first and
+    /// held again in the new array.
+    fn rebuild(&mut self, now: u64, room: usize) {
+        let held = self.held.map(|(id, _, _)| id);
+        self.release();
+        let (packing, reference) = (self.packing, self.reference);
+        self.slots.rebuild(|p| !SlidingWindowCounter::is_idle(&packing.unpack(p, reference), now, packing.quota()), room);
+        self.swept_ms = now;
+        self.reference = packing.reference(now);
+        if let Some(id) = held {
+            self.hold(id, now);
+        }
+    }
+
+    fn hold(&mut self, id: u64, now: u64) {
+        debug_assert!(self.held.is_none(), "one identity at a time");
+        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
+            self.rebuild(now, 0);
+        }
+        if let Some(index) = self.slots.find(id) {
+            self.held = Some((id, index, self.slots.freeze(index)));
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some((_, index, packed)) = self.held.take() {
+            self.slots.thaw(index, packed);
+        }
+    }
+
+    fn handle(&self, id: u64) -> Option<hot::Handle> {
+        let index = self.slots.find(id)?;
+        Some(hot::Handle {
+            slots: Arc::clone(self.slots.array()),
+            index,
+            packing: self.packing,
+            reference: self.reference,
+            sweep_due_ms: self.swept_ms.saturating_add(self.packing.horizon_ms()),
+        })
+    }
+}
+
+/// The sliding window counter's table: packed with handles (see
+/// [`CounterTable`]) when the limit leaves room, plain otherwise (limits of
+/// 2^24 and more).
+pub(crate) enum CounterTables {
+    Packed(CounterTable),
+    Plain(PlainTable<SlidingWindowCounter>),
+}
+
+impl LimitTable for CounterTables {
+    fn new(quota: Quota, now: u64) -> Self {
+        match PackedCounter::new(quota) {
+            Some(packing) => Self::Packed(CounterTable::new(packing, now)),
+            None => Self::Plain(Keyed::new(Plain::of(quota), now)),
+        }
+    }
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        match self {
+            Self::Packed(t) => t.decide(id, now, cost, commit),
+            Self::Plain(t) => Keyed::decide(t, id, now, cost, commit),
+        }
+    }
+    fn shrink(&mut self, now: u64) {
+        match self {
+            Self::Packed(t) => t.rebuild(now, 0),
+            Self::Plain(t) => t.rebuild(now, 0),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Self::Packed(t) => t.slots.len(),
+            Self::Plain(t) => Keyed::len(t),
+        }
+    }
+    fn hold(&mut self, id: u64, now: u64) {
+        if let Self::Packed(t) = self {
+            t.hold(id, now);
+        }
+    }
+    fn release(&mut self) {
+        if let Self::Packed(t) = self {
+            t.release();
+        }
+    }
+    fn handle(&self, id: u64) -> Option<hot::Handle> {
+        match self {
+            Self::Packed(t) => t.handle(id),
+            Self::Plain(_) => None,
+        }
+    }
+}
+
 /// The sliding logs of one limit, keyed by identity hash.
 pub(crate) struct Logs {
     quota: Quota,
@@ -284,6 +448,24 @@ macro_rules! memory_states {
                     $(Self::$variant(t) => t.len(),)*
                 }
             }
+
+            fn hold(&mut self, id: u64, now: u64) {
+                match self {
+                    $(Self::$variant(t) => t.hold(id, now),)*
+                }
+            }
+
+            fn release(&mut self) {
+                match self {
+                    $(Self::$variant(t) => t.release(),)*
+                }
+            }
+
+            fn handle(&self, id: u64) -> Option<hot::Handle> {
+                match self {
+                    $(Self::$variant(t) => t.handle(id),)*
+                }
+            }
         }
     };
 }
@@ -359,6 +541,10 @@ impl Shard {
 /// Decides `charges` for identity `id` at `now` all-or-nothing, under the
 /// shard's lock the caller holds.
 fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)]) -> Vec<Decision> {
+    // No thread may change one of the states between the check and the commit.
+    for (limit, _) in charges {
+        shard.table(limit, now).states.hold(id, now);
+    }
     let mut decisions: Vec<Decision> =
         charges.iter().map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false)).collect();
     if decisions.iter().all(|d| d.allowed) {
@@ -375,6 +561,9 @@ fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)])
                 *decision = shard.table(limit, now).decide(id, now, 0, false);
             }
         }
+    }
+    for (limit, _) in charges {
+        shard.table(limit, now).states.release();
     }
     decisions
 }
@@ -395,6 +584,8 @@ pub struct SweepReport {
 /// The embedded, in-process store. Usable from any thread, with or without an
 /// async runtime.
 pub struct MemoryStore<C: Clock = SystemClock> {
+    /// Names this store's tables in threads' handles (`hot.rs`); never reused.
+    uid: u64,
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: C,
@@ -402,6 +593,12 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     next_sweep: AtomicUsize,
     /// Distinct-value sketches ([`Store::decide_distinct`]).
     distinct: DistinctTable,
+}
+
+/// A store id no store has had before.
+fn next_uid() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl MemoryStore<SystemClock> {
@@ -421,6 +618,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A store on `clock` (a [`crate::ManualClock`] in tests and replays).
     pub fn with_clock(clock: C) -> Self {
         Self {
+            uid: next_uid(),
             shards: (0..DEFAULT_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
             clock,
@@ -432,6 +630,8 @@ impl<C: Clock> MemoryStore<C> {
     /// The same store split over `shards` locks (at least one).
     pub fn with_shards(mut self, shards: usize) -> Self {
         self.shards = (0..shards.max(1)).map(|_| Mutex::default()).collect();
+        // Handles on the old shards' tables must not match the new ones.
+        self.uid = next_uid();
         self
     }
 
@@ -440,16 +640,27 @@ impl<C: Clock> MemoryStore<C> {
         &self.clock
     }
 
+    /// The identity hash of `key`.
+    #[inline]
+    fn identity(&self, key: &str) -> u64 {
+        slot_id(self.hasher.hash_one(key))
+    }
+
     /// The identity hash of `key` and the shard it lives in.
     fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let id = slot_id(self.hasher.hash_one(key));
+        let id = self.identity(key);
+        (id, self.lock(id))
+    }
+
+    /// The shard identity `id` lives in, locked.
+    fn lock(&self, id: u64) -> MutexGuard<'_, Shard> {
         // Bits 32.. pick the shard; compact tables start probing from the
         // high bits, the sliding log's map uses the low bits for buckets and
         // the top 7 for tags: the choices stay independent.
         let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
         // A panic while holding the lock cannot leave a state half-written
         // (states are replaced whole), so a poisoned shard is still sound.
-        (id, shard.lock().unwrap_or_else(PoisonError::into_inner))
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Decides `cost` permits for `key` under `limit` now, charging them when allowed.
@@ -460,8 +671,19 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
         let now = check_time(self.clock.now_ms())?;
-        let (id, mut shard) = self.locate(key);
-        Ok(shard.table(limit, now).decide(id, now, cost, true))
+        let id = self.identity(key);
+        if let Some(decision) = hot::decide(self.uid, id, limit, now, cost) {
+            return Ok(decision);
+        }
+        let mut shard = self.lock(id);
+        let table = shard.table(limit, now);
+        let decision = table.decide(id, now, cost, true);
+        if hot::repeated(self.uid, id) {
+            if let Some(handle) = table.states.handle(id) {
+                hot::hold(self.uid, id, *limit, handle);
+            }
+        }
+        Ok(decision)
     }
 
     /// Decides several limits for `key` all-or-nothing; see [`Store::decide_all`].
@@ -508,6 +730,7 @@ impl<C: Clock> MemoryStore<C> {
     /// gives the memory back. Returns how many states remain.
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now_ms();
+        hot::forget(self.uid);
         self.distinct.sweep(now);
         self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
     }
@@ -529,6 +752,7 @@ impl<C: Clock> MemoryStore<C> {
         let steps = max_shards.min(count);
         let first = self.next_sweep.fetch_add(steps, Ordering::Relaxed) % count;
         let now = self.clock.now_ms();
+        hot::forget(self.uid);
         let mut report = SweepReport { shards: steps, ..SweepReport::default() };
         // Sketches of ended windows go too, as many of their shards per step.
         self.distinct.sweep_step(now, steps);
