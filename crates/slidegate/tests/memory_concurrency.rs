@@ -104,3 +104,65 @@ fn racing_single_and_multi_limit_decisions_never_exceed_a_limit() {
         "the hour limit was charged by multi-limit decisions only"
     );
 }
+
+/// Threads deciding for a hot identity without the lock (each holds a
+/// handle on its slot after two decisions in a row) while another thread
+/// rebuilds the very table under them, again and again: by sweeps, by
+/// growth (new identities), and by multi-limit decisions that freeze the
+/// state. A write that landed in an array after its copy was taken would be
+/// lost, and more than the limit admitted; a write refused for nothing
+/// would leave permits unused.
+#[test]
+fn hot_identity_races_rebuilds_and_multi_limit_decisions_and_admits_exactly_the_limit() {
+    const PERMITS: u64 = 30_000;
+    let clock = ManualClock::new(1_700_000_000_000);
+    // One shard: every identity in the hot identity's table.
+    let store = MemoryStore::with_clock(clock).with_shards(1);
+    let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(PERMITS).expect("a valid quota"));
+    let other = Limit::new(Algorithm::FixedWindow, Quota::per_minute(1_000_000).expect("a valid quota"));
+    let (single, multi, rebuilds) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let racing = AtomicU64::new(3);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..12_000 {
+                    if store.decide_sync("hot", &limit, 1).expect("a valid request").allowed {
+                        single.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                racing.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        s.spawn(|| {
+            let mut n = 0u64;
+            while racing.load(Ordering::Relaxed) > 0 {
+                n += 1;
+                match n % 3 {
+                    // A sweep rebuilds every table, even when nothing is idle.
+                    0 => {
+                        store.evict_idle();
+                    }
+                    // New identities grow the table now and then.
+                    1 => {
+                        store.decide_sync(&format!("cold-{n}"), &limit, 1).expect("a valid request");
+                    }
+                    _ => {
+                        let both = [(other, 1), (limit, 1)];
+                        let decisions = store.decide_all_sync("hot", &both).expect("a valid request");
+                        if decisions.iter().all(|d| d.allowed) {
+                            multi.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                rebuilds.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    });
+    let (single, multi) = (single.into_inner(), multi.into_inner());
+    assert!(rebuilds.into_inner() > 100, "the race needs rebuilds during it");
+    assert!(multi > 0, "multi-limit decisions took part");
+    // 36,000 + the multi-limit requests asked for 30,000 permits.
+    assert_eq!(single + multi, PERMITS);
+    assert_eq!(store.decide_sync("hot", &limit, 0).expect("a valid request").remaining, 0);
+    assert_eq!(store.decide_sync("hot", &other, 0).expect("a valid request").remaining, 1_000_000 - multi);
+}

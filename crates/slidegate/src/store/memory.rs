@@ -897,10 +897,13 @@ mod tests {
         assert!(store.is_empty());
     }
 
-    /// The compact tables pack states and sweep on their own schedule; neither
-    /// may change a decision. Replays random traces — many identities, gaps
-    /// from 0 ms to many windows, limits near the packing bounds — through the
-    /// store and through the pure functions, and compares every decision.
+    /// The compact tables pack states and sweep on their own schedule, and a
+    /// repeated identity is decided without the lock; none of it may change
+    /// a decision. Replays random traces — many identities, or a few asked
+    /// for in runs (so handles are taken, used, and go stale when tables
+    /// rebuild), gaps from 0 ms to many windows, limits near the packing
+    /// bounds — through the store and through the pure functions, and
+    /// compares every decision.
     #[test]
     fn packed_tables_decide_exactly_like_the_algorithms() {
         use crate::algorithm::{fixed_window, gcra, sliding_window_counter, token_bucket};
@@ -915,12 +918,13 @@ mod tests {
         // 1 ms window with 16 window bits: packed window numbers wrap every
         // 65,536 windows, so the forced sweeps and the restore are exercised.
         let cases = [(5, 1_000), (100, 60_000), ((1 << 24) - 1, 1), (1 << 24, 1), (3, 1), ((1 << 48) - 1, 1)];
-        for (n, ms) in cases {
+        for ((n, ms), runs) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             for algorithm in Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog) {
                 let l = limit(algorithm, n, ms);
                 let clock = ManualClock::new(1_700_000_000_000);
                 let store = MemoryStore::with_clock(clock.clone()).with_shards(2);
                 let mut plain: HashMap<u64, (u64, u64, u64, u64)> = HashMap::new();
+                let mut who = 0;
                 for step in 0..20_000 {
                     let gap = match next(10) {
                         0..=5 => 0,
@@ -930,7 +934,11 @@ mod tests {
                     };
                     clock.advance(Duration::from_millis(gap));
                     let now = clock.now_ms();
-                    let who = next(3_000);
+                    who = match (runs, next(8)) {
+                        (false, _) => next(3_000),
+                        (true, 0) => next(3),
+                        (true, _) => who,
+                    };
                     let cost = next(n.min(4) + 1).min(n);
                     let got = store.decide_sync(&format!("id-{who}"), &l, cost).unwrap();
                     let s = plain.entry(who).or_default();
@@ -973,6 +981,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A thread that decides for the same identity twice in a row takes a
+    /// handle and decides its next requests without the shard's lock — here
+    /// while another thread holds every lock — until a multi-limit decision
+    /// or a rebuild needs the state under the lock.
+    #[test]
+    fn a_repeated_identity_is_decided_while_its_shard_is_locked() {
+        let store = MemoryStore::with_clock(ManualClock::new(1_700_000_000_000)).with_shards(1);
+        let l = limit(Algorithm::SlidingWindowCounter, 100, 1000);
+        let (locked, done) = (std::sync::Barrier::new(2), std::sync::mpsc::channel());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
+                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
+                locked.wait();
+                locked.wait();
+                let decisions: Vec<Decision> = (0..99).map(|_| store.decide_sync("hot", &l, 1).unwrap()).collect();
+                done.0.send(decisions).unwrap();
+            });
+            locked.wait();
+            let guard = store.shards[0].lock().unwrap();
+            locked.wait();
+            let decisions = done.1.recv_timeout(Duration::from_secs(30));
+            drop(guard);
+            let decisions = decisions.expect("decided without the lock");
+            assert_eq!(decisions.iter().filter(|d| d.allowed).count(), 98);
+            assert_eq!((decisions[97].remaining, decisions[98].allowed), (0, false));
+        });
+        // The state is exactly where the lock-free decisions left it.
+        let all = store.decide_all_sync("hot", &[(l, 0)]).unwrap();
+        assert_eq!((all[0].allowed, all[0].remaining), (true, 0));
     }
 
     #[test]

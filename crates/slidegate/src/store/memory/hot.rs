@@ -23,6 +23,7 @@
 //! [`FROZEN`]: super::shared_slots::FROZEN
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::packing::{PackedCounter, Packing};
@@ -52,8 +53,10 @@ struct Held {
 }
 
 thread_local! {
-    /// This thread's handle, if it holds one.
-    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    /// This thread's handle, if it holds one. In an `Rc` so a decision can
+    /// take it out of the thread-local's closure for a plain increment and
+    /// decide in its caller's frame.
+    static HELD: RefCell<Option<Rc<Held>>> = const { RefCell::new(None) };
     /// `(store, identity)` of this thread's last decision under a lock.
     static LAST_LOCKED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
@@ -61,19 +64,18 @@ thread_local! {
 /// Decides `cost` for identity `id` of `store` under `limit` at `now`
 /// without a lock, if this thread holds a handle for them that is still in
 /// use; `None` otherwise (decide under the lock).
-#[inline]
+#[inline(always)]
 pub(super) fn decide(store: u64, id: u64, limit: &Limit, now: u64, cost: u64) -> Option<Decision> {
-    HELD.with_borrow(|held| {
-        let held = held.as_ref()?;
-        if held.id != id || held.store != store || held.limit != *limit || now >= held.handle.sweep_due_ms {
-            return None;
-        }
-        let Handle { slots, index, packing, reference, .. } = &held.handle;
-        shared_slots::update(slots[*index].state(), |packed| {
-            let state = packing.unpack(packed, *reference);
-            let (next, decision) = sliding_window_counter::decide(state, now, cost, packing.quota());
-            (decision, (next != state).then(|| packing.pack(next)))
-        })
+    let held = HELD.with_borrow(|held| {
+        held.as_ref()
+            .filter(|h| h.id == id && h.store == store && h.limit == *limit && now < h.handle.sweep_due_ms)
+            .map(Rc::clone)
+    })?;
+    let Handle { slots, index, packing, reference, .. } = &held.handle;
+    shared_slots::update(slots[*index].state(), |packed| {
+        let state = packing.unpack(packed, *reference);
+        let (next, decision) = sliding_window_counter::decide(state, now, cost, packing.quota());
+        (decision, (next != state).then(|| packing.pack(next)))
     })
 }
 
@@ -87,7 +89,7 @@ pub(super) fn repeated(store: u64, id: u64) -> bool {
 /// Gives this thread `handle` for `id` of `store` under `limit`, in place of
 /// the one it held.
 pub(super) fn hold(store: u64, id: u64, limit: Limit, handle: Handle) {
-    HELD.set(Some(Held { store, id, limit, handle }));
+    HELD.set(Some(Rc::new(Held { store, id, limit, handle })));
 }
 
 /// Drops this thread's handle if it is on `store`'s tables, so a sweep on

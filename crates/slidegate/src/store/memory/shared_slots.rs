@@ -169,7 +169,7 @@ impl SharedSlots {
 
 /// Replaces the state in `word` by compare-and-swap with what `decide`
 /// makes of it (see [`SharedSlots::update`]); gives up on a frozen state.
-#[inline]
+#[inline(always)]
 pub(super) fn update<T>(word: &AtomicU64, mut decide: impl FnMut(u64) -> (T, Option<u64>)) -> Option<T> {
     let mut current = word.load(Ordering::Acquire);
     loop {
