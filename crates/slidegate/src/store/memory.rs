@@ -225,7 +225,13 @@ pub(crate) struct CounterTable {
 
 impl CounterTable {
     fn new(packing: PackedCounter, now: u64) -> Self {
-        Self { packing, slots: SharedSlots::new(), swept_ms: now, reference: packing.reference(now), held: None }
+        Self {
+            packing,
+            slots: SharedSlots::new(),
+            swept_ms: now,
+            reference: packing.reference(now),
+            held: None,
+        }
     }
 
     #[inline]
@@ -238,7 +244,8 @@ impl CounterTable {
         if let Some(index) = self.slots.find(id) {
             if let Some((_, held, packed)) = &mut self.held {
                 if *held == index {
-                    let (next, decision) = SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
+                    let (next, decision) =
+                        SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
                     if commit {
                         *packed = packing.pack(next);
                     }
@@ -271,7 +278,10 @@ impl CounterTable {
         let held = self.held.map(|(id, _, _)| id);
         self.release();
         let (packing, reference) = (self.packing, self.reference);
-        self.slots.rebuild(|p| !SlidingWindowCounter::is_idle(&packing.unpack(p, reference), now, packing.quota()), room);
+        self.slots.rebuild(
+            |p| !SlidingWindowCounter::is_idle(&packing.unpack(p, reference), now, packing.quota()),
+            room,
+        );
         self.swept_ms = now;
         self.reference = packing.reference(now);
         if let Some(id) = held {
@@ -998,7 +1008,8 @@ mod tests {
                 assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
                 locked.wait();
                 locked.wait();
-                let decisions: Vec<Decision> = (0..99).map(|_| store.decide_sync("hot", &l, 1).unwrap()).collect();
+                let decisions: Vec<Decision> =
+                    (0..99).map(|_| store.decide_sync("hot", &l, 1).unwrap()).collect();
                 done.0.send(decisions).unwrap();
             });
             locked.wait();

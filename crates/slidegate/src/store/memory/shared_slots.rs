@@ -192,7 +192,9 @@ mod tests {
     #[test]
     fn finds_what_it_stored_across_growth_and_sweeps_and_freezes_old_arrays() {
         let mut t = SharedSlots::new();
-        let ids: Vec<u64> = (0..10_000u64).map(|i| super::super::slots::slot_id(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+        let ids: Vec<u64> = (0..10_000u64)
+            .map(|i| super::super::slots::slot_id(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .collect();
         for (n, &id) in ids.iter().enumerate() {
             assert!(t.find(id).is_none());
             if t.is_full() {
@@ -207,9 +209,14 @@ mod tests {
         let old = Arc::clone(t.array());
         t.rebuild(|v| v % 2 == 0, 0);
         assert_eq!(t.len(), 5_000);
-        assert!(old.iter().all(|s| s.id.load(Ordering::Relaxed) == EMPTY || s.state().load(Ordering::Relaxed) == FROZEN));
+        assert!(old
+            .iter()
+            .all(|s| s.id.load(Ordering::Relaxed) == EMPTY || s.state().load(Ordering::Relaxed) == FROZEN));
         for (n, &id) in ids.iter().enumerate() {
-            assert_eq!(t.find(id).map(|i| t.state(i).load(Ordering::Relaxed)), (n % 2 == 0).then_some(n as u64));
+            assert_eq!(
+                t.find(id).map(|i| t.state(i).load(Ordering::Relaxed)),
+                (n % 2 == 0).then_some(n as u64)
+            );
         }
         let i = t.find(ids[0]).unwrap();
         assert_eq!(t.freeze(i), 0);
