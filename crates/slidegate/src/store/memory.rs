@@ -41,7 +41,7 @@ use self::slots::{slot_id, Slots};
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
-use crate::store::{check_time, validate, Store, StoreError};
+use crate::store::{check_charge, check_time, validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, PenaltyState, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
@@ -679,7 +679,11 @@ impl<C: Clock> MemoryStore<C> {
     /// [`StoreError::EmptyKey`], [`StoreError::CostExceedsLimit`], or
     /// [`StoreError::TimeOutOfRange`] when the clock reads past [`crate::store::MAX_TIME_MS`].
     pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
-        validate(key, &[(*limit, cost)])?;
+        // `validate` for one charge, without building the list of charges.
+        if key.is_empty() {
+            return Err(StoreError::EmptyKey);
+        }
+        check_charge(limit, cost)?;
         let now = check_time(self.clock.now_ms())?;
         let id = self.identity(key);
         if let Some(decision) = hot::decide(self.uid, id, limit, now, cost) {
