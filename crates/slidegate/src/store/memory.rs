@@ -14,6 +14,14 @@
 //! about 21 MB. Packing only changes how a state is stored; the algorithms
 //! decide on the unpacked state, so decisions are the same.
 //!
+//! A hot identity — one thread deciding for it again and again, as for an
+//! attacked endpoint — skips the shard's lock: after two decisions in a row
+//! under the lock, the thread keeps a handle on the identity's slot and
+//! decides by one compare-and-swap on its packed state (sliding window
+//! counter only; see `hot.rs`). The lock stays for inserts, sweeps and
+//! multi-limit decisions, which freeze the states they need (see
+//! `shared_slots.rs` for the protocol).
+//!
 //! Idle identities — whose state no longer changes any decision — are swept
 //! out as tables grow, and [`MemoryStore::evict_idle`] sweeps and shrinks
 //! everything. A table that stops growing is otherwise only swept when one of

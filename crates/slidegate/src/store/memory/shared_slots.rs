@@ -11,8 +11,9 @@
 //!
 //! - Ids and the table's length change only under the shard's lock; the
 //!   array is only ever read without the lock at a slot whose id is known.
-//! - A state is written by compare-and-swap only, with or without the lock,
-//!   so no write is lost between two writers.
+//! - A stored state is changed by compare-and-swap only, with or without the
+//!   lock, so no write is lost between two writers — except by the lock
+//!   holder's swaps to and from [`FROZEN`] below.
 //! - The lock holder takes a state out of reach of the lock-free writers by
 //!   swapping it to [`FROZEN`], a value no packed state ever takes: a
 //!   compare-and-swap from any state fails on it, and a writer that reads it
@@ -218,6 +219,11 @@ mod tests {
                 (n % 2 == 0).then_some(n as u64)
             );
         }
+        // A writer that read a state before the rebuild cannot write it after.
+        let index = old.iter().position(|s| s.id.load(Ordering::Relaxed) == ids[2]).unwrap();
+        let stale = old[index].state();
+        assert!(stale.compare_exchange(2, 3, Ordering::AcqRel, Ordering::Acquire).is_err());
+        assert_eq!(update(stale, |v| ((), Some(v + 1))), None);
         let i = t.find(ids[0]).unwrap();
         assert_eq!(t.freeze(i), 0);
         assert_eq!(t.state(i).load(Ordering::Relaxed), FROZEN);
