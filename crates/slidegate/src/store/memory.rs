@@ -298,7 +298,9 @@ impl CounterTable {
     }
 
     fn hold(&mut self, id: u64, now: u64) {
-        debug_assert!(self.held.is_none(), "one identity at a time");
+        // One identity at a time. A hold still in place was left by a panic
+        // between `hold` and `release`: ending it keeps a poisoned shard sound.
+        self.release();
         if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
             self.rebuild(now, 0);
         }
@@ -677,7 +679,8 @@ impl<C: Clock> MemoryStore<C> {
         // the top 7 for tags: the choices stay independent.
         let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
         // A panic while holding the lock cannot leave a state half-written
-        // (states are replaced whole), so a poisoned shard is still sound.
+        // (states are replaced whole; a state left frozen is thawed by the
+        // next hold or rebuild), so a poisoned shard is still sound.
         shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -1036,6 +1039,29 @@ mod tests {
         // The state is exactly where the lock-free decisions left it.
         let all = store.decide_all_sync("hot", &[(l, 0)]).unwrap();
         assert_eq!((all[0].allowed, all[0].remaining), (true, 0));
+    }
+
+    /// A panic between a multi-limit decision's hold and its release leaves
+    /// a state frozen in a poisoned shard: decisions under the lock use the
+    /// held copy, and the next hold ends the old one first.
+    #[test]
+    fn a_hold_left_in_place_keeps_the_state_and_ends_at_the_next() {
+        let now = 1_700_000_000_000;
+        let store = MemoryStore::with_clock(ManualClock::new(now)).with_shards(1);
+        let l = limit(Algorithm::SlidingWindowCounter, 10, 1000);
+        for _ in 0..3 {
+            assert!(store.decide_sync("k", &l, 1).unwrap().allowed);
+        }
+        let id = store.identity("k");
+        store.lock(id).table(&l, now).states.hold(id, now);
+        // This thread's handle finds the state frozen and takes the lock.
+        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 6);
+        let all = store.decide_all_sync("k", &[(l, 2)]).unwrap();
+        assert_eq!((all[0].allowed, all[0].remaining), (true, 4));
+        // Released: the handle decides again, on the state as it was left.
+        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 3);
+        assert_eq!(store.decide_sync("k", &l, 3).unwrap().remaining, 0);
+        assert!(!store.decide_sync("k", &l, 1).unwrap().allowed);
     }
 
     #[test]
