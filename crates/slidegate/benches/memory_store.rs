@@ -10,8 +10,9 @@
 //!   same key at once (time per decision of each thread).
 //!
 //! Every loop advances its clock by 1 ms every 64 decisions and the quotas
-//! allow 100,000 per second, so every decision is an allowed, charged one —
-//! the path a healthy service takes — and the sliding log stays bounded.
+//! allow 100,000 per second (the sliding log: 10,000 per 100 ms, within its
+//! cap), so every decision is an allowed, charged one — the path a healthy
+//! service takes — and the sliding log stays bounded.
 //!
 //! Run: `cargo bench -p slidegate --bench memory_store -- --warm-up-time 1 --measurement-time 3`
 
@@ -33,7 +34,12 @@ const RATE: u32 = 100_000;
 const PER_MS: u64 = 64;
 
 fn limit(algorithm: Algorithm) -> Limit {
-    Limit::new(algorithm, Quota::per_second(u64::from(RATE)).expect("a valid quota"))
+    let quota = match algorithm {
+        // The same rate within the log's cap of 10,000 entries: 10,000 per 100 ms.
+        Algorithm::SlidingLog => Quota::new(u64::from(RATE) / 10, Duration::from_millis(100)),
+        _ => Quota::per_second(u64::from(RATE)),
+    };
+    Limit::new(algorithm, quota.expect("a valid quota"))
 }
 
 fn governor_quota() -> governor::Quota {

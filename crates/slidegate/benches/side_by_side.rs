@@ -15,7 +15,9 @@
 //! before the previous one's cache miss returns, so misses overlap: a
 //! throughput no server handling real requests sees.
 //!
-//! Run: `cargo bench -p slidegate --bench side_by_side` (`-- --rounds N`).
+//! Run: `cargo bench -p slidegate --bench side_by_side` (`-- --rounds N`,
+//! `-- --only <scenario>` for one of `one_identity`, `keyed_1m`,
+//! `two_threads_one_identity`, as when profiling one).
 
 use std::hash::BuildHasher;
 use std::hint::black_box;
@@ -84,15 +86,17 @@ fn compare(
 }
 
 fn main() {
-    let mut args = std::env::args().skip_while(|a| a != "--rounds").skip(1);
-    let rounds: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(21);
+    let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+    let rounds: usize = arg("--rounds").and_then(|n| n.parse().ok()).unwrap_or(21);
+    let only = arg("--only");
+    let runs = |scenario: &str| only.as_deref().is_none_or(|o| o == scenario);
     let quota = Quota::per_second(u64::from(RATE)).expect("a valid quota");
     let limit = Limit::new(Algorithm::SlidingWindowCounter, quota);
     let gq = governor::Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"));
     let mut all = Vec::new();
 
     // One identity.
-    {
+    if runs("one_identity") {
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
         let gclock = FakeRelativeClock::default();
@@ -130,7 +134,7 @@ fn main() {
     }
 
     // 1,000,000 identities.
-    {
+    if runs("keyed_1m") {
         let mut keys = KeyWriter::new();
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
@@ -231,7 +235,7 @@ fn main() {
     }
 
     // Two threads, one identity: ns per decision of each thread, both at once.
-    {
+    if runs("two_threads_one_identity") {
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
         let gclock = FakeRelativeClock::default();

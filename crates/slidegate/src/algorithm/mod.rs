@@ -256,6 +256,7 @@ impl fmt::Display for Limit {
 /// The window algorithms then decide as at the start of the state's own
 /// window and add this difference to every wait, so the waits stay exact.
 /// A state that counts nothing has nothing to remember and never skews.
+#[inline]
 pub(crate) fn skew_ms(window: u64, now_ms: u64, w: u64) -> u64 {
     (window * w).saturating_sub(now_ms)
 }

@@ -39,6 +39,7 @@ pub struct State {
 
 impl State {
     /// `(cur, prev)` as seen from window `window`.
+    #[inline]
     fn counters_at(&self, window: u64) -> (u64, u64) {
         if self.window == window {
             (self.cur, self.prev)
@@ -58,6 +59,10 @@ impl State {
 ///   `W − ⌊(limit − cur − cost) × W / prev⌋`;
 /// - otherwise in the next window, where `cur` becomes the previous count: at
 ///   elapsed `W − ⌊(limit − cost) × W / cur⌋` into it.
+// Inlined into the stores, so the `Decision` is built in their frame rather
+// than copied out of this one's (a copy right after its fields were written
+// one by one stalls on store forwarding).
+#[inline(always)]
 pub fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
     let (w, limit) = (quota.window_ms(), quota.permits());
     let counted = state.cur > 0 || state.prev > 0;
@@ -131,8 +136,9 @@ impl Definition for SlidingWindowCounter {
     const TAG: &'static str = "swc";
     const LUA: &'static str = include_str!("../store/redis/sliding_window_counter.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::PackedTable<crate::store::memory::PackedCounter>;
+    type MemoryTable = crate::store::memory::CounterTables;
 
+    #[inline]
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
         decide(state, now_ms, cost, quota)
     }

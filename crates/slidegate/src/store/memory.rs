@@ -14,6 +14,14 @@
 //! about 21 MB. Packing only changes how a state is stored; the algorithms
 //! decide on the unpacked state, so decisions are the same.
 //!
+//! A hot identity — one thread deciding for it again and again, as for an
+//! attacked endpoint — skips the shard's lock: after two decisions in a row
+//! under the lock, the thread keeps a handle on the identity's slot and
+//! decides by one compare-and-swap on its packed state (sliding window
+//! counter only; see `hot.rs`). The lock stays for inserts, sweeps and
+//! multi-limit decisions, which freeze the states they need (see
+//! `shared_slots.rs` for the protocol).
+//!
 //! Idle identities — whose state no longer changes any decision — are swept
 //! out as tables grow, and [`MemoryStore::evict_idle`] sweeps and shrinks
 //! everything. A table that stops growing is otherwise only swept when one of
@@ -23,21 +31,25 @@
 //! of shards per call, round-robin, and gives memory back after a burst
 //! without ever holding more than one shard's lock for one shard's work.
 
+mod hot;
 mod packing;
+mod shared_slots;
 mod slots;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-pub(crate) use self::packing::{PackedCounter, PackedFixed};
-use self::packing::{Packing, Plain};
+pub(crate) use self::packing::PackedFixed;
+use self::packing::{PackedCounter, Packing, Plain};
+use self::shared_slots::SharedSlots;
 use self::slots::{slot_id, Slots};
+use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
-use crate::store::{check_time, validate, Store, StoreError};
+use crate::store::{check_charge, check_time, validate, Store, StoreError};
 use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, PenaltyState, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
@@ -74,6 +86,16 @@ pub(crate) trait LimitTable {
     fn shrink(&mut self, now: u64);
     /// How many identities the table holds.
     fn len(&self) -> usize;
+    /// Keeps `id`'s state out of reach of decisions without the lock (see
+    /// `hot.rs`) until [`LimitTable::release`], so that a multi-limit
+    /// decision is atomic.
+    fn hold(&mut self, _id: u64, _now: u64) {}
+    /// Ends [`LimitTable::hold`].
+    fn release(&mut self) {}
+    /// A handle for deciding on `id`'s state without the lock, where the table allows it.
+    fn handle(&self, _id: u64) -> Option<hot::Handle> {
+        None
+    }
 }
 
 /// The states of one limit whose state is a small copyable value, in a
@@ -195,6 +217,168 @@ impl<P: Packing> LimitTable for PackedTable<P> {
     }
 }
 
+/// The sliding window counter's packed states, in a table whose states a
+/// thread holding a handle may also update without the shard's lock (see
+/// `hot.rs` and `shared_slots.rs`). Decides exactly as [`Keyed`] does.
+pub(crate) struct CounterTable {
+    packing: PackedCounter,
+    slots: SharedSlots,
+    /// As in [`Keyed`].
+    swept_ms: u64,
+    reference: u64,
+    /// `(id, slot, state)` of the state a multi-limit decision holds frozen
+    /// ([`LimitTable::hold`]): decisions under the lock use this copy.
+    held: Option<(u64, usize, u64)>,
+}
+
+impl CounterTable {
+    fn new(packing: PackedCounter, now: u64) -> Self {
+        Self {
+            packing,
+            slots: SharedSlots::new(),
+            swept_ms: now,
+            reference: packing.reference(now),
+            held: None,
+        }
+    }
+
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
+            self.rebuild(now, 0);
+        }
+        let (packing, reference) = (self.packing, self.reference);
+        let quota = *packing.quota();
+        if let Some(index) = self.slots.find(id) {
+            if let Some((_, held, packed)) = &mut self.held {
+                if *held == index {
+                    let (next, decision) =
+                        SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
+                    if commit {
+                        *packed = packing.pack(next);
+                    }
+                    return decision;
+                }
+            }
+            let decided = self.slots.update(index, |packed| {
+                let state = packing.unpack(packed, reference);
+                let (next, decision) = SlidingWindowCounter::decide(state, now, cost, &quota);
+                (decision, (commit && next != state).then(|| packing.pack(next)))
+            });
+            // Only `hold` freezes a state of the table in use, and that one is `held`.
+            return decided.unwrap_or_else(|| unreachable!("a frozen state in a table in use"));
+        }
+        let fresh = crate::algorithm::sliding_window_counter::State::default();
+        let (next, decision) = SlidingWindowCounter::decide(fresh, now, cost, &quota);
+        if commit && next != fresh {
+            if self.slots.is_full() {
+                // Growing is the moment to drop idle states: the table may not need to grow.
+                self.rebuild(now, 1);
+            }
+            self.slots.insert_new(id, packing.pack(next));
+        }
+        decision
+    }
+
+    /// As [`Keyed::rebuild`]; a state held frozen is put back first and
+    /// held again in the new array.
+    fn rebuild(&mut self, now: u64, room: usize) {
+        let held = self.held.map(|(id, _, _)| id);
+        self.release();
+        let (packing, reference) = (self.packing, self.reference);
+        self.slots.rebuild(
+            |p| !SlidingWindowCounter::is_idle(&packing.unpack(p, reference), now, packing.quota()),
+            room,
+        );
+        self.swept_ms = now;
+        self.reference = packing.reference(now);
+        if let Some(id) = held {
+            self.hold(id, now);
+        }
+    }
+
+    fn hold(&mut self, id: u64, now: u64) {
+        // One identity at a time. A hold still in place was left by a panic
+        // between `hold` and `release`: ending it keeps a poisoned shard sound.
+        self.release();
+        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
+            self.rebuild(now, 0);
+        }
+        if let Some(index) = self.slots.find(id) {
+            self.held = Some((id, index, self.slots.freeze(index)));
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some((_, index, packed)) = self.held.take() {
+            self.slots.thaw(index, packed);
+        }
+    }
+
+    fn handle(&self, id: u64) -> Option<hot::Handle> {
+        let index = self.slots.find(id)?;
+        Some(hot::Handle {
+            slots: Arc::clone(self.slots.array()),
+            index,
+            packing: self.packing,
+            reference: self.reference,
+            sweep_due_ms: self.swept_ms.saturating_add(self.packing.horizon_ms()),
+        })
+    }
+}
+
+/// The sliding window counter's table: packed with handles (see
+/// [`CounterTable`]) when the limit leaves room, plain otherwise (limits of
+/// 2^24 and more).
+pub(crate) enum CounterTables {
+    Packed(CounterTable),
+    Plain(PlainTable<SlidingWindowCounter>),
+}
+
+impl LimitTable for CounterTables {
+    fn new(quota: Quota, now: u64) -> Self {
+        match PackedCounter::new(quota) {
+            Some(packing) => Self::Packed(CounterTable::new(packing, now)),
+            None => Self::Plain(Keyed::new(Plain::of(quota), now)),
+        }
+    }
+    #[inline]
+    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
+        match self {
+            Self::Packed(t) => t.decide(id, now, cost, commit),
+            Self::Plain(t) => Keyed::decide(t, id, now, cost, commit),
+        }
+    }
+    fn shrink(&mut self, now: u64) {
+        match self {
+            Self::Packed(t) => t.rebuild(now, 0),
+            Self::Plain(t) => t.rebuild(now, 0),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Self::Packed(t) => t.slots.len(),
+            Self::Plain(t) => Keyed::len(t),
+        }
+    }
+    fn hold(&mut self, id: u64, now: u64) {
+        if let Self::Packed(t) = self {
+            t.hold(id, now);
+        }
+    }
+    fn release(&mut self) {
+        if let Self::Packed(t) = self {
+            t.release();
+        }
+    }
+    fn handle(&self, id: u64) -> Option<hot::Handle> {
+        match self {
+            Self::Packed(t) => t.handle(id),
+            Self::Plain(_) => None,
+        }
+    }
+}
+
 /// The sliding logs of one limit, keyed by identity hash.
 pub(crate) struct Logs {
     quota: Quota,
@@ -284,6 +468,24 @@ macro_rules! memory_states {
                     $(Self::$variant(t) => t.len(),)*
                 }
             }
+
+            fn hold(&mut self, id: u64, now: u64) {
+                match self {
+                    $(Self::$variant(t) => t.hold(id, now),)*
+                }
+            }
+
+            fn release(&mut self) {
+                match self {
+                    $(Self::$variant(t) => t.release(),)*
+                }
+            }
+
+            fn handle(&self, id: u64) -> Option<hot::Handle> {
+                match self {
+                    $(Self::$variant(t) => t.handle(id),)*
+                }
+            }
         }
     };
 }
@@ -359,6 +561,10 @@ impl Shard {
 /// Decides `charges` for identity `id` at `now` all-or-nothing, under the
 /// shard's lock the caller holds.
 fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)]) -> Vec<Decision> {
+    // No thread may change one of the states between the check and the commit.
+    for (limit, _) in charges {
+        shard.table(limit, now).states.hold(id, now);
+    }
     let mut decisions: Vec<Decision> =
         charges.iter().map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false)).collect();
     if decisions.iter().all(|d| d.allowed) {
@@ -375,6 +581,9 @@ fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)])
                 *decision = shard.table(limit, now).decide(id, now, 0, false);
             }
         }
+    }
+    for (limit, _) in charges {
+        shard.table(limit, now).states.release();
     }
     decisions
 }
@@ -395,6 +604,8 @@ pub struct SweepReport {
 /// The embedded, in-process store. Usable from any thread, with or without an
 /// async runtime.
 pub struct MemoryStore<C: Clock = SystemClock> {
+    /// Names this store's tables in threads' handles (`hot.rs`); never reused.
+    uid: u64,
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: C,
@@ -402,6 +613,12 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     next_sweep: AtomicUsize,
     /// Distinct-value sketches ([`Store::decide_distinct`]).
     distinct: DistinctTable,
+}
+
+/// A store id no store has had before.
+fn next_uid() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl MemoryStore<SystemClock> {
@@ -421,6 +638,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A store on `clock` (a [`crate::ManualClock`] in tests and replays).
     pub fn with_clock(clock: C) -> Self {
         Self {
+            uid: next_uid(),
             shards: (0..DEFAULT_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
             clock,
@@ -432,6 +650,8 @@ impl<C: Clock> MemoryStore<C> {
     /// The same store split over `shards` locks (at least one).
     pub fn with_shards(mut self, shards: usize) -> Self {
         self.shards = (0..shards.max(1)).map(|_| Mutex::default()).collect();
+        // Handles on the old shards' tables must not match the new ones.
+        self.uid = next_uid();
         self
     }
 
@@ -440,16 +660,28 @@ impl<C: Clock> MemoryStore<C> {
         &self.clock
     }
 
+    /// The identity hash of `key`.
+    #[inline]
+    fn identity(&self, key: &str) -> u64 {
+        slot_id(self.hasher.hash_one(key))
+    }
+
     /// The identity hash of `key` and the shard it lives in.
     fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let id = slot_id(self.hasher.hash_one(key));
+        let id = self.identity(key);
+        (id, self.lock(id))
+    }
+
+    /// The shard identity `id` lives in, locked.
+    fn lock(&self, id: u64) -> MutexGuard<'_, Shard> {
         // Bits 32.. pick the shard; compact tables start probing from the
         // high bits, the sliding log's map uses the low bits for buckets and
         // the top 7 for tags: the choices stay independent.
         let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
         // A panic while holding the lock cannot leave a state half-written
-        // (states are replaced whole), so a poisoned shard is still sound.
-        (id, shard.lock().unwrap_or_else(PoisonError::into_inner))
+        // (states are replaced whole; a state left frozen is thawed by the
+        // next hold or rebuild), so a poisoned shard is still sound.
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Decides `cost` permits for `key` under `limit` now, charging them when allowed.
@@ -458,10 +690,25 @@ impl<C: Clock> MemoryStore<C> {
     /// [`StoreError::EmptyKey`], [`StoreError::CostExceedsLimit`], or
     /// [`StoreError::TimeOutOfRange`] when the clock reads past [`crate::store::MAX_TIME_MS`].
     pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
-        validate(key, &[(*limit, cost)])?;
+        // `validate` for one charge, without building the list of charges.
+        if key.is_empty() {
+            return Err(StoreError::EmptyKey);
+        }
+        check_charge(limit, cost)?;
         let now = check_time(self.clock.now_ms())?;
-        let (id, mut shard) = self.locate(key);
-        Ok(shard.table(limit, now).decide(id, now, cost, true))
+        let id = self.identity(key);
+        if let Some(decision) = hot::decide(self.uid, id, limit, now, cost) {
+            return Ok(decision);
+        }
+        let mut shard = self.lock(id);
+        let table = shard.table(limit, now);
+        let decision = table.decide(id, now, cost, true);
+        if hot::repeated(self.uid, id) {
+            if let Some(handle) = table.states.handle(id) {
+                hot::hold(self.uid, id, *limit, handle);
+            }
+        }
+        Ok(decision)
     }
 
     /// Decides several limits for `key` all-or-nothing; see [`Store::decide_all`].
@@ -508,6 +755,7 @@ impl<C: Clock> MemoryStore<C> {
     /// gives the memory back. Returns how many states remain.
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now_ms();
+        hot::forget(self.uid);
         self.distinct.sweep(now);
         self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
     }
@@ -529,6 +777,7 @@ impl<C: Clock> MemoryStore<C> {
         let steps = max_shards.min(count);
         let first = self.next_sweep.fetch_add(steps, Ordering::Relaxed) % count;
         let now = self.clock.now_ms();
+        hot::forget(self.uid);
         let mut report = SweepReport { shards: steps, ..SweepReport::default() };
         // Sketches of ended windows go too, as many of their shards per step.
         self.distinct.sweep_step(now, steps);
@@ -673,10 +922,13 @@ mod tests {
         assert!(store.is_empty());
     }
 
-    /// The compact tables pack states and sweep on their own schedule; neither
-    /// may change a decision. Replays random traces — many identities, gaps
-    /// from 0 ms to many windows, limits near the packing bounds — through the
-    /// store and through the pure functions, and compares every decision.
+    /// The compact tables pack states and sweep on their own schedule, and a
+    /// repeated identity is decided without the lock; none of it may change
+    /// a decision. Replays random traces — many identities, or a few asked
+    /// for in runs (so handles are taken, used, and go stale when tables
+    /// rebuild), gaps from 0 ms to many windows, limits near the packing
+    /// bounds — through the store and through the pure functions, and
+    /// compares every decision.
     #[test]
     fn packed_tables_decide_exactly_like_the_algorithms() {
         use crate::algorithm::{fixed_window, gcra, sliding_window_counter, token_bucket};
@@ -691,12 +943,13 @@ mod tests {
         // 1 ms window with 16 window bits: packed window numbers wrap every
         // 65,536 windows, so the forced sweeps and the restore are exercised.
         let cases = [(5, 1_000), (100, 60_000), ((1 << 24) - 1, 1), (1 << 24, 1), (3, 1), ((1 << 48) - 1, 1)];
-        for (n, ms) in cases {
+        for ((n, ms), runs) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             for algorithm in Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog) {
                 let l = limit(algorithm, n, ms);
                 let clock = ManualClock::new(1_700_000_000_000);
                 let store = MemoryStore::with_clock(clock.clone()).with_shards(2);
                 let mut plain: HashMap<u64, (u64, u64, u64, u64)> = HashMap::new();
+                let mut who = 0;
                 for step in 0..20_000 {
                     let gap = match next(10) {
                         0..=5 => 0,
@@ -706,7 +959,11 @@ mod tests {
                     };
                     clock.advance(Duration::from_millis(gap));
                     let now = clock.now_ms();
-                    let who = next(3_000);
+                    who = match (runs, next(8)) {
+                        (false, _) => next(3_000),
+                        (true, 0) => next(3),
+                        (true, _) => who,
+                    };
                     let cost = next(n.min(4) + 1).min(n);
                     let got = store.decide_sync(&format!("id-{who}"), &l, cost).unwrap();
                     let s = plain.entry(who).or_default();
@@ -749,6 +1006,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A thread that decides for the same identity twice in a row takes a
+    /// handle and decides its next requests without the shard's lock — here
+    /// while another thread holds every lock — until a multi-limit decision
+    /// or a rebuild needs the state under the lock.
+    #[test]
+    fn a_repeated_identity_is_decided_while_its_shard_is_locked() {
+        let store = MemoryStore::with_clock(ManualClock::new(1_700_000_000_000)).with_shards(1);
+        let l = limit(Algorithm::SlidingWindowCounter, 100, 1000);
+        let (locked, done) = (std::sync::Barrier::new(2), std::sync::mpsc::channel());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
+                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
+                locked.wait();
+                locked.wait();
+                let decisions: Vec<Decision> =
+                    (0..99).map(|_| store.decide_sync("hot", &l, 1).unwrap()).collect();
+                done.0.send(decisions).unwrap();
+            });
+            locked.wait();
+            let guard = store.shards[0].lock().unwrap();
+            locked.wait();
+            let decisions = done.1.recv_timeout(Duration::from_secs(30));
+            drop(guard);
+            let decisions = decisions.expect("decided without the lock");
+            assert_eq!(decisions.iter().filter(|d| d.allowed).count(), 98);
+            assert_eq!((decisions[97].remaining, decisions[98].allowed), (0, false));
+        });
+        // The state is exactly where the lock-free decisions left it.
+        let all = store.decide_all_sync("hot", &[(l, 0)]).unwrap();
+        assert_eq!((all[0].allowed, all[0].remaining), (true, 0));
+    }
+
+    /// A panic between a multi-limit decision's hold and its release leaves
+    /// a state frozen in a poisoned shard: decisions under the lock use the
+    /// held copy, and the next hold ends the old one first.
+    #[test]
+    fn a_hold_left_in_place_keeps_the_state_and_ends_at_the_next() {
+        let now = 1_700_000_000_000;
+        let store = MemoryStore::with_clock(ManualClock::new(now)).with_shards(1);
+        let l = limit(Algorithm::SlidingWindowCounter, 10, 1000);
+        for _ in 0..3 {
+            assert!(store.decide_sync("k", &l, 1).unwrap().allowed);
+        }
+        let id = store.identity("k");
+        store.lock(id).table(&l, now).states.hold(id, now);
+        // This thread's handle finds the state frozen and takes the lock.
+        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 6);
+        let all = store.decide_all_sync("k", &[(l, 2)]).unwrap();
+        assert_eq!((all[0].allowed, all[0].remaining), (true, 4));
+        // Released: the handle decides again, on the state as it was left.
+        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 3);
+        assert_eq!(store.decide_sync("k", &l, 3).unwrap().remaining, 0);
+        assert!(!store.decide_sync("k", &l, 1).unwrap().allowed);
     }
 
     #[test]
