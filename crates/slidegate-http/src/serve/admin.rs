@@ -2,6 +2,7 @@
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
 //! served on the public listener or on their own.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -112,12 +113,15 @@ async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Respons
     ))
 }
 
-/// A `/v1/check` request.
+/// A `/v1/check` request. The strings borrow from the body unless JSON
+/// escapes make a copy necessary.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckRequest {
-    rule: String,
-    key: String,
+struct CheckRequest<'a> {
+    #[serde(borrow)]
+    rule: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
     #[serde(default = "one")]
     cost: u64,
     #[serde(default)]
@@ -130,13 +134,13 @@ fn one() -> u64 {
 
 /// A `/v1/check` answer.
 #[derive(Debug, Serialize)]
-struct CheckResponse {
+struct CheckResponse<'a> {
     allowed: bool,
     limit: u64,
     remaining: u64,
     reset_after_ms: u64,
     retry_after_ms: Option<u64>,
-    policy: String,
+    policy: &'a str,
     /// Set when the store was unavailable and the fallback limiter answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     degraded: Option<&'static str>,
@@ -256,7 +260,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             remaining: p.decision.remaining,
             reset_after_ms: duration_ms(p.decision.reset_after),
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
-            policy: p.name.to_string(),
+            policy: p.name,
             degraded: (verdict.source == DecisionSource::Fallback).then_some("fallback"),
         },
         // The store failed and nobody decided: say what `on_error` chose.
@@ -266,7 +270,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             remaining: 0,
             reset_after_ms: 0,
             retry_after_ms: (!verdict.allowed()).then_some(1000),
-            policy: verdict.rule.to_string(),
+            policy: verdict.rule,
             degraded: Some(if verdict.allowed() { "fail_open" } else { "fail_closed" }),
         },
     };
@@ -291,6 +295,20 @@ fn duration_ms(d: std::time::Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_requests_borrow_plain_strings_and_unescape_the_others() {
+        let plain: CheckRequest<'_> =
+            serde_json::from_slice(br#"{"rule":"search","key":"user-42"}"#).unwrap();
+        assert!(matches!((&plain.rule, &plain.key), (Cow::Borrowed("search"), Cow::Borrowed("user-42"))));
+        assert_eq!((plain.cost, plain.anonymous), (1, false));
+        // An escaped key is the same identity as the plain one.
+        let escaped: CheckRequest<'_> =
+            serde_json::from_slice(br#"{"rule":"se\u0061rch","key":"user-\u0034\u0032","cost":3}"#).unwrap();
+        assert_eq!((&*escaped.rule, &*escaped.key, escaped.cost), ("search", "user-42", 3));
+        let unknown = serde_json::from_slice::<CheckRequest<'_>>(br#"{"rule":"a","key":"b","extra":1}"#);
+        assert!(unknown.unwrap_err().to_string().contains("unknown field `extra`"));
+    }
 
     #[test]
     fn only_the_exact_bearer_token_matches() {
