@@ -3,18 +3,13 @@
 //! served on the public listener or on their own.
 
 use std::borrow::Cow;
-use std::convert::Infallible;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 
 use super::{boxed, full, ServeBody, State};
 use crate::headers::{self, ceil_secs};
@@ -68,35 +63,8 @@ pub(crate) fn endpoint(state: &State, path: &str) -> Option<Endpoint> {
     path.strip_prefix(state.admin_prefix.as_str()).and_then(Endpoint::from_path)
 }
 
-/// The admin listener: few, short requests, served on the acceptor's runtime.
-pub(crate) async fn serve_listener(listener: TcpListener, state: Arc<State>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(err) => {
-                tracing::warn!(%err, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let state = Arc::clone(&state);
-        let service = service_fn(move |request: Request<Incoming>| {
-            let state = Arc::clone(&state);
-            async move { Ok::<_, Infallible>(handle_only_admin(&state, request).await) }
-        });
-        tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, %peer, "admin connection ended with an error");
-            }
-        });
-    }
-}
-
 /// A request on the admin listener: an admin endpoint, or 404.
-async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
     if let Some(endpoint) = endpoint(state, request.uri().path()) {
         return handle(state, endpoint, request).await;
     }
