@@ -18,7 +18,9 @@
 # Then the decision service, POST /v1/check on slidegate's admin listener
 # (embedded store), under wrk -t1 -c64 with scripts/check-100k.lua spreading
 # the requests over 100,000 identities; beside it, the minimal hyper server
-# answering the same requests with a fixed JSON body.
+# answering the same requests with a fixed JSON body. Both also with one
+# server thread (threads = 1; minimal_hyper ADDR 1): wrk takes a core of the
+# two, and a second server thread then competes with it for the other.
 # Paths are measured in interleaved rounds; medians and ranges are reported.
 # Needs: nginx, wrk, redis-server (apt-get install nginx wrk redis-server).
 # Usage: scripts/bench-http.sh [seconds per run, default 3] [rounds, default 5]
@@ -66,7 +68,7 @@ fi
 # Ports: free ones the kernel picks, or consecutive ones from
 # SLIDEGATE_BENCH_PORTS (e.g. 17450) on a machine where ports are assigned.
 NEXT_PORT="${SLIDEGATE_BENCH_PORTS:-}"
-for name in UPSTREAM NGINX SG SGR SGP REDIS HYP SGC SGCA; do
+for name in UPSTREAM NGINX SG SGR SGP REDIS HYP SGC SGCA HYP1 SGC1 SGCA1; do
     if [ -n "$NEXT_PORT" ]; then
         printf -v "$name" %s "$NEXT_PORT"
         NEXT_PORT=$((NEXT_PORT + 1))
@@ -134,17 +136,22 @@ url = \"redis://127.0.0.1:$REDIS/\"" > "$WORK/sgr.toml"
 sg_conf "$SGP" "" "/never-requested" > "$WORK/sgp.toml"
 # The decision service: /v1/check on the admin listener, one rule whose
 # window outlasts the run, so the store holds all 100,000 identities.
-cat > "$WORK/sgc.toml" <<EOF
+check_conf() { # port, admin port, threads
+    cat <<EOF
 [server]
-listen = "127.0.0.1:$SGC"
+listen = "127.0.0.1:$1"
 upstream = "http://127.0.0.1:$UPSTREAM"
-admin_listen = "127.0.0.1:$SGCA"
+admin_listen = "127.0.0.1:$2"
+${3:+threads = $3}
 
 [[rules]]
 name = "check"
 path = "/*"
 limits = [{ limit = 1000000000, window = "1h" }]
 EOF
+}
+check_conf "$SGC" "$SGCA" > "$WORK/sgc.toml"
+check_conf "$SGC1" "$SGCA1" 1 > "$WORK/sgc1.toml"
 
 "${NICE[@]}" nginx -c "$WORK/upstream/nginx.conf" & PIDS+=($!); UPSTREAM_PID=$!
 "${NICE[@]}" nginx -c "$WORK/limiter/nginx.conf" & PIDS+=($!); NGINX_PID=$!
@@ -155,9 +162,11 @@ export SLIDEGATE_BENCH_SECRET=bench SLIDEGATE_LOG=warn
 "${NICE[@]}" "$BIN" serve --config "$WORK/sgr.toml" 2>"$WORK/sgr.log" & PIDS+=($!); SGR_PID=$!
 "${NICE[@]}" "$BIN" serve --config "$WORK/sgp.toml" 2>"$WORK/sgp.log" & PIDS+=($!); SGP_PID=$!
 "${NICE[@]}" "$BIN" serve --config "$WORK/sgc.toml" 2>"$WORK/sgc.log" & PIDS+=($!); SGC_PID=$!
+"${NICE[@]}" "$BIN" serve --config "$WORK/sgc1.toml" 2>"$WORK/sgc1.log" & PIDS+=($!); SGC1_PID=$!
 "${NICE[@]}" "$HYPER" "127.0.0.1:$HYP" & PIDS+=($!); HYPER_PID=$!
+"${NICE[@]}" "$HYPER" "127.0.0.1:$HYP1" 1 & PIDS+=($!); HYPER1_PID=$!
 
-for port in $UPSTREAM $NGINX $SG $SGR $SGP $HYP $SGCA; do
+for port in $UPSTREAM $NGINX $SG $SGR $SGP $HYP $SGCA $HYP1 $SGCA1; do
     for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
 done
 # Every path admits: a limiter that rejected would skew the figures.
@@ -186,9 +195,10 @@ range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s",
 LABELS=(direct hyper nginx slidegate slidegate+redis proxy-only)
 PORTS=($UPSTREAM $HYP $NGINX $SG $SGR $SGP)
 OWNERS=("$UPSTREAM_PID" "$HYPER_PID" "$NGINX_PID" "$SG_PID" "$SGR_PID" "$SGP_PID")
-CHECK_LABELS=(check hyper-check)
-CHECK_URLS=("http://127.0.0.1:$SGCA/v1/check" "http://127.0.0.1:$HYP/v1/check")
-CHECK_OWNERS=("$SGC_PID" "$HYPER_PID")
+CHECK_LABELS=(check hyper-check check-1-thread hyper-check-1-thread)
+CHECK_URLS=("http://127.0.0.1:$SGCA/v1/check" "http://127.0.0.1:$HYP/v1/check"
+    "http://127.0.0.1:$SGCA1/v1/check" "http://127.0.0.1:$HYP1/v1/check")
+CHECK_OWNERS=("$SGC_PID" "$HYPER_PID" "$SGC1_PID" "$HYPER1_PID")
 HZ=$(getconf CLK_TCK)
 RES="$WORK/results"   # one line per round and path: label rps cpu_us p50_us p99_us non2xx
 for i in "${!LABELS[@]}"; do
@@ -263,5 +273,7 @@ echo "medians (ranges) over $ROUNDS interleaved rounds of ${SECS} s per path and
 echo "slidegate / nginx throughput, per round: median $(ratio slidegate nginx 2 | median) (range $(ratio slidegate nginx 2 | range))"
 echo "slidegate p99 - direct p99, per round: median $(paste <(col slidegate 5) <(col direct 5) | awk '{ print $1 - $2 }' | median) µs (range $(paste <(col slidegate 5) <(col direct 5) | awk '{ print $1 - $2 }' | range))"
 echo "nginx p99 - direct p99, per round: median $(paste <(col nginx 5) <(col direct 5) | awk '{ print $1 - $2 }' | median) µs (range $(paste <(col nginx 5) <(col direct 5) | awk '{ print $1 - $2 }' | range))"
-echo "/v1/check p99 / minimal hyper's, per round: median $(ratio check hyper-check 5 | median) (range $(ratio check hyper-check 5 | range)); throughput $(ratio check hyper-check 2 | median)× (range $(ratio check hyper-check 2 | range))"
+for t in "" -1-thread; do
+    echo "/v1/check$t p99 / minimal hyper's, per round: median $(ratio check$t hyper-check$t 5 | median) (range $(ratio check$t hyper-check$t 5 | range)); throughput $(ratio check$t hyper-check$t 2 | median)× (range $(ratio check$t hyper-check$t 2 | range))"
+done
 echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), redis $(redis-server --version | awk '{print $3}' | sed 's/v=//'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(nproc) cores"
