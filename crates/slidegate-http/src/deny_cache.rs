@@ -62,6 +62,7 @@
 //! replay the headers: about 100 bytes plus 48 per limit of the rule.
 
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -109,6 +110,11 @@ pub struct CachedDenial {
 pub struct DenyCache {
     buckets: Box<[Mutex<Vec<Slot>>]>,
     hasher: std::hash::RandomState,
+    /// How many slots hold an entry (expired ones included). While none
+    /// does — every identity within its limits — a lookup and an
+    /// admission's `remember` have nothing to find, and skip the hashing and
+    /// the bucket's lock that every decision would otherwise pay.
+    occupied: AtomicUsize,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -126,6 +132,7 @@ impl DenyCache {
         Some(Self {
             buckets: (0..buckets).map(|_| Mutex::new(Vec::with_capacity(WAYS))).collect(),
             hasher: std::hash::RandomState::new(),
+            occupied: AtomicUsize::new(0),
         })
     }
 
@@ -133,6 +140,13 @@ impl DenyCache {
     #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.buckets.len() * WAYS
+    }
+
+    /// Whether no slot holds an entry. Read without a lock: a `remember`
+    /// racing with it is ordered before or after it, as it would be by the
+    /// bucket's lock.
+    fn is_empty(&self) -> bool {
+        self.occupied.load(Ordering::Relaxed) == 0
     }
 
     /// The fingerprint of a limit set: its algorithms, quotas and per-request costs.
@@ -174,6 +188,9 @@ impl DenyCache {
         cost: u64,
         now_ms: u64,
     ) -> Option<CachedDenial> {
+        if self.is_empty() {
+            return None;
+        }
         let set = self.set_fingerprint(charges);
         let (fingerprint, bucket) = self.locate(key, set);
         let slots = self.bucket(bucket);
@@ -215,14 +232,21 @@ impl DenyCache {
         started_ms: u64,
         blocked: bool,
     ) {
+        let wait = decisions.iter().filter(|d| !d.allowed).filter_map(|d| d.retry_after).max();
+        let wait = wait.filter(|w| !w.is_zero() && cost > 0);
+        if wait.is_none() && self.is_empty() {
+            // An admission, and no entry it could make stale.
+            return;
+        }
         let set = self.set_fingerprint(charges);
         let (fingerprint, bucket) = self.locate(key, set);
-        let wait = decisions.iter().filter(|d| !d.allowed).filter_map(|d| d.retry_after).max();
-        let Some(wait) = wait.filter(|w| !w.is_zero() && cost > 0) else {
+        let Some(wait) = wait else {
             // The store's state moved (an admission charged it): a cached
             // denial is still a denial, but its headers would be stale.
             let mut slots = self.bucket(bucket);
+            let before = slots.len();
             slots.retain(|s| !(s.fingerprint == fingerprint && s.set == set && *s.key == *key));
+            self.occupied.fetch_sub(before - slots.len(), Ordering::Relaxed);
             return;
         };
         let slot = Slot {
@@ -242,6 +266,7 @@ impl DenyCache {
             *old = slot;
         } else if slots.len() < WAYS {
             slots.push(slot);
+            self.occupied.fetch_add(1, Ordering::Relaxed);
         } else if let Some(victim) = slots.iter_mut().min_by_key(|s| s.until_ms) {
             // An expired slot has the smallest deadline of all, so it goes first.
             *victim = slot;
@@ -331,6 +356,32 @@ mod tests {
             assert!(cache.lookup(&format!("k{i}"), &charges(10), 1, 1).is_some());
         }
         assert_eq!(cache.buckets.iter().map(|b| b.lock().unwrap().len()).sum::<usize>(), WAYS);
+    }
+
+    #[test]
+    fn the_count_of_entries_follows_inserts_replacements_and_drops() {
+        let cache = DenyCache::new(16).unwrap();
+        let allowed = Decision { allowed: true, retry_after: None, ..denial(0) };
+        assert!(cache.is_empty());
+        cache.remember("k", &charges(10), 1, &[allowed], 0, false);
+        assert!(cache.is_empty(), "an admission stores nothing");
+        cache.remember("k", &charges(10), 1, &[denial(1_000)], 0, false);
+        cache.remember("k", &charges(10), 2, &[denial(2_000)], 0, false);
+        cache.remember("j", &charges(10), 1, &[denial(1_000)], 0, false);
+        assert_eq!(cache.occupied.load(Ordering::Relaxed), 2, "a replacement takes no second slot");
+        assert!(cache.lookup("k", &charges(10), 2, 1).is_some());
+        cache.remember("k", &charges(10), 1, &[allowed], 10, false);
+        assert_eq!(cache.occupied.load(Ordering::Relaxed), 1);
+        assert!(cache.lookup("j", &charges(10), 1, 11).is_some(), "the other identity stays");
+        cache.remember("j", &charges(10), 1, &[allowed], 12, false);
+        assert!(cache.is_empty());
+        assert!(cache.lookup("j", &charges(10), 1, 13).is_none());
+        // A full bucket's eviction replaces a slot: the count stays at capacity.
+        let one = DenyCache::new(1).unwrap();
+        for i in 0..2 * WAYS as u64 {
+            one.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0, false);
+        }
+        assert_eq!(one.occupied.load(Ordering::Relaxed), WAYS);
     }
 
     #[test]

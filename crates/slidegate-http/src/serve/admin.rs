@@ -2,18 +2,14 @@
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
 //! served on the public listener or on their own.
 
-use std::convert::Infallible;
-use std::sync::Arc;
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 
 use super::{boxed, full, ServeBody, State};
 use crate::headers::{self, ceil_secs};
@@ -67,35 +63,8 @@ pub(crate) fn endpoint(state: &State, path: &str) -> Option<Endpoint> {
     path.strip_prefix(state.admin_prefix.as_str()).and_then(Endpoint::from_path)
 }
 
-/// The admin listener: few, short requests, served on the acceptor's runtime.
-pub(crate) async fn serve_listener(listener: TcpListener, state: Arc<State>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(err) => {
-                tracing::warn!(%err, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let state = Arc::clone(&state);
-        let service = service_fn(move |request: Request<Incoming>| {
-            let state = Arc::clone(&state);
-            async move { Ok::<_, Infallible>(handle_only_admin(&state, request).await) }
-        });
-        tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, %peer, "admin connection ended with an error");
-            }
-        });
-    }
-}
-
 /// A request on the admin listener: an admin endpoint, or 404.
-async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
     if let Some(endpoint) = endpoint(state, request.uri().path()) {
         return handle(state, endpoint, request).await;
     }
@@ -112,12 +81,15 @@ async fn handle_only_admin(state: &State, request: Request<Incoming>) -> Respons
     ))
 }
 
-/// A `/v1/check` request.
+/// A `/v1/check` request. The strings borrow from the body unless JSON
+/// escapes make a copy necessary.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckRequest {
-    rule: String,
-    key: String,
+struct CheckRequest<'a> {
+    #[serde(borrow)]
+    rule: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
     #[serde(default = "one")]
     cost: u64,
     #[serde(default)]
@@ -130,13 +102,13 @@ fn one() -> u64 {
 
 /// A `/v1/check` answer.
 #[derive(Debug, Serialize)]
-struct CheckResponse {
+struct CheckResponse<'a> {
     allowed: bool,
     limit: u64,
     remaining: u64,
     reset_after_ms: u64,
     retry_after_ms: Option<u64>,
-    policy: String,
+    policy: &'a str,
     /// Set when the store was unavailable and the fallback limiter answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     degraded: Option<&'static str>,
@@ -256,7 +228,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             remaining: p.decision.remaining,
             reset_after_ms: duration_ms(p.decision.reset_after),
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
-            policy: p.name.to_string(),
+            policy: p.name,
             degraded: (verdict.source == DecisionSource::Fallback).then_some("fallback"),
         },
         // The store failed and nobody decided: say what `on_error` chose.
@@ -266,7 +238,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             remaining: 0,
             reset_after_ms: 0,
             retry_after_ms: (!verdict.allowed()).then_some(1000),
-            policy: verdict.rule.to_string(),
+            policy: verdict.rule,
             degraded: Some(if verdict.allowed() { "fail_open" } else { "fail_closed" }),
         },
     };
@@ -291,6 +263,20 @@ fn duration_ms(d: std::time::Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_requests_borrow_plain_strings_and_unescape_the_others() {
+        let plain: CheckRequest<'_> =
+            serde_json::from_slice(br#"{"rule":"search","key":"user-42"}"#).unwrap();
+        assert!(matches!((&plain.rule, &plain.key), (Cow::Borrowed("search"), Cow::Borrowed("user-42"))));
+        assert_eq!((plain.cost, plain.anonymous), (1, false));
+        // An escaped key is the same identity as the plain one.
+        let escaped: CheckRequest<'_> =
+            serde_json::from_slice(br#"{"rule":"se\u0061rch","key":"user-\u0034\u0032","cost":3}"#).unwrap();
+        assert_eq!((&*escaped.rule, &*escaped.key, escaped.cost), ("search", "user-42", 3));
+        let unknown = serde_json::from_slice::<CheckRequest<'_>>(br#"{"rule":"a","key":"b","extra":1}"#);
+        assert!(unknown.unwrap_err().to_string().contains("unknown field `extra`"));
+    }
 
     #[test]
     fn only_the_exact_bearer_token_matches() {

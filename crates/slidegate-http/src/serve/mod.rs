@@ -12,7 +12,8 @@
 //! - `server`: [`Server`] binds, starts the workers and accepts until the
 //!   caller's shutdown future completes (the binary passes a signal).
 //! - `worker`: one thread's connections and the routing of each request.
-//! - `admin`: the admin endpoints and their own listener.
+//! - `admin`: the admin endpoints (served by the workers, whichever
+//!   listener took the connection).
 //! - `proxy` and `upstream`: forwarding to the upstream.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].

@@ -11,8 +11,8 @@ use tokio::net::TcpListener;
 
 use super::error::ServeError;
 use super::upstream::UpstreamLimits;
-use super::worker::{worker, Accepted};
-use super::{admin, proxy, sweeper, State};
+use super::worker::{worker, Accepted, Listener};
+use super::{proxy, sweeper, State};
 use crate::config::{Config, Delay};
 use crate::limiter::RateLimiter;
 use crate::store::{AnyStore, LazyRedis};
@@ -29,7 +29,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// decided, forwarded and answered on one thread, with no wake-ups across
 /// threads on the way. One acceptor deals connections to the workers in turn
 /// (`SO_REUSEPORT` would spread them by address hash, unevenly: with 32
-/// connections one worker got three times the other's load). Only the store
+/// connections one worker got three times the other's load), those of the
+/// admin listener too: the decision service (`/v1/check`) runs on the same
+/// `[server] threads` as the proxy, not on a runtime of its own whose
+/// threads would compete with the workers for the cores. Only the store
 /// (and Redis' connection) is shared.
 pub struct Server {
     listener: TcpListener,
@@ -93,8 +96,9 @@ impl Server {
         self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes, then stops accepting and waits up to
-    /// the configured grace period for open connections to finish.
+    /// Serves until `shutdown` completes, then stops accepting (on both
+    /// listeners) and waits up to the configured grace period for open
+    /// connections to finish.
     ///
     /// The caller decides what stops the server: a signal in the binary, a
     /// channel in a test.
@@ -103,16 +107,6 @@ impl Server {
         // every client can reach them.
         let admin_here = self.admin_on_public;
         let sweeper = sweeper::spawn(&self.limiter);
-        let admin = self.admin_listener.map(|listener| {
-            let state = State {
-                limiter: self.limiter.clone(),
-                proxy: None,
-                admin_prefix: self.admin_prefix.clone(),
-                admin_here: true,
-                check_token: self.check_token.clone(),
-            };
-            tokio::spawn(admin::serve_listener(listener, Arc::new(state)))
-        });
         let mut workers = Vec::with_capacity(self.threads);
         let mut threads = Vec::with_capacity(self.threads);
         for i in 0..self.threads {
@@ -147,30 +141,30 @@ impl Server {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut next = 0;
         while !workers.is_empty() {
-            let (stream, peer) = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off briefly.
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                },
+            let (accepted, listener) = tokio::select! {
+                accepted = self.listener.accept() => (accepted, Listener::Public),
+                accepted = accept(self.admin_listener.as_ref()) => (accepted, Listener::Admin),
                 () = &mut shutdown => break,
+            };
+            let (stream, peer) = match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off briefly.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
             };
             let _ = stream.set_nodelay(true);
             let Ok(stream) = stream.into_std() else { continue };
             next = (next + 1) % workers.len();
-            if workers[next].send((stream, peer)).is_err() {
+            if workers[next].send((stream, peer, listener)).is_err() {
                 tracing::error!("a worker thread stopped");
                 workers.remove(next);
             }
         }
         drop(self.listener);
-        if let Some(admin) = admin {
-            admin.abort();
-        }
+        drop(self.admin_listener);
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
@@ -183,6 +177,14 @@ impl Server {
             }
         })
         .await;
+    }
+}
+
+/// The next connection on `listener`; never, without one.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -17,8 +17,17 @@ use super::body::ServeBody;
 use super::{admin, proxy, State};
 use crate::config::Delay;
 
-/// A connection handed to a worker thread.
-pub(super) type Accepted = (std::net::TcpStream, SocketAddr);
+/// A connection handed to a worker thread, and the listener it came in on.
+pub(super) type Accepted = (std::net::TcpStream, SocketAddr, Listener);
+
+/// Which listener accepted a connection: what its requests may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Listener {
+    /// `[server] listen`: the proxy (and the admin endpoints with `admin_on_public`).
+    Public,
+    /// `[server] admin_listen`: the admin endpoints only.
+    Admin,
+}
 
 /// Serves the connections it is dealt until the acceptor closes the channel,
 /// then waits up to `grace` for them to finish.
@@ -39,7 +48,7 @@ pub(super) async fn worker(
             tick.tick().await;
         }
     });
-    while let Some((stream, peer)) = connections.recv().await {
+    while let Some((stream, peer, listener)) = connections.recv().await {
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => stream,
             Err(err) => {
@@ -52,7 +61,12 @@ pub(super) async fn worker(
         let service = service_fn(move |request: Request<Incoming>| {
             let state = Arc::clone(&state);
             let peer_value = peer_value.clone();
-            async move { Ok::<_, Infallible>(handle(&state, request, peer, &peer_value).await) }
+            async move {
+                Ok::<_, Infallible>(match listener {
+                    Listener::Public => handle(&state, request, peer, &peer_value).await,
+                    Listener::Admin => admin::handle_only_admin(&state, request).await,
+                })
+            }
         });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
