@@ -29,14 +29,13 @@
 //! measured: a decision costs a third of the article's script's server CPU
 //! here, against about the same as the script in Lua (BENCHMARKS.md).
 
+use std::ffi::{c_int, CStr};
 use std::time::Duration;
 
-use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError};
 use slidegate::algorithm::{fixed_window, gcra, sliding_window_counter as swc, token_bucket};
 use slidegate::{Algorithm, Decision, Quota};
 
-/// Bytes of the arguments: five doubles.
-const ARGS_BYTES: usize = 40;
 /// The time argument that asks for the server's clock.
 const NOW_FROM_REDIS: f64 = -1.0;
 /// As in `prelude.lua`: in client time a key outlives its state by this much
@@ -46,9 +45,8 @@ const TWO_32: u64 = 1 << 32;
 const TWO_48: u64 = 1 << 48;
 
 /// The arguments of one decision.
+#[derive(Clone, Copy)]
 struct Args {
-    /// Client time, or `None` for the server's clock.
-    client_now: Option<u64>,
     algorithm: Algorithm,
     quota: Quota,
     cost: u64,
@@ -59,28 +57,45 @@ fn whole(x: f64) -> Option<u64> {
     (x >= 0.0 && x <= slidegate::MAX_EXACT as f64 && x.fract() == 0.0).then_some(x as u64)
 }
 
-fn parse_args(bytes: &[u8]) -> Result<Args, RedisError> {
+/// Bytes of one limit's arguments: four doubles.
+const LIMIT_BYTES: usize = 32;
+
+/// Splits the arguments of `count` limits into the time (`None`: the
+/// server's clock) and the limits' bytes.
+fn split_args(bytes: &[u8], count: usize) -> Result<(Option<u64>, &[u8]), RedisError> {
     let bad = || RedisError::Str("ERR slidegate: malformed arguments");
-    if bytes.len() != ARGS_BYTES {
+    if bytes.len() != 8 + LIMIT_BYTES * count {
         return Err(bad());
     }
-    let mut v = [0f64; 5];
-    for (x, chunk) in v.iter_mut().zip(bytes.chunks_exact(8)) {
-        let mut le = [0u8; 8];
-        le.copy_from_slice(chunk);
-        *x = f64::from_le_bytes(le);
+    let (now, limits) = bytes.split_at(8);
+    let now = le_double(now);
+    let client_now = if now == NOW_FROM_REDIS { None } else { Some(whole(now).ok_or_else(bad)?) };
+    Ok((client_now, limits))
+}
+
+fn le_double(bytes: &[u8]) -> f64 {
+    let mut le = [0u8; 8];
+    le.copy_from_slice(&bytes[..8]);
+    f64::from_le_bytes(le)
+}
+
+/// One limit's 32 bytes: algorithm number, limit, window in ms, cost.
+fn parse_limit(bytes: &[u8]) -> Result<Args, RedisError> {
+    let bad = || RedisError::Str("ERR slidegate: malformed arguments");
+    if bytes.len() != LIMIT_BYTES {
+        return Err(bad());
     }
-    let client_now = if v[0] == NOW_FROM_REDIS { None } else { Some(whole(v[0]).ok_or_else(bad)?) };
-    let algorithm = whole(v[1])
+    let v = |i: usize| le_double(&bytes[8 * i..]);
+    let algorithm = whole(v(0))
         .and_then(|n| n.checked_sub(1))
         .and_then(|i| Algorithm::ALL.get(usize::try_from(i).ok()?).copied())
         .ok_or_else(bad)?;
-    let limit = whole(v[2]).ok_or_else(bad)?;
-    let window = whole(v[3]).ok_or_else(bad)?;
+    let limit = whole(v(1)).ok_or_else(bad)?;
+    let window = whole(v(2)).ok_or_else(bad)?;
     let quota = Quota::new(limit, Duration::from_millis(window))
         .map_err(|e| RedisError::String(format!("ERR slidegate: {e}")))?;
-    let cost = whole(v[4]).filter(|&c| c <= limit).ok_or_else(bad)?;
-    Ok(Args { client_now, algorithm, quota, cost })
+    let cost = whole(v(3)).filter(|&c| c <= limit).ok_or_else(bad)?;
+    Ok(Args { algorithm, quota, cost })
 }
 
 /// Little-endian unsigned integer of `bytes.len()` bytes (Lua's `I<n>`).
@@ -251,8 +266,12 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
     }
 }
 
-/// The scripts' reply: four little-endian doubles.
-fn reply(d: &Decision) -> RedisValue {
+/// Bytes of one decision in a reply: four doubles.
+const DECISION_BYTES: usize = 32;
+
+/// Appends the scripts' reply for `d`: allowed (1|0), remaining,
+/// reset_after ms, retry_after ms (-1 when allowed), as little-endian doubles.
+fn push_decision(out: &mut Vec<u8>, d: &Decision) {
     let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX) as f64;
     let values = [
         if d.allowed { 1.0 } else { 0.0 },
@@ -260,16 +279,130 @@ fn reply(d: &Decision) -> RedisValue {
         ms(d.reset_after),
         d.retry_after.map_or(-1.0, ms),
     ];
-    RedisValue::StringBuffer(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The bytes of a module string, borrowed for as long as Redis keeps it.
+fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+    let mut len = 0;
+    // SAFETY: `s` is an argument of the running command, alive until it
+    // returns; StringPtrLen neither copies nor allocates.
+    unsafe {
+        let ptr = raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(s, &mut len));
+        if ptr.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+        }
+    }
+}
+
+/// The time of one call: the decision's clock and the server's, which
+/// every expiry is set on.
+struct Clock {
+    now: u64,
+    server_now: u64,
+    client_time: bool,
+}
+
+impl Clock {
+    fn read(client_now: Option<u64>) -> Result<Self, RedisError> {
+        // SAFETY: Milliseconds takes no argument and is bound when the module loads.
+        let server_now = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
+        let server_now = u64::try_from(server_now)
+            .map_err(|_| RedisError::Str("ERR slidegate: the server clock is before 1970"))?;
+        Ok(Self { now: client_now.unwrap_or(server_now), server_now, client_time: client_now.is_some() })
+    }
+
+    /// The absolute expiry, on the server's clock, of a state idle at
+    /// `idle_at` on the decision's clock: as the script's PXAT (server time),
+    /// or its PX from now (client time, with slack).
+    fn expire_at(&self, idle_at: u64) -> Result<i64, RedisError> {
+        let at = if self.client_time {
+            self.server_now + (idle_at + CLIENT_TTL_SLACK_MS).saturating_sub(self.now)
+        } else {
+            idle_at
+        };
+        i64::try_from(at).map_err(|_| WRITE_FAILED)
+    }
 }
 
 /// An open key, closed (and signalled as modified, when written) on drop.
 #[cfg_attr(test, allow(dead_code))]
-struct OpenKey(*mut raw::RedisModuleKey);
+struct OpenKey {
+    key: *mut raw::RedisModuleKey,
+    name: *mut raw::RedisModuleString,
+}
+
+#[cfg_attr(test, allow(dead_code))]
+impl OpenKey {
+    fn open(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) -> Self {
+        let key = raw::open_key(ctx, name, raw::KeyMode::READ | raw::KeyMode::WRITE);
+        Self { key, name }
+    }
+
+    /// The value a script (or this module) left, `None` for no key. Valid
+    /// until the key is written or closed, which the borrow enforces.
+    fn value(&self) -> Result<Option<&[u8]>, RedisError> {
+        // SAFETY: the key is open until `self` drops.
+        let key_type = unsafe { raw::RedisModule_KeyType.map_or(-1, |f| f(self.key)) };
+        match isize::try_from(key_type) {
+            Ok(raw::REDISMODULE_KEYTYPE_EMPTY) => Ok(None),
+            Ok(raw::REDISMODULE_KEYTYPE_STRING) => {
+                let mut len = 0;
+                let ptr = raw::string_dma(self.key, &mut len, raw::KeyMode::READ);
+                if ptr.is_null() {
+                    return Err(RedisError::WrongType);
+                }
+                // SAFETY: DMA gives `len` readable bytes, valid until the key
+                // is written or closed, neither of which can happen while
+                // `&self` is borrowed for the slice.
+                Ok(Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }))
+            }
+            _ => Err(RedisError::WrongType),
+        }
+    }
+
+    /// Writes `write` with its expiry and propagates the same as a `SET`.
+    fn write(
+        &mut self,
+        ctx: *mut raw::RedisModuleCtx,
+        write: &Write,
+        clock: &Clock,
+    ) -> Result<(), RedisError> {
+        // In place: truncating to the new length and writing through DMA
+        // keeps the key's expiry, which `Expiry::Keep` relies on.
+        if raw::string_truncate(self.key, write.value.len()) == raw::Status::Err {
+            return Err(WRITE_FAILED);
+        }
+        let mut len = 0;
+        let ptr = raw::string_dma(self.key, &mut len, raw::KeyMode::WRITE);
+        if ptr.is_null() || len != write.value.len() {
+            return Err(WRITE_FAILED);
+        }
+        // SAFETY: DMA gives `len` writable bytes, exactly the value's length.
+        unsafe { std::ptr::copy_nonoverlapping(write.value.as_ptr(), ptr.cast::<u8>(), len) };
+        let name = string_bytes(self.name);
+        match write.expiry {
+            Expiry::Keep => replicate_set(ctx, name, &write.value, None),
+            Expiry::IdleAt(idle_at) => {
+                let at = clock.expire_at(idle_at)?;
+                // SAFETY: the key is open for writing and holds the value just written.
+                let status = unsafe { raw::RedisModule_SetAbsExpire.map_or(-1, |f| f(self.key, at)) };
+                if status != raw::REDISMODULE_OK as i32 {
+                    return Err(WRITE_FAILED);
+                }
+                replicate_set(ctx, name, &write.value, Some(at))
+            }
+        }
+    }
+}
 
 impl Drop for OpenKey {
     fn drop(&mut self) {
-        raw::close_key(self.0);
+        raw::close_key(self.key);
     }
 }
 
@@ -281,7 +414,12 @@ const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write th
 /// are (`b`: pointer and length; `c`: C string; `l`: long long), with no
 /// module strings created on the way.
 #[cfg_attr(test, allow(dead_code))]
-fn replicate_set(ctx: &Context, key: &[u8], value: &[u8], at: Option<i64>) -> Result<(), RedisError> {
+fn replicate_set(
+    ctx: *mut raw::RedisModuleCtx,
+    key: &[u8],
+    value: &[u8],
+    at: Option<i64>,
+) -> Result<(), RedisError> {
     // SAFETY: bound once when the module loads, read-only afterwards.
     let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
     // SAFETY: every pointer lives across the call, each buffer comes with its
@@ -289,7 +427,7 @@ fn replicate_set(ctx: &Context, key: &[u8], value: &[u8], at: Option<i64>) -> Re
     let status = unsafe {
         match at {
             None => replicate(
-                ctx.ctx,
+                ctx,
                 c"SET".as_ptr(),
                 c"bbc".as_ptr(),
                 key.as_ptr(),
@@ -299,7 +437,7 @@ fn replicate_set(ctx: &Context, key: &[u8], value: &[u8], at: Option<i64>) -> Re
                 c"KEEPTTL".as_ptr(),
             ),
             Some(at) => replicate(
-                ctx.ctx,
+                ctx,
                 c"SET".as_ptr(),
                 c"bbcl".as_ptr(),
                 key.as_ptr(),
@@ -318,83 +456,152 @@ fn replicate_set(ctx: &Context, key: &[u8], value: &[u8], at: Option<i64>) -> Re
     }
 }
 
+/// `SLIDEGATE.DECIDE <key> <args>`: one limit.
 #[cfg_attr(test, allow(dead_code))]
-fn slidegate_decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let [_, key_name, raw_args] = args.as_slice() else {
-        return Err(RedisError::WrongArity);
-    };
-    let a = parse_args(raw_args.as_slice())?;
-    // SAFETY: Milliseconds takes no argument and is bound when the module loads.
-    let server_now = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
-    let server_now = u64::try_from(server_now)
-        .map_err(|_| RedisError::Str("ERR slidegate: the server clock is before 1970"))?;
-    let now = a.client_now.unwrap_or(server_now);
-
-    let key = OpenKey(raw::open_key(ctx.ctx, key_name.inner, raw::KeyMode::READ | raw::KeyMode::WRITE));
-    // SAFETY: the key was opened above and stays open until `key` drops.
-    let key_type = unsafe { raw::RedisModule_KeyType.map_or(-1, |f| f(key.0)) };
-    let stored = match isize::try_from(key_type) {
-        Ok(raw::REDISMODULE_KEYTYPE_EMPTY) => None,
-        Ok(raw::REDISMODULE_KEYTYPE_STRING) => {
-            let mut len = 0;
-            let ptr = raw::string_dma(key.0, &mut len, raw::KeyMode::READ);
-            if ptr.is_null() {
-                return Err(RedisError::WrongType);
-            }
-            // SAFETY: DMA gives `len` readable bytes, valid until the key is
-            // written or closed; they are copied out before either.
-            Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec())
-        }
-        _ => return Err(RedisError::WrongType),
-    };
-    let (decision, write) = decide(stored.as_deref(), now, &a)?;
+fn decide_one(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    args: &[u8],
+) -> Result<Vec<u8>, RedisError> {
+    let (client_now, limits) = split_args(args, 1)?;
+    let a = parse_limit(limits)?;
+    let clock = Clock::read(client_now)?;
+    let mut key = OpenKey::open(ctx, name);
+    let (decision, write) = decide(key.value()?, clock.now, &a)?;
     if let Some(write) = write {
-        // In place: truncating to the new length and writing through DMA
-        // keeps the key's expiry, which `Expiry::Keep` relies on.
-        if raw::string_truncate(key.0, write.value.len()) == raw::Status::Err {
-            return Err(WRITE_FAILED);
-        }
-        let mut len = 0;
-        let ptr = raw::string_dma(key.0, &mut len, raw::KeyMode::WRITE);
-        if ptr.is_null() || len != write.value.len() {
-            return Err(WRITE_FAILED);
-        }
-        // SAFETY: DMA gives `len` writable bytes, exactly the value's length.
-        unsafe { std::ptr::copy_nonoverlapping(write.value.as_ptr(), ptr.cast::<u8>(), len) };
-        let key_bytes = key_name.as_slice();
-        match write.expiry {
-            Expiry::Keep => replicate_set(ctx, key_bytes, &write.value, None)?,
-            Expiry::IdleAt(idle_at) => {
-                // On the server's clock: the absolute time of the script's
-                // PXAT (server time), or of its PX from now (client time, with slack).
-                let at = match a.client_now {
-                    None => idle_at,
-                    Some(_) => server_now + (idle_at + CLIENT_TTL_SLACK_MS).saturating_sub(now),
-                };
-                let at_ms = i64::try_from(at).map_err(|_| WRITE_FAILED)?;
-                // SAFETY: the key is open for writing and holds the value just written.
-                let status = unsafe { raw::RedisModule_SetAbsExpire.map_or(-1, |f| f(key.0, at_ms)) };
-                if status != raw::REDISMODULE_OK as i32 {
-                    return Err(WRITE_FAILED);
-                }
-                replicate_set(ctx, key_bytes, &write.value, Some(at_ms))?;
+        key.write(ctx, &write, &clock)?;
+    }
+    let mut reply = Vec::with_capacity(DECISION_BYTES);
+    push_decision(&mut reply, &decision);
+    Ok(reply)
+}
+
+/// `SLIDEGATE.DECIDE_ALL <key>... <args>`: several limits of one identity,
+/// all or nothing, as `decide_all.lua` and the memory store decide them.
+/// Every limit is decided before any is written; if one denies, nothing is
+/// written and the limits that had room report the state without this
+/// request (a cost-0 peek).
+#[cfg_attr(test, allow(dead_code))]
+fn decide_all(
+    ctx: *mut raw::RedisModuleCtx,
+    names: &[*mut raw::RedisModuleString],
+    args: &[u8],
+) -> Result<Vec<u8>, RedisError> {
+    let (client_now, limits) = split_args(args, names.len())?;
+    let limits = limits.chunks_exact(LIMIT_BYTES).map(parse_limit).collect::<Result<Vec<_>, _>>()?;
+    let clock = Clock::read(client_now)?;
+    let mut checked = Vec::with_capacity(names.len());
+    for (&name, a) in names.iter().zip(&limits) {
+        let key = OpenKey::open(ctx, name);
+        let (decision, write) = decide(key.value()?, clock.now, a)?;
+        checked.push((key, decision, write));
+    }
+    let denied = checked.iter().any(|(_, d, _)| !d.allowed);
+    let mut reply = Vec::with_capacity(DECISION_BYTES * names.len());
+    for ((key, decision, write), a) in checked.iter_mut().zip(&limits) {
+        if denied {
+            if decision.allowed {
+                let peek = Args { cost: 0, ..*a };
+                *decision = decide(key.value()?, clock.now, &peek)?.0;
             }
+        } else if let Some(write) = write {
+            key.write(ctx, write, &clock)?;
+        }
+        push_decision(&mut reply, decision);
+    }
+    Ok(reply)
+}
+
+/// Replies with `result`: the decisions' bytes, or the error.
+#[cfg_attr(test, allow(dead_code))]
+fn respond(ctx: *mut raw::RedisModuleCtx, result: Result<Vec<u8>, RedisError>) -> c_int {
+    match result {
+        Ok(bytes) => raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int,
+        Err(err) => Context::new(ctx).reply(Err(err)) as c_int,
+    }
+}
+
+/// The command's arguments as Redis hands them over.
+///
+/// # Safety
+/// `argv` points to `argc` strings alive until the command returns.
+unsafe fn arguments<'a>(
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> &'a [*mut raw::RedisModuleString] {
+    match usize::try_from(argc) {
+        // SAFETY: as the caller promises.
+        Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+        _ => &[],
+    }
+}
+
+/// The handler of `SLIDEGATE.DECIDE`, called by Redis. Registered directly
+/// rather than through `redis_module`'s wrapper, which retains every
+/// argument as a module string in a fresh `Vec` first.
+#[cfg_attr(test, allow(dead_code))]
+extern "C" fn decide_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        &[_, key, args] => decide_one(ctx, key, string_bytes(args)),
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
+/// The handler of `SLIDEGATE.DECIDE_ALL`, called by Redis.
+#[cfg_attr(test, allow(dead_code))]
+extern "C" fn decide_all_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        [_, keys @ .., args] if !keys.is_empty() => decide_all(ctx, keys, string_bytes(*args)),
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
+/// Registers the commands with the keys they declare, which Redis Cluster
+/// routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns check: one
+/// key for `DECIDE`; for `DECIDE_ALL` every argument from the first to the
+/// one before last.
+#[cfg_attr(test, allow(dead_code))]
+fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redis_module::Status {
+    type Handler = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
+    let commands: [(&CStr, Handler, c_int); 2] =
+        [(c"slidegate.decide", decide_command, 1), (c"slidegate.decide_all", decide_all_command, -2)];
+    for (name, handler, last_key) in commands {
+        // SAFETY: called from OnLoad with its context; the name and flags
+        // are NUL-terminated literals Redis copies.
+        let status = unsafe {
+            raw::RedisModule_CreateCommand.map_or(raw::REDISMODULE_ERR as c_int, |create| {
+                create(ctx.ctx, name.as_ptr(), Some(handler), c"write deny-oom fast".as_ptr(), 1, last_key, 1)
+            })
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning(&format!("slidegate: cannot register {}", name.to_string_lossy()));
+            return redis_module::Status::Err;
         }
     }
-    drop(key);
-    Ok(reply(&decision))
+    redis_module::Status::Ok
 }
 
 // Not in unit tests: the module's allocator is Redis's, which a test binary lacks.
 #[cfg(not(test))]
 redis_module::redis_module! {
     name: "slidegate",
-    version: 1,
+    version: 2,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
-    commands: [
-        ["slidegate.decide", slidegate_decide, "write deny-oom fast", 1, 1, 1, ""],
-    ],
+    init: register_commands,
+    commands: [],
 }
 
 #[cfg(test)]
