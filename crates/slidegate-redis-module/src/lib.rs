@@ -33,6 +33,8 @@ use std::ffi::{c_int, CStr};
 use std::time::Duration;
 
 use redis_module::{raw, Context, RedisError};
+
+mod propagation;
 use slidegate::algorithm::{fixed_window, gcra, sliding_window_counter as swc, token_bucket};
 use slidegate::{Algorithm, Decision, Quota};
 
@@ -54,7 +56,8 @@ struct Args {
 
 /// An integer a double holds exactly, as every argument and stored count is.
 fn whole(x: f64) -> Option<u64> {
-    (x >= 0.0 && x <= slidegate::MAX_EXACT as f64 && x.fract() == 0.0).then_some(x as u64)
+    // The round trip, not `fract()`: a libm call on every argument.
+    (x >= 0.0 && x <= slidegate::MAX_EXACT as f64).then_some(x as u64).filter(|&n| n as f64 == x)
 }
 
 /// Bytes of one limit's arguments: four doubles.
@@ -103,7 +106,7 @@ fn uint(bytes: &[u8]) -> u64 {
     bytes.iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
 }
 
-fn push_uint(out: &mut Vec<u8>, v: u64, n: usize) {
+fn push_uint(out: &mut Value, v: u64, n: usize) {
     out.extend_from_slice(&v.to_le_bytes()[..n]);
 }
 
@@ -115,7 +118,7 @@ fn double(bytes: &[u8]) -> Option<u64> {
 }
 
 /// A count in the layout the limit calls for: 4 bytes below 2^32, a double above.
-fn push_count(out: &mut Vec<u8>, v: u64, small: bool) {
+fn push_count(out: &mut Value, v: u64, small: bool) {
     if small {
         push_uint(out, v, 4);
     } else {
@@ -143,9 +146,38 @@ fn unwrap_window(stored: u64, now_window: u64) -> Option<u64> {
     }
 }
 
+/// A value as a decision writes it, on the stack: the longest layout is
+/// the counter's for limits from 2^32, 20 bytes.
+struct Value {
+    bytes: [u8; 24],
+    len: usize,
+    /// More was pushed than fits: a broken layout, refused at write.
+    overflow: bool,
+}
+
+impl Value {
+    fn new() -> Self {
+        Self { bytes: [0; 24], len: 0, overflow: false }
+    }
+
+    fn extend_from_slice(&mut self, more: &[u8]) {
+        match self.bytes.get_mut(self.len..self.len + more.len()) {
+            Some(room) => {
+                room.copy_from_slice(more);
+                self.len += more.len();
+            }
+            None => self.overflow = true,
+        }
+    }
+
+    fn as_slice(&self) -> Option<&[u8]> {
+        (!self.overflow).then(|| &self.bytes[..self.len])
+    }
+}
+
 /// What a decision writes: the new value and its expiry.
 struct Write {
-    value: Vec<u8>,
+    value: Value,
     expiry: Expiry,
 }
 
@@ -179,7 +211,7 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
             if !charged(&d) {
                 return Ok((d, None));
             }
-            let mut value = Vec::with_capacity(20);
+            let mut value = Value::new();
             push_uint(&mut value, after.window % TWO_32, 4);
             push_count(&mut value, after.cur, small);
             push_count(&mut value, after.prev, small);
@@ -201,7 +233,7 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
             if !charged(&d) {
                 return Ok((d, None));
             }
-            let mut value = Vec::with_capacity(12);
+            let mut value = Value::new();
             push_uint(&mut value, after.window % TWO_32, 4);
             push_count(&mut value, after.count, small);
             let same_window = state.is_some_and(|s| s.window == after.window);
@@ -226,7 +258,7 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
             if !charged(&d) {
                 return Ok((d, None));
             }
-            let mut value = Vec::with_capacity(13);
+            let mut value = Value::new();
             push_uint(&mut value, after.tat_ms, 6);
             push_uint(&mut value, after.frac, 7);
             let idle_at = after.tat_ms + u64::from(after.frac > 0);
@@ -250,7 +282,7 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
             if !charged(&d) {
                 return Ok((d, None));
             }
-            let mut value = Vec::with_capacity(14);
+            let mut value = Value::new();
             if small {
                 push_uint(&mut value, after.used, 6);
             } else {
@@ -269,9 +301,9 @@ fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Result<(Decision, Option
 /// Bytes of one decision in a reply: four doubles.
 const DECISION_BYTES: usize = 32;
 
-/// Appends the scripts' reply for `d`: allowed (1|0), remaining,
-/// reset_after ms, retry_after ms (-1 when allowed), as little-endian doubles.
-fn push_decision(out: &mut Vec<u8>, d: &Decision) {
+/// The scripts' reply for `d`: allowed (1|0), remaining, reset_after ms,
+/// retry_after ms (-1 when allowed), as little-endian doubles.
+fn decision_bytes(d: &Decision) -> [u8; DECISION_BYTES] {
     let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX) as f64;
     let values = [
         if d.allowed { 1.0 } else { 0.0 },
@@ -279,8 +311,25 @@ fn push_decision(out: &mut Vec<u8>, d: &Decision) {
         ms(d.reset_after),
         d.retry_after.map_or(-1.0, ms),
     ];
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+    let mut out = [0u8; DECISION_BYTES];
+    for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// What a command replies: one decision (on the stack) or several.
+enum Reply {
+    One([u8; DECISION_BYTES]),
+    All(Vec<u8>),
+}
+
+impl Reply {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Reply::One(bytes) => bytes,
+            Reply::All(bytes) => bytes,
+        }
     }
 }
 
@@ -372,21 +421,24 @@ impl OpenKey {
         write: &Write,
         clock: &Clock,
     ) -> Result<(), RedisError> {
+        let value = write.value.as_slice().ok_or(WRITE_FAILED)?;
         // In place: truncating to the new length and writing through DMA
         // keeps the key's expiry, which `Expiry::Keep` relies on.
-        if raw::string_truncate(self.key, write.value.len()) == raw::Status::Err {
+        if raw::string_truncate(self.key, value.len()) == raw::Status::Err {
             return Err(WRITE_FAILED);
         }
         let mut len = 0;
         let ptr = raw::string_dma(self.key, &mut len, raw::KeyMode::WRITE);
-        if ptr.is_null() || len != write.value.len() {
+        if ptr.is_null() || len != value.len() {
             return Err(WRITE_FAILED);
         }
         // SAFETY: DMA gives `len` writable bytes, exactly the value's length.
-        unsafe { std::ptr::copy_nonoverlapping(write.value.as_ptr(), ptr.cast::<u8>(), len) };
-        let name = string_bytes(self.name);
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), ptr.cast::<u8>(), len) };
+        let name = self.name;
+        let propagate = propagation::needed(ctx);
         match write.expiry {
-            Expiry::Keep => replicate_set(ctx, name, &write.value, None),
+            Expiry::Keep if propagate => replicate_set(ctx, name, value, None),
+            Expiry::Keep => Ok(()),
             Expiry::IdleAt(idle_at) => {
                 let at = clock.expire_at(idle_at)?;
                 // SAFETY: the key is open for writing and holds the value just written.
@@ -394,7 +446,10 @@ impl OpenKey {
                 if status != raw::REDISMODULE_OK as i32 {
                     return Err(WRITE_FAILED);
                 }
-                replicate_set(ctx, name, &write.value, Some(at))
+                if propagate {
+                    replicate_set(ctx, name, value, Some(at))?;
+                }
+                Ok(())
             }
         }
     }
@@ -410,28 +465,28 @@ impl Drop for OpenKey {
 const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write the key");
 
 /// Propagates `SET key value PXAT at` (or `KEEPTTL` without `at`) to
-/// replicas and the AOF. The format string hands Redis the buffers as they
-/// are (`b`: pointer and length; `c`: C string; `l`: long long), with no
-/// module strings created on the way.
+/// replicas and the AOF. The format string hands Redis the key as the
+/// command's own argument (`s`: shared, not copied), the value as a buffer
+/// (`b`: pointer and length), the rest as a C string (`c`) and a long long (`l`).
 #[cfg_attr(test, allow(dead_code))]
 fn replicate_set(
     ctx: *mut raw::RedisModuleCtx,
-    key: &[u8],
+    key: *mut raw::RedisModuleString,
     value: &[u8],
     at: Option<i64>,
 ) -> Result<(), RedisError> {
     // SAFETY: bound once when the module loads, read-only afterwards.
     let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
-    // SAFETY: every pointer lives across the call, each buffer comes with its
-    // length, and the C strings are NUL-terminated literals.
+    // SAFETY: the key is an argument of the running command, every pointer
+    // lives across the call, the buffer comes with its length, and the C
+    // strings are NUL-terminated literals.
     let status = unsafe {
         match at {
             None => replicate(
                 ctx,
                 c"SET".as_ptr(),
-                c"bbc".as_ptr(),
-                key.as_ptr(),
-                key.len(),
+                c"sbc".as_ptr(),
+                key,
                 value.as_ptr(),
                 value.len(),
                 c"KEEPTTL".as_ptr(),
@@ -439,9 +494,8 @@ fn replicate_set(
             Some(at) => replicate(
                 ctx,
                 c"SET".as_ptr(),
-                c"bbcl".as_ptr(),
-                key.as_ptr(),
-                key.len(),
+                c"sbcl".as_ptr(),
+                key,
                 value.as_ptr(),
                 value.len(),
                 c"PXAT".as_ptr(),
@@ -462,7 +516,7 @@ fn decide_one(
     ctx: *mut raw::RedisModuleCtx,
     name: *mut raw::RedisModuleString,
     args: &[u8],
-) -> Result<Vec<u8>, RedisError> {
+) -> Result<Reply, RedisError> {
     let (client_now, limits) = split_args(args, 1)?;
     let a = parse_limit(limits)?;
     let clock = Clock::read(client_now)?;
@@ -471,9 +525,7 @@ fn decide_one(
     if let Some(write) = write {
         key.write(ctx, &write, &clock)?;
     }
-    let mut reply = Vec::with_capacity(DECISION_BYTES);
-    push_decision(&mut reply, &decision);
-    Ok(reply)
+    Ok(Reply::One(decision_bytes(&decision)))
 }
 
 /// `SLIDEGATE.DECIDE_ALL <key>... <args>`: several limits of one identity,
@@ -486,7 +538,7 @@ fn decide_all(
     ctx: *mut raw::RedisModuleCtx,
     names: &[*mut raw::RedisModuleString],
     args: &[u8],
-) -> Result<Vec<u8>, RedisError> {
+) -> Result<Reply, RedisError> {
     let (client_now, limits) = split_args(args, names.len())?;
     let limits = limits.chunks_exact(LIMIT_BYTES).map(parse_limit).collect::<Result<Vec<_>, _>>()?;
     let clock = Clock::read(client_now)?;
@@ -507,16 +559,19 @@ fn decide_all(
         } else if let Some(write) = write {
             key.write(ctx, write, &clock)?;
         }
-        push_decision(&mut reply, decision);
+        reply.extend_from_slice(&decision_bytes(decision));
     }
-    Ok(reply)
+    Ok(Reply::All(reply))
 }
 
 /// Replies with `result`: the decisions' bytes, or the error.
 #[cfg_attr(test, allow(dead_code))]
-fn respond(ctx: *mut raw::RedisModuleCtx, result: Result<Vec<u8>, RedisError>) -> c_int {
+fn respond(ctx: *mut raw::RedisModuleCtx, result: Result<Reply, RedisError>) -> c_int {
     match result {
-        Ok(bytes) => raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int,
+        Ok(reply) => {
+            let bytes = reply.bytes();
+            raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int
+        }
         Err(err) => Context::new(ctx).reply(Err(err)) as c_int,
     }
 }
@@ -590,7 +645,7 @@ fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redi
             return redis_module::Status::Err;
         }
     }
-    redis_module::Status::Ok
+    propagation::init(ctx)
 }
 
 // Not in unit tests: the module's allocator is Redis's, which a test binary lacks.
@@ -620,9 +675,12 @@ mod tests {
 
     #[test]
     fn integers_use_the_scripts_little_endian_layout() {
-        let mut v = Vec::new();
+        let mut v = Value::new();
         push_uint(&mut v, 0x0102_0304_0506, 6);
-        assert_eq!(v, [6, 5, 4, 3, 2, 1]);
-        assert_eq!(uint(&v), 0x0102_0304_0506);
+        assert_eq!(v.as_slice(), Some(&[6, 5, 4, 3, 2, 1][..]));
+        assert_eq!(uint(&v.bytes[..6]), 0x0102_0304_0506);
+        // A layout longer than any writes is refused, not truncated.
+        v.extend_from_slice(&[0; 19]);
+        assert_eq!(v.as_slice(), None);
     }
 }

@@ -366,3 +366,95 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
         assert_eq!(values[0], values[1], "{limit}");
     }
 }
+
+/// The keys under `prefix` with their values and absolute expiries.
+async fn snapshot(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<(String, Vec<u8>, i64)> {
+    let mut keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.expect("KEYS");
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let value: Vec<u8> = redis::cmd("GET").arg(&key).query_async(conn).await.expect("GET");
+        let at: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(conn).await.expect("PEXPIRETIME");
+        out.push((key, value, at));
+    }
+    out
+}
+
+/// Decisions of every module algorithm on identities `from..to`, single and
+/// all at once; the windows are hours, so that no key expires during a test.
+async fn decide_some(store: &RedisStore, identities: std::ops::Range<usize>) {
+    let counting: Vec<Algorithm> =
+        Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog).collect();
+    for i in identities {
+        let identity = format!("id-{i}");
+        for (n, &a) in counting.iter().enumerate() {
+            let limit = support::limit(a, 10, 3_600_000 + n as u64 * 1000);
+            assert!(store.decide(&identity, &limit, 1).await.expect("decides").allowed);
+        }
+        let charges: Vec<_> = counting.iter().map(|&a| (support::limit(a, 20, 7_200_000), 2)).collect();
+        assert!(store.decide_all(&identity, &charges).await.expect("decides").iter().all(|d| d.allowed));
+    }
+}
+
+/// A master that had no replica skips building the propagated writes; a
+/// replica attaching later gets those keys in its initial sync and every
+/// write after it: both hold the same values and absolute expiries.
+#[tokio::test]
+async fn a_replica_attaching_later_gets_every_write() {
+    let master = module_server();
+    let store = module_store(&master).await.with_prefix("late:");
+    decide_some(&store, 0..20).await;
+    let replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut master_conn = support::admin(&master).await;
+    let mut replica_conn = support::admin(&replica).await;
+    for _ in 0..400 {
+        let n: i64 = redis::cmd("WAIT").arg(0).arg(10).query_async(&mut master_conn).await.expect("WAIT");
+        if n >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Old identities charged again (new values, kept expiries) and new ones.
+    decide_some(&store, 10..30).await;
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut master_conn).await.expect("WAIT");
+    assert_eq!(n, 1, "the replica acknowledged");
+    let on_master = snapshot(&mut master_conn, "late:").await;
+    assert_eq!(on_master.len(), 30 * 8);
+    assert!(on_master.iter().all(|(_, _, at)| *at > 0), "every key expires");
+    assert_eq!(snapshot(&mut replica_conn, "late:").await, on_master);
+}
+
+/// AOF turned on while the server runs: every write from then on is in
+/// the AOF, and reloading it gives back the same values and expiries.
+#[tokio::test]
+async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
+    let args = module_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--enable-debug-command", "yes"]);
+    let server = RedisServer::spawn_with_args(&args);
+    let store = module_store(&server).await.with_prefix("aof:");
+    let mut conn = support::admin(&server).await;
+    decide_some(&store, 0..10).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("yes")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    // Charged while the rewrite runs, and after it.
+    decide_some(&store, 5..15).await;
+    for _ in 0..400 {
+        let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut conn).await.expect("INFO");
+        if info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    decide_some(&store, 10..20).await;
+    let before = snapshot(&mut conn, "aof:").await;
+    assert_eq!(before.len(), 20 * 8);
+    let _: () = redis::cmd("DEBUG").arg("LOADAOF").query_async(&mut conn).await.expect("DEBUG LOADAOF");
+    assert_eq!(snapshot(&mut conn, "aof:").await, before);
+}
