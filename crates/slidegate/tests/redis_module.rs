@@ -458,3 +458,55 @@ async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
     let _: () = redis::cmd("DEBUG").arg("LOADAOF").query_async(&mut conn).await.expect("DEBUG LOADAOF");
     assert_eq!(snapshot(&mut conn, "aof:").await, before);
 }
+
+/// `INFO <section>` field `name` of `server`.
+async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str, name: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query_async(conn).await.expect("INFO");
+    info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_default().trim().to_owned()
+}
+
+/// A master restarted from an RDB file that carries its replication state
+/// keeps a backlog its replicas resume from (a partial resync), though no
+/// replica synced since the module loaded (it loads before the file): the
+/// writes made before the replica comes back reach it all the same.
+#[tokio::test]
+async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_from() {
+    let mut master = module_server();
+    let mut replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let store = module_store(&master).await.with_prefix("resume:");
+    let mut master_conn = support::admin(&master).await;
+    for _ in 0..400 {
+        let n: i64 = redis::cmd("WAIT").arg(0).arg(10).query_async(&mut master_conn).await.expect("WAIT");
+        if n >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    decide_some(&store, 0..10).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut master_conn).await.expect("SAVE");
+    // The replica stays away until the restarted master has decided more.
+    replica.pause();
+    master.restart();
+    let store = module_store(&master).await.with_prefix("resume:");
+    let mut master_conn = support::admin(&master).await;
+    assert_eq!(info_field(&mut master_conn, "replication", "repl_backlog_active").await, "1");
+    decide_some(&store, 5..15).await;
+    replica.resume();
+    let mut acknowledged = 0;
+    for _ in 0..400 {
+        acknowledged = redis::cmd("WAIT").arg(1).arg(50).query_async(&mut master_conn).await.expect("WAIT");
+        if acknowledged >= 1 {
+            break;
+        }
+    }
+    assert_eq!(acknowledged, 1, "the replica came back");
+    assert_eq!(
+        info_field(&mut master_conn, "stats", "sync_partial_ok").await,
+        "1",
+        "it resumed from the backlog"
+    );
+    let on_master = snapshot(&mut master_conn, "resume:").await;
+    assert_eq!(on_master.len(), 15 * 8);
+    let mut replica_conn = support::admin(&replica).await;
+    assert_eq!(snapshot(&mut replica_conn, "resume:").await, on_master);
+}
