@@ -1,32 +1,43 @@
-//! `SLIDEGATE.DECIDE`: slidegate's decision as a native Redis command.
+//! `SLIDEGATE.DECIDE` and `SLIDEGATE.DECIDE_ALL`: slidegate's decisions as
+//! native Redis commands.
 //!
 //! The arithmetic is `slidegate::algorithm`'s own (the functions the memory
 //! store runs); this crate only translates between those states and the
 //! values the Lua scripts keep in Redis (`store/redis/*.lua`), so a key
-//! written by a script is read by the module and the other way round.
+//! written by a script is read by the module and the other way round. The
+//! translation lives in `decide`, one arm per algorithm.
 //!
 //! ```text
 //! SLIDEGATE.DECIDE <key> <args>
+//! SLIDEGATE.DECIDE_ALL <key>... <args>
 //! ```
 //!
-//! `<args>` is 40 bytes, five little-endian doubles: now in ms since the
-//! epoch (or -1 for the server's clock), the algorithm's number (its place in
-//! `Algorithm::ALL`, from 1, as in `decide_all.lua`), limit, window in ms and
-//! cost. The reply is the scripts' 32 bytes: allowed (1|0), remaining,
-//! reset_after ms, retry_after ms (-1 when allowed).
+//! `<args>` is `decide_all.lua`'s `ARGV[1]`: little-endian doubles, now in ms
+//! since the epoch (or -1 for the server's clock), then per key the
+//! algorithm's number (its place in `Algorithm::ALL`, from 1), limit, window
+//! in ms and cost. The reply is the scripts' 32 bytes per key: allowed
+//! (1|0), remaining, reset_after ms, retry_after ms (-1 when allowed).
+//! `DECIDE_ALL` decides every limit before it writes any, and writes none
+//! if one denies (the others then report a cost-0 peek), as the script and
+//! the memory store do. Both commands declare their keys (the first; the
+//! first to the one before last), so Redis Cluster routes them, and
+//! answers `MOVED` or `CROSSSLOT` before anything runs.
 //!
 //! Replication carries effects, never the decision: a write is propagated as
 //! `SET key value PXAT <absolute ms>` (or `KEEPTTL` where the script keeps the
 //! TTL), so a replica or an AOF replay neither re-decides on another clock
-//! nor needs the module loaded. The sliding log (a sorted set) is left to the
-//! Lua scripts: the command answers it with an error the store never provokes.
+//! nor needs the module loaded; where Redis would drop it (no AOF, no
+//! replica ever), it is not built (`propagation.rs`). The sliding log (a
+//! sorted set) is left to the Lua scripts: the commands answer it with an
+//! error the store never provokes.
 //!
 //! This is the one crate of the workspace that allows `unsafe` (it does not
 //! take the workspace lints, which forbid it): a Redis module talks to the
-//! server through its C API, and the few calls `redis-module` does not wrap
-//! safely (replicating a command, the server clock, raw key values and
-//! absolute expiry) are made directly, each with a `SAFETY` note. The need is
-//! measured: a decision costs a third of the article's script's server CPU
+//! server through its C API, and the calls `redis-module` does not wrap
+//! safely (the command handlers, replicating a command, the server clock,
+//! raw key values, absolute expiry, the replication watchers) are made
+//! directly, each with a `SAFETY` note. The need is measured: a decision
+//! costs about a quarter of the article's script's server CPU or less
 //! here, against about the same as the script in Lua (BENCHMARKS.md).
 
 use std::ffi::{c_int, CStr};
@@ -623,10 +634,10 @@ extern "C" fn decide_all_command(
     respond(ctx, result)
 }
 
-/// Registers the commands with the keys they declare, which Redis Cluster
-/// routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns check: one
-/// key for `DECIDE`; for `DECIDE_ALL` every argument from the first to the
-/// one before last.
+/// At load: registers the commands with the keys they declare, which Redis
+/// Cluster routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns
+/// check (one key for `DECIDE`; for `DECIDE_ALL` every argument from the
+/// first to the one before last), then the replication watchers.
 #[cfg_attr(test, allow(dead_code))]
 fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redis_module::Status {
     type Handler = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
