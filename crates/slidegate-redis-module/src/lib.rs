@@ -37,8 +37,8 @@
 //! safely (the command handlers, replicating a command, the server clock,
 //! raw key values, absolute expiry, the replication watchers) are made
 //! directly, each with a `SAFETY` note. The need is measured: a decision
-//! costs about a quarter of the article's script's server CPU or less
-//! here, against about the same as the script in Lua (BENCHMARKS.md).
+//! costs 0.2–0.3× the article's script's server CPU here (0.07–0.24× in
+//! instructions), against about the same as the script in Lua (BENCHMARKS.md).
 
 use std::ffi::{c_int, CStr};
 use std::time::Duration;
