@@ -422,15 +422,11 @@ impl<'a> Bench<'a> {
         }
         let subject = |conn: &ConnectionManager| match candidate {
             Candidate::Algorithm(algorithm) => {
-                // As the connections' own timeout: a stall is a latency figure, not an error.
-                let mut store = RedisStore::from_connection(conn.clone())
-                    .with_prefix(prefix)
-                    .with_engine(self.args.engine)
-                    .with_timeout(Duration::from_secs(30));
+                let mut store = RedisStore::from_connection(conn.clone()).with_prefix(prefix);
                 if let Some(clock) = &clock {
                     store = store.with_time_source(TimeSource::Client(clock.clone()));
                 }
-                Subject::Store(store, Limit::new(algorithm, self.quota))
+                Subject::Store(store.with_engine(self.args.engine), Limit::new(algorithm, self.quota))
             }
             Candidate::ReferenceScript => Subject::Reference {
                 conn: conn.clone(),
