@@ -23,8 +23,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
 use slidegate::{
-    Algorithm, Clock, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget, Store, SystemClock,
-    TimeSource,
+    Algorithm, Clock, Engine, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    SystemClock, TimeSource,
 };
 
 use crate::redis_info::evalsha_usec_per_call;
@@ -85,6 +85,10 @@ struct RedisArgs {
     /// `TIME` in the script (saves one call; app servers must then agree on the time).
     #[arg(long)]
     client_time: bool,
+    /// What decides inside Redis: `auto` (the native module where every
+    /// node has it, else the Lua scripts), `lua` or `module`.
+    #[arg(long, value_name = "auto|lua|module", default_value = "auto")]
+    engine: Engine,
     /// Skip the `redis-benchmark -P 16` measurement even if it is on PATH.
     #[arg(long)]
     no_redis_benchmark: bool,
@@ -279,7 +283,8 @@ impl<'a> Bench<'a> {
                 let target = RedisTarget::Cluster(args.redis_cluster.clone());
                 let options = RedisOptions::new()
                     .with_timeout(Duration::from_secs(30))
-                    .with_connect_timeout(Duration::from_secs(5));
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_engine(args.engine);
                 for _ in 0..args.connections {
                     cluster_load.push(RedisStore::connect_to(&target, options.clone()).await?);
                 }
@@ -421,7 +426,7 @@ impl<'a> Bench<'a> {
                 if let Some(clock) = &clock {
                     store = store.with_time_source(TimeSource::Client(clock.clone()));
                 }
-                Subject::Store(store, Limit::new(algorithm, self.quota))
+                Subject::Store(store.with_engine(self.args.engine), Limit::new(algorithm, self.quota))
             }
             Candidate::ReferenceScript => Subject::Reference {
                 conn: conn.clone(),
@@ -476,6 +481,7 @@ fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: us
             "memory_identities": args.memory_identities,
             "limit": quota.permits(),
             "window_ms": quota.window_ms(),
+            "engine": args.engine.name(),
             "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
         },
     })

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use redis::aio::MultiplexedConnection;
 use redis::ConnectionAddr;
 use serde_json::{json, Value};
-use slidegate::RedisStore;
+use slidegate::{Engine, RedisOptions, RedisStore};
 use slidegate_http::{Config, RateLimiter};
 
 use crate::redis_keys::{delete_prefix, run_prefix};
@@ -26,6 +26,10 @@ pub struct AttackArgs {
     /// The Redis to measure, e.g. redis://127.0.0.1:7400/ (loopback only; it gets CONFIG RESETSTAT).
     #[arg(long)]
     redis_url: String,
+    /// What decides inside Redis: `auto` (the native module where every
+    /// node has it, else the Lua scripts), `lua` or `module`.
+    #[arg(long, value_name = "auto|lua|module", default_value = "auto")]
+    engine: Engine,
     /// Polite identities: each sends half its limit.
     #[arg(long, default_value_t = 1_000, value_parser = crate::args::count(1..=1_000_000))]
     polite: usize,
@@ -183,7 +187,8 @@ async fn run_mode(
         mode.deny_cache, args.limit
     );
     let config = Config::parse(&source, "bench-attack.toml")?;
-    let store = RedisStore::connect(&args.redis_url).await?.with_prefix(prefix);
+    let options = RedisOptions::new().with_engine(args.engine);
+    let store = RedisStore::connect_with(&args.redis_url, options).await?.with_prefix(prefix);
     let limiter = RateLimiter::from_config(&config, store);
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(admin).await?;
     let mut run = Run {
@@ -214,7 +219,8 @@ async fn run_mode(
     Ok(run)
 }
 
-/// Calls and server µs of `EVALSHA` and `EVAL` in `INFO commandstats`.
+/// Calls and server µs of `EVALSHA` and `EVAL` in `INFO commandstats`, and
+/// of the native module's commands where it decides.
 fn script_stats(info: &str) -> (u64, u64) {
     let field = |line: &str, name: &str| -> u64 {
         line.split([':', ','])
@@ -222,7 +228,16 @@ fn script_stats(info: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_eval:",
+                "cmdstat_slidegate.decide:",
+                "cmdstat_slidegate.decide_all:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
         .fold((0, 0), |(calls, usec), l| (calls + field(l, "calls"), usec + field(l, "usec")))
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    Algorithm, Engine, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store,
     TimeSource,
 };
 use tokio::task::JoinSet;
@@ -37,6 +37,10 @@ pub struct DemoArgs {
     /// comma-separated); keys are deleted from every master afterwards.
     #[arg(long, value_name = "URL,URL,...", value_delimiter = ',', num_args = 1.., conflicts_with = "redis_url")]
     redis_cluster: Vec<String>,
+    /// With --redis-url or --redis-cluster: what decides inside Redis: `auto` (the native module where every
+    /// node has it, else the Lua scripts), `lua` or `module`.
+    #[arg(long, value_name = "auto|lua|module", default_value = "auto")]
+    engine: Engine,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -93,9 +97,13 @@ pub fn run(args: DemoArgs) -> crate::CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (report, curves) = runtime.block_on(async {
         match (&args.redis_url, args.redis_cluster.as_slice()) {
-            (Some(url), _) => on_redis(&RedisTarget::Single(url.clone()), args.identities as u64).await,
+            (Some(url), _) => {
+                on_redis(&RedisTarget::Single(url.clone()), args.engine, args.identities as u64).await
+            }
             (None, []) => embedded(args.identities as u64).await,
-            (None, seeds) => on_redis(&RedisTarget::Cluster(seeds.to_vec()), args.identities as u64).await,
+            (None, seeds) => {
+                on_redis(&RedisTarget::Cluster(seeds.to_vec()), args.engine, args.identities as u64).await
+            }
         }
     })?;
     if let Some(dir) = &args.plot {
@@ -159,6 +167,7 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
 
 async fn on_redis(
     target: &RedisTarget,
+    engine: Engine,
     identities: u64,
 ) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let (mut nodes, name) = match target {
@@ -173,7 +182,7 @@ async fn on_redis(
     };
     let prefix = run_prefix("sgdemo");
     let clock = ManualClock::new(0);
-    let store = RedisStore::connect_to(target, RedisOptions::new())
+    let store = RedisStore::connect_to(target, RedisOptions::new().with_engine(engine))
         .await
         .map_err(|e| format!("cannot reach Redis at {name}: {e}"))?
         .with_prefix(prefix.clone())

@@ -26,10 +26,11 @@ fn used_memory_in(info: &str) -> Option<u64> {
 
 fn evalsha_usec_per_call_in(info: &str) -> Result<f64, Box<dyn std::error::Error>> {
     let (mut calls, mut usec, mut found) = (0.0, 0.0, false);
-    for line in info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_slidegate.decide:"))
-    {
+    for line in info.lines().filter(|l| {
+        ["cmdstat_evalsha:", "cmdstat_slidegate.decide:", "cmdstat_slidegate.decide_all:"]
+            .iter()
+            .any(|p| l.starts_with(p))
+    }) {
         let field = |name: &str| -> Option<f64> {
             line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
         };

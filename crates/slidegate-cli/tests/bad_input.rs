@@ -32,6 +32,30 @@ fn out_of_range_values_are_rejected_with_the_flag_named() {
 }
 
 #[test]
+fn an_unknown_engine_is_rejected_with_the_expected_names() {
+    for args in [
+        &["bench", "redis", "--redis-url", "redis://127.0.0.1:1", "--engine", "native"][..],
+        &["bench", "attack", "--redis-url", "redis://127.0.0.1:1", "--engine", "native"][..],
+        &["demo", "--redis-url", "redis://127.0.0.1:1", "--engine", "native"][..],
+    ] {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains(
+                "invalid value 'native' for '--engine <auto|lua|module>': unknown engine \"native\": \
+                 expected \"auto\", \"lua\" or \"module\""
+            ),
+            "{args:?}: {err}"
+        );
+    }
+    // A known engine parses: the run then fails on the unreachable Redis.
+    let out = slidegate(&["demo", "--redis-url", "redis://127.0.0.1:1", "--engine", "module"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).starts_with("slidegate: cannot reach Redis"), "{}", stderr(&out));
+}
+
+#[test]
 fn an_unreachable_redis_is_named_in_the_error() {
     let out = slidegate(&["demo", "--redis-url", "redis://127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(1));

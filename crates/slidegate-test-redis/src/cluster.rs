@@ -75,6 +75,19 @@ impl RedisCluster {
         SHARED.get_or_init(RedisCluster::start)
     }
 
+    /// A cluster shared by every test in this test binary whose nodes all
+    /// load the native module ([`crate::slidegate_module`]), started on first use.
+    ///
+    /// # Panics
+    /// As [`shared`](Self::shared), or if the module cannot be built.
+    pub fn shared_with_module() -> &'static RedisCluster {
+        static SHARED: OnceLock<RedisCluster> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let args = crate::module_args();
+            RedisCluster::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+    }
+
     /// Starts six nodes, joins them with `redis-cli --cluster create
     /// --cluster-replicas 1`, and waits until every node reports
     /// `cluster_state:ok`, agrees on the slot map, and every replica's link
@@ -84,6 +97,15 @@ impl RedisCluster {
     /// If `redis-server` is not installed or the cluster does not form within
     /// 30 s; the message holds the node logs.
     pub fn start() -> RedisCluster {
+        Self::start_with_args(&[])
+    }
+
+    /// [`start`](Self::start), every node also given `args` (say
+    /// `--loadmodule <path>`).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_with_args(args: &[&str]) -> RedisCluster {
         let dir = tempfile::Builder::new()
             .prefix("slidegate-cluster-")
             .tempdir()
@@ -94,7 +116,7 @@ impl RedisCluster {
             let starts: Vec<_> = (0..MASTERS * 2)
                 .map(|_| {
                     scope.spawn(|| {
-                        let process = RedisNode::start(&node_spec(&dir), dir.path());
+                        let process = RedisNode::start(&node_spec(&dir, args), dir.path());
                         let id = redis_cli(process.port(), &[], &["CLUSTER", "MYID"]);
                         ClusterNode { id, process, killed: false }
                     })
@@ -395,32 +417,30 @@ impl std::fmt::Debug for RedisCluster {
     }
 }
 
-fn node_spec(dir: &TempDir) -> NodeSpec {
+fn node_spec(dir: &TempDir, extra: &[&str]) -> NodeSpec {
     // The config file is named per node; `{port}` is unknown before a port is
     // picked, so each node gets a fresh file name from a counter instead.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let config = dir.path().join(format!("nodes-{n}.conf"));
-    NodeSpec {
-        args: vec![
-            "--cluster-enabled".into(),
-            "yes".into(),
-            "--cluster-config-file".into(),
-            config.display().to_string(),
-            "--cluster-node-timeout".into(),
-            NODE_TIMEOUT_MS.to_string(),
-            "--cluster-announce-ip".into(),
-            "127.0.0.1".into(),
-            // Fail over even when the replica's link has been down a while.
-            "--cluster-replica-validity-factor".into(),
-            "0".into(),
-            // Replicas sync at once instead of waiting 5 s for more replicas.
-            "--repl-diskless-sync-delay".into(),
-            "0".into(),
-        ],
-        needs_bus: true,
-        ..NodeSpec::default()
-    }
+    let mut args: Vec<String> = vec![
+        "--cluster-enabled".into(),
+        "yes".into(),
+        "--cluster-config-file".into(),
+        config.display().to_string(),
+        "--cluster-node-timeout".into(),
+        NODE_TIMEOUT_MS.to_string(),
+        "--cluster-announce-ip".into(),
+        "127.0.0.1".into(),
+        // Fail over even when the replica's link has been down a while.
+        "--cluster-replica-validity-factor".into(),
+        "0".into(),
+        // Replicas sync at once instead of waiting 5 s for more replicas.
+        "--repl-diskless-sync-delay".into(),
+        "0".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    NodeSpec { args, needs_bus: true, ..NodeSpec::default() }
 }
 
 fn parse_nodes(text: &str) -> Vec<NodeView> {

@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 mod cluster;
+mod module;
 mod node;
 mod secured;
 mod sentinel;
 mod tls;
 
 pub use cluster::{slot_of, RedisCluster, SLOT_COUNT};
+pub use module::{module_args, slidegate_module};
 pub use secured::{SecuredRedis, SecuredRedisBuilder};
 pub use sentinel::RedisSentinel;
 pub use tls::TlsCerts;

@@ -1,13 +1,12 @@
 //! The native module (`crates/slidegate-redis-module`) behind `RedisStore`:
 //! the conformance cases and the stores-agree traces on a server that loads
-//! it, interop with the Lua scripts on one key, engine detection, and
-//! replication of its effects to a replica that does not load it.
+//! it (single decisions by `SLIDEGATE.DECIDE`, `decide_all` by
+//! `SLIDEGATE.DECIDE_ALL`), interop with the Lua scripts on one key, engine
+//! detection, replication of its effects to a replica that does not load
+//! it, and the errors of malformed calls.
 //!
-//! The module's `.so` is taken from `SLIDEGATE_REDIS_MODULE` when set, else
-//! from this build's target directory (`cargo build -p
-//! slidegate-redis-module` puts it there); when it is missing, the test
-//! builds it into a target directory of its own (the running `cargo test`
-//! holds the lock of the main one).
+//! The module's `.so` comes from `slidegate_test_redis::slidegate_module`
+//! (`SLIDEGATE_REDIS_MODULE`, this build's target directory, or built once).
 #![cfg(feature = "redis")]
 
 mod agree_cases;
@@ -15,59 +14,30 @@ mod support;
 #[macro_use]
 mod conformance_cases;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::{Algorithm, Engine, ManualClock, MemoryStore, RedisOptions, RedisStore, Store, TimeSource};
-use slidegate_test_redis::RedisServer;
-
-const LIB: &str = "libslidegate_redis_module.so";
-
-/// The module's shared library, built once per test binary when missing.
-fn module_path() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(path) = std::env::var_os("SLIDEGATE_REDIS_MODULE") {
-            return PathBuf::from(path);
-        }
-        // <target>/<profile>/deps/<this test>
-        let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir =
-            exe.parent().and_then(Path::parent).expect("a test runs from <target>/<profile>/deps");
-        let built = profile_dir.join(LIB);
-        if built.exists() {
-            return built;
-        }
-        let target = profile_dir.parent().expect("<target>").join("module-test");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "slidegate-redis-module", "--target-dir"])
-            .arg(&target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build -p slidegate-redis-module");
-        assert!(status.success(), "cargo build -p slidegate-redis-module failed");
-        target.join("debug").join(LIB)
-    })
-}
+use slidegate_test_redis::{module_args, RedisServer};
 
 fn module_server() -> RedisServer {
-    let path = module_path();
-    let path = path.to_str().expect("a UTF-8 module path");
-    // MODULE UNLOAD in a test needs the MODULE command enabled.
-    RedisServer::spawn_with_args(&["--loadmodule", path, "--enable-module-command", "yes"])
+    let args = module_args();
+    RedisServer::spawn_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// A store forced onto the module (a server without it fails every decision,
 /// so these tests cannot pass on the scripts by accident).
 async fn module_store(server: &RedisServer) -> RedisStore {
-    RedisStore::connect_with(&server.url(), RedisOptions::default().with_engine(Engine::Module))
+    RedisStore::connect_with(&server.url(), options().with_engine(Engine::Module))
         .await
         .expect("connect to the spawned redis-server")
+}
+
+/// Deadlines for two busy cores: these tests are about what is decided, not when.
+fn options() -> RedisOptions {
+    RedisOptions::new().with_timeout(Duration::from_secs(5)).with_connect_timeout(Duration::from_secs(5))
 }
 
 macro_rules! conformance {
@@ -93,8 +63,9 @@ macro_rules! conformance {
 
 with_conformance_cases!(conformance);
 
-/// The stores-agree traces, single decisions by the module and `decide_all`
-/// by the Lua script on the same keys: they interoperate call by call.
+/// The stores-agree traces through the module: single decisions by
+/// `SLIDEGATE.DECIDE`, `decide_all` by `SLIDEGATE.DECIDE_ALL`, and by the
+/// Lua script where a sliding log is among the limits, on the same keys.
 #[test]
 fn memory_and_module_decide_identically() {
     let server = module_server();
@@ -144,6 +115,48 @@ async fn lua_and_module_share_keys() {
     }
 }
 
+/// `decide_all` alternating between the module and the Lua script on the
+/// same keys decides as the memory store does, for every mix of the four
+/// algorithms the module decides and limits below and above 2^32.
+#[tokio::test]
+async fn decide_all_by_lua_and_module_share_keys() {
+    let server = module_server();
+    let clock = ManualClock::new(support::T0 + 17);
+    let time = TimeSource::Client(Arc::new(clock.clone()));
+    let module = module_store(&server).await.with_prefix("mixall:").with_time_source(time.clone());
+    let lua = module.clone().with_engine(Engine::Lua);
+    let memory = MemoryStore::with_clock(clock.clone());
+    let counting: Vec<Algorithm> =
+        Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog).collect();
+    let limits: Vec<_> = counting
+        .iter()
+        .flat_map(|&a| [support::limit(a, 4, 300), support::limit(a, 5_000_000_000, 1000)])
+        .collect();
+    for i in 0..160u64 {
+        clock.advance(Duration::from_millis(i * 53 % 170));
+        // A changing subset of the limits, with costs that now and then deny.
+        let charges: Vec<_> = limits
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !(i + *j as u64).is_multiple_of(3))
+            .map(|(j, l)| {
+                (
+                    *l,
+                    if l.quota.permits() > 4 {
+                        (i + j as u64) * 999_999_937 % 3_000_000_000
+                    } else {
+                        (i + j as u64) % 3
+                    },
+                )
+            })
+            .collect();
+        let redis = if i % 2 == 0 { &module } else { &lua };
+        let want = memory.decide_all("id", &charges).await.expect("memory decides");
+        let got = redis.decide_all("id", &charges).await.expect("redis decides");
+        assert_eq!(got, want, "call {i}: {charges:?}");
+    }
+}
+
 /// `INFO commandstats` calls of `cmd` (lower case) so far.
 async fn calls(server: &RedisServer, cmd: &str) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -162,29 +175,119 @@ async fn calls(server: &RedisServer, cmd: &str) -> u64 {
 async fn auto_uses_the_module_where_loaded_and_lua_elsewhere() {
     let limit = support::limit(Algorithm::SlidingWindowCounter, 10, 1000);
     let with = module_server();
-    let store = RedisStore::connect(&with.url()).await.expect("connect");
+    let store = RedisStore::connect_with(&with.url(), options()).await.expect("connect");
     assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
     assert_eq!(calls(&with, "slidegate.decide").await, 1);
     assert_eq!(calls(&with, "evalsha").await, 0);
 
     let without = RedisServer::spawn();
-    let store = RedisStore::connect(&without.url()).await.expect("connect");
+    let store = RedisStore::connect_with(&without.url(), options()).await.expect("connect");
     assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
     assert_eq!(calls(&without, "evalsha").await, 1);
 
     // Forced onto a module the server lacks: an error, not a silent fallback.
-    let forced =
-        RedisStore::connect_with(&without.url(), RedisOptions::default().with_engine(Engine::Module))
-            .await
-            .expect("connect");
+    let forced = RedisStore::connect_with(&without.url(), options().with_engine(Engine::Module))
+        .await
+        .expect("connect");
     assert!(forced.decide("a", &limit, 1).await.is_err());
+}
+
+/// Under `Auto`, `decide_all` goes to `SLIDEGATE.DECIDE_ALL` unless a
+/// sliding log is among the limits; the penalty box stays in Lua.
+#[tokio::test]
+async fn auto_decides_all_by_the_module_unless_a_log_is_among_the_limits() {
+    let server = module_server();
+    let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
+    let counter = support::limit(Algorithm::SlidingWindowCounter, 10, 1000);
+    let gcra = support::limit(Algorithm::Gcra, 10, 1000);
+    let log = support::limit(Algorithm::SlidingLog, 10, 1000);
+    let d = store.decide_all("a", &[(counter, 1), (gcra, 2)]).await.expect("decides");
+    assert_eq!(d.iter().map(|d| d.remaining).collect::<Vec<_>>(), [9, 8]);
+    assert_eq!(calls(&server, "slidegate.decide_all").await, 1);
+    assert_eq!(calls(&server, "evalsha").await, 0);
+    let d = store.decide_all("a", &[(counter, 1), (log, 1)]).await.expect("decides");
+    assert_eq!(d.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 9]);
+    assert_eq!(calls(&server, "slidegate.decide_all").await, 1);
+    assert_eq!(calls(&server, "evalsha").await, 1);
+    let penalty =
+        slidegate::Penalty::new(3, Duration::from_secs(60), Duration::from_secs(10), Duration::from_secs(10))
+            .expect("valid");
+    let p = store.decide_all_penalized("a", &[(gcra, 1)], &penalty).await.expect("decides");
+    assert_eq!(p.decisions[0].remaining, 7);
+    assert_eq!(calls(&server, "evalsha").await, 2);
+}
+
+/// Bad calls get an error and change nothing: arity, argument bytes that do
+/// not match the keys, a cost above the limit, an unknown algorithm, the
+/// sliding log, a key of another type.
+#[tokio::test]
+async fn malformed_calls_are_errors_that_write_nothing() {
+    let server = module_server();
+    let mut conn = support::admin(&server).await;
+    let args = |now: f64, limits: &[[f64; 4]]| -> Vec<u8> {
+        std::iter::once(now).chain(limits.iter().flatten().copied()).flat_map(f64::to_le_bytes).collect()
+    };
+    let ok = [1.0, 10.0, 1000.0, 1.0];
+    let _: () = redis::cmd("SET").arg("{k}:other").arg("x").query_async(&mut conn).await.expect("SET");
+    let _: () = redis::cmd("LPUSH").arg("{k}:list").arg("x").query_async(&mut conn).await.expect("LPUSH");
+    let cases: Vec<(&str, Vec<Vec<u8>>, &str)> = vec![
+        ("slidegate.decide", vec![b"{k}:a".to_vec()], "wrong number of arguments"),
+        (
+            "slidegate.decide",
+            vec![b"{k}:a".to_vec(), args(-1.0, &[ok]), b"x".to_vec()],
+            "wrong number of arguments",
+        ),
+        ("slidegate.decide_all", vec![args(-1.0, &[ok])], "wrong number of arguments"),
+        ("slidegate.decide", vec![b"{k}:a".to_vec(), args(-1.0, &[ok, ok])], "malformed arguments"),
+        (
+            "slidegate.decide_all",
+            vec![b"{k}:a".to_vec(), b"{k}:b".to_vec(), args(-1.0, &[ok])],
+            "malformed arguments",
+        ),
+        (
+            "slidegate.decide_all",
+            vec![b"{k}:a".to_vec(), args(-1.0, &[ok])[..39].to_vec()],
+            "malformed arguments",
+        ),
+        (
+            "slidegate.decide",
+            vec![b"{k}:a".to_vec(), args(-1.0, &[[1.0, 10.0, 1000.0, 11.0]])],
+            "malformed arguments",
+        ),
+        (
+            "slidegate.decide",
+            vec![b"{k}:a".to_vec(), args(-1.0, &[[9.0, 10.0, 1000.0, 1.0]])],
+            "malformed arguments",
+        ),
+        ("slidegate.decide", vec![b"{k}:a".to_vec(), args(0.5, &[ok])], "malformed arguments"),
+        ("slidegate.decide", vec![b"{k}:a".to_vec(), args(-1.0, &[[1.0, 10.0, 0.0, 1.0]])], "slidegate"),
+        ("slidegate.decide", vec![b"{k}:a".to_vec(), args(-1.0, &[[3.0, 10.0, 1000.0, 1.0]])], "sliding log"),
+        (
+            "slidegate.decide_all",
+            vec![b"{k}:a".to_vec(), b"{k}:list".to_vec(), args(-1.0, &[ok, ok])],
+            "WRONGTYPE",
+        ),
+        ("slidegate.decide", vec![b"{k}:other".to_vec(), args(-1.0, &[ok])], "value no script wrote"),
+    ];
+    for (command, arguments, expected) in cases {
+        let mut cmd = redis::cmd(command);
+        for a in &arguments {
+            cmd.arg(a);
+        }
+        let err = cmd.query_async::<redis::Value>(&mut conn).await.expect_err(command);
+        assert!(err.to_string().contains(expected), "{command} {arguments:?}: {err}");
+    }
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("KEYS");
+    let mut keys = keys;
+    keys.sort();
+    assert_eq!(keys, ["{k}:list", "{k}:other"], "nothing written");
 }
 
 #[tokio::test]
 async fn after_a_module_unload_auto_falls_back_to_lua() {
     let limit = support::limit(Algorithm::SlidingWindowCounter, 10, 60_000);
     let server = module_server();
-    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
     assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
     // A MODULE UNLOAD under the live connection: the next call gets
     // "unknown command", which ran nothing, and goes to Lua.
@@ -240,4 +343,170 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
         assert!(on_master.1 > 0, "{algorithm}: the key expires");
         assert_eq!(on_master, on_replica, "{algorithm}");
     }
+    // DECIDE_ALL: every key written, in one transaction on the replica.
+    let charges: Vec<_> =
+        [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::Gcra]
+            .into_iter()
+            .map(|a| (support::limit(a, 10, 60_000), 2))
+            .collect();
+    for _ in 0..2 {
+        assert!(store.decide_all("all", &charges).await.expect("decides").iter().all(|d| d.allowed));
+    }
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut master_conn).await.expect("WAIT");
+    assert_eq!(n, 1, "the replica acknowledged");
+    for (limit, _) in &charges {
+        let key = &store.keys_for("all", limit)[0];
+        let mut values = Vec::new();
+        for conn in [&mut master_conn, &mut replica_conn] {
+            let value: Vec<u8> = redis::cmd("GET").arg(key).query_async(conn).await.expect("GET");
+            let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query_async(conn).await.expect("PEXPIRETIME");
+            assert!(at > 0 && !value.is_empty(), "{limit}");
+            values.push((value, at));
+        }
+        assert_eq!(values[0], values[1], "{limit}");
+    }
+}
+
+/// The keys under `prefix` with their values and absolute expiries.
+async fn snapshot(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<(String, Vec<u8>, i64)> {
+    let mut keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.expect("KEYS");
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let value: Vec<u8> = redis::cmd("GET").arg(&key).query_async(conn).await.expect("GET");
+        let at: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(conn).await.expect("PEXPIRETIME");
+        out.push((key, value, at));
+    }
+    out
+}
+
+/// Decisions of every module algorithm on identities `from..to`, single and
+/// all at once; the windows are hours, so that no key expires during a test.
+async fn decide_some(store: &RedisStore, identities: std::ops::Range<usize>) {
+    let counting: Vec<Algorithm> =
+        Algorithm::ALL.into_iter().filter(|a| *a != Algorithm::SlidingLog).collect();
+    for i in identities {
+        let identity = format!("id-{i}");
+        for (n, &a) in counting.iter().enumerate() {
+            let limit = support::limit(a, 10, 3_600_000 + n as u64 * 1000);
+            assert!(store.decide(&identity, &limit, 1).await.expect("decides").allowed);
+        }
+        let charges: Vec<_> = counting.iter().map(|&a| (support::limit(a, 20, 7_200_000), 2)).collect();
+        assert!(store.decide_all(&identity, &charges).await.expect("decides").iter().all(|d| d.allowed));
+    }
+}
+
+/// A master that had no replica skips building the propagated writes; a
+/// replica attaching later gets those keys in its initial sync and every
+/// write after it: both hold the same values and absolute expiries.
+#[tokio::test]
+async fn a_replica_attaching_later_gets_every_write() {
+    let master = module_server();
+    let store = module_store(&master).await.with_prefix("late:");
+    decide_some(&store, 0..20).await;
+    let replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut master_conn = support::admin(&master).await;
+    let mut replica_conn = support::admin(&replica).await;
+    for _ in 0..400 {
+        let n: i64 = redis::cmd("WAIT").arg(0).arg(10).query_async(&mut master_conn).await.expect("WAIT");
+        if n >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Old identities charged again (new values, kept expiries) and new ones.
+    decide_some(&store, 10..30).await;
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut master_conn).await.expect("WAIT");
+    assert_eq!(n, 1, "the replica acknowledged");
+    let on_master = snapshot(&mut master_conn, "late:").await;
+    assert_eq!(on_master.len(), 30 * 8);
+    assert!(on_master.iter().all(|(_, _, at)| *at > 0), "every key expires");
+    assert_eq!(snapshot(&mut replica_conn, "late:").await, on_master);
+}
+
+/// AOF turned on while the server runs: every write from then on is in
+/// the AOF, and reloading it gives back the same values and expiries.
+#[tokio::test]
+async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
+    let args = module_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--enable-debug-command", "yes"]);
+    let server = RedisServer::spawn_with_args(&args);
+    let store = module_store(&server).await.with_prefix("aof:");
+    let mut conn = support::admin(&server).await;
+    decide_some(&store, 0..10).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("yes")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    // Charged while the rewrite runs, and after it.
+    decide_some(&store, 5..15).await;
+    for _ in 0..400 {
+        let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut conn).await.expect("INFO");
+        if info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    decide_some(&store, 10..20).await;
+    let before = snapshot(&mut conn, "aof:").await;
+    assert_eq!(before.len(), 20 * 8);
+    let _: () = redis::cmd("DEBUG").arg("LOADAOF").query_async(&mut conn).await.expect("DEBUG LOADAOF");
+    assert_eq!(snapshot(&mut conn, "aof:").await, before);
+}
+
+/// `INFO <section>` field `name` of `server`.
+async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str, name: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query_async(conn).await.expect("INFO");
+    info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_default().trim().to_owned()
+}
+
+/// A master restarted from an RDB file that carries its replication state
+/// keeps a backlog its replicas resume from (a partial resync), though no
+/// replica synced since the module loaded (it loads before the file): the
+/// writes made before the replica comes back reach it all the same.
+#[tokio::test]
+async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_from() {
+    let mut master = module_server();
+    let mut replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let store = module_store(&master).await.with_prefix("resume:");
+    let mut master_conn = support::admin(&master).await;
+    for _ in 0..400 {
+        let n: i64 = redis::cmd("WAIT").arg(0).arg(10).query_async(&mut master_conn).await.expect("WAIT");
+        if n >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    decide_some(&store, 0..10).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut master_conn).await.expect("SAVE");
+    // The replica stays away until the restarted master has decided more.
+    replica.pause();
+    master.restart();
+    let store = module_store(&master).await.with_prefix("resume:");
+    let mut master_conn = support::admin(&master).await;
+    assert_eq!(info_field(&mut master_conn, "replication", "repl_backlog_active").await, "1");
+    decide_some(&store, 5..15).await;
+    replica.resume();
+    let mut acknowledged = 0;
+    for _ in 0..400 {
+        acknowledged = redis::cmd("WAIT").arg(1).arg(50).query_async(&mut master_conn).await.expect("WAIT");
+        if acknowledged >= 1 {
+            break;
+        }
+    }
+    assert_eq!(acknowledged, 1, "the replica came back");
+    assert_eq!(
+        info_field(&mut master_conn, "stats", "sync_partial_ok").await,
+        "1",
+        "it resumed from the backlog"
+    );
+    let on_master = snapshot(&mut master_conn, "resume:").await;
+    assert_eq!(on_master.len(), 15 * 8);
+    let mut replica_conn = support::admin(&replica).await;
+    assert_eq!(snapshot(&mut replica_conn, "resume:").await, on_master);
 }

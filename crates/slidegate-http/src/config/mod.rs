@@ -23,8 +23,8 @@ mod values;
 pub use duration::{parse_duration, Delay, DurationError};
 pub use error::ConfigError;
 pub use types::{
-    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig,
-    RuleLimits, ServerConfig, StoreConfig, StoreLocation,
+    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RedisEngine,
+    RuleConfig, RuleLimits, ServerConfig, StoreConfig, StoreLocation,
 };
 
 #[cfg(all(test, feature = "config"))]

@@ -69,6 +69,7 @@ pub(super) struct RawStore {
     pub(super) password_env: Option<Spanned<String>>,
     pub(super) tls_ca: Option<Spanned<String>>,
     pub(super) deny_cache: Option<Spanned<u32>>,
+    pub(super) engine: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -436,6 +436,34 @@ fn credentials_come_from_the_environment_and_never_show() {
 }
 
 #[test]
+fn the_engine_is_auto_unless_forced_and_only_for_redis() {
+    let c = parse_store("url = \"redis://127.0.0.1:7000\"\n").unwrap();
+    assert_eq!(c.store.engine, RedisEngine::Auto);
+    for (name, engine) in
+        [("auto", RedisEngine::Auto), ("lua", RedisEngine::Lua), ("module", RedisEngine::Module)]
+    {
+        let c =
+            parse_store(&format!("cluster = [\"redis://127.0.0.1:7000\"]\nengine = \"{name}\"\n")).unwrap();
+        assert_eq!(c.store.engine, engine, "{name}");
+    }
+    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nengine = \"module\"\n").unwrap();
+    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, engine module");
+    #[cfg(feature = "redis")]
+    assert_eq!(slidegate::Engine::from(c.store.engine), slidegate::Engine::Module);
+    let (line, column, message) = store_err("url = \"redis://127.0.0.1:7000\"\nengine = \"Module\"\n");
+    assert_eq!((line, column), (3, 10));
+    assert_eq!(
+        message,
+        "unknown engine \"Module\": expected \"auto\" (the native module where Redis has it, else Lua), \"lua\" or \"module\""
+    );
+    let (line, column, message) = store_err("engine = \"lua\"\n");
+    assert_eq!((line, column), (2, 10));
+    assert!(message.starts_with("engine applies to a Redis store"), "{message}");
+    let (_, _, message) = store_err("url = \"redis://127.0.0.1:7000\"\nengine = 1\n");
+    assert!(message.contains("expected a string"), "{message}");
+}
+
+#[test]
 fn tls_ca_needs_rediss_urls_and_a_readable_file() {
     let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let c = parse_store(&format!("cluster = [\"rediss://127.0.0.1:7000\"]\ntls_ca = \"{ca}\"\n")).unwrap();

@@ -146,6 +146,47 @@ pub struct StoreConfig {
     pub tls_ca: Option<PathBuf>,
     /// Capacity of the exact local deny cache, in denied identities; 0 is off (`deny_cache`).
     pub deny_cache: usize,
+    /// What decides inside Redis (`engine`): the native module where every
+    /// node has it, else the Lua scripts (the default), or one of them forced.
+    pub engine: RedisEngine,
+}
+
+/// What decides inside Redis: `engine = "auto" | "lua" | "module"` in
+/// `[store]`, the store's `slidegate::Engine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RedisEngine {
+    /// The native module `slidegate-redis-module` where Redis has it, else Lua.
+    #[default]
+    Auto,
+    /// Always the Lua scripts.
+    Lua,
+    /// Always the native module: a Redis without it fails every decision
+    /// (but those with a sliding log, which the scripts decide).
+    Module,
+}
+
+impl RedisEngine {
+    /// The engine named `name`: `auto`, `lua` or `module`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(Self::Auto),
+            "lua" => Some(Self::Lua),
+            "module" => Some(Self::Module),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RedisEngine> for slidegate::Engine {
+    fn from(engine: RedisEngine) -> Self {
+        match engine {
+            RedisEngine::Auto => slidegate::Engine::Auto,
+            RedisEngine::Lua => slidegate::Engine::Lua,
+            RedisEngine::Module => slidegate::Engine::Module,
+        }
+    }
 }
 
 /// A password taken from an environment variable: its `Debug` names the
@@ -261,6 +302,11 @@ impl StoreConfig {
         if let Some(ca) = &self.tls_ca {
             out.push_str(&format!(", CA {}", ca.display()));
         }
+        match self.engine {
+            RedisEngine::Auto => {}
+            RedisEngine::Lua => out.push_str(", engine lua"),
+            RedisEngine::Module => out.push_str(", engine module"),
+        }
         out
     }
 }
@@ -301,6 +347,7 @@ impl Default for StoreConfig {
             password: None,
             tls_ca: None,
             deny_cache: guard.deny_cache,
+            engine: RedisEngine::Auto,
         }
     }
 }

@@ -15,8 +15,8 @@ use toml::Spanned;
 use super::error::ConfigError;
 use super::raw::{RawConfig, RawIdentity, RawLimit, RawPenalty, RawRule, RawServer, RawStore};
 use super::types::{
-    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RuleConfig,
-    RuleLimits, ServerConfig, StoreConfig,
+    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RedisEngine,
+    RuleConfig, RuleLimits, ServerConfig, StoreConfig,
 };
 use super::values::{Cidr, MethodName};
 
@@ -105,6 +105,7 @@ struct RedisDeployment {
     username: Option<String>,
     password: Option<Password>,
     tls_ca: Option<std::path::PathBuf>,
+    engine: RedisEngine,
 }
 
 struct Validator<'a> {
@@ -408,6 +409,7 @@ impl Validator<'_> {
             username: redis.username,
             password: redis.password,
             tls_ca: redis.tls_ca,
+            engine: redis.engine,
             // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
             deny_cache: raw.deny_cache.map_or(default.deny_cache, |n| *n.get_ref() as usize),
         })
@@ -522,7 +524,21 @@ impl Validator<'_> {
                 Some(path)
             }
         };
-        Ok(RedisDeployment { cluster, sentinel, master_name, username, password, tls_ca })
+        let engine = match raw.engine.take() {
+            None => RedisEngine::Auto,
+            Some(e) if !has_redis => return Err(needs_redis("engine", e.span())),
+            Some(e) => RedisEngine::from_name(e.get_ref()).ok_or_else(|| {
+                self.err(
+                    e.span(),
+                    format!(
+                        "unknown engine {:?}: expected \"auto\" (the native module where Redis has it, else \
+                         Lua), \"lua\" or \"module\"",
+                        e.get_ref()
+                    ),
+                )
+            })?,
+        };
+        Ok(RedisDeployment { cluster, sentinel, master_name, username, password, tls_ca, engine })
     }
 
     /// A non-empty list of `redis://` or `rediss://` URLs for the key `key`.

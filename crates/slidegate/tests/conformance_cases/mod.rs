@@ -294,6 +294,53 @@ pub async fn decide_all_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClo
     assert_eq!(both[2].remaining, 8);
 }
 
+/// decide_all over the algorithms the native Redis module decides itself
+/// (a sliding log among the limits sends the call to the script): the same
+/// all-or-nothing charging and the same reports of the limits with room.
+pub async fn decide_all_without_a_log_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClock) {
+    clock.set(T0 + 100);
+    let per_second = limit(Algorithm::SlidingWindowCounter, 10, 1000);
+    let bucket = limit(Algorithm::TokenBucket, 5, 1000);
+    let gcra = limit(Algorithm::Gcra, 8, 1000);
+    let fixed = limit(Algorithm::FixedWindow, 9, 1000);
+    let all = [(per_second, 1), (bucket, 2), (gcra, 1), (fixed, 3)];
+
+    let first = store.decide_all("multi", &all).await.expect("decide_all");
+    assert!(first.iter().all(|d| d.allowed && d.retry_after.is_none()));
+    assert_eq!(first.iter().map(|d| d.remaining).collect::<Vec<_>>(), [9, 3, 7, 6]);
+    assert_eq!(first[3].reset_after, ms(900));
+    let second = store.decide_all("multi", &all).await.expect("decide_all");
+    assert_eq!(second.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 1, 6, 3]);
+
+    clock.advance(ms(10));
+    let denied = store.decide_all("multi", &all).await.expect("decide_all");
+    let got: Vec<(bool, u64)> = denied.iter().map(|d| (d.allowed, d.remaining)).collect();
+    // The bucket holds 1.05 tokens and 2 are asked; the others report what
+    // a cost-0 peek would.
+    assert_eq!(got, [(true, 8), (false, 1), (true, 6), (true, 3)]);
+    assert_eq!(denied.iter().map(|d| d.retry_after).collect::<Vec<_>>(), [None, Some(ms(190)), None, None]);
+
+    // Nothing was charged by the denied call.
+    assert_eq!(one(store, "multi", &per_second, 0).await.remaining, 8);
+    assert_eq!(one(store, "multi", &bucket, 1).await.remaining, 0);
+    assert_eq!(one(store, "multi", &gcra, 1).await.remaining, 5);
+    assert_eq!(one(store, "multi", &fixed, 3).await.remaining, 0);
+
+    // Two denials, each with its own retry_after; the counter had room.
+    let both =
+        store.decide_all("multi", &[(bucket, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    assert_eq!(both.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, false, true]);
+    assert_eq!(both[0].retry_after, Some(ms(190)));
+    assert_eq!(both[1].retry_after, Some(ms(890)));
+    assert_eq!(both[2].remaining, 8);
+    // At the retry time the bucket and the window allow, charging once each.
+    clock.advance(ms(890));
+    let later =
+        store.decide_all("multi", &[(bucket, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    assert!(later.iter().all(|d| d.allowed), "{later:?}");
+    assert_eq!(later[1].remaining, 8);
+}
+
 /// State is per identity and per limit.
 pub async fn identities_and_limits_are_independent<S: Store>(store: &S, clock: &ManualClock) {
     clock.set(T0);
@@ -415,6 +462,7 @@ macro_rules! with_conformance_cases {
             zero_cost_peeks_and_whole_limit_costs,
             invalid_requests_are_errors,
             decide_all_is_all_or_nothing,
+            decide_all_without_a_log_is_all_or_nothing,
             identities_and_limits_are_independent,
             a_clock_stepping_back_forgets_nothing,
             gcra_sustains_rates_finer_than_a_microsecond,

@@ -38,8 +38,9 @@
 //!   the writes of the replication lag before the master died).
 //!
 //! - Where Redis loads the native module (`crates/slidegate-redis-module`),
-//!   single limits other than the sliding log are decided by its
-//!   `SLIDEGATE.DECIDE` instead, on the same keys and values ([`Engine`]).
+//!   its `SLIDEGATE.DECIDE` and `SLIDEGATE.DECIDE_ALL` decide instead of the
+//!   scripts, on the same keys and values, unless a sliding log is among the
+//!   limits ([`Engine`]).
 //!
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
@@ -59,6 +60,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use self::key::{PenaltyKey, StateKey};
@@ -114,16 +116,25 @@ pub struct RedisOptions {
     engine: Engine,
 }
 
-/// What decides a single limit ([`Store::decide`]) inside Redis.
+/// What decides inside Redis: the Lua scripts or the native module.
 ///
 /// The native module (`crates/slidegate-redis-module`, loaded with
 /// `--loadmodule`) runs `slidegate::algorithm` itself on the keys the Lua
-/// scripts keep, so both engines interoperate on one key. The sliding log,
-/// [`Store::decide_all`] and [`Store::decide_distinct`] always use Lua.
+/// scripts keep, so both engines interoperate on one key. It decides
+/// [`Store::decide`] (`SLIDEGATE.DECIDE`) and [`Store::decide_all`]
+/// (`SLIDEGATE.DECIDE_ALL`, all or nothing as the script) for every
+/// algorithm but the sliding log, a sorted set the module leaves to the
+/// scripts: a call with a sliding log among its limits runs the script
+/// whatever the engine. [`Store::decide_all_penalized`] and
+/// [`Store::decide_distinct`] always use Lua.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Engine {
     /// The module where Redis has it (asked at connect and after each
-    /// reconnect with `COMMAND INFO SLIDEGATE.DECIDE`), else Lua.
+    /// reconnect with `COMMAND INFO SLIDEGATE.DECIDE_ALL`; on a Cluster,
+    /// at the first decision, of every master, and the module is used only
+    /// if all have it), else Lua. A call the server answers "unknown
+    /// command" (the module unloaded, a failover to a node without it) ran
+    /// nothing and is decided again by Lua, which decides from then on.
     #[default]
     Auto,
     /// Always the Lua scripts.
@@ -134,6 +145,41 @@ pub enum Engine {
 
 /// The module command that decides one limit.
 const MODULE_DECIDE: &str = "SLIDEGATE.DECIDE";
+/// The module command that decides several limits of one identity.
+const MODULE_DECIDE_ALL: &str = "SLIDEGATE.DECIDE_ALL";
+
+impl Engine {
+    /// Every engine, in the order of their names.
+    pub const ALL: [Engine; 3] = [Engine::Auto, Engine::Lua, Engine::Module];
+
+    /// The engine's name in configuration files and on the command line:
+    /// `auto`, `lua` or `module`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Auto => "auto",
+            Engine::Lua => "lua",
+            Engine::Module => "module",
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+
+    /// Parses `auto`, `lua` or `module`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Engine::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| format!("unknown engine {s:?}: expected \"auto\", \"lua\" or \"module\""))
+    }
+}
 
 /// Whether the connection of one generation has the module ([`Engine::Auto`]).
 #[derive(Debug, Default)]
@@ -222,7 +268,7 @@ impl RedisOptions {
         self
     }
 
-    /// Decides single limits with `engine` (default [`Engine::Auto`]).
+    /// Decides with `engine` (default [`Engine::Auto`]).
     pub fn with_engine(mut self, engine: Engine) -> Self {
         self.engine = engine;
         self
@@ -462,7 +508,7 @@ impl RedisStore {
         self
     }
 
-    /// The same store deciding single limits with `engine` (default [`Engine::Auto`]).
+    /// The same store deciding with `engine` (default [`Engine::Auto`]).
     pub fn with_engine(mut self, engine: Engine) -> Self {
         self.engine = engine;
         self.module = Arc::default();
@@ -573,17 +619,34 @@ impl RedisStore {
         generation: u64,
         conn: &mut C,
     ) -> Result<bool, StoreError> {
-        let reply: Value = redis::cmd("COMMAND").arg("INFO").arg(MODULE_DECIDE).query_async(conn).await?;
-        // One entry per name asked: nil for a command the server does not know.
-        let present = matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)));
+        let reply: Value = module_probe().query_async(conn).await?;
+        self.remember_probe(generation, has_module(&reply))
+    }
+
+    /// Asks every master of the cluster whether it has the module: `true`
+    /// only if all do. (A replica promoted later without it answers the
+    /// module's commands "unknown command", which ran nothing: Lua decides,
+    /// see [`RedisStore::module_gone`].)
+    async fn probe_cluster_module(&self, cluster: &mut ClusterConnection) -> Result<bool, StoreError> {
+        let every_node = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // One reply per node, keyed by its address.
+        let reply = cluster.route_command(module_probe(), every_node).await?;
+        let present = match &reply {
+            Value::Map(nodes) => !nodes.is_empty() && nodes.iter().all(|(_, reply)| has_module(reply)),
+            other => has_module(other),
+        };
+        self.remember_probe(0, present)
+    }
+
+    fn remember_probe(&self, generation: u64, present: bool) -> Result<bool, StoreError> {
         self.module.present.store(present, Ordering::Relaxed);
         self.module.asked.store(generation + 1, Ordering::Release);
         Ok(present)
     }
 
-    /// Whether a decision under `algorithm` goes to the module.
-    async fn use_module(&self, algorithm: Algorithm) -> Result<bool, StoreError> {
-        if algorithm == Algorithm::SlidingLog {
+    /// Whether a decision under `algorithms` goes to the module.
+    async fn use_module(&self, mut algorithms: impl Iterator<Item = Algorithm>) -> Result<bool, StoreError> {
+        if algorithms.any(|a| a == Algorithm::SlidingLog) {
             // A sorted set, which the module leaves to the scripts.
             return Ok(false);
         }
@@ -608,7 +671,7 @@ impl RedisStore {
                     self.probe_module(generation, &mut conn).await
                 }
                 Connection::Manager(manager) => self.probe_module(0, &mut manager.clone()).await,
-                Connection::Cluster(cluster) => self.probe_module(0, &mut cluster.clone()).await,
+                Connection::Cluster(cluster) => self.probe_cluster_module(&mut cluster.clone()).await,
             }
         };
         match tokio::time::timeout(self.timeout, probe).await {
@@ -656,6 +719,51 @@ impl RedisStore {
         let reply = self.send(&cmd).await?;
         wire::single_decision(&reply, limit.quota.permits())
     }
+
+    /// Several limits by the module's `SLIDEGATE.DECIDE_ALL`: the keys and
+    /// arguments of `decide_all.lua` (the keys first, so that a cluster
+    /// client routes by the first), the script's reply.
+    async fn decide_all_by_module(
+        &self,
+        key: &str,
+        charges: &[(Limit, u64)],
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut cmd =
+            Cmd::with_capacity(2 + charges.len(), 64 + charges.len() * (self.prefix.len() + key.len() + 64));
+        cmd.arg(MODULE_DECIDE_ALL);
+        for (limit, _) in charges {
+            cmd.arg(self.state_key(key, limit));
+        }
+        cmd.arg(DecideAllArgs { now_ms, charges });
+        let reply = self.send(&cmd).await?;
+        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+    }
+
+    /// After the module answered "unknown command" under [`Engine::Auto`]
+    /// (a `MODULE UNLOAD`, a failover to a node without it): nothing ran,
+    /// so Lua decides, until the next probe.
+    fn module_gone(&self, err: &StoreError) -> bool {
+        let gone = self.engine == Engine::Auto && is_unknown_command(err);
+        if gone {
+            self.module.present.store(false, Ordering::Relaxed);
+        }
+        gone
+    }
+}
+
+/// `COMMAND INFO SLIDEGATE.DECIDE_ALL`: the newer of the module's commands,
+/// so that a server with an older build of the module counts as without.
+fn module_probe() -> Cmd {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg(MODULE_DECIDE_ALL);
+    cmd
+}
+
+/// Whether a `COMMAND INFO` reply describes the command: one entry per name
+/// asked, nil for a command the server does not know.
+fn has_module(reply: &Value) -> bool {
+    matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)))
 }
 
 /// Whether Redis refused a command it does not know (nothing ran).
@@ -686,13 +794,9 @@ impl Store for RedisStore {
     async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
         validate(key, &[(*limit, cost)])?;
         let now_ms = self.client_now()?;
-        if self.use_module(limit.algorithm).await? {
+        if self.use_module(std::iter::once(limit.algorithm)).await? {
             match self.decide_by_module(key, limit, cost, now_ms).await {
-                // The module went away under a live connection (MODULE
-                // UNLOAD): nothing ran, so Lua decides, until the next probe.
-                Err(err) if self.engine == Engine::Auto && is_unknown_command(&err) => {
-                    self.module.present.store(false, Ordering::Relaxed);
-                }
+                Err(err) if self.module_gone(&err) => {}
                 decided => return decided,
             }
         }
@@ -703,8 +807,15 @@ impl Store for RedisStore {
 
     async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
         validate(key, charges)?;
+        let now_ms = self.client_now()?;
+        if self.use_module(charges.iter().map(|(limit, _)| limit.algorithm)).await? {
+            match self.decide_all_by_module(key, charges, now_ms).await {
+                Err(err) if self.module_gone(&err) => {}
+                decided => return decided,
+            }
+        }
         let keys: Vec<StateKey<'_>> = charges.iter().map(|(limit, _)| self.state_key(key, limit)).collect();
-        let args = DecideAllArgs { now_ms: self.client_now()?, charges };
+        let args = DecideAllArgs { now_ms, charges };
         let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
         wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
     }

@@ -1,0 +1,158 @@
+//! Whether a write's effects must be propagated, or Redis would drop them.
+//!
+//! Redis hands a propagated command to the AOF and to the replication
+//! stream, and drops it when neither takes it: AOF off and, on a master, no
+//! replication backlog and no replica (`shouldPropagate` in Redis's
+//! `server.c`, 7.0). Building the `SET` for `RedisModule_Replicate` costs
+//! about a third of a decision's instructions (the command is looked up by
+//! name and every argument becomes an object, to be freed unread), so the
+//! module skips it exactly when Redis would drop it:
+//!
+//! - AOF is asked on every call (`REDISMODULE_CTX_FLAGS_AOF`, set from the
+//!   moment `appendonly` is turned on, before the rewrite's fork).
+//! - A backlog appears when a replica syncs (`SYNC` or `PSYNC`, which a
+//!   command filter sees before it runs), with a change of role (this
+//!   server became a replica, or a replica was promoted with the backlog it
+//!   had), or when data is loaded from an RDB file that carries replication
+//!   state (a master restarted with `--loadmodule` loads the module first,
+//!   then the file, and keeps a backlog so that its replicas can resume).
+//!   The first two mark replication as possible **for good**; `INFO
+//!   replication` is read at the first write after the module loaded and
+//!   after every load of data (no command runs while loading), and a
+//!   replica, a backlog or the replica role found there marks it too, as
+//!   does any doubt (an answer the module cannot read, a watcher it could
+//!   not register).
+//!
+//! So a master that has never had a replica and writes no AOF builds no
+//! `SET`; one that has, propagates every write with its absolute expiry, as
+//! before. A replica attaching later gets the skipped writes in its initial
+//! snapshot, as it gets every key.
+#![cfg_attr(test, allow(dead_code))]
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis_module::{raw, Context, Status};
+
+/// A replica synced or the role changed since the module loaded: for good.
+static REPLICATION: AtomicBool = AtomicBool::new(false);
+/// The last read of `INFO replication` found a replica, a backlog or the
+/// replica role, or could not be made.
+static BACKLOG: AtomicBool = AtomicBool::new(true);
+/// `BACKLOG` was read since the module loaded and since data was last loaded.
+static READ: AtomicBool = AtomicBool::new(false);
+
+/// Whether a write made under `ctx` must be propagated.
+pub fn needed(ctx: *mut raw::RedisModuleCtx) -> bool {
+    if REPLICATION.load(Ordering::Relaxed) {
+        return true;
+    }
+    if !READ.swap(true, Ordering::Relaxed) {
+        BACKLOG.store(!never_replicated(ctx), Ordering::Relaxed);
+    }
+    if BACKLOG.load(Ordering::Relaxed) {
+        return true;
+    }
+    // SAFETY: bound when the module loads; `ctx` is the running command's.
+    let flags = unsafe { raw::RedisModule_GetContextFlags.map_or(-1, |f| f(ctx)) };
+    flags & raw::REDISMODULE_CTX_FLAGS_AOF as c_int != 0
+}
+
+/// Registers the watchers: a command filter, the role-change and loading events.
+pub fn init(ctx: &Context) -> Status {
+    // SAFETY: called from OnLoad with its context; the callbacks are plain
+    // functions that live as long as the module.
+    let filter = unsafe {
+        raw::RedisModule_RegisterCommandFilter.map_or(std::ptr::null_mut(), |register| {
+            register(ctx.ctx, Some(watch_sync), raw::REDISMODULE_CMDFILTER_NOSELF as c_int)
+        })
+    };
+    let subscribe = |id: u64, callback: raw::RedisModuleEventCallback| {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: as above.
+        unsafe {
+            raw::RedisModule_SubscribeToServerEvent
+                .map_or(raw::REDISMODULE_ERR as c_int, |subscribe| subscribe(ctx.ctx, event, callback))
+        }
+    };
+    let role = subscribe(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, Some(role_changed));
+    let loading = subscribe(raw::REDISMODULE_EVENT_LOADING, Some(loading_changed));
+    let ok = raw::REDISMODULE_OK as c_int;
+    if filter.is_null() || role != ok || loading != ok {
+        // Without the watchers every write is propagated: correct, only slower.
+        REPLICATION.store(true, Ordering::Relaxed);
+        ctx.log_warning("slidegate: cannot watch for replicas; every write is propagated");
+    }
+    Status::Ok
+}
+
+/// `INFO replication` says master, no replica, no backlog.
+fn never_replicated(ctx: *mut raw::RedisModuleCtx) -> bool {
+    // SAFETY: a command's context; the info is read, then freed once.
+    unsafe {
+        let (Some(get), Some(free), Some(field_c), Some(field_signed)) = (
+            raw::RedisModule_GetServerInfo,
+            raw::RedisModule_FreeServerInfo,
+            raw::RedisModule_ServerInfoGetFieldC,
+            raw::RedisModule_ServerInfoGetFieldSigned,
+        ) else {
+            return false;
+        };
+        let info = get(ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return false;
+        }
+        let role = field_c(info, c"role".as_ptr());
+        let master = !role.is_null() && CStr::from_ptr(role) == c"master";
+        let zero = |field: &CStr| {
+            let mut err = 0;
+            let n = field_signed(info, field.as_ptr(), &mut err);
+            err == 0 && n == 0
+        };
+        let never = master && zero(c"connected_slaves") && zero(c"repl_backlog_active");
+        free(ctx, info);
+        never
+    }
+}
+
+/// The command filter: marks replication possible before a `SYNC` or
+/// `PSYNC` runs (one atomic load per command once marked).
+extern "C" fn watch_sync(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    if REPLICATION.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: Redis calls the filter with the command's context; argument 0
+    // is the command name, a string alive while the filter runs.
+    let name =
+        unsafe { raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |get| get(fctx, 0)) };
+    if name.is_null() {
+        return;
+    }
+    let name = crate::string_bytes(name);
+    if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
+        REPLICATION.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The role-change event: this server became a replica or was promoted.
+extern "C" fn role_changed(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    REPLICATION.store(true, Ordering::Relaxed);
+}
+
+/// The loading event (at start, `DEBUG RELOAD`, a replica's sync): the
+/// next write reads `INFO replication` again, once loading is over and a
+/// master restarted from its RDB file has made the backlog it keeps for
+/// its replicas.
+extern "C" fn loading_changed(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    READ.store(false, Ordering::Relaxed);
+}
