@@ -422,7 +422,11 @@ impl<'a> Bench<'a> {
         }
         let subject = |conn: &ConnectionManager| match candidate {
             Candidate::Algorithm(algorithm) => {
-                let mut store = RedisStore::from_connection(conn.clone()).with_prefix(prefix);
+                // As for the connections: a stall of the loaded machine belongs
+                // in the latency figures, not in an error.
+                let mut store = RedisStore::from_connection(conn.clone())
+                    .with_timeout(Duration::from_secs(30))
+                    .with_prefix(prefix);
                 if let Some(clock) = &clock {
                     store = store.with_time_source(TimeSource::Client(clock.clone()));
                 }

@@ -154,6 +154,67 @@ async fn expiry_is_exactly_when_the_state_stops_mattering() {
     }
 }
 
+/// The single-limit scripts rewrite a state within its window in place
+/// (`SETRANGE`, which leaves the key's expiry alone): the expiry set by the
+/// window's first write stays exact, on the window boundary, however many
+/// decisions follow, and the key never loses it.
+#[tokio::test]
+async fn writes_within_a_window_keep_its_exact_expiry() {
+    let server = RedisServer::spawn();
+    let store =
+        RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("inplace"));
+    let w = 3_600_000;
+    let mut conn = admin(&server).await;
+    for (algorithm, windows) in [(Algorithm::FixedWindow, 1), (Algorithm::SlidingWindowCounter, 2)] {
+        let l = limit(algorithm, 50, w);
+        let key = &store.keys_for("inplace", &l)[0];
+        let mut first = None;
+        for n in 1..=5u64 {
+            let before = redis_time_ms(&mut conn).await;
+            let d = store.decide("inplace", &l, n).await.expect("decide");
+            let after = redis_time_ms(&mut conn).await;
+            let charged: u64 = (1..=n).sum();
+            assert!(d.allowed, "{algorithm}: decision {n}");
+            assert_eq!(d.remaining, 50 - charged, "{algorithm}: decision {n}");
+            let at: i64 =
+                redis::cmd("PEXPIRETIME").arg(key).query_async(&mut conn).await.expect("PEXPIRETIME");
+            assert_eq!(at % w as i64, 0, "{algorithm}: expires off a window boundary");
+            let now = at - d.reset_after.as_millis() as i64;
+            assert!(before <= now && now <= after, "{algorithm}: expiry {at} is not TIME + reset_after");
+            assert_eq!(now - now % w as i64 + windows * w as i64, at, "{algorithm}");
+            assert_eq!(*first.get_or_insert(at), at, "{algorithm}: decision {n} moved the expiry");
+        }
+    }
+}
+
+/// An allowed decision replies in one integer while remaining < 2^21 and
+/// reset_after < 2^32 ms; beyond either, in doubles. Both decode to the
+/// same exact figures as the embedded store's.
+#[tokio::test]
+async fn large_limits_and_long_windows_decide_exactly() {
+    use slidegate::MemoryStore;
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 987);
+    let redis = client_time_store(&server, &clock, "large").await;
+    let memory = MemoryStore::with_clock(clock.clone());
+    let fifty_days = 50 * 86_400_000;
+    for algorithm in Algorithm::ALL {
+        for (n, ms) in [(3_000_000, 60_000), ((1 << 21) + 1, 1000), (10, fifty_days), (5, 1000)] {
+            let l = limit(algorithm, n, ms);
+            for cost in [1, n - 2, 2, 0, n] {
+                let (r, m) = (redis.decide("big", &l, cost).await, memory.decide("big", &l, cost).await);
+                match (r, m) {
+                    (Ok(r), Ok(m)) => assert_eq!(r, m, "{algorithm} {n}/{ms} ms, cost {cost}"),
+                    // A sliding log of millions of entries is refused by both.
+                    (Err(_), Err(_)) if algorithm == Algorithm::SlidingLog => {}
+                    other => panic!("{algorithm} {n}/{ms} ms, cost {cost}: {other:?}"),
+                }
+                clock.advance(Duration::from_millis(7));
+            }
+        }
+    }
+}
+
 async fn redis_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
     s * 1000 + us / 1000

@@ -9,6 +9,8 @@
 -- Every limit is checked before any is charged. If one denies, nothing is
 -- written and the limits that had room report their state without this
 -- request (a cost-0 peek).
+local args = ARGV[1]
+local now, next_arg = struct.unpack('<d', args)
 --! include prelude.lua
 --! algorithms
 

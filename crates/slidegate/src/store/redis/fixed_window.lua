@@ -1,64 +1,63 @@
--- Fixed window, mirroring algorithm/fixed_window.rs. Its load /
--- decide / commit functions follow the contract in scripts.rs.
+-- Fixed window, mirroring algorithm/fixed_window.rs. Its load / decide /
+-- commit sections follow the contract in scripts.rs.
 -- State: one string key, struct '<I4I4' = window number modulo 2^32, count
 -- ('<I4d' when the limit needs more than 32 bits). No key reads as window
 -- -1, which no window matches.
+--! state s_window, s_count
+--! charged window, count, same_window
 
-local function fw_format(limit)
-  if limit < TWO_32 then
-    return '<I4I4'
-  end
-  return '<I4d'
+--! load
+local v = call('GET', key)
+if not v then
+  s_window, s_count = -1, 0
+elseif limit < TWO_32 then
+  s_window, s_count = struct_unpack('<I4I4', v)
+else
+  s_window, s_count = struct_unpack('<I4d', v)
 end
 
-local function fw_load(key, limit, w)
-  local v = call('GET', key)
-  if v then
-    local window, count = struct_unpack(fw_format(limit), v)
-    return window, count
-  end
-  return -1, 0
-end
-
--- -> the decision, then the new state and whether the key already holds
---    this window (its TTL is then right).
-local function fw_decide(cost, limit, w, s_window, s_count)
-  local elapsed = fmod(now, w)
-  local window = fmod((now - elapsed) / w, TWO_32)
-  local skew = 0
-  if s_count > 0 then
-    skew = window_skew(s_window, window, elapsed, w)
-  end
-  if skew > 0 then
+--! decide
+-- Decides, and gives the state after charging and whether the key already
+-- holds this window (its TTL is then right).
+local elapsed = now % w
+window = (now - elapsed) / w % TWO_32
+local skew = 0
+if s_window ~= window and s_window >= 0 and s_count > 0 then
+  local ahead = (s_window - window + TWO_32) % TWO_32
+  if ahead < TWO_32 / 2 then
+    skew = ahead * w - elapsed
     elapsed, window = 0, s_window
   end
-  local count = 0
-  if s_window == window then
-    count = s_count
-  end
-  local until_next = w - elapsed + skew
-  local allowed = count + cost <= limit
-  if allowed then
-    count = count + cost
-  end
-  local reset, retry = 0, -1
-  if count > 0 then
-    reset = until_next
-  end
-  if not allowed then
-    retry = until_next
-  end
-  return allowed, limit - count, reset, retry, window, count, s_window == window
+end
+count = 0
+same_window = s_window == window
+if same_window then
+  count = s_count
+end
+local until_next = w - elapsed + skew
+allowed = count + cost <= limit
+if allowed then
+  count = count + cost
+end
+remaining, reset, retry = limit - count, 0, -1
+if count > 0 then
+  reset = until_next
+end
+if not allowed then
+  retry = until_next
 end
 
+--! commit
 -- The state matters until its window ends; a key already in this window
--- carries that expiry.
-local function fw_commit(key, limit, w, cost, window, count, same_window)
-  local value = struct_pack(fw_format(limit), window, count)
-  if same_window then
-    call('SET', key, value, 'KEEPTTL')
-  else
-    local elapsed = fmod(now, w)
-    call('SET', key, value, expiry(now - elapsed + w))
-  end
+-- carries that expiry, and SETRANGE keeps it (see sliding_window_counter.lua).
+local value
+if limit < TWO_32 then
+  value = struct_pack('<I4I4', window, count)
+else
+  value = struct_pack('<I4d', window, count)
+end
+if same_window then
+  call('SETRANGE', key, '0', value)
+else
+  call('SET', key, value, expire_how, format('%d', now - now % w + w - expire_from))
 end

@@ -20,12 +20,13 @@
 //!   2^32), GCRA a 13-byte string (ms and a fraction of one), the sliding
 //!   log a sorted set with one member per
 //!   admitted permit.
-//! - Every write sets its TTL in the same command (`SET … PXAT`, or `KEEPTTL`
-//!   while a window's expiry is already right) or script, so idle identities
-//!   free their memory by themselves. Denied requests and cost-0 requests
-//!   write nothing.
+//! - Every write sets its TTL in the same command (`SET … PXAT`; `SETRANGE`,
+//!   which keeps the expiry, while a window's expiry is already right) or
+//!   script, so idle identities free their memory by themselves. Denied
+//!   requests and cost-0 requests write nothing.
 //! - Arguments and replies are little-endian doubles (see `wire.rs`): cheaper
-//!   for Lua to decode than decimal strings, and never truncated.
+//!   for Lua to decode than decimal strings, and never truncated; an allowed
+//!   single decision comes back as one integer, cheaper still.
 //! - The Lua mirrors `crate::algorithm` formula for formula; a property test
 //!   replays random traces through this store and [`crate::MemoryStore`] and
 //!   asserts identical decisions.

@@ -2,34 +2,48 @@
 //!
 //! Each algorithm's arithmetic exists once in Lua, in `<name>.lua`
 //! (mirroring `crate::algorithm::<name>`, whose `Definition` supplies the
-//! source). A script is a main file whose `--! include <file>` lines pull in
-//! the shared `prelude.lua` (arguments, clock, exact division, TTL) and the
-//! algorithm files: `decide.lua` once per algorithm (its `ALGORITHM` / `TAG`
-//! placeholders filled in), `decide_all.lua` with every algorithm, whose
-//! `--! algorithms` line becomes their files and the dispatch table built
-//! from [`Algorithm::ALL`]. Scripts start with the main file's comment
-//! block, which gives KEYS, ARGV and the reply.
+//! source). A script is a main file whose `--! include prelude.lua` line
+//! pulls in the shared prelude (clock, expiry, the rules of exact
+//! arithmetic) and whose algorithm lines pull in algorithm files in one of
+//! two forms:
+//!
+//! - `decide.lua`, once per algorithm (its `ALGORITHM` / `TAG` placeholders
+//!   filled in), **inlines** the algorithm's sections with `--! inline
+//!   <name>.lua`: one flat chunk that defines no function. Redis runs a
+//!   script's chunk anew on every call, and every `local function` in it is a
+//!   closure allocated (and later collected) on every call; a single limit,
+//!   the common case, pays for none.
+//! - `decide_all.lua` (and the penalty box built on it) decides several limits
+//!   of any algorithms in a loop, so its `--! algorithms` line becomes every
+//!   algorithm's sections wrapped as three **functions** each, and the
+//!   dispatch table built from [`Algorithm::ALL`].
+//!
+//! Scripts start with the main file's comment block, which gives KEYS, ARGV
+//! and the reply.
 //!
 //! # The contract of an algorithm file
 //!
-//! `<name>.lua` defines three local functions named after the algorithm's
-//! key tag (`swc`, `fw`, …), and nothing else the main files rely on:
+//! `<name>.lua` is a comment block, two declarations and three sections of
+//! straight-line code (no `return`, no function definitions):
 //!
-//! - `<tag>_load(key, limit, w)` reads the identity's state and returns it
-//!   as up to three values `s1, s2, s3` (a missing key reads as a fresh
-//!   identity). It only reads.
-//! - `<tag>_decide(cost, limit, w, s1, s2, s3)` decides `cost` permits at
-//!   the prelude's `now` on that state and returns `allowed, remaining,
-//!   reset_after, retry_after` (ms; retry_after -1 when allowed), then up to
-//!   four values `n1 … n4` describing the state after charging. It writes
-//!   nothing (it may read more of the key, as the sliding log does) and is
-//!   also called with cost 0 to peek.
-//! - `<tag>_commit(key, limit, w, cost, n1, n2, n3, n4)` writes the charged
-//!   state and sets the key's TTL in the same write. It is called only when
-//!   the decision allowed a cost above 0.
+//! - `--! state a, b, c` names the identity's state as loaded (at most three
+//!   values); `--! charged x, y, …` names the state after charging (at most
+//!   four), distinct from the state's names.
+//! - `--! load` reads the identity's state at `key` (given `limit`, `w`) and
+//!   assigns the state's names (a missing key reads as a fresh identity). It
+//!   only reads.
+//! - `--! decide` decides `cost` permits at the prelude's `now` on that state
+//!   (given `limit`, `w`) and assigns `allowed, remaining, reset, retry` (ms;
+//!   retry -1 when allowed) and the charged names. It writes nothing (it may
+//!   read more of the key, as the sliding log does) and in `decide_all.lua`
+//!   is also run with cost 0 to peek.
+//! - `--! commit` writes the charged state to `key` and sets the key's TTL in
+//!   the same write (given `limit`, `w`, `cost` and the charged names). It
+//!   runs only when the decision allowed a cost above 0.
 //!
-//! `limit`, `w` (the window in ms) and `cost` are integers below 2^53, as
-//! are all values in the state; arithmetic follows the prelude's rules.
+//! A section's own `local`s stay inside it. `limit`, `w` (the window in ms)
+//! and `cost` are integers below 2^53, as are all values in the state;
+//! arithmetic follows the prelude's rules.
 
 use std::sync::LazyLock;
 
@@ -53,34 +67,91 @@ fn index(algorithm: Algorithm) -> usize {
     Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap_or_default()
 }
 
-/// The piece `--! include <name>` stands for.
-fn piece(name: &str) -> &'static str {
-    if name == "prelude.lua" {
-        return PRELUDE;
+/// An algorithm file split along the contract's markers.
+struct Sections {
+    comment: &'static str,
+    state: &'static str,
+    charged: &'static str,
+    load: &'static str,
+    decide: &'static str,
+    commit: &'static str,
+}
+
+impl Sections {
+    fn of(algorithm: Algorithm) -> Self {
+        let source = algorithm.lua();
+        let name = algorithm.name();
+        let cut = |text: &'static str, marker: &str| {
+            text.split_once(marker).unwrap_or_else(|| panic!("{name}.lua has no {marker:?}"))
+        };
+        let (comment, rest) = cut(source, "--! state ");
+        let (state, rest) = cut(rest, "\n--! charged ");
+        let (charged, rest) = cut(rest, "\n");
+        let (_, rest) = cut(rest, "--! load\n");
+        let (load, rest) = cut(rest, "--! decide\n");
+        let (decide, commit) = cut(rest, "--! commit\n");
+        Sections { comment, state, charged, load, decide, commit }
     }
+
+    /// The three functions `decide_all.lua` dispatches to, named after the
+    /// algorithm's key tag: `<tag>_load(key, limit, w)` returns the state,
+    /// `<tag>_decide(cost, limit, w, state…)` returns the decision and the
+    /// charged state, `<tag>_commit(key, limit, w, cost, charged…)` writes.
+    fn functions(&self, tag: &str) -> String {
+        let Sections { comment, state, charged, load, decide, commit } = self;
+        let (load, decide, commit) = (indent(load), indent(decide), indent(commit));
+        format!(
+            "{comment}local function {tag}_load(key, limit, w)\n  local {state}\n{load}  return {state}\nend\n\n\
+             local function {tag}_decide(cost, limit, w, {state})\n  local allowed, remaining, reset, retry, {charged}\n\
+             {decide}  return allowed, remaining, reset, retry, {charged}\nend\n\n\
+             local function {tag}_commit(key, limit, w, cost, {charged})\n{commit}end\n"
+        )
+    }
+
+    /// The sections in a row, for one limit at `key`: afterwards `allowed,
+    /// remaining, reset, retry` hold the decision, charged when allowed.
+    fn inline(&self) -> String {
+        let Sections { comment, state, charged, load, decide, commit } = self;
+        let (load, decide, commit) = (indent(load), indent(decide), indent(commit));
+        format!(
+            "{comment}local {state}\ndo\n{load}end\n\
+             local allowed, remaining, reset, retry, {charged}\ndo\n{decide}end\n\
+             if allowed and cost > 0 then\n{commit}end\n"
+        )
+    }
+}
+
+/// `code` indented by two spaces, blank lines left empty and trailing
+/// blank lines dropped.
+fn indent(code: &str) -> String {
+    let mut out = String::with_capacity(code.len() + code.len() / 8);
+    for line in code.trim_end().lines() {
+        if !line.is_empty() {
+            out.push_str("  ");
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The algorithm a piece's file name (`<name>.lua`) names.
+fn algorithm_file(name: &str) -> Algorithm {
     Algorithm::ALL
         .into_iter()
         .find(|a| name.strip_suffix(".lua") == Some(a.name()))
-        .map(Algorithm::lua)
-        .unwrap_or_else(|| panic!("a script includes {name}, which is not a known piece"))
+        .unwrap_or_else(|| panic!("a script includes {name}, which is not an algorithm"))
 }
 
-/// Every algorithm file, then `algorithms`: the table `decide_all.lua`
-/// dispatches on, indexed by [`number`].
+/// Every algorithm's functions, then `algorithms`: the table
+/// `decide_all.lua` dispatches on, indexed by [`number`].
 fn dispatch_table() -> String {
     let mut lua = String::new();
     for a in Algorithm::ALL {
-        lua.push_str(&format!(
-            "--! include {}.lua
-",
-            a.name()
-        ));
+        lua.push_str(&Sections::of(a).functions(a.tag()));
+        lua.push('\n');
     }
-    lua.push_str(
-        "
-local algorithms = {
-",
-    );
+    lua.push_str("local algorithms = {\n");
     for a in Algorithm::ALL {
         lua.push_str(&format!(
             "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit }}, -- {n} {name}\n",
@@ -93,13 +164,19 @@ local algorithms = {
     lua
 }
 
-/// Replaces each `--! include <file>` line of `main` with that piece.
+/// Replaces each `--! include prelude.lua` line of `main` with the prelude
+/// and each `--! inline <name>.lua` line with that algorithm's sections.
 fn assemble(main: &str) -> String {
     let mut script = String::with_capacity(main.len() * 2 + PRELUDE.len());
     for line in main.split_inclusive('\n') {
-        match line.trim_end().strip_prefix("--! include ") {
-            Some(name) => script.push_str(piece(name)),
-            None => script.push_str(line),
+        let directive = line.trim_end();
+        if directive == "--! include prelude.lua" {
+            script.push_str(PRELUDE);
+        } else if let Some(name) = directive.strip_prefix("--! inline ") {
+            script.push_str(&Sections::of(algorithm_file(name)).inline());
+        } else {
+            assert!(!directive.starts_with("--! "), "unknown directive {directive:?}");
+            script.push_str(line);
         }
     }
     script
@@ -201,18 +278,21 @@ pub(super) fn all() -> impl Iterator<Item = &'static Lua> {
 mod tests {
     use super::*;
 
+    /// `lua` without its comments (no string in the scripts holds "--").
+    fn code(lua: &str) -> String {
+        lua.lines().map(|line| line.split("--").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")
+    }
+
     #[test]
     fn scripts_start_with_their_comment_block_and_include_every_piece() {
         for a in Algorithm::ALL {
             let source = decide_source(a);
             assert!(source.starts_with(&format!("-- slidegate decide, {}:", a.name())), "{source}");
             assert!(source.contains("-- ARGV[1]"));
-            assert!(source.contains(&format!(
-                "local load, decide, commit = {t}_load, {t}_decide, {t}_commit",
-                t = a.tag()
-            )));
+            assert!(source.contains(&format!("local {}\ndo\n", Sections::of(a).state)), "{source}");
             assert!(!source.contains("--! "));
-            assert!(source.contains(&format!("local function {}_decide(", a.tag())));
+            // One flat chunk: nothing for Lua to allocate a closure for.
+            assert!(!code(&source).contains("function"), "{source}");
         }
         let all = decide_all_source();
         assert!(all.starts_with("-- slidegate decide_all:"));
@@ -223,7 +303,23 @@ mod tests {
         assert!(penalty.contains("for i = 1, #KEYS - 1 do"));
         assert!(penalty.contains("return table.concat(reply) .. struct_pack('<d', blocked)"));
         for a in Algorithm::ALL {
-            assert!(all.contains(&format!("local function {}_commit(", a.tag())));
+            assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", a.tag())));
+        }
+    }
+
+    #[test]
+    fn algorithm_files_keep_the_contract() {
+        let names = |list: &str| list.split(", ").map(str::to_owned).collect::<Vec<_>>();
+        for a in Algorithm::ALL {
+            let s = Sections::of(a);
+            let (state, charged) = (names(s.state), names(s.charged));
+            assert!((1..=3).contains(&state.len()) && (1..=4).contains(&charged.len()), "{}", a.name());
+            assert!(state.iter().all(|n| !charged.contains(n)), "{}: state and charged overlap", a.name());
+            for body in [s.load, s.decide, s.commit] {
+                let code = code(body);
+                assert!(!code.contains("return") && !code.contains("function"), "{}: {body}", a.name());
+                assert!(!body.contains("--!"), "{}: {body}", a.name());
+            }
         }
     }
 

@@ -138,9 +138,34 @@ pub(super) fn penalized(
     Ok(if block >= 0.0 { Penalized::blocked(decisions, block as u64) } else { Penalized::decided(decisions) })
 }
 
-/// The one decision in a `decide.lua` reply.
+/// The one decision in a `decide.lua` reply (or the module's): an allowed
+/// decision as the integer remaining × 2^32 + reset_after ms, when remaining
+/// is below 2^21 and reset_after below 2^32 ms (Redis turns a Lua number into
+/// an integer reply at a fraction of a string's cost); any other as the
+/// four doubles.
 pub(super) fn single_decision(reply: &Value, limit: u64) -> Result<Decision, StoreError> {
-    decision(reply_bytes(reply, 1)?, limit)
+    match *reply {
+        Value::Int(packed) => allowed_decision(packed, limit),
+        _ => decision(reply_bytes(reply, 1)?, limit),
+    }
+}
+
+/// remaining × 2^32 + reset_after ms, as `decide.lua` replies an allowed decision.
+fn allowed_decision(packed: i64, limit: u64) -> Result<Decision, StoreError> {
+    const REMAINING_BELOW: u64 = 1 << 21;
+    let unexpected = || StoreError::UnexpectedReply(format!("decision {packed}"));
+    let packed = u64::try_from(packed).map_err(|_| unexpected())?;
+    let (remaining, reset_after) = (packed >> 32, packed & 0xffff_ffff);
+    if remaining >= REMAINING_BELOW || remaining > limit {
+        return Err(unexpected());
+    }
+    Ok(Decision {
+        allowed: true,
+        limit,
+        remaining,
+        reset_after: Duration::from_millis(reset_after),
+        retry_after: None,
+    })
 }
 
 fn reply_bytes(reply: &Value, count: usize) -> Result<&[u8], StoreError> {
@@ -215,6 +240,28 @@ mod tests {
     }
 
     #[test]
+    fn decodes_an_allowed_decision_packed_in_an_integer() {
+        let d = single_decision(&Value::Int((4 << 32) + 1750), 5).expect("valid reply");
+        let want = Decision {
+            allowed: true,
+            limit: 5,
+            remaining: 4,
+            reset_after: Duration::from_millis(1750),
+            retry_after: None,
+        };
+        assert_eq!(d, want);
+        let edge =
+            single_decision(&Value::Int((((1 << 21) - 1) << 32) + 0xffff_ffff), 1 << 30).expect("valid");
+        assert_eq!(edge.remaining, (1 << 21) - 1);
+        assert_eq!(edge.reset_after, Duration::from_millis(0xffff_ffff));
+        let none_left = single_decision(&Value::Int(0), 5).expect("valid reply");
+        assert_eq!(
+            (none_left.allowed, none_left.remaining, none_left.reset_after),
+            (true, 0, Duration::ZERO)
+        );
+    }
+
+    #[test]
     fn rejects_what_a_script_never_returns() {
         for bad in [
             reply(&[1.0, 4.0, 1750.0]),
@@ -224,7 +271,10 @@ mod tests {
             reply(&[1.0, 4.0, 1750.0, 3.0]),
             reply(&[0.0, 4.0, 1750.0, -1.0]),
             reply(&[0.0, 4.0, f64::NAN, 1.0]),
-            Value::Int(1),
+            Value::Int(-1),
+            // remaining 6 of 5
+            Value::Int((6 << 32) + 1750),
+            Value::Okay,
         ] {
             let Err(err) = single_decision(&bad, 5) else { panic!("accepted {bad:?}") };
             assert!(matches!(err, StoreError::UnexpectedReply(_)), "{bad:?}");
