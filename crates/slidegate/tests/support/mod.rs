@@ -33,10 +33,17 @@ pub async fn client_time_store(server: &RedisServer, clock: &ManualClock, name: 
 }
 
 /// A plain connection for inspecting the server (SCAN, PTTL, SCRIPT FLUSH).
+///
+/// Without redis-rs's default 500 ms response timeout: a test's `WAIT`, `SAVE`
+/// or `DEBUG LOADAOF` on a loaded machine can take longer; a test waits up to
+/// a minute for its own server.
 pub async fn admin(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(60)));
     redis::Client::open(server.url())
         .expect("valid url")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("connect to the spawned redis-server")
 }
