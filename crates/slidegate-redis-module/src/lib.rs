@@ -447,6 +447,9 @@ impl OpenKey {
         unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), ptr.cast::<u8>(), len) };
         let name = self.name;
         let propagate = propagation::needed(ctx);
+        if !propagate {
+            count_change(ctx)?;
+        }
         match write.expiry {
             Expiry::Keep if propagate => replicate_set(ctx, name, value, None),
             Expiry::Keep => Ok(()),
@@ -474,6 +477,27 @@ impl Drop for OpenKey {
 
 #[cfg_attr(test, allow(dead_code))]
 const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write the key");
+
+/// Counts one change toward the RDB save points (`server.dirty`) without
+/// building the write's `SET`, for a write nothing receives (see
+/// `propagation.rs`). Redis counts a module's changes only in
+/// `RedisModule_Replicate`; a `PING` flagged for neither the AOF (`A`) nor
+/// the replicas (`R`) goes nowhere and is the cheapest command to name, so
+/// a server that persists by `save` points still snapshots the limiter's
+/// state, as it does a script's writes.
+#[cfg_attr(test, allow(dead_code))]
+fn count_change(ctx: *mut raw::RedisModuleCtx) -> Result<(), RedisError> {
+    // SAFETY: bound once when the module loads, read-only afterwards.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
+    // SAFETY: `ctx` is the running command's; both C strings are
+    // NUL-terminated literals and the format takes no further argument.
+    let status = unsafe { replicate(ctx, c"PING".as_ptr(), c"AR".as_ptr()) };
+    if status == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err(WRITE_FAILED)
+    }
+}
 
 /// Propagates `SET key value PXAT at` (or `KEEPTTL` without `at`) to
 /// replicas and the AOF. The format string hands Redis the key as the

@@ -23,8 +23,15 @@ use slidegate::{Algorithm, Engine, ManualClock, MemoryStore, RedisOptions, Redis
 use slidegate_test_redis::{module_args, RedisServer};
 
 fn module_server() -> RedisServer {
+    module_server_with(&[])
+}
+
+/// A server that loads the module, with `extra` arguments.
+fn module_server_with(extra: &[&str]) -> RedisServer {
     let args = module_args();
-    RedisServer::spawn_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    RedisServer::spawn_with_args(&args)
 }
 
 /// A store forced onto the module (a server without it fails every decision,
@@ -327,7 +334,7 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
             assert!(store.decide("r", &limit, 1).await.expect("decides").allowed);
         }
         let key = &store.keys_for("r", &limit)[0];
-        let n: i64 = redis::cmd("WAIT").arg(1).arg(30_000).query_async(&mut master_conn).await.expect("WAIT");
+        let n: i64 = replicated(&mut master_conn, 30_000).await;
         assert_eq!(n, 1, "the replica acknowledged");
         let read = |conn: &mut redis::aio::MultiplexedConnection| {
             let mut conn = conn.clone();
@@ -352,7 +359,7 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
     for _ in 0..2 {
         assert!(store.decide_all("all", &charges).await.expect("decides").iter().all(|d| d.allowed));
     }
-    let n: i64 = redis::cmd("WAIT").arg(1).arg(30_000).query_async(&mut master_conn).await.expect("WAIT");
+    let n: i64 = replicated(&mut master_conn, 30_000).await;
     assert_eq!(n, 1, "the replica acknowledged");
     for (limit, _) in &charges {
         let key = &store.keys_for("all", limit)[0];
@@ -417,7 +424,7 @@ async fn a_replica_attaching_later_gets_every_write() {
     }
     // Old identities charged again (new values, kept expiries) and new ones.
     decide_some(&store, 10..30).await;
-    let n: i64 = redis::cmd("WAIT").arg(1).arg(30_000).query_async(&mut master_conn).await.expect("WAIT");
+    let n: i64 = replicated(&mut master_conn, 30_000).await;
     assert_eq!(n, 1, "the replica acknowledged");
     let on_master = snapshot(&mut master_conn, "late:").await;
     assert_eq!(on_master.len(), 30 * 8);
@@ -459,6 +466,16 @@ async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
     assert_eq!(snapshot(&mut conn, "aof:").await, before);
 }
 
+/// How many replicas acknowledged everything the master has written so far,
+/// by any connection, waiting up to `timeout_ms` for one. `WAIT` counts from
+/// the offset of the calling client's own last write, and the store writes
+/// on connections of its own: a write on this one (a key outside every
+/// prefix the tests compare) makes that offset the master's current one.
+async fn replicated(master: &mut redis::aio::MultiplexedConnection, timeout_ms: u64) -> i64 {
+    let _: () = redis::cmd("SET").arg("test-fence").arg(1).query_async(master).await.expect("SET the fence");
+    redis::cmd("WAIT").arg(1).arg(timeout_ms).query_async(master).await.expect("WAIT")
+}
+
 /// `INFO <section>` field `name` of `server`.
 async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str, name: &str) -> String {
     let info: String = redis::cmd("INFO").arg(section).query_async(conn).await.expect("INFO");
@@ -471,7 +488,10 @@ async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str,
 /// writes made before the replica comes back reach it all the same.
 #[tokio::test]
 async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_from() {
-    let mut master = module_server();
+    // No PING to the replica while the test runs: one sent after the
+    // snapshot would put the replica's offset past the restarted master's,
+    // and it would need a full sync.
+    let mut master = module_server_with(&["--repl-ping-replica-period", "3600"]);
     let mut replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
     let store = module_store(&master).await.with_prefix("resume:");
     let mut master_conn = support::admin(&master).await;
@@ -486,7 +506,7 @@ async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_f
     // The replica holds every write before the snapshot, so its offset is
     // the one the restarted master's backlog starts from (else it would
     // need a full sync, and this test would not test the resume).
-    let n: i64 = redis::cmd("WAIT").arg(1).arg(30_000).query_async(&mut master_conn).await.expect("WAIT");
+    let n: i64 = replicated(&mut master_conn, 30_000).await;
     assert_eq!(n, 1, "the replica acknowledged before the snapshot");
     let _: () = redis::cmd("SAVE").query_async(&mut master_conn).await.expect("SAVE");
     // The replica stays away until the restarted master has decided more.
@@ -499,7 +519,7 @@ async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_f
     replica.resume();
     let mut acknowledged = 0;
     for _ in 0..400 {
-        acknowledged = redis::cmd("WAIT").arg(1).arg(50).query_async(&mut master_conn).await.expect("WAIT");
+        acknowledged = replicated(&mut master_conn, 50).await;
         if acknowledged >= 1 {
             break;
         }
@@ -514,4 +534,34 @@ async fn a_master_restarted_from_its_rdb_feeds_the_backlog_its_replica_resumes_f
     assert_eq!(on_master.len(), 15 * 8);
     let mut replica_conn = support::admin(&replica).await;
     assert_eq!(snapshot(&mut replica_conn, "resume:").await, on_master);
+}
+
+/// Every module write counts toward the RDB save points
+/// (`rdb_changes_since_last_save`), as a script's write does, also where no
+/// replica and no AOF receives it: else a server that persists by `save`
+/// points alone would never snapshot the limiter's state.
+#[tokio::test]
+async fn module_writes_count_toward_the_rdb_save_points() {
+    let server = module_server();
+    let store = module_store(&server).await.with_prefix("dirty:");
+    let mut conn = support::admin(&server).await;
+    let changes = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let field = info_field(&mut conn, "persistence", "rdb_changes_since_last_save").await;
+            field.parse::<i64>().expect("a count of changes")
+        }
+    };
+    let before = changes(&mut conn).await;
+    for algorithm in
+        [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::Gcra]
+    {
+        let limit = support::limit(algorithm, 3, 60_000);
+        for _ in 0..3 {
+            assert!(store.decide("d", &limit, 1).await.expect("decides").allowed, "{algorithm}");
+        }
+        // A denial writes nothing, so it changes nothing.
+        assert!(!store.decide("d", &limit, 1).await.expect("decides").allowed, "{algorithm}");
+    }
+    assert_eq!(changes(&mut conn).await - before, 4 * 3, "one change per allowed decision");
 }
