@@ -1,5 +1,7 @@
 //! The cluster, sentinel, auth and TLS harness against real `redis-server`s.
 
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use slidegate_test_redis::{slot_of, RedisCluster, RedisSentinel, SecuredRedis};
@@ -54,9 +56,8 @@ fn a_killed_master_is_replaced_by_its_replica() {
     let mut cluster = RedisCluster::start();
     let port = cluster.masters()[0];
     let key = KEYS.iter().find(|k| cluster.master_of_slot(slot_of(k)) == port).expect("a key on master 0");
-    assert_eq!(cluster.cli(port, &["-c", "SET", key, "kept"]), "OK");
     // Replication is asynchronous; WAIT makes the write reach the replica.
-    assert_eq!(cluster.cli(port, &["WAIT", "1", "5000"]), "1");
+    assert_eq!(set_and_wait(port, key, "kept"), "OK\n1");
 
     let started = Instant::now();
     let killed = cluster.kill_master(0);
@@ -111,8 +112,7 @@ fn sentinels_report_the_master_and_follow_a_failover() {
     let mut deployment = RedisSentinel::start();
     assert_eq!(deployment.sentinel_urls().len(), 3);
     let old = deployment.master_port();
-    assert_eq!(deployment.cli(old, &["SET", "k", "v"]), "OK");
-    assert_eq!(deployment.cli(old, &["WAIT", "1", "5000"]), "1");
+    assert_eq!(set_and_wait(old, "k", "v"), "OK\n1");
     for port in deployment.sentinel_ports() {
         let reply = deployment.cli(port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", deployment.master_name()]);
         assert_eq!(reply, format!("127.0.0.1\n{old}"));
@@ -177,4 +177,21 @@ fn the_shared_sentinel_deployment_names_its_master() {
     assert_eq!(deployment.cli(master, &["ROLE"]).lines().next(), Some("master"));
     let replica = *deployment.data_ports().iter().find(|&&p| p != master).expect("a replica");
     assert_eq!(deployment.cli(replica, &["ROLE"]).lines().next(), Some("slave"));
+}
+
+/// `SET key value`, then `WAIT 1 5000` on the same connection: `WAIT` counts
+/// from the calling client's own last write, so asked on a second connection
+/// it would not wait for this one. The replies, one per line.
+fn set_and_wait(port: u16, key: &str, value: &str) -> String {
+    let mut cli = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run redis-cli");
+    let mut stdin = cli.stdin.take().expect("redis-cli's stdin");
+    writeln!(stdin, "SET {key} {value}\nWAIT 1 5000").expect("write to redis-cli");
+    drop(stdin);
+    let out = cli.wait_with_output().expect("redis-cli's output");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
 }
