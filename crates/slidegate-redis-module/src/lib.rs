@@ -27,7 +27,8 @@
 //! `SET key value PXAT <absolute ms>` (or `KEEPTTL` where the script keeps the
 //! TTL), so a replica or an AOF replay neither re-decides on another clock
 //! nor needs the module loaded; where Redis would drop it (no AOF, no
-//! replica ever), it is not built (`propagation.rs`). The sliding log (a
+//! replica ever), it is not built (`propagation.rs`), though the write still
+//! counts toward the RDB save points (`count_change`). The sliding log (a
 //! sorted set) is left to the Lua scripts: the commands answer it with an
 //! error the store never provokes.
 //!

@@ -26,7 +26,9 @@
 //! So a master that has never had a replica and writes no AOF builds no
 //! `SET`; one that has, propagates every write with its absolute expiry, as
 //! before. A replica attaching later gets the skipped writes in its initial
-//! snapshot, as it gets every key.
+//! snapshot, as it gets every key. A skipped write is still counted toward
+//! the RDB save points (`count_change` in lib.rs), which Redis counts only in
+//! `RedisModule_Replicate`.
 #![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::{c_int, c_void, CStr};
