@@ -31,7 +31,7 @@ use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::{Decision, Quota};
+use crate::{Decision, Identity, Quota};
 
 /// log2 of the register count, as in Redis.
 const P: u32 = 14;
@@ -289,7 +289,7 @@ struct Entry {
 }
 
 /// One shard of the sketches: `(identity, quota)` → the current window's sketch.
-type Sketches = HashMap<(String, Quota), Entry>;
+type Sketches = HashMap<(Identity, Quota), Entry>;
 
 /// The embedded store's sketches.
 #[derive(Debug)]
@@ -311,14 +311,14 @@ impl Default for DistinctTable {
 }
 
 impl DistinctTable {
-    /// Decides `value` for `key` under `quota` at `now_ms`; see [`decide`].
-    pub(crate) fn decide(&self, key: &str, quota: &Quota, now_ms: u64, value: &[u8]) -> Decision {
-        let shard = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+    /// Decides `value` for `identity` under `quota` at `now_ms`; see [`decide`].
+    pub(crate) fn decide(&self, identity: &Identity, quota: &Quota, now_ms: u64, value: &[u8]) -> Decision {
+        let shard = (self.hasher.hash_one(identity) % SHARDS as u64) as usize;
         // A panic under the lock leaves whole entries: still sound.
         let mut map = self.shards[shard].lock().unwrap_or_else(PoisonError::into_inner);
         let window = now_ms / quota.window_ms();
         let entry = map
-            .entry((key.to_owned(), *quota))
+            .entry((identity.clone(), *quota))
             .or_insert_with(|| Entry { window, sketch: HyperLogLog::new() });
         // Window-aligned, as the Redis key's window number: a new window starts empty.
         if entry.window != window {

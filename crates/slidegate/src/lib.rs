@@ -9,20 +9,22 @@
 //! ([`algorithm`]); the stores only decide where state lives.
 //!
 //! ```
-//! use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+//! use slidegate::{Algorithm, Charge, Identity, Limit, ManualClock, MemoryStore, Quota, Request};
 //!
 //! let clock = ManualClock::new(1_700_000_000_000);
 //! let store = MemoryStore::with_clock(clock.clone());
-//! let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(2)?);
+//! let user = Identity::named("app", "user:42");
+//! let charge = [Charge::new(Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(2)?), 1)];
+//! let request = Request::new(&user, &charge);
 //!
-//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
-//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
-//! let denied = store.decide_sync("user:42", &limit, 1)?;
-//! assert!(!denied.allowed);
-//! assert_eq!(denied.remaining, 0);
-//! let wait = denied.retry_after.expect("a denial says when to retry");
+//! assert!(store.decide_sync(request)?.allowed());
+//! assert!(store.decide_sync(request)?.allowed());
+//! let denied = store.decide_sync(request)?;
+//! assert!(!denied.allowed());
+//! assert_eq!(denied.decisions[0].remaining, 0);
+//! let wait = denied.decisions[0].retry_after.expect("a denial says when to retry");
 //! clock.advance(wait);
-//! assert!(store.decide_sync("user:42", &limit, 1)?.allowed);
+//! assert!(store.decide_sync(request)?.allowed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -30,6 +32,7 @@ pub mod algorithm;
 mod clock;
 mod decision;
 pub mod distinct;
+mod identity;
 mod penalty;
 mod quota;
 pub mod store;
@@ -37,9 +40,10 @@ pub mod store;
 pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
-pub use penalty::{Penalized, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
+pub use identity::{Digest, Identity, IdentityHasher, Source};
+pub use penalty::{Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
-pub use store::{check_charge, Store, StoreError};
+pub use store::{check_charge, Charge, Decisions, DistinctStore, NoDistinct, Outcome, Request, Store, StoreError};

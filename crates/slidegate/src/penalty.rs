@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::Decision;
 
 /// The largest duration a penalty accepts (about 34 years, in ms): every
 /// sum of two stays far below 2^53, so the Lua doubles stay exact.
@@ -185,31 +184,6 @@ impl PenaltyState {
     /// Whether the state changes no decision any more (it may be forgotten).
     pub fn is_idle(&self, now: u64) -> bool {
         self.denials_until <= now && self.block_until <= now && self.strikes_until <= now
-    }
-}
-
-/// What a store said under a penalty: the limits' decisions, and whether the
-/// identity is blocked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Penalized {
-    /// One decision per limit; empty when the identity was already blocked
-    /// (the limits were not decided).
-    pub decisions: Vec<Decision>,
-    /// How long the identity stays blocked: it was already, or this denial
-    /// blocked it. `None` when it is not blocked.
-    pub blocked_for: Option<Duration>,
-}
-
-impl Penalized {
-    /// Decisions without a block.
-    pub fn decided(decisions: Vec<Decision>) -> Self {
-        Self { decisions, blocked_for: None }
-    }
-
-    /// The answer for an identity blocked for `ms` more milliseconds.
-    pub fn blocked(decisions: Vec<Decision>, ms: u64) -> Self {
-        Self { decisions, blocked_for: Some(Duration::from_millis(ms)) }
     }
 }
 

@@ -5,7 +5,7 @@
 //! 64-bit keyed hash of its key (randomly seeded per store): no key string is
 //! kept, and a lookup allocates nothing. The shard is picked from the same
 //! hash, so every limit of one identity lives in one shard and
-//! [`MemoryStore::decide_all_sync`] is atomic under one lock.
+//! [`MemoryStore::decide_sync`] is atomic under one lock.
 //!
 //! Every algorithm but the sliding log keeps its state in a compact table of
 //! `(identity hash, state)` slots, the window-based ones packed into one
@@ -49,8 +49,8 @@ use self::slots::{slot_id, Slots};
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
-use crate::store::{check_charge, check_time, validate, Store, StoreError};
-use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, PenaltyState, Quota, SystemClock};
+use crate::store::{check_charge, check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::{Algorithm, Clock, Decision, Identity, Limit, Penalty, PenaltyState, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
 /// A sliding-log table is not swept before it holds this many identities.
@@ -560,32 +560,35 @@ impl Shard {
 
 /// Decides `charges` for identity `id` at `now` all-or-nothing, under the
 /// shard's lock the caller holds.
-fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[(Limit, u64)]) -> Vec<Decision> {
+fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[Charge]) -> Decisions {
+    if let [charge] = charges {
+        return Decisions::one(shard.table(&charge.limit, now).decide(id, now, charge.cost, true));
+    }
     // No thread may change one of the states between the check and the commit.
-    for (limit, _) in charges {
-        shard.table(limit, now).states.hold(id, now);
+    for charge in charges {
+        shard.table(&charge.limit, now).states.hold(id, now);
     }
     let mut decisions: Vec<Decision> =
-        charges.iter().map(|(limit, cost)| shard.table(limit, now).decide(id, now, *cost, false)).collect();
+        charges.iter().map(|c| shard.table(&c.limit, now).decide(id, now, c.cost, false)).collect();
     if decisions.iter().all(|d| d.allowed) {
         // Same state, same time: committing reproduces each checked
         // decision, now with the charges of the limits before it applied.
-        for ((limit, cost), decision) in charges.iter().zip(&mut decisions) {
-            *decision = shard.table(limit, now).decide(id, now, *cost, true);
+        for (c, decision) in charges.iter().zip(&mut decisions) {
+            *decision = shard.table(&c.limit, now).decide(id, now, c.cost, true);
         }
     } else {
         // Nothing is charged, so a limit that had room reports its
         // remaining permits without this request: a peek at cost 0.
-        for ((limit, _), decision) in charges.iter().zip(&mut decisions) {
+        for (c, decision) in charges.iter().zip(&mut decisions) {
             if decision.allowed {
-                *decision = shard.table(limit, now).decide(id, now, 0, false);
+                *decision = shard.table(&c.limit, now).decide(id, now, 0, false);
             }
         }
     }
-    for (limit, _) in charges {
-        shard.table(limit, now).states.release();
+    for charge in charges {
+        shard.table(&charge.limit, now).states.release();
     }
-    decisions
+    decisions.into()
 }
 
 /// What one [`MemoryStore::evict_idle_step`] did.
@@ -660,16 +663,10 @@ impl<C: Clock> MemoryStore<C> {
         &self.clock
     }
 
-    /// The identity hash of `key`.
+    /// The table id of `identity`: its scope and digest under this store's seed.
     #[inline]
-    fn identity(&self, key: &str) -> u64 {
-        slot_id(self.hasher.hash_one(key))
-    }
-
-    /// The identity hash of `key` and the shard it lives in.
-    fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let id = self.identity(key);
-        (id, self.lock(id))
+    fn identity(&self, identity: &Identity) -> u64 {
+        slot_id(self.hasher.hash_one((identity.scope(), identity.source(), identity.digest())))
     }
 
     /// The shard identity `id` lives in, locked.
@@ -684,71 +681,50 @@ impl<C: Clock> MemoryStore<C> {
         shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Decides `cost` permits for `key` under `limit` now, charging them when allowed.
+    /// Decides `request` now; see [`Store::decide`]. The embedded store
+    /// answers at once, so it needs no runtime.
+    ///
+    /// A single charge without a penalty, for the identity this thread
+    /// decided last, is one compare-and-swap on its slot (`hot.rs`); the
+    /// rest decides under the identity's shard lock, the penalty's
+    /// arithmetic ([`PenaltyState`]) with it.
     ///
     /// # Errors
-    /// [`StoreError::EmptyKey`], [`StoreError::CostExceedsLimit`], or
-    /// [`StoreError::TimeOutOfRange`] when the clock reads past [`crate::store::MAX_TIME_MS`].
-    pub fn decide_sync(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
-        // `validate` for one charge, without building the list of charges.
-        if key.is_empty() {
-            return Err(StoreError::EmptyKey);
-        }
-        check_charge(limit, cost)?;
+    /// [`StoreError::NoLimits`], [`StoreError::DuplicateLimit`],
+    /// [`StoreError::CostExceedsLimit`], [`StoreError::SlidingLogTooLarge`],
+    /// or [`StoreError::TimeOutOfRange`] when the clock reads past
+    /// [`crate::store::MAX_TIME_MS`].
+    pub fn decide_sync(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
         let now = check_time(self.clock.now_ms())?;
-        let id = self.identity(key);
-        if let Some(decision) = hot::decide(self.uid, id, limit, now, cost) {
+        let id = self.identity(request.identity);
+        match (request.charges, request.penalty) {
+            ([charge], None) => self.decide_one(id, now, charge).map(Outcome::decided),
+            (charges, None) => {
+                validate(charges)?;
+                Ok(Outcome::decided(decide_locked(&mut self.lock(id), id, now, charges)))
+            }
+            (charges, Some(penalty)) => {
+                validate(charges)?;
+                Ok(decide_penalized(&mut self.lock(id), id, now, charges, penalty))
+            }
+        }
+    }
+
+    /// One charge without a penalty: the hot identity's path when it is one.
+    fn decide_one(&self, id: u64, now: u64, charge: &Charge) -> Result<Decision, StoreError> {
+        check_charge(&charge.limit, charge.cost)?;
+        if let Some(decision) = hot::decide(self.uid, id, &charge.limit, now, charge.cost) {
             return Ok(decision);
         }
         let mut shard = self.lock(id);
-        let table = shard.table(limit, now);
-        let decision = table.decide(id, now, cost, true);
+        let table = shard.table(&charge.limit, now);
+        let decision = table.decide(id, now, charge.cost, true);
         if hot::repeated(self.uid, id) {
             if let Some(handle) = table.states.handle(id) {
-                hot::hold(self.uid, id, *limit, handle);
+                hot::hold(self.uid, id, charge.limit, handle);
             }
         }
         Ok(decision)
-    }
-
-    /// Decides several limits for `key` all-or-nothing; see [`Store::decide_all`].
-    ///
-    /// # Errors
-    /// As [`MemoryStore::decide_sync`], and [`StoreError::NoLimits`].
-    pub fn decide_all_sync(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
-        validate(key, charges)?;
-        let now = check_time(self.clock.now_ms())?;
-        let (id, mut shard) = self.locate(key);
-        Ok(decide_locked(&mut shard, id, now, charges))
-    }
-
-    /// [`MemoryStore::decide_all_sync`] under `penalty`; see
-    /// [`Store::decide_all_penalized`]. The arithmetic is [`PenaltyState`]'s,
-    /// under the shard's lock with the decision.
-    ///
-    /// # Errors
-    /// As [`MemoryStore::decide_all_sync`].
-    pub fn decide_all_penalized_sync(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        penalty: &Penalty,
-    ) -> Result<Penalized, StoreError> {
-        validate(key, charges)?;
-        let now = check_time(self.clock.now_ms())?;
-        let (id, mut shard) = self.locate(key);
-        if let Some(ms) = shard.penalties.get(&id).and_then(|p| p.blocked_for(now)) {
-            return Ok(Penalized::blocked(Vec::new(), ms));
-        }
-        let decisions = decide_locked(&mut shard, id, now, charges);
-        if decisions.iter().all(|d| d.allowed) {
-            return Ok(Penalized::decided(decisions));
-        }
-        let block = shard.penalties.entry(id).or_default().deny(penalty, now);
-        Ok(match block {
-            Some(ms) => Penalized::blocked(decisions, ms),
-            None => Penalized::decided(decisions),
-        })
     }
 
     /// Forgets every identity whose state no longer affects any decision and
@@ -803,58 +779,50 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    fn decide(
-        &self,
-        key: &str,
-        limit: &Limit,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        std::future::ready(self.decide_sync(key, limit, cost))
+    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        std::future::ready(self.decide_sync(request))
     }
 
-    fn decide_all(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        std::future::ready(self.decide_all_sync(key, charges))
+    fn distinct(&self) -> Option<&impl DistinctStore> {
+        Some(self)
     }
+}
 
-    fn decide_all_penalized(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        penalty: &Penalty,
-    ) -> impl Future<Output = Result<Penalized, StoreError>> + Send {
-        std::future::ready(self.decide_all_penalized_sync(key, charges, penalty))
-    }
-
+impl<C: Clock> DistinctStore for MemoryStore<C> {
     fn decide_distinct(
         &self,
-        key: &str,
+        identity: &Identity,
         quota: &Quota,
         value: &[u8],
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        std::future::ready(self.decide_distinct_sync(key, quota, value))
+        std::future::ready(self.decide_distinct_sync(identity, quota, value))
     }
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// [`Store::decide_distinct`], now.
+    /// [`DistinctStore::decide_distinct`], now.
     ///
     /// # Errors
-    /// [`StoreError::EmptyKey`], [`StoreError::TimeOutOfRange`].
-    pub fn decide_distinct_sync(
-        &self,
-        key: &str,
-        quota: &Quota,
-        value: &[u8],
-    ) -> Result<Decision, StoreError> {
-        if key.is_empty() {
-            return Err(StoreError::EmptyKey);
-        }
+    /// [`StoreError::TimeOutOfRange`].
+    pub fn decide_distinct_sync(&self, identity: &Identity, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
         let now = check_time(self.clock.now_ms())?;
-        Ok(self.distinct.decide(key, quota, now, value))
+        Ok(self.distinct.decide(identity, quota, now, value))
+    }
+}
+
+/// Decides `charges` under `penalty` for identity `id`, under the shard's
+/// lock the caller holds.
+fn decide_penalized(shard: &mut Shard, id: u64, now: u64, charges: &[Charge], penalty: &Penalty) -> Outcome {
+    if let Some(ms) = shard.penalties.get(&id).and_then(|p| p.blocked_for(now)) {
+        return Outcome::blocked(Decisions::none(), ms);
+    }
+    let decisions = decide_locked(shard, id, now, charges);
+    if decisions.iter().all(|d| d.allowed) {
+        return Outcome::decided(decisions);
+    }
+    match shard.penalties.entry(id).or_default().deny(penalty, now) {
+        Some(ms) => Outcome::blocked(decisions, ms),
+        None => Outcome::decided(decisions),
     }
 }
 

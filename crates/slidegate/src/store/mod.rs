@@ -10,11 +10,12 @@ pub mod memory;
 pub mod redis;
 
 use std::future::Future;
+use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::algorithm::sliding_log;
-use crate::{Algorithm, Decision, Limit, Penalized, Penalty, Quota};
+use crate::{Algorithm, Decision, Identity, Limit, Penalty, Quota};
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
@@ -28,14 +29,11 @@ pub enum StoreError {
         /// The limit it exceeded.
         limit: u64,
     },
-    /// The identity key was empty.
-    #[error("identity key must not be empty")]
-    EmptyKey,
-    /// No limits were given to `decide_all`.
-    #[error("decide_all needs at least one limit")]
+    /// A request without charges.
+    #[error("a request needs at least one charge")]
     NoLimits,
-    /// The same limit appeared twice in one `decide_all`.
-    #[error("limit {0} appears twice in one decide_all; merge the costs instead")]
+    /// The same limit appeared twice in one request.
+    #[error("limit {0} appears twice in one request; merge the costs instead")]
     DuplicateLimit(Limit),
     /// A sliding log limit above [`crate::algorithm::sliding_log::MAX_LIMIT`].
     #[error("sliding_log limits must be at most {max} (one entry per permit), got {limit}; use sliding_window_counter for larger limits", max = crate::algorithm::sliding_log::MAX_LIMIT)]
@@ -67,10 +65,6 @@ pub enum StoreError {
         /// The time the clock read, in ms since the Unix epoch.
         now_ms: u64,
     },
-    /// The store cannot do what was asked (a store that keeps no
-    /// distinct-value sketches, say). Nothing was charged.
-    #[error("the store does not support {0}")]
-    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -79,11 +73,9 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::CostExceedsLimit { .. }
-            | StoreError::EmptyKey
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
-            | StoreError::SlidingLogTooLarge { .. }
-            | StoreError::Unsupported(_) => false,
+            | StoreError::SlidingLogTooLarge { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
             StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
@@ -100,12 +92,10 @@ impl StoreError {
     pub fn may_have_charged(&self) -> bool {
         match self {
             StoreError::CostExceedsLimit { .. }
-            | StoreError::EmptyKey
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotConnected(_)
-            | StoreError::Unsupported(_)
             | StoreError::TimeOutOfRange { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(e) => !e.is_connection_refusal(),
@@ -114,11 +104,167 @@ impl StoreError {
     }
 }
 
-/// A place that decides rate limits atomically.
+/// One identity's charges, one decision per charge: `cost` permits under `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Charge {
+    /// The algorithm and quota that decide.
+    pub limit: Limit,
+    /// How many permits the request takes (0 peeks without charging).
+    pub cost: u64,
+}
+
+impl Charge {
+    /// `cost` permits under `limit`.
+    pub fn new(limit: Limit, cost: u64) -> Self {
+        Self { limit, cost }
+    }
+}
+
+/// Everything a store is asked in one call: for whom, which charges, and the
+/// penalty box that applies, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// Who is charged.
+    pub identity: &'a Identity,
+    /// Decided all-or-nothing: each is charged only if every one allows.
+    pub charges: &'a [Charge],
+    /// When set, an identity the penalty has blocked is answered without
+    /// deciding its limits, and a denial counts toward the next block,
+    /// atomically with the decision.
+    pub penalty: Option<&'a Penalty>,
+}
+
+impl<'a> Request<'a> {
+    /// `charges` for `identity`, without a penalty.
+    pub fn new(identity: &'a Identity, charges: &'a [Charge]) -> Self {
+        Self { identity, charges, penalty: None }
+    }
+
+    /// The same request under `penalty`.
+    pub fn with_penalty(self, penalty: &'a Penalty) -> Self {
+        Self { penalty: Some(penalty), ..self }
+    }
+}
+
+/// One decision per charge of a request, in the order asked. Derefs to a
+/// slice; a single charge's decision is kept inline, so the common request
+/// (one limit) allocates nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decisions(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    One(Decision),
+    Many(Vec<Decision>),
+}
+
+impl Decisions {
+    /// No decisions (an identity blocked before its limits were decided).
+    pub fn none() -> Self {
+        Self(Repr::Many(Vec::new()))
+    }
+
+    /// The decision of a request with one charge.
+    pub fn one(decision: Decision) -> Self {
+        Self(Repr::One(decision))
+    }
+}
+
+impl std::ops::Deref for Decisions {
+    type Target = [Decision];
+
+    fn deref(&self) -> &[Decision] {
+        match &self.0 {
+            Repr::One(d) => std::slice::from_ref(d),
+            Repr::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Decisions {
+    fn deref_mut(&mut self) -> &mut [Decision] {
+        match &mut self.0 {
+            Repr::One(d) => std::slice::from_mut(d),
+            Repr::Many(v) => v,
+        }
+    }
+}
+
+impl From<Vec<Decision>> for Decisions {
+    fn from(v: Vec<Decision>) -> Self {
+        match <[Decision; 1]>::try_from(v) {
+            Ok([one]) => Self::one(one),
+            Err(v) => Self(Repr::Many(v)),
+        }
+    }
+}
+
+impl From<Decision> for Decisions {
+    fn from(d: Decision) -> Self {
+        Self::one(d)
+    }
+}
+
+impl FromIterator<Decision> for Decisions {
+    fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
+        Vec::from_iter(iter).into()
+    }
+}
+
+impl<'a> IntoIterator for &'a Decisions {
+    type Item = &'a Decision;
+    type IntoIter = std::slice::Iter<'a, Decision>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl PartialEq<Vec<Decision>> for Decisions {
+    fn eq(&self, other: &Vec<Decision>) -> bool {
+        **self == **other
+    }
+}
+
+/// A store's answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// One decision per charge, in the order asked; empty when the identity
+    /// was already blocked (the limits were not decided). When any is denied,
+    /// none was charged and every decision's `remaining` describes the state
+    /// without this request.
+    pub decisions: Decisions,
+    /// How long the identity stays blocked by the request's penalty: it was
+    /// already, or this denial blocked it. `None` when it is not blocked.
+    pub blocked_for: Option<Duration>,
+}
+
+impl Outcome {
+    /// Decisions without a block.
+    pub fn decided(decisions: impl Into<Decisions>) -> Self {
+        Self { decisions: decisions.into(), blocked_for: None }
+    }
+
+    /// The answer for an identity blocked for `ms` more milliseconds.
+    pub fn blocked(decisions: impl Into<Decisions>, ms: u64) -> Self {
+        Self { decisions: decisions.into(), blocked_for: Some(Duration::from_millis(ms)) }
+    }
+
+    /// Whether the request may proceed: every charge allowed, no block.
+    pub fn allowed(&self) -> bool {
+        self.blocked_for.is_none() && !self.decisions.is_empty() && self.decisions.iter().all(|d| d.allowed)
+    }
+}
+
+/// A place that decides rate limits atomically: one required method, one
+/// request, one outcome.
 ///
-/// `key` names the identity (an API key, a hashed IP, …). A store keeps one
-/// state per identity and [`Limit`]; the same identity under two limits has
-/// two independent states.
+/// A store keeps one state per [`Identity`] and [`Limit`]; the same identity
+/// under two limits has two independent states. What not every store can do
+/// is a separate trait the caller asks for ([`Store::distinct`]), so a
+/// missing ability is visible where a feature is configured, never a feature
+/// silently off. The trait has no provided methods: a store (or a layer
+/// wrapping one) states every behaviour it has.
 ///
 /// # Failures and charging
 ///
@@ -132,26 +278,23 @@ impl StoreError {
 /// twice for one call (a retry after `NOSCRIPT` re-sends only a call that
 /// provably did not run).
 pub trait Store: Send + Sync {
-    /// Decides `cost` permits for `key` under `limit`, charging them when allowed.
-    fn decide(
-        &self,
-        key: &str,
-        limit: &Limit,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    /// Decides `request`: all its charges or none, under its penalty if set.
+    ///
+    /// Rejects, before touching any state, what [`check_charge`] rejects, an
+    /// empty list of charges and a limit given twice.
+    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
-    /// Decides several limits for `key` all-or-nothing: each `(limit, cost)`
-    /// is charged only if every one of them allows. The decisions come back in
-    /// the order given; when any is denied, none is charged and every
-    /// decision's `remaining` describes the state without this request.
-    fn decide_all(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    /// The store's distinct-value sketches (crawl breadth), or `None` when it
+    /// keeps none. A limiter asked to enforce breadth on a store answering
+    /// `None` refuses the configuration.
+    fn distinct(&self) -> Option<&impl DistinctStore>;
+}
 
-    /// Admits `value` among the distinct values `key` touches per window of
-    /// `quota` (at most `quota.permits()` of them, estimated with the
+/// The ability to count distinct values per identity (crawl breadth): a
+/// capability some stores have, asked for through [`Store::distinct`].
+pub trait DistinctStore: Send + Sync {
+    /// Admits `value` among the distinct values `identity` touches per window
+    /// of `quota` (at most `quota.permits()` of them, estimated with the
     /// HyperLogLog of [`crate::distinct`]; windows aligned to multiples of
     /// the window since the epoch). A value already seen in the window is
     /// always admitted; a new one while the estimate is below the permits.
@@ -159,34 +302,29 @@ pub trait Store: Send + Sync {
     ///
     /// The `Decision`'s `remaining` is the permits minus the estimate,
     /// `reset_after` the end of the window.
-    ///
-    /// The default answers [`StoreError::Unsupported`]: a store without
-    /// sketches.
     fn decide_distinct(
         &self,
-        key: &str,
+        identity: &Identity,
         quota: &Quota,
         value: &[u8],
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let _ = (key, quota, value);
-        std::future::ready(Err(StoreError::Unsupported("distinct-value limits")))
-    }
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+}
 
-    /// [`Store::decide_all`] under a [`Penalty`]: an identity the penalty
-    /// has blocked is answered without deciding its limits, and a denial is
-    /// counted toward the next block, atomically with the decision.
-    ///
-    /// The default decides without a penalty (never blocks): a store that
-    /// keeps no penalty state stays usable, and the limits still hold.
-    fn decide_all_penalized(
+/// The [`DistinctStore`] of a store that has none: it cannot be made, so a
+/// store returns `None::<&NoDistinct>` from [`Store::distinct`].
+#[derive(Debug)]
+pub enum NoDistinct {}
+
+impl DistinctStore for NoDistinct {
+    fn decide_distinct(
         &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        penalty: &Penalty,
-    ) -> impl Future<Output = Result<Penalized, StoreError>> + Send {
-        let _ = penalty;
-        let decided = self.decide_all(key, charges);
-        async move { decided.await.map(Penalized::decided) }
+        _identity: &Identity,
+        _quota: &Quota,
+        _value: &[u8],
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        match *self {}
+        #[allow(unreachable_code)]
+        std::future::ready(Err(StoreError::NoLimits))
     }
 }
 
@@ -209,18 +347,15 @@ pub(crate) fn check_time(now_ms: u64) -> Result<u64, StoreError> {
 }
 
 /// Rejects requests no store could decide, before touching any state.
-pub(crate) fn validate(key: &str, charges: &[(Limit, u64)]) -> Result<(), StoreError> {
-    if key.is_empty() {
-        return Err(StoreError::EmptyKey);
-    }
+pub(crate) fn validate(charges: &[Charge]) -> Result<(), StoreError> {
     if charges.is_empty() {
         return Err(StoreError::NoLimits);
     }
-    for (i, (limit, cost)) in charges.iter().enumerate() {
-        if charges[..i].iter().any(|(seen, _)| seen == limit) {
-            return Err(StoreError::DuplicateLimit(*limit));
+    for (i, charge) in charges.iter().enumerate() {
+        if charges[..i].iter().any(|seen| seen.limit == charge.limit) {
+            return Err(StoreError::DuplicateLimit(charge.limit));
         }
-        check_charge(limit, *cost)?;
+        check_charge(&charge.limit, charge.cost)?;
     }
     Ok(())
 }

@@ -15,23 +15,23 @@ use std::fmt;
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
-use crate::Limit;
+use crate::{Identity, Limit};
 
 /// A state key, written straight into the command buffer (no `String` per call).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StateKey<'a> {
     pub(super) prefix: &'a str,
-    pub(super) identity: &'a str,
+    pub(super) identity: &'a Identity,
     pub(super) limit: &'a Limit,
 }
 
 impl fmt::Display for StateKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let escape = if self.identity.starts_with(['{', '}']) { "{" } else { "" };
         write!(
             f,
-            "{}{{{escape}{}}}:{}:{}:{}",
+            "{}{{{}{}}}:{}:{}:{}",
             self.prefix,
+            escape(self.identity),
             self.identity,
             self.limit.algorithm.tag(),
             self.limit.quota.permits(),
@@ -45,13 +45,22 @@ impl fmt::Display for StateKey<'_> {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PenaltyKey<'a> {
     pub(super) prefix: &'a str,
-    pub(super) identity: &'a str,
+    pub(super) identity: &'a Identity,
 }
 
 impl fmt::Display for PenaltyKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let escape = if self.identity.starts_with(['{', '}']) { "{" } else { "" };
-        write!(f, "{}{{{escape}{}}}:penalty", self.prefix, self.identity)
+        write!(f, "{}{{{}{}}}:penalty", self.prefix, escape(self.identity), self.identity)
+    }
+}
+
+/// What goes before an identity inside its hash tag: one more `{` when its
+/// scope starts with `{` or `}`, so that the tag is never empty.
+pub(super) fn escape(identity: &Identity) -> &'static str {
+    if identity.scope().starts_with(['{', '}']) {
+        "{"
+    } else {
+        ""
     }
 }
 

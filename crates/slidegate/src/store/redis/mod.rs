@@ -1,7 +1,7 @@
 //! The Redis store: every decision is one Lua script, atomic inside Redis.
 //!
-//! - One script per algorithm, plus one for [`Store::decide_all`] over any mix
-//!   of algorithms. Scripts are loaded when connecting and called with
+//! - One script per algorithm for a request with one charge, plus one for
+//!   several charges over any mix of algorithms. Scripts are loaded when connecting and called with
 //!   `EVALSHA`; after a `NOSCRIPT` (Redis restarted, failed over, or ran
 //!   `SCRIPT FLUSH`) the store sends the same call once more with `EVAL` and
 //!   the source, which cannot fail with `NOSCRIPT` and caches the script
@@ -70,8 +70,8 @@ use self::scripts::Lua;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{check_time, validate, Store, StoreError};
-use crate::{Algorithm, Clock, Decision, Limit, Penalized, Penalty, Quota};
+use crate::store::{check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::{Algorithm, Clock, Decision, Identity, Limit, Penalty, Quota};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -122,12 +122,12 @@ pub struct RedisOptions {
 /// The native module (`crates/slidegate-redis-module`, loaded with
 /// `--loadmodule`) runs `slidegate::algorithm` itself on the keys the Lua
 /// scripts keep, so both engines interoperate on one key. It decides
-/// [`Store::decide`] (`SLIDEGATE.DECIDE`) and [`Store::decide_all`]
-/// (`SLIDEGATE.DECIDE_ALL`, all or nothing as the script) for every
-/// algorithm but the sliding log, a sorted set the module leaves to the
+/// [`Store::decide`] (`SLIDEGATE.DECIDE` for one charge,
+/// `SLIDEGATE.DECIDE_ALL` for several, all or nothing as the script) for
+/// every algorithm but the sliding log, a sorted set the module leaves to the
 /// scripts: a call with a sliding log among its limits runs the script
-/// whatever the engine. [`Store::decide_all_penalized`] and
-/// [`Store::decide_distinct`] always use Lua.
+/// whatever the engine. A request under a penalty and
+/// [`crate::DistinctStore::decide_distinct`] always use Lua.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Engine {
     /// The module where Redis has it (asked at connect and after each
@@ -303,14 +303,15 @@ enum Connection {
 /// automatically reconnecting connection.
 ///
 /// ```no_run
-/// use slidegate::{Algorithm, Limit, Quota, RedisStore, Store};
+/// use slidegate::{Algorithm, Charge, Digest, Identity, Limit, Quota, RedisStore, Request, Source, Store};
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::connect("redis://127.0.0.1/").await?.with_prefix("myapp:");
 /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
-/// let decision = store.decide("user-42", &limit, 1).await?;
-/// assert_eq!(store.keys_for("user-42", &limit), ["myapp:{user-42}:swc:100:60000"]);
-/// # let _ = decision;
+/// let user = Identity::new("api", Source::Named, Digest([0x42; 16]));
+/// let outcome = store.decide(Request::new(&user, &[Charge::new(limit, 1)])).await?;
+/// assert_eq!(store.keys_for(&user, &limit), [format!("myapp:{{api:n:{}}}:swc:100:60000", "42".repeat(16))]);
+/// # let _ = outcome;
 /// # Ok(())
 /// # }
 /// ```
@@ -538,11 +539,11 @@ impl RedisStore {
     ///
     /// An identity starting with `{` or `}` is written with one more `{` in
     /// front, so that its hash tag is never empty.
-    pub fn keys_for(&self, key: &str, limit: &Limit) -> Vec<String> {
-        vec![self.state_key(key, limit).to_string()]
+    pub fn keys_for(&self, identity: &Identity, limit: &Limit) -> Vec<String> {
+        vec![self.state_key(identity, limit).to_string()]
     }
 
-    fn state_key<'a>(&'a self, identity: &'a str, limit: &'a Limit) -> StateKey<'a> {
+    fn state_key<'a>(&'a self, identity: &'a Identity, limit: &'a Limit) -> StateKey<'a> {
         StateKey { prefix: &self.prefix, identity, limit }
     }
 
@@ -703,42 +704,31 @@ impl RedisStore {
         }
     }
 
-    /// One decision by the module's `SLIDEGATE.DECIDE`: the key the scripts
-    /// use, the arguments of `decide_all.lua` for one limit, the scripts' reply.
+    /// A decision by the module: `SLIDEGATE.DECIDE` for one charge (the key
+    /// the scripts use, the arguments of `decide_all.lua` for one limit),
+    /// `SLIDEGATE.DECIDE_ALL` for several (the keys first, so that a cluster
+    /// client routes by the first); the scripts' reply.
     async fn decide_by_module(
         &self,
-        key: &str,
-        limit: &Limit,
-        cost: u64,
+        identity: &Identity,
+        charges: &[Charge],
         now_ms: Option<u64>,
-    ) -> Result<Decision, StoreError> {
-        let charges = [(*limit, cost)];
-        let mut cmd = Cmd::with_capacity(3, 128 + self.prefix.len() + key.len());
-        cmd.arg(MODULE_DECIDE)
-            .arg(self.state_key(key, limit))
-            .arg(DecideAllArgs { now_ms, charges: &charges });
-        let reply = self.send(&cmd).await?;
-        wire::single_decision(&reply, limit.quota.permits())
-    }
-
-    /// Several limits by the module's `SLIDEGATE.DECIDE_ALL`: the keys and
-    /// arguments of `decide_all.lua` (the keys first, so that a cluster
-    /// client routes by the first), the script's reply.
-    async fn decide_all_by_module(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        now_ms: Option<u64>,
-    ) -> Result<Vec<Decision>, StoreError> {
-        let mut cmd =
-            Cmd::with_capacity(2 + charges.len(), 64 + charges.len() * (self.prefix.len() + key.len() + 64));
+    ) -> Result<Decisions, StoreError> {
+        let key_len = self.prefix.len() + identity.scope().len() + 64;
+        if let [charge] = charges {
+            let mut cmd = Cmd::with_capacity(3, 128 + key_len);
+            cmd.arg(MODULE_DECIDE).arg(self.state_key(identity, &charge.limit)).arg(DecideAllArgs { now_ms, charges });
+            let reply = self.send(&cmd).await?;
+            return wire::single_decision(&reply, charge.limit.quota.permits()).map(Decisions::one);
+        }
+        let mut cmd = Cmd::with_capacity(2 + charges.len(), 64 + charges.len() * key_len);
         cmd.arg(MODULE_DECIDE_ALL);
-        for (limit, _) in charges {
-            cmd.arg(self.state_key(key, limit));
+        for charge in charges {
+            cmd.arg(self.state_key(identity, &charge.limit));
         }
         cmd.arg(DecideAllArgs { now_ms, charges });
         let reply = self.send(&cmd).await?;
-        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+        wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Decisions::from)
     }
 
     /// After the module answered "unknown command" under [`Engine::Auto`]
@@ -792,58 +782,40 @@ async fn run<C: ConnectionLike + Send>(
 }
 
 impl Store for RedisStore {
-    async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
-        validate(key, &[(*limit, cost)])?;
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        let Request { identity, charges, penalty } = request;
+        validate(charges)?;
         let now_ms = self.client_now()?;
-        if self.use_module(std::iter::once(limit.algorithm)).await? {
-            match self.decide_by_module(key, limit, cost, now_ms).await {
+        if let Some(penalty) = penalty {
+            return self.decide_penalized(identity, charges, penalty, now_ms).await;
+        }
+        if self.use_module(charges.iter().map(|c| c.limit.algorithm)).await? {
+            match self.decide_by_module(identity, charges, now_ms).await {
                 Err(err) if self.module_gone(&err) => {}
-                decided => return decided,
+                decided => return decided.map(Outcome::decided),
             }
         }
-        let args = DecideArgs { now_ms, limit: *limit, cost };
-        let reply = self.eval(scripts::decide(limit.algorithm), &[self.state_key(key, limit)], &args).await?;
-        wire::single_decision(&reply, limit.quota.permits())
-    }
-
-    async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
-        validate(key, charges)?;
-        let now_ms = self.client_now()?;
-        if self.use_module(charges.iter().map(|(limit, _)| limit.algorithm)).await? {
-            match self.decide_all_by_module(key, charges, now_ms).await {
-                Err(err) if self.module_gone(&err) => {}
-                decided => return decided,
-            }
+        if let [charge] = charges {
+            let args = DecideArgs { now_ms, limit: charge.limit, cost: charge.cost };
+            let key = self.state_key(identity, &charge.limit);
+            let reply = self.eval(scripts::decide(charge.limit.algorithm), &[key], &args).await?;
+            return wire::single_decision(&reply, charge.limit.quota.permits()).map(Outcome::decided);
         }
-        let keys: Vec<StateKey<'_>> = charges.iter().map(|(limit, _)| self.state_key(key, limit)).collect();
+        let keys: Vec<StateKey<'_>> = charges.iter().map(|c| self.state_key(identity, &c.limit)).collect();
         let args = DecideAllArgs { now_ms, charges };
         let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
-        wire::decisions(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+        wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Outcome::decided)
     }
 
-    async fn decide_all_penalized(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        penalty: &Penalty,
-    ) -> Result<Penalized, StoreError> {
-        validate(key, charges)?;
-        // The penalty path formats its keys: one more key than decide_all,
-        // and only rules with a penalty pay for the strings.
-        let mut keys: Vec<String> =
-            charges.iter().map(|(limit, _)| self.state_key(key, limit).to_string()).collect();
-        keys.push(PenaltyKey { prefix: &self.prefix, identity: key }.to_string());
-        let args = (DecideAllArgs { now_ms: self.client_now()?, charges }, wire::PenaltyArgs(penalty));
-        let reply = self.eval(scripts::penalty(), &keys, &args).await?;
-        wire::penalized(&reply, charges.iter().map(|(limit, _)| limit.quota.permits()))
+    fn distinct(&self) -> Option<&impl DistinctStore> {
+        Some(self)
     }
+}
 
-    async fn decide_distinct(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
-        if key.is_empty() {
-            return Err(StoreError::EmptyKey);
-        }
+impl DistinctStore for RedisStore {
+    async fn decide_distinct(&self, identity: &Identity, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
         let now = self.client_now()?;
-        let sketch = self.distinct_key(key, quota);
+        let sketch = self.distinct_key(identity, quota);
         let keys = [format!("{sketch}:w"), format!("{sketch}:tmp"), sketch];
         let slack: u64 = if now.is_some() { 10_000 } else { 0 };
         let now_arg: i64 = now.map_or(-1, |n| n as i64);
@@ -866,11 +838,28 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `charges` under `penalty`, always in Lua (`penalty.lua` spliced into
+    /// `decide_all.lua`). The penalty path formats its keys: one more key
+    /// than a plain decision, and only rules with a penalty pay for the strings.
+    async fn decide_penalized(
+        &self,
+        identity: &Identity,
+        charges: &[Charge],
+        penalty: &Penalty,
+        now_ms: Option<u64>,
+    ) -> Result<Outcome, StoreError> {
+        let mut keys: Vec<String> = charges.iter().map(|c| self.state_key(identity, &c.limit).to_string()).collect();
+        keys.push(PenaltyKey { prefix: &self.prefix, identity }.to_string());
+        let args = (DecideAllArgs { now_ms, charges }, wire::PenaltyArgs(penalty));
+        let reply = self.eval(scripts::penalty(), &keys, &args).await?;
+        wire::penalized(&reply, charges.iter().map(|c| c.limit.quota.permits()))
+    }
+
     /// The Redis key of `key`'s distinct-value sketch under `quota`:
     /// `<prefix>{<identity>}:hll:<limit>:<window_ms>`, in the identity's slot
     /// (its window number lives in the same key plus `:w`).
-    pub fn distinct_key(&self, key: &str, quota: &Quota) -> String {
-        let escape = if key.starts_with(['{', '}']) { "{" } else { "" };
-        format!("{}{{{escape}{key}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
+    pub fn distinct_key(&self, identity: &Identity, quota: &Quota) -> String {
+        let escape = key::escape(identity);
+        format!("{}{{{escape}{identity}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
     }
 }

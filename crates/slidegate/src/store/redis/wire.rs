@@ -12,7 +12,8 @@ use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
 
 use super::scripts;
 use crate::store::StoreError;
-use crate::{Decision, Limit, Penalized, Penalty};
+use crate::store::{Charge, Outcome};
+use crate::{Decision, Limit, Penalty};
 
 /// The time argument that makes a script read Redis `TIME`.
 const NOW_FROM_REDIS: f64 = -1.0;
@@ -55,7 +56,7 @@ impl ToSingleRedisArg for DecideArgs {}
 /// number ([`scripts::number`]), limit, window in ms and cost.
 pub(super) struct DecideAllArgs<'a> {
     pub(super) now_ms: Option<u64>,
-    pub(super) charges: &'a [(Limit, u64)],
+    pub(super) charges: &'a [Charge],
 }
 
 impl ToRedisArgs for DecideAllArgs<'_> {
@@ -65,12 +66,12 @@ impl ToRedisArgs for DecideAllArgs<'_> {
     {
         let mut bytes = Vec::with_capacity(8 + 32 * self.charges.len());
         bytes.extend_from_slice(&now_arg(self.now_ms).to_le_bytes());
-        for (limit, cost) in self.charges {
+        for &Charge { limit, cost } in self.charges {
             for v in [
                 scripts::number(limit.algorithm) as f64,
                 limit.quota.permits() as f64,
                 limit.quota.window_ms() as f64,
-                *cost as f64,
+                cost as f64,
             ] {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }
@@ -114,7 +115,7 @@ impl ToSingleRedisArg for PenaltyArgs<'_> {}
 pub(super) fn penalized(
     reply: &Value,
     limits: impl ExactSizeIterator<Item = u64>,
-) -> Result<Penalized, StoreError> {
+) -> Result<Outcome, StoreError> {
     let count = limits.len();
     let bytes = match reply {
         Value::BulkString(bytes) if bytes.len() == 8 || bytes.len() == count * DECISION_BYTES + 8 => bytes,
@@ -135,7 +136,7 @@ pub(super) fn penalized(
         .map(|(chunk, limit)| decision(chunk, limit))
         .collect::<Result<Vec<_>, _>>()?;
     // Integral ms below 2^53 by the penalty's bounds.
-    Ok(if block >= 0.0 { Penalized::blocked(decisions, block as u64) } else { Penalized::decided(decisions) })
+    Ok(if block >= 0.0 { Outcome::blocked(decisions, block as u64) } else { Outcome::decided(decisions) })
 }
 
 /// The one decision in a `decide.lua` reply (or the module's): an allowed
@@ -288,7 +289,7 @@ mod tests {
         let expected: Vec<u8> =
             [1_700_000_000_123.0f64, 100.0, 60_000.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(args, [expected]);
-        let all = DecideAllArgs { now_ms: None, charges: &[(limit, 2)] }.to_redis_args();
+        let all = DecideAllArgs { now_ms: None, charges: &[Charge::new(limit, 2)] }.to_redis_args();
         let expected: Vec<u8> =
             [-1.0f64, 5.0, 100.0, 60_000.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(all, [expected]);

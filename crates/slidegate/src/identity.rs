@@ -1,0 +1,218 @@
+//! Who a limit applies to, as one value made once at the edge.
+//!
+//! An [`Identity`] is a scope (a rule's name, an application's namespace),
+//! the [`Source`] it was derived from (an API key, a client address, a name
+//! the application chose) and a fixed-size [`Digest`] of that value. No raw
+//! value is ever kept: the digest is a BLAKE3 hash, keyed with an instance
+//! secret by [`IdentityHasher`] when the value is personal (an API key, an
+//! address). Every store, cache and summary keys its state by this value;
+//! a Redis key is written from it once (`<scope>:<tag>:<32 hex digits>`),
+//! and nothing parses it back.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// What an identity was derived from. One enum for the concept, wherever it
+/// is shown (keys, metrics, the offenders page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Source {
+    /// An API key presented by the client.
+    ApiKey,
+    /// A client address (an IPv6 address grouped by its prefix).
+    Ip,
+    /// A name the application chose (a user id, a tenant).
+    Named,
+}
+
+impl Source {
+    /// The short tag written in store keys: `k`, `ip` or `n`. Part of the key
+    /// layout: changing it orphans every key already written.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Source::ApiKey => "k",
+            Source::Ip => "ip",
+            Source::Named => "n",
+        }
+    }
+
+    /// The name shown to people (JSON, metrics): `api_key`, `ip` or `named`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::ApiKey => "api_key",
+            Source::Ip => "ip",
+            Source::Named => "named",
+        }
+    }
+}
+
+/// 128 bits of a BLAKE3 hash: collisions are out of reach, and the full
+/// 256 bits would only cost memory.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 16]);
+
+impl Digest {
+    /// The digest as one integer (big-endian), for tables keyed by numbers.
+    pub fn as_u128(&self) -> u128 {
+        u128::from_be_bytes(self.0)
+    }
+
+    /// The first 64 bits (big-endian): what a 64-bit table or a short
+    /// display needs, still uniformly distributed.
+    pub fn high_u64(&self) -> u64 {
+        (self.as_u128() >> 64) as u64
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({self})")
+    }
+}
+
+impl fmt::Display for Digest {
+    /// 32 lowercase hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.as_u128())
+    }
+}
+
+/// Who a decision is for: a scope, a source and a digest.
+///
+/// Cheap to clone (the scope is shared). Two identities are the same only if
+/// all three parts are: the same API key under two rules is two identities.
+///
+/// ```
+/// use slidegate::{Identity, IdentityHasher, Source};
+///
+/// // An application's own ids: hashed, but readable by nobody.
+/// let user = Identity::named("app", "user:42");
+/// assert_eq!(user.source(), Source::Named);
+/// // Personal values: hashed with a secret only this deployment knows.
+/// let hasher = IdentityHasher::new(b"instance secret");
+/// let client = hasher.identity("search", Source::Ip, &[198, 51, 100, 7]);
+/// assert_eq!(client.to_string().len(), "search:ip:".len() + 32);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    scope: Arc<str>,
+    source: Source,
+    digest: Digest,
+}
+
+impl Identity {
+    /// An identity from its parts: `scope` names where it applies (a rule);
+    /// `digest` is already a hash of the value.
+    pub fn new(scope: impl Into<Arc<str>>, source: Source, digest: Digest) -> Self {
+        Self { scope: scope.into(), source, digest }
+    }
+
+    /// The identity of an application's own `name` (a user id, a tenant) in
+    /// `scope`, its digest the unkeyed BLAKE3 hash of the name. For values
+    /// that are personal data use [`IdentityHasher`], whose digests nobody
+    /// without the secret can recompute.
+    pub fn named(scope: impl Into<Arc<str>>, name: &str) -> Self {
+        let hash = blake3::hash(name.as_bytes());
+        Self::new(scope, Source::Named, truncate(hash.as_bytes()))
+    }
+
+    /// Where the identity applies: the rule, or the application's namespace.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// What the identity was derived from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The hash of the value.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+}
+
+impl fmt::Display for Identity {
+    /// `<scope>:<tag>:<32 hex digits>`: the form written into store keys.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.scope, self.source.tag(), self.digest)
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Identity({self})")
+    }
+}
+
+/// Makes identities from personal values with a keyed BLAKE3 hash: the same
+/// value and secret always give the same digest; without the secret, a digest
+/// cannot be tied back to its value (not even by trying every IPv4 address).
+#[derive(Clone)]
+pub struct IdentityHasher {
+    key: [u8; 32],
+}
+
+impl IdentityHasher {
+    /// A hasher keyed by `secret` (any length; instances that must agree on
+    /// identities, as several `serve` processes sharing a Redis, share it).
+    pub fn new(secret: &[u8]) -> Self {
+        Self { key: blake3::derive_key("slidegate 2026 identity hash v1", secret) }
+    }
+
+    /// The identity of `value` from `source` in `scope`.
+    pub fn identity(&self, scope: impl Into<Arc<str>>, source: Source, value: &[u8]) -> Identity {
+        Identity::new(scope, source, self.digest(source, value))
+    }
+
+    /// The digest of `value` from `source`: the source's tag, a zero byte,
+    /// then the value, so an API key never hashes like an address.
+    pub fn digest(&self, source: Source, value: &[u8]) -> Digest {
+        let mut hasher = blake3::Hasher::new_keyed(&self.key);
+        hasher.update(source.tag().as_bytes());
+        hasher.update(&[0]);
+        hasher.update(value);
+        truncate(hasher.finalize().as_bytes())
+    }
+}
+
+impl fmt::Debug for IdentityHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IdentityHasher { key: <secret> }")
+    }
+}
+
+fn truncate(hash: &[u8; 32]) -> Digest {
+    let mut digest = [0; 16];
+    digest.copy_from_slice(&hash[..16]);
+    Digest(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_differ_by_every_part() {
+        let hasher = IdentityHasher::new(b"s");
+        let a = hasher.identity("r", Source::ApiKey, b"v");
+        assert_eq!(a, hasher.identity("r", Source::ApiKey, b"v"));
+        assert_ne!(a, hasher.identity("other", Source::ApiKey, b"v"));
+        assert_ne!(a.digest(), hasher.identity("r", Source::Ip, b"v").digest());
+        assert_ne!(a.digest(), IdentityHasher::new(b"t").identity("r", Source::ApiKey, b"v").digest());
+    }
+
+    #[test]
+    fn the_key_form_is_scope_tag_and_32_hex_digits() {
+        let id = Identity::new("search", Source::Ip, Digest([0xab; 16]));
+        assert_eq!(id.to_string(), format!("search:ip:{}", "ab".repeat(16)));
+        assert_eq!(id.digest().high_u64(), 0xabab_abab_abab_abab);
+    }
+
+    #[test]
+    fn named_identities_are_hashed_not_kept() {
+        let id = Identity::named("app", "user:42");
+        assert!(!id.to_string().contains("user:42"));
+        assert_eq!(id, Identity::named("app", "user:42"));
+    }
+}
