@@ -237,17 +237,40 @@ pub struct Outcome {
     /// How long the identity stays blocked by the request's penalty: it was
     /// already, or this denial blocked it. `None` when it is not blocked.
     pub blocked_for: Option<Duration>,
+    /// Who answered: the store, or a layer in front of it.
+    pub origin: Origin,
+}
+
+/// Which part of a composed store answered a request. A store answers
+/// [`Origin::Store`]; layers wrapping one (a cache of its denials, a stand-in
+/// while it is unavailable) say when they answered instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The store itself decided.
+    #[default]
+    Store,
+    /// A local cache of the store's earlier answers: exactly what the store
+    /// would have said (see the layer's proof).
+    Cache,
+    /// A stand-in that decided because the store could not.
+    Fallback,
 }
 
 impl Outcome {
     /// Decisions without a block.
     pub fn decided(decisions: impl Into<Decisions>) -> Self {
-        Self { decisions: decisions.into(), blocked_for: None }
+        Self { decisions: decisions.into(), blocked_for: None, origin: Origin::Store }
     }
 
     /// The answer for an identity blocked for `ms` more milliseconds.
     pub fn blocked(decisions: impl Into<Decisions>, ms: u64) -> Self {
-        Self { decisions: decisions.into(), blocked_for: Some(Duration::from_millis(ms)) }
+        Self { decisions: decisions.into(), blocked_for: Some(Duration::from_millis(ms)), origin: Origin::Store }
+    }
+
+    /// The same outcome, answered by `origin`.
+    pub fn from_origin(self, origin: Origin) -> Self {
+        Self { origin, ..self }
     }
 
     /// Whether the request may proceed: every charge allowed, no block.
