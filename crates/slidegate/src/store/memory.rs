@@ -783,7 +783,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(self.decide_sync(request))
     }
 
-    fn distinct(&self) -> Option<&impl DistinctStore> {
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
 }

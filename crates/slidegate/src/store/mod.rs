@@ -310,7 +310,7 @@ pub trait Store: Send + Sync {
     /// The store's distinct-value sketches (crawl breadth), or `None` when it
     /// keeps none. A limiter asked to enforce breadth on a store answering
     /// `None` refuses the configuration.
-    fn distinct(&self) -> Option<&impl DistinctStore>;
+    fn distinct(&self) -> Option<impl DistinctStore + '_>;
 }
 
 /// The ability to count distinct values per identity (crawl breadth): a
@@ -334,9 +334,20 @@ pub trait DistinctStore: Send + Sync {
 }
 
 /// The [`DistinctStore`] of a store that has none: it cannot be made, so a
-/// store returns `None::<&NoDistinct>` from [`Store::distinct`].
+/// store returns `None::<NoDistinct>` from [`Store::distinct`].
 #[derive(Debug)]
 pub enum NoDistinct {}
+
+impl<D: DistinctStore> DistinctStore for &D {
+    fn decide_distinct(
+        &self,
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).decide_distinct(identity, quota, value)
+    }
+}
 
 impl DistinctStore for NoDistinct {
     fn decide_distinct(

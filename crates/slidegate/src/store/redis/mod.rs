@@ -807,7 +807,7 @@ impl Store for RedisStore {
         wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Outcome::decided)
     }
 
-    fn distinct(&self) -> Option<&impl DistinctStore> {
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
 }
