@@ -189,7 +189,7 @@ async fn run_mode(
     let config = Config::parse(&source, "bench-attack.toml")?;
     let options = RedisOptions::new().with_engine(args.engine);
     let store = RedisStore::connect_with(&args.redis_url, options).await?.with_prefix(prefix);
-    let limiter = RateLimiter::from_config(&config, store);
+    let limiter = RateLimiter::from_config(&config, store)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(admin).await?;
     let mut run = Run {
         requests: 0,

@@ -18,6 +18,7 @@ fn limiter(deny_cache: usize) -> RateLimiter<MemoryStore> {
          limits = [{{ limit = 1, window = \"1h\", algorithm = \"sliding_window_counter\" }}]\n"
     );
     RateLimiter::from_config(&Config::parse(&source, "bench.toml").unwrap(), MemoryStore::new())
+        .expect("the embedded store supports every rule")
 }
 
 fn denials(c: &mut Criterion) {

@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => AnyStore::Redis(LazyRedis::from_store(RedisStore::connect(&url).await?)),
         Err(_) => AnyStore::Memory(MemoryStore::new()),
     };
-    let limiter = RateLimiter::from_config(&config, store);
+    let limiter = RateLimiter::from_config(&config, store)?;
     let addr = std::env::var("SLIDEGATE_EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -65,7 +65,7 @@ pub async fn serve<S: Store + 'static>(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::parse(CONFIG, "examples/hyper.rs")?;
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new());
+    let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
     let addr = std::env::var("SLIDEGATE_EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);

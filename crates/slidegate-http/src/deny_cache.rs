@@ -4,11 +4,12 @@
 //!
 //! # Why it is exact
 //!
-//! The store denied a request of cost `c` (each limit charged `c` times its
-//! own cost) for identity `k` under limit set `L` and said it fits again
-//! after `T` (the longest `retry_after` of the violated limits, each exact to
-//! the millisecond). A request of the same `k`, `L` and a cost `c' ≥ c`
-//! arriving before `T` would be denied by the store too:
+//! The store denied a request charging cost `c_i` under each limit `i` of a
+//! limit set `L` for identity `k`, and said it fits again after `T` (the
+//! longest `retry_after` of the violated limits, each exact to the
+//! millisecond). A request of the same `k` and `L` whose every cost is at
+//! least the denied one (`c'_i ≥ c_i`), arriving before `T`, would be denied
+//! by the store too:
 //!
 //! - **A denial charges nothing** (`decide_all` charges all limits or none),
 //!   so the denied request left the state as it found it.
@@ -17,24 +18,26 @@
 //!   a fixed window resets, a sliding window's previous count weighs less, a
 //!   GCRA's theoretical arrival time and a token bucket's debt fall behind
 //!   the clock, a sliding log's entries age out. The earliest time a charge
-//!   of `c` fits is what `retry_after` computes, and for `c' ≥ c` it is no
-//!   earlier (needing more room never needs less time).
+//!   of `c_i` fits under limit `i` is what its `retry_after` computes, and
+//!   for `c'_i ≥ c_i` it is no earlier (needing more room never needs less
+//!   time); the request fits when every limit does.
 //! - **Other arrivals only add charges** (this instance's smaller costs,
 //!   which still go to the store, and every other instance's): a charge
 //!   never makes room, so it can only push the earliest fitting time later.
 //!
-//! Hence the store would admit nothing of cost `≥ c` before `T`: answering
+//! Hence the store would admit no such request before `T`: answering
 //! those locally changes no decision. `T` is measured on the local monotonic
 //! clock from the moment the store call *started*: the store decided after
 //! that moment, so the local deadline is never later than the store's.
 //!
 //! # Where it does not hold, and what happens then
 //!
-//! - **A smaller cost** than the cached one may fit earlier: it goes to the
-//!   store (a miss), whose answer replaces the entry if it is a denial.
+//! - **A smaller cost** under any limit than the cached one may fit
+//!   earlier: it goes to the store (a miss), whose answer replaces the entry
+//!   if it is a denial.
 //! - **A changed limit set** (another rule, a split rule's other set, a
 //!   configuration built anew): entries are keyed by identity *and* by a
-//!   fingerprint of the limits and their costs, so a changed set misses.
+//!   fingerprint of the limits, so a changed set misses.
 //! - **Several instances** share a store: each caches only the denials it
 //!   was told of. Each is still exact; an instance that has not yet been
 //!   told asks the store once.
@@ -58,15 +61,29 @@
 //! entry would stop saving store calls soonest, and an evicted identity only
 //! costs one store call to come back. The hash is keyed per process, so a
 //! client cannot choose identities that crowd one bucket. Each slot holds
-//! the identity key (about 40 bytes), the deadline and the decisions to
-//! replay the headers: about 100 bytes plus 48 per limit of the rule.
+//! the identity (a shared scope and a 16-byte digest), the deadline, the
+//! denied costs and the decisions to replay the headers: about 100 bytes
+//! plus 56 per limit of the rule.
+//!
+//! # As a layer
+//!
+//! [`DenyCached`] puts the cache in front of a store and is a store itself:
+//! a hit answers with [`Origin::Cache`]; a miss asks the store and remembers
+//! its answer. Under a penalty the store counts denials toward a block, so
+//! only a block is answered locally then.
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use slidegate::{Decision, Limit};
+use slidegate::{
+    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, Store, StoreError,
+};
+
+use crate::clock::Ticks;
+use crate::metrics::Metrics;
+use crate::penalty::block_denials;
 
 /// Slots per bucket: a lookup compares at most this many entries.
 pub const WAYS: usize = 8;
@@ -78,14 +95,14 @@ pub const DEFAULT_CAPACITY: usize = 1 << 16;
 /// One cached denial.
 #[derive(Debug)]
 struct Slot {
-    /// Hash of the key and of the limit set: compared first, cheaply.
+    /// Hash of the identity and of the limit set: compared first, cheaply.
     fingerprint: u64,
-    /// The identity key, compared in full: a hash collision never denies.
-    key: Box<str>,
+    /// The identity, compared in full: a hash collision never denies.
+    identity: Identity,
     /// The fingerprint of the limit set alone, compared in full too.
     set: u64,
-    /// The denied request's cost multiplier.
-    cost: u64,
+    /// The denied request's cost under each limit.
+    costs: Box<[u64]>,
     /// When the store call that denied started (limiter ms).
     decided_at_ms: u64,
     /// When the denial ends (limiter ms): `decided_at_ms` + the longest `retry_after`.
@@ -149,21 +166,18 @@ impl DenyCache {
         self.occupied.load(Ordering::Relaxed) == 0
     }
 
-    /// The fingerprint of a limit set: its algorithms, quotas and per-request costs.
-    fn set_fingerprint(&self, charges: &[(Limit, u64)]) -> u64 {
+    /// The fingerprint of a limit set: its algorithms and quotas, in order.
+    fn set_fingerprint(&self, charges: &[Charge]) -> u64 {
         let mut h = self.hasher.build_hasher();
-        for (limit, cost) in charges {
-            limit.algorithm.name().hash(&mut h);
-            limit.quota.permits().hash(&mut h);
-            limit.quota.window_ms().hash(&mut h);
-            cost.hash(&mut h);
+        for charge in charges {
+            charge.limit.hash(&mut h);
         }
         h.finish()
     }
 
-    fn locate(&self, key: &str, set: u64) -> (u64, &Mutex<Vec<Slot>>) {
+    fn locate(&self, identity: &Identity, set: u64) -> (u64, &Mutex<Vec<Slot>>) {
         let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
+        identity.hash(&mut h);
         set.hash(&mut h);
         let fingerprint = h.finish();
         let index = (fingerprint % self.buckets.len() as u64) as usize;
@@ -175,27 +189,21 @@ impl DenyCache {
         bucket.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The decisions of a cached denial of `key` under `charges` that covers
-    /// a request of `cost` at `now_ms`, with `retry_after` and `reset_after`
-    /// counting down; `None` when the store must decide.
-    ///
-    /// `charges` are the limits with their per-request costs, before `cost`
-    /// multiplies them.
-    pub fn lookup(
-        &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        cost: u64,
-        now_ms: u64,
-    ) -> Option<CachedDenial> {
+    /// The decisions of a cached denial of `identity` under `charges` that
+    /// covers them at `now_ms`, with `retry_after` and `reset_after` counting
+    /// down; `None` when the store must decide.
+    pub fn lookup(&self, identity: &Identity, charges: &[Charge], now_ms: u64) -> Option<CachedDenial> {
         if self.is_empty() {
             return None;
         }
         let set = self.set_fingerprint(charges);
-        let (fingerprint, bucket) = self.locate(key, set);
+        let (fingerprint, bucket) = self.locate(identity, set);
         let slots = self.bucket(bucket);
-        let slot = slots.iter().find(|s| s.fingerprint == fingerprint && s.set == set && &*s.key == key)?;
-        if now_ms >= slot.until_ms || (cost < slot.cost && !slot.blocked) {
+        let slot =
+            slots.iter().find(|s| s.fingerprint == fingerprint && s.set == set && s.identity == *identity)?;
+        let covered =
+            slot.costs.len() == charges.len() && charges.iter().zip(&*slot.costs).all(|(c, &d)| c.cost >= d);
+        if now_ms >= slot.until_ms || !(covered || slot.blocked) {
             return None;
         }
         let elapsed = Duration::from_millis(now_ms - slot.decided_at_ms);
@@ -218,42 +226,41 @@ impl DenyCache {
         Some(CachedDenial { decisions, blocked: slot.blocked })
     }
 
-    /// Remembers what the store decided for `key` under `charges` at a cost
-    /// of `cost`, in a call that started at `started_ms`: a denial is cached
-    /// until its longest `retry_after`; an admission (of a smaller cost)
-    /// drops the entry, whose headers would no longer be the store's. A
-    /// `blocked` denial (the penalty box) then covers every cost.
+    /// Remembers what the store decided for `identity` under `charges`, in
+    /// a call that started at `started_ms`: a denial is cached until its
+    /// longest `retry_after`; an admission (of smaller costs) drops the
+    /// entry, whose headers would no longer be the store's. A `blocked`
+    /// denial (the penalty box) then covers every cost.
     pub fn remember(
         &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        cost: u64,
+        identity: &Identity,
+        charges: &[Charge],
         decisions: &[Decision],
         started_ms: u64,
         blocked: bool,
     ) {
         let wait = decisions.iter().filter(|d| !d.allowed).filter_map(|d| d.retry_after).max();
-        let wait = wait.filter(|w| !w.is_zero() && cost > 0);
+        let wait = wait.filter(|w| !w.is_zero() && charges.iter().any(|c| c.cost > 0));
         if wait.is_none() && self.is_empty() {
             // An admission, and no entry it could make stale.
             return;
         }
         let set = self.set_fingerprint(charges);
-        let (fingerprint, bucket) = self.locate(key, set);
+        let (fingerprint, bucket) = self.locate(identity, set);
         let Some(wait) = wait else {
             // The store's state moved (an admission charged it): a cached
             // denial is still a denial, but its headers would be stale.
             let mut slots = self.bucket(bucket);
             let before = slots.len();
-            slots.retain(|s| !(s.fingerprint == fingerprint && s.set == set && *s.key == *key));
+            slots.retain(|s| !(s.fingerprint == fingerprint && s.set == set && s.identity == *identity));
             self.occupied.fetch_sub(before - slots.len(), Ordering::Relaxed);
             return;
         };
         let slot = Slot {
             fingerprint,
-            key: key.into(),
+            identity: identity.clone(),
             set,
-            cost,
+            costs: charges.iter().map(|c| c.cost).collect(),
             decided_at_ms: started_ms,
             until_ms: started_ms.saturating_add(millis(wait)),
             decisions: decisions.into(),
@@ -261,7 +268,7 @@ impl DenyCache {
         };
         let mut slots = self.bucket(bucket);
         if let Some(old) =
-            slots.iter_mut().find(|s| s.fingerprint == fingerprint && s.set == set && *s.key == *key)
+            slots.iter_mut().find(|s| s.fingerprint == fingerprint && s.set == set && s.identity == *identity)
         {
             *old = slot;
         } else if slots.len() < WAYS {
@@ -274,13 +281,79 @@ impl DenyCache {
     }
 }
 
+/// A store behind the deny cache, itself a store (see the module docs).
+pub struct DenyCached<S> {
+    cache: Option<DenyCache>,
+    inner: S,
+    metrics: Arc<Metrics>,
+    ticks: Ticks,
+}
+
+impl<S> std::fmt::Debug for DenyCached<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DenyCached").field("cache", &self.cache.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl<S> DenyCached<S> {
+    /// `inner` behind a cache of about `capacity` denials (none at 0),
+    /// counting its hits in `metrics`.
+    pub(crate) fn new(inner: S, capacity: usize, metrics: Arc<Metrics>, ticks: Ticks) -> Self {
+        Self { cache: DenyCache::new(capacity), inner, metrics, ticks }
+    }
+
+    /// The store behind the cache.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Store> Store for DenyCached<S> {
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        let Some(cache) = &self.cache else {
+            return self.inner.decide(request).await;
+        };
+        let started_ms = self.ticks.now_ms();
+        let hit = cache.lookup(request.identity, request.charges, started_ms);
+        if let Some(hit) = hit.filter(|hit| hit.blocked || request.penalty.is_none()) {
+            self.metrics.store().deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+            let outcome = match hit.decisions.iter().filter_map(|d| d.retry_after).max() {
+                Some(wait) if hit.blocked => Outcome::blocked(Decisions::none(), millis(wait)),
+                _ => Outcome::decided(hit.decisions),
+            };
+            return Ok(outcome.from_origin(Origin::Cache));
+        }
+        let outcome = self.inner.decide(request).await?;
+        match outcome.blocked_for {
+            Some(wait) => {
+                let denials = block_denials(request.charges, wait);
+                cache.remember(request.identity, request.charges, &denials, started_ms, true);
+            }
+            None => cache.remember(request.identity, request.charges, &outcome.decisions, started_ms, false),
+        }
+        Ok(outcome)
+    }
+
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        self.inner.distinct()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slidegate::{Algorithm, Quota};
+    use slidegate::{Algorithm, Limit, Quota};
 
-    fn charges(permits: u64) -> Vec<(Limit, u64)> {
-        vec![(Limit::new(Algorithm::FixedWindow, Quota::new(permits, Duration::from_secs(60)).unwrap()), 1)]
+    /// One fixed window of `permits`, charged `cost`.
+    fn charges(permits: u64, cost: u64) -> Vec<Charge> {
+        vec![Charge::new(
+            Limit::new(Algorithm::FixedWindow, Quota::new(permits, Duration::from_secs(60)).unwrap()),
+            cost,
+        )]
+    }
+
+    fn id(name: &str) -> Identity {
+        Identity::named("rule", name)
     }
 
     fn denial(retry_ms: u64) -> Decision {
@@ -296,46 +369,58 @@ mod tests {
     #[test]
     fn answers_until_the_deadline_and_counts_down() {
         let cache = DenyCache::new(16).unwrap();
-        cache.remember("k", &charges(10), 1, &[denial(1_000)], 5_000, false);
-        let d = cache.lookup("k", &charges(10), 1, 5_400).unwrap().decisions;
+        cache.remember(&id("k"), &charges(10, 1), &[denial(1_000)], 5_000, false);
+        let d = cache.lookup(&id("k"), &charges(10, 1), 5_400).unwrap().decisions;
         assert_eq!(d[0].retry_after, Some(Duration::from_millis(600)));
         assert_eq!(d[0].reset_after, Duration::from_millis(600));
         assert!(!d[0].allowed);
         assert_eq!(
-            cache.lookup("k", &charges(10), 1, 5_999).unwrap().decisions[0].retry_after,
+            cache.lookup(&id("k"), &charges(10, 1), 5_999).unwrap().decisions[0].retry_after,
             Some(Duration::from_millis(1))
         );
-        assert!(cache.lookup("k", &charges(10), 1, 6_000).is_none());
+        assert!(cache.lookup(&id("k"), &charges(10, 1), 6_000).is_none());
     }
 
     #[test]
     fn a_smaller_cost_another_set_or_another_key_misses() {
         let cache = DenyCache::new(16).unwrap();
-        cache.remember("k", &charges(10), 3, &[denial(1_000)], 0, false);
-        assert!(cache.lookup("k", &charges(10), 2, 1).is_none());
-        assert!(cache.lookup("k", &charges(10), 3, 1).is_some());
-        assert!(cache.lookup("k", &charges(10), 4, 1).is_some());
-        assert!(cache.lookup("k", &charges(11), 3, 1).is_none());
-        assert!(cache.lookup("other", &charges(10), 3, 1).is_none());
+        cache.remember(&id("k"), &charges(10, 3), &[denial(1_000)], 0, false);
+        assert!(cache.lookup(&id("k"), &charges(10, 2), 1).is_none());
+        assert!(cache.lookup(&id("k"), &charges(10, 3), 1).is_some());
+        assert!(cache.lookup(&id("k"), &charges(10, 4), 1).is_some());
+        assert!(cache.lookup(&id("k"), &charges(11, 3), 1).is_none());
+        assert!(cache.lookup(&id("other"), &charges(10, 3), 1).is_none());
+    }
+
+    /// With several limits, every cost must be at least the denied one: a
+    /// smaller cost under any limit may fit sooner.
+    #[test]
+    fn every_limit_s_cost_must_be_covered() {
+        let cache = DenyCache::new(16).unwrap();
+        let two = |a, b| [charges(10, a), charges(20, b)].concat();
+        cache.remember(&id("k"), &two(2, 2), &[denial(1_000), denial(1_000)], 0, false);
+        assert!(cache.lookup(&id("k"), &two(3, 1), 1).is_none());
+        assert!(cache.lookup(&id("k"), &two(1, 3), 1).is_none());
+        assert!(cache.lookup(&id("k"), &two(2, 5), 1).is_some());
     }
 
     #[test]
     fn admissions_are_not_cached_and_drop_the_entry() {
         let cache = DenyCache::new(16).unwrap();
         let allowed = Decision { allowed: true, retry_after: None, ..denial(0) };
-        cache.remember("k", &charges(10), 1, &[allowed], 0, false);
-        assert!(cache.lookup("k", &charges(10), 1, 0).is_none());
-        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, false);
-        cache.remember("k", &charges(10), 1, &[allowed], 10, false);
-        assert!(cache.lookup("k", &charges(10), 5, 20).is_none());
+        cache.remember(&id("k"), &charges(10, 1), &[allowed], 0, false);
+        assert!(cache.lookup(&id("k"), &charges(10, 1), 0).is_none());
+        cache.remember(&id("k"), &charges(10, 5), &[denial(1_000)], 0, false);
+        cache.remember(&id("k"), &charges(10, 1), &[allowed], 10, false);
+        assert!(cache.lookup(&id("k"), &charges(10, 5), 20).is_none());
     }
 
     #[test]
     fn a_limit_whose_own_wait_is_over_is_no_longer_violated() {
         let cache = DenyCache::new(16).unwrap();
-        let two = [charges(10), charges(20)].concat();
-        cache.remember("k", &two, 1, &[denial(100), denial(1_000)], 0, false);
-        let d = cache.lookup("k", &two, 1, 100).unwrap().decisions;
+        let two = [charges(10, 1), charges(20, 1)].concat();
+        cache.remember(&id("k"), &two, &[denial(100), denial(1_000)], 0, false);
+        let d = cache.lookup(&id("k"), &two, 100).unwrap().decisions;
         assert!(d[0].allowed);
         assert_eq!(d[0].retry_after, None);
         assert_eq!(d[1].retry_after, Some(Duration::from_millis(900)));
@@ -347,13 +432,13 @@ mod tests {
         let cache = DenyCache::new(1).unwrap();
         assert_eq!(cache.capacity(), WAYS);
         for i in 0..WAYS as u64 {
-            cache.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0, false);
+            cache.remember(&id(&format!("k{i}")), &charges(10, 1), &[denial(1_000 + i)], 0, false);
         }
-        cache.remember("new", &charges(10), 1, &[denial(5_000)], 0, false);
-        assert!(cache.lookup("k0", &charges(10), 1, 1).is_none(), "the earliest deadline was evicted");
-        assert!(cache.lookup("new", &charges(10), 1, 1).is_some());
+        cache.remember(&id("new"), &charges(10, 1), &[denial(5_000)], 0, false);
+        assert!(cache.lookup(&id("k0"), &charges(10, 1), 1).is_none(), "the earliest deadline was evicted");
+        assert!(cache.lookup(&id("new"), &charges(10, 1), 1).is_some());
         for i in 1..WAYS as u64 {
-            assert!(cache.lookup(&format!("k{i}"), &charges(10), 1, 1).is_some());
+            assert!(cache.lookup(&id(&format!("k{i}")), &charges(10, 1), 1).is_some());
         }
         assert_eq!(cache.buckets.iter().map(|b| b.lock().unwrap().len()).sum::<usize>(), WAYS);
     }
@@ -363,23 +448,23 @@ mod tests {
         let cache = DenyCache::new(16).unwrap();
         let allowed = Decision { allowed: true, retry_after: None, ..denial(0) };
         assert!(cache.is_empty());
-        cache.remember("k", &charges(10), 1, &[allowed], 0, false);
+        cache.remember(&id("k"), &charges(10, 1), &[allowed], 0, false);
         assert!(cache.is_empty(), "an admission stores nothing");
-        cache.remember("k", &charges(10), 1, &[denial(1_000)], 0, false);
-        cache.remember("k", &charges(10), 2, &[denial(2_000)], 0, false);
-        cache.remember("j", &charges(10), 1, &[denial(1_000)], 0, false);
+        cache.remember(&id("k"), &charges(10, 1), &[denial(1_000)], 0, false);
+        cache.remember(&id("k"), &charges(10, 2), &[denial(2_000)], 0, false);
+        cache.remember(&id("j"), &charges(10, 1), &[denial(1_000)], 0, false);
         assert_eq!(cache.occupied.load(Ordering::Relaxed), 2, "a replacement takes no second slot");
-        assert!(cache.lookup("k", &charges(10), 2, 1).is_some());
-        cache.remember("k", &charges(10), 1, &[allowed], 10, false);
+        assert!(cache.lookup(&id("k"), &charges(10, 2), 1).is_some());
+        cache.remember(&id("k"), &charges(10, 1), &[allowed], 10, false);
         assert_eq!(cache.occupied.load(Ordering::Relaxed), 1);
-        assert!(cache.lookup("j", &charges(10), 1, 11).is_some(), "the other identity stays");
-        cache.remember("j", &charges(10), 1, &[allowed], 12, false);
+        assert!(cache.lookup(&id("j"), &charges(10, 1), 11).is_some(), "the other identity stays");
+        cache.remember(&id("j"), &charges(10, 1), &[allowed], 12, false);
         assert!(cache.is_empty());
-        assert!(cache.lookup("j", &charges(10), 1, 13).is_none());
+        assert!(cache.lookup(&id("j"), &charges(10, 1), 13).is_none());
         // A full bucket's eviction replaces a slot: the count stays at capacity.
         let one = DenyCache::new(1).unwrap();
         for i in 0..2 * WAYS as u64 {
-            one.remember(&format!("k{i}"), &charges(10), 1, &[denial(1_000 + i)], 0, false);
+            one.remember(&id(&format!("k{i}")), &charges(10, 1), &[denial(1_000 + i)], 0, false);
         }
         assert_eq!(one.occupied.load(Ordering::Relaxed), WAYS);
     }
@@ -387,10 +472,10 @@ mod tests {
     #[test]
     fn a_block_covers_every_cost() {
         let cache = DenyCache::new(16).unwrap();
-        cache.remember("k", &charges(10), 5, &[denial(1_000)], 0, true);
-        let hit = cache.lookup("k", &charges(10), 1, 999).unwrap();
+        cache.remember(&id("k"), &charges(10, 5), &[denial(1_000)], 0, true);
+        let hit = cache.lookup(&id("k"), &charges(10, 1), 999).unwrap();
         assert!(hit.blocked);
-        assert!(cache.lookup("k", &charges(10), 1, 1_000).is_none());
+        assert!(cache.lookup(&id("k"), &charges(10, 1), 1_000).is_none());
     }
 
     #[test]

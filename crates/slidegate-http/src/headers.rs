@@ -11,7 +11,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::limiter::{PolicyResult, Verdict};
+use crate::verdict::{PolicyResult, Verdict};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -234,7 +234,7 @@ mod tests {
     use slidegate::{Decision, Quota};
 
     use super::*;
-    use crate::limiter::DecisionSource;
+    use crate::verdict::DecisionSource;
 
     fn policy(
         name: &'static str,

@@ -10,18 +10,11 @@
 //! pick its own identity.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
-
-/// Which kind of identity a request was counted as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentitySource {
-    /// The API key header.
-    ApiKey,
-    /// The client IP.
-    Ip,
-}
+use slidegate::{Identity, IdentityHasher, Source};
 
 /// The one forwarding header trusted proxies write the client address into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,7 +54,7 @@ pub struct IdentityExtractor {
     trusted_proxies: Vec<IpNet>,
     forwarded_header: ForwardedHeader,
     ipv6_prefix: u8,
-    hash_key: [u8; 32],
+    hasher: IdentityHasher,
 }
 
 impl std::fmt::Debug for IdentityExtractor {
@@ -86,7 +79,7 @@ impl IdentityExtractor {
             // One host or home is given a /64; counting per address would
             // hand each client 2^64 quotas.
             ipv6_prefix: 64,
-            hash_key: blake3::derive_key("slidegate 2026 identity hash v1", secret),
+            hasher: IdentityHasher::new(secret),
         }
     }
 
@@ -180,30 +173,12 @@ impl IdentityExtractor {
         client
     }
 
-    /// The store key of a request: `{scope}:k:{hash}` for an API key,
-    /// `{scope}:ip:{hash}` for a client IP (IPv6 grouped by the prefix).
-    pub fn key(&self, scope: &str, source: IdentitySource, value: &[u8]) -> String {
-        let tag = match source {
-            IdentitySource::ApiKey => "k",
-            IdentitySource::Ip => "ip",
-        };
-        let mut hasher = blake3::Hasher::new_keyed(&self.hash_key);
-        hasher.update(tag.as_bytes());
-        hasher.update(&[0]);
-        hasher.update(value);
-        let digest = hasher.finalize();
-        // 128 bits: collisions are out of reach; the full 256 would only cost memory.
-        let mut key = String::with_capacity(scope.len() + 4 + 32);
-        key.push_str(scope);
-        key.push(':');
-        key.push_str(tag);
-        key.push(':');
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for b in &digest.as_bytes()[..16] {
-            key.push(char::from(HEX[usize::from(b >> 4)]));
-            key.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        key
+    /// The identity of `value` from `source` under `scope` (a rule's name):
+    /// its keyed hash, made once here and never parsed back. Written into
+    /// store keys as `{scope}:k:{32 hex}` for an API key, `{scope}:ip:{32 hex}`
+    /// for a client IP (IPv6 grouped by the prefix).
+    pub fn identity(&self, scope: &Arc<str>, source: Source, value: &[u8]) -> Identity {
+        self.hasher.identity(Arc::clone(scope), source, value)
     }
 
     /// The 16 bytes an IP address is hashed from: IPv6 after grouping,
@@ -382,14 +357,17 @@ mod tests {
     #[test]
     fn keys_are_keyed_hashes_never_raw_values() {
         let e = extractor();
-        let k = e.key("search", IdentitySource::Ip, &e.ip_bytes(ip("198.51.100.7")));
-        assert!(k.starts_with("search:ip:") && k.len() == "search:ip:".len() + 32, "{k}");
-        assert!(!k.contains("198"));
-        assert_eq!(k, e.key("search", IdentitySource::Ip, &Ipv6Addr::from(0xffff_c633_6407u128).octets()));
+        let search: Arc<str> = "search".into();
+        let k = e.identity(&search, Source::Ip, &e.ip_bytes(ip("198.51.100.7")));
+        let text = k.to_string();
+        assert!(text.starts_with("search:ip:") && text.len() == "search:ip:".len() + 32, "{text}");
+        assert!(!text.contains("198"));
+        assert_eq!(k, e.identity(&search, Source::Ip, &Ipv6Addr::from(0xffff_c633_6407u128).octets()));
         // Another secret, another key; an API key never collides with an IP.
         let other = IdentityExtractor::new(b"other");
-        assert_ne!(k, other.key("search", IdentitySource::Ip, &e.ip_bytes(ip("198.51.100.7"))));
-        assert_ne!(e.key("s", IdentitySource::ApiKey, b"a")[4..], e.key("s", IdentitySource::Ip, b"a")[5..]);
+        assert_ne!(k, other.identity(&search, Source::Ip, &e.ip_bytes(ip("198.51.100.7"))));
+        let s: Arc<str> = "s".into();
+        assert_ne!(e.identity(&s, Source::ApiKey, b"a").digest(), e.identity(&s, Source::Ip, b"a").digest());
     }
 
     #[test]
@@ -409,7 +387,8 @@ mod tests {
     #[test]
     fn ipv6_addresses_of_one_64_share_a_key_by_default() {
         let e = IdentityExtractor::new(b"s");
-        let key = |s: &str| e.key("r", IdentitySource::Ip, &e.ip_bytes(ip(s)));
+        let rule: Arc<str> = "r".into();
+        let key = |s: &str| e.identity(&rule, Source::Ip, &e.ip_bytes(ip(s)));
         assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:fffe"));
         assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }

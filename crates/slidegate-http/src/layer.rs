@@ -65,11 +65,11 @@ use crate::limiter::RateLimiter;
 /// let config = Config::parse("[[rules]]\nname = \"all\"\npath = \"/*\"\nlimits = [{ limit = 100, window = \"60s\" }]", "inline.toml")?;
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())))
+///     .layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())?))
 ///     // Added last, so it runs first.
 ///     .layer(middleware::map_request(peer_addr));
 /// // Serve with `app.into_make_service_with_connect_info::<SocketAddr>()`.
-/// # Ok::<(), slidegate_http::ConfigError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
@@ -89,9 +89,9 @@ pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
 /// path = "/api/*"
 /// limits = [{ limit = 100, window = "60s" }]
 /// "#, "inline.toml")?;
-/// let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()));
+/// let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())?);
 /// # drop(layer);
-/// # Ok::<(), slidegate_http::ConfigError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimitLayer<S> {
     limiter: RateLimiter<S>,

@@ -35,20 +35,23 @@
 //! path = "/api/search*"
 //! limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
 //! "#, "slidegate.toml")?;
-//! let limiter = RateLimiter::from_config(&config, MemoryStore::new());
+//! let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
 //! // Wrap any tower service of `http::Request<B>`, e.g. an axum Router:
 //! let layer = RateLimitLayer::new(limiter);
 //! # drop(layer);
 //! # }
-//! # Ok::<(), slidegate_http::ConfigError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod breadth;
 mod breaker;
+mod clock;
 pub mod config;
 mod deny_cache;
+mod fallback;
+mod guard;
 pub mod headers;
 mod identity;
 mod layer;
@@ -62,6 +65,7 @@ mod rules;
 pub mod serve;
 #[cfg(feature = "redis")]
 mod store;
+mod verdict;
 
 /// The operator's guide to `slidegate serve` (`docs/serve.md`): the
 /// configuration, identities, failure handling, security notes and every
@@ -72,13 +76,15 @@ pub mod guide {}
 
 pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
 pub use config::{Config, ConfigError, Delay, OnError};
-pub use identity::{ForwardedHeader, IdentityExtractor, IdentitySource, UnknownForwardedHeader};
+pub use deny_cache::DenyCached;
+pub use fallback::Fallback;
+pub use guard::{Guarded, StoreGuard};
+pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
-pub use limiter::{
-    CheckError, DecisionSource, PendingCharge, PolicyResult, RateLimiter, StoreGuard, Verdict,
-};
+pub use limiter::{CheckError, LimiterError, RateLimiter};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
 pub use response_cost::ResponseCost;
 pub use rules::{lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatcher};
 #[cfg(feature = "redis")]
 pub use store::{AnyStore, LazyRedis};
+pub use verdict::{DecisionSource, PendingCharge, PolicyResult, Verdict};

@@ -14,12 +14,14 @@
 //! identities refused in a minute nothing is ever evicted and counts are
 //! exact (error 0).
 //!
-//! Identities are the limiter's keyed BLAKE3 hashes ([`IdentityHash`]),
+//! Identities are the limiter's keyed BLAKE3 digests ([`IdentityHash`]),
 //! never raw keys or addresses.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use slidegate::{Digest, Identity, Source};
 
 /// Identities tracked per minute: refusals spread over more identities than
 /// this are counted approximately (with a stated error).
@@ -41,60 +43,30 @@ pub enum Event {
     },
 }
 
-/// Where the identity came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IdentityKind {
-    /// An API key.
-    ApiKey,
-    /// A client IP address (or IPv6 prefix).
-    Ip,
-}
-
-impl IdentityKind {
-    /// `"api_key"` or `"ip"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdentityKind::ApiKey => "api_key",
-            IdentityKind::Ip => "ip",
-        }
-    }
-}
-
-/// An identity as the limiter keeps it: 128 bits of its keyed BLAKE3 hash.
+/// An identity as the top list keeps it: its source and digest, without its
+/// scope (the list keeps the rule beside it). Copied, never parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IdentityHash {
-    bits: u128,
-    kind: IdentityKind,
+    digest: Digest,
+    source: Source,
+}
+
+impl From<&Identity> for IdentityHash {
+    fn from(identity: &Identity) -> Self {
+        Self { digest: identity.digest(), source: identity.source() }
+    }
 }
 
 impl IdentityHash {
-    /// The hash of a limiter key (`<rule>:<k|ip>:<32 hex digits>`, as
-    /// [`IdentityExtractor::key`](crate::IdentityExtractor::key) writes it);
-    /// `None` for anything else.
-    pub fn from_key(key: &str) -> Option<Self> {
-        let (rest, hex) = key.rsplit_once(':')?;
-        let (_, tag) = rest.rsplit_once(':')?;
-        let kind = match tag {
-            "k" => IdentityKind::ApiKey,
-            "ip" => IdentityKind::Ip,
-            _ => return None,
-        };
-        if hex.len() != 32 {
-            return None;
-        }
-        let bits = u128::from_str_radix(hex, 16).ok()?;
-        Some(Self { bits, kind })
-    }
-
-    /// Whether it is an API key or an address.
-    pub fn kind(&self) -> IdentityKind {
-        self.kind
+    /// Whether it is an API key, an address or a name.
+    pub fn kind(&self) -> Source {
+        self.source
     }
 
     /// The first 64 bits in hex (16 digits): enough to tell offenders apart
     /// and to grep the logs for, and still only a keyed hash.
     pub fn short_hex(&self) -> String {
-        format!("{:016x}", (self.bits >> 64) as u64)
+        format!("{:016x}", self.digest.high_u64())
     }
 }
 
@@ -192,8 +164,8 @@ impl Offenders {
     }
 
     /// Records `event` for `identity` under rule number `rule`, now.
-    pub fn record(&self, rule: usize, identity: IdentityHash, event: Event) {
-        self.record_at(unix_ms(SystemTime::now()), rule, identity, event);
+    pub fn record(&self, rule: usize, identity: &Identity, event: Event) {
+        self.record_at(unix_ms(SystemTime::now()), rule, identity.into(), event);
     }
 
     /// Records `event` at `now_ms` (Unix milliseconds).
@@ -264,11 +236,11 @@ impl Offenders {
             .collect();
         // Most refused first; among equals the surer count, then a fixed order.
         top.sort_by(|a, b| {
-            (b.denials, b.denials - b.error, a.rule, a.identity.bits).cmp(&(
+            (b.denials, b.denials - b.error, a.rule, a.identity.digest).cmp(&(
                 a.denials,
                 a.denials - a.error,
                 b.rule,
-                b.identity.bits,
+                b.identity.digest,
             ))
         });
         top.truncate(limit);
@@ -286,28 +258,20 @@ mod tests {
     use super::*;
 
     fn id(n: u128) -> IdentityHash {
-        IdentityHash { bits: n, kind: IdentityKind::Ip }
+        IdentityHash { digest: Digest(n.to_be_bytes()), source: Source::Ip }
     }
 
     const T0: u64 = 1_700_000_000_000;
 
     #[test]
-    fn parses_the_limiter_key_and_shows_a_short_hash() {
-        let key = "search:ip:0123456789abcdef0011223344556677";
-        let hash = IdentityHash::from_key(key).unwrap();
+    fn keeps_the_source_and_shows_a_short_hash_of_the_digest() {
+        let digest = Digest(0x0123_4567_89ab_cdef_0011_2233_4455_6677u128.to_be_bytes());
+        let hash = IdentityHash::from(&Identity::new("search", Source::Ip, digest));
         assert_eq!(hash.short_hex(), "0123456789abcdef");
-        assert_eq!(hash.kind(), IdentityKind::Ip);
-        let with_colon = IdentityHash::from_key("a:b:k:0123456789abcdef0011223344556677").unwrap();
-        assert_eq!(with_colon.kind(), IdentityKind::ApiKey);
-        for bad in [
-            "",
-            "x",
-            "r:zz:0123456789abcdef0011223344556677",
-            "r:k:0123",
-            "r:k:0123456789abcdef001122334455667g",
-        ] {
-            assert_eq!(IdentityHash::from_key(bad), None, "{bad}");
-        }
+        assert_eq!(hash.kind(), Source::Ip);
+        let key = IdentityHash::from(&Identity::new("a:b", Source::ApiKey, digest));
+        assert_eq!(key.kind(), Source::ApiKey);
+        assert_ne!(hash, key, "the source is part of what is tracked");
     }
 
     #[test]
@@ -394,7 +358,7 @@ mod tests {
             "offenders.toml",
         )
         .unwrap();
-        let limiter = RateLimiter::from_config(&config, slidegate::MemoryStore::new());
+        let limiter = RateLimiter::from_config(&config, slidegate::MemoryStore::new()).unwrap();
         for _ in 0..4 {
             limiter.check_key("a", "user-1", 1, false).await.unwrap();
         }
@@ -406,14 +370,13 @@ mod tests {
             top.iter().map(|o| (o.rule, o.denials, o.error)).collect::<Vec<_>>(),
             [(0, 3, 0), (1, 2, 0)]
         );
-        assert_eq!(top[0].identity.kind(), IdentityKind::ApiKey);
+        assert_eq!(top[0].identity.kind(), Source::ApiKey);
         // The same key hashes alike under every rule: one identity, two rules.
         assert_eq!(top[0].identity, top[1].identity);
-        let key = limiter.identity().key("b", crate::IdentitySource::ApiKey, b"user-1");
+        let key = limiter.identity().identity(&"b".into(), Source::ApiKey, b"user-1");
         let until = SystemTime::now() + Duration::from_secs(600);
         limiter.record_offence(1, &key, Event::Blocked { until });
         limiter.record_offence(9, &key, Event::Blocked { until }); // no such rule: ignored
-        limiter.record_offence(1, "not a limiter key", Event::Denied);
         let text = limiter.render_metrics();
         assert!(text.contains("slidegate_requests_blocked_total{rule=\"b\"} 1\n"), "{text}");
         assert!(text.contains("slidegate_requests_blocked_total{rule=\"a\"} 0\n"));

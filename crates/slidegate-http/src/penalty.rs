@@ -16,16 +16,16 @@
 
 use std::time::Duration;
 
-use slidegate::{Decision, Limit};
+use slidegate::{Charge, Decision};
 
 /// Every policy's denial while the identity is blocked for `wait`: no
 /// permit left, back (and retry) when the block ends.
-pub(crate) fn block_denials(charges: &[(Limit, u64)], wait: Duration) -> Vec<Decision> {
+pub(crate) fn block_denials(charges: &[Charge], wait: Duration) -> Vec<Decision> {
     charges
         .iter()
-        .map(|(limit, _)| Decision {
+        .map(|c| Decision {
             allowed: false,
-            limit: limit.quota.permits(),
+            limit: c.limit.quota.permits(),
             remaining: 0,
             reset_after: wait,
             retry_after: Some(wait),

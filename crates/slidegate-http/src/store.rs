@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Decision, Limit, MemoryStore, Penalized, Penalty, Quota, RedisOptions, RedisStore, RedisTarget, Store,
-    StoreError,
+    Decision, DistinctStore, Identity, MemoryStore, Outcome, Quota, RedisOptions, RedisStore, RedisTarget,
+    Request, Store, StoreError,
 };
 use tokio::sync::OnceCell;
 
@@ -23,36 +23,29 @@ pub enum AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
         match self {
-            AnyStore::Memory(store) => store.decide_sync(key, limit, cost),
-            AnyStore::Redis(store) => store.connected()?.decide(key, limit, cost).await,
+            AnyStore::Memory(store) => store.decide_sync(request),
+            AnyStore::Redis(store) => store.connected()?.decide(request).await,
         }
     }
 
-    async fn decide_all(&self, key: &str, charges: &[(Limit, u64)]) -> Result<Vec<Decision>, StoreError> {
-        match self {
-            AnyStore::Memory(store) => store.decide_all_sync(key, charges),
-            AnyStore::Redis(store) => store.connected()?.decide_all(key, charges).await,
-        }
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        Some(self)
     }
+}
 
-    async fn decide_distinct(&self, key: &str, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
-        match self {
-            AnyStore::Memory(store) => store.decide_distinct_sync(key, quota, value),
-            AnyStore::Redis(store) => store.connected()?.decide_distinct(key, quota, value).await,
-        }
-    }
-
-    async fn decide_all_penalized(
+/// Both stores keep distinct-value sketches.
+impl DistinctStore for AnyStore {
+    async fn decide_distinct(
         &self,
-        key: &str,
-        charges: &[(Limit, u64)],
-        penalty: &Penalty,
-    ) -> Result<Penalized, StoreError> {
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
         match self {
-            AnyStore::Memory(store) => store.decide_all_penalized_sync(key, charges, penalty),
-            AnyStore::Redis(store) => store.connected()?.decide_all_penalized(key, charges, penalty).await,
+            AnyStore::Memory(store) => store.decide_distinct_sync(identity, quota, value),
+            AnyStore::Redis(store) => store.connected()?.decide_distinct(identity, quota, value).await,
         }
     }
 }

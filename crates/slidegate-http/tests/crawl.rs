@@ -45,7 +45,7 @@ async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Requ
 
 fn app() -> Router {
     let config = Config::parse(RULES, "t.toml").unwrap();
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new());
+    let limiter = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
     Router::new()
         .route(
             "/api/users/{id}",

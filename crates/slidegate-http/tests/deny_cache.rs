@@ -22,7 +22,7 @@ fn config(algorithm: Algorithm, limits: &str, deny_cache: usize) -> Config {
 }
 
 fn limiter(config: &Config, clock: &ManualClock) -> RateLimiter<MemoryStore<ManualClock>> {
-    RateLimiter::from_config(config, MemoryStore::with_clock(clock.clone()))
+    RateLimiter::from_config(config, MemoryStore::with_clock(clock.clone())).unwrap()
 }
 
 fn store_calls<S>(limiter: &RateLimiter<S>) -> u64 {

@@ -30,7 +30,7 @@ mod hyper_example;
 mod tonic_example;
 
 fn limiter(config: &str) -> RateLimiter<MemoryStore> {
-    RateLimiter::from_config(&Config::parse(config, "example.toml").unwrap(), MemoryStore::new())
+    RateLimiter::from_config(&Config::parse(config, "example.toml").unwrap(), MemoryStore::new()).unwrap()
 }
 
 async fn loopback() -> (TcpListener, SocketAddr) {

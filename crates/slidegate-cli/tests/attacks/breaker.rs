@@ -23,7 +23,7 @@ limits = [{ limit = 1000000, window = "60s" }]
 async fn limiter(redis: &RedisServer, store_section: &str) -> RateLimiter<RedisStore> {
     let config = Config::parse(&format!("[store]\n{store_section}\n{RULE}"), "t.toml").unwrap();
     let store = RedisStore::connect(&redis.url()).await.unwrap();
-    RateLimiter::from_config(&config, store)
+    RateLimiter::from_config(&config, store).unwrap()
 }
 
 /// The value of the metric line starting with `prefix` (name and labels).

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use slidegate::{check_charge, Limit, StoreError};
 
 use super::duration::Delay;
+use crate::guard::StoreGuard;
 use crate::identity::ForwardedHeader;
-use crate::limiter::StoreGuard;
 use crate::rules::PathPattern;
 
 /// A validated configuration.

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{boxed, full, ServeBody, State};
 use crate::headers::{self, ceil_secs};
-use crate::limiter::DecisionSource;
+use crate::verdict::DecisionSource;
 
 /// The largest `/v1/check` body read.
 const MAX_CHECK_BODY: usize = 16 * 1024;

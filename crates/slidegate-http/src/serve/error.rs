@@ -17,4 +17,7 @@ pub enum ServeError {
     /// The config has no `[server] upstream`.
     #[error("[server] upstream is required by serve: the address requests are forwarded to")]
     NoUpstream,
+    /// A rule needs what the store cannot do.
+    #[error(transparent)]
+    Limiter(#[from] crate::LimiterError),
 }

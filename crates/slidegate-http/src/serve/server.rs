@@ -57,7 +57,7 @@ impl Server {
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
         let store = connect_store(config).await;
-        let limiter = RateLimiter::from_config(config, store);
+        let limiter = RateLimiter::from_config(config, store)?;
         let threads = config
             .server
             .threads

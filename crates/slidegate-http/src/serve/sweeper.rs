@@ -76,13 +76,16 @@ mod tests {
     #[tokio::test]
     async fn the_sweeper_empties_the_embedded_stores_once_their_states_are_idle() {
         let config = Config::parse("[store]\nfallback = true\n", "fallback.toml").unwrap();
-        let limiter = RateLimiter::from_config(&config, AnyStore::Memory(MemoryStore::new().with_shards(4)));
+        let limiter =
+            RateLimiter::from_config(&config, AnyStore::Memory(MemoryStore::new().with_shards(4))).unwrap();
         let AnyStore::Memory(store) = limiter.store() else { unreachable!() };
         let fallback = limiter.fallback_store().unwrap();
         let limit = Limit::new(Algorithm::FixedWindow, Quota::new(5, Duration::from_millis(1)).unwrap());
+        let charge = [slidegate::Charge::new(limit, 1)];
         for i in 0..1000 {
-            store.decide_sync(&format!("client-{i}"), &limit, 1).unwrap();
-            fallback.decide_sync(&format!("client-{i}"), &limit, 1).unwrap();
+            let client = slidegate::Identity::named("test", &format!("client-{i}"));
+            store.decide_sync(slidegate::Request::new(&client, &charge)).unwrap();
+            fallback.decide_sync(slidegate::Request::new(&client, &charge)).unwrap();
         }
         let sweeper = tokio::spawn(sweep_every(limiter.clone(), Duration::from_millis(5), 1));
         let deadline = Instant::now() + Duration::from_secs(30);

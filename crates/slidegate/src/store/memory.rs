@@ -49,7 +49,9 @@ use self::slots::{slot_id, Slots};
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::{for_each_algorithm, sliding_log, Definition};
 use crate::distinct::DistinctTable;
-use crate::store::{check_charge, check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::store::{
+    check_charge, check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError,
+};
 use crate::{Algorithm, Clock, Decision, Identity, Limit, Penalty, PenaltyState, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
@@ -804,7 +806,12 @@ impl<C: Clock> MemoryStore<C> {
     ///
     /// # Errors
     /// [`StoreError::TimeOutOfRange`].
-    pub fn decide_distinct_sync(&self, identity: &Identity, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
+    pub fn decide_distinct_sync(
+        &self,
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
         let now = check_time(self.clock.now_ms())?;
         Ok(self.distinct.decide(identity, quota, now, value))
     }

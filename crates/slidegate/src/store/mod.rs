@@ -265,7 +265,11 @@ impl Outcome {
 
     /// The answer for an identity blocked for `ms` more milliseconds.
     pub fn blocked(decisions: impl Into<Decisions>, ms: u64) -> Self {
-        Self { decisions: decisions.into(), blocked_for: Some(Duration::from_millis(ms)), origin: Origin::Store }
+        Self {
+            decisions: decisions.into(),
+            blocked_for: Some(Duration::from_millis(ms)),
+            origin: Origin::Store,
+        }
     }
 
     /// The same outcome, answered by `origin`.

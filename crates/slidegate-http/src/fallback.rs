@@ -1,0 +1,224 @@
+//! The fallback: an embedded limiter that decides while the store cannot,
+//! as a layer around the store that is a store itself.
+//!
+//! It does not start from zero: each answer of the store is remembered per
+//! identity (a bounded map, arbitrary eviction when full), and while the
+//! store fails an identity gets at most what the store last said was left
+//! (divided among the instances) until the store's reset time; after it, or
+//! without a memory of the identity, the rules' limits divided by
+//! `instances`, decided by an embedded [`MemoryStore`]. Its answers say
+//! [`Origin::Fallback`]. Only failures of the store fall back
+//! ([`StoreError::is_unavailable`]); a request no store could decide is
+//! still an error.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use slidegate::{
+    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request, Store,
+    StoreError,
+};
+
+use crate::clock::Ticks;
+use crate::penalty::block_denials;
+
+/// Shards of the seed map: requests of different identities rarely share a lock.
+const SEED_SHARDS: usize = 16;
+/// Identities whose last store decision the fallback remembers, at most:
+/// about 100 bytes each, a few MB in all.
+pub const SEED_CAPACITY: usize = 1 << 16;
+
+/// What the store last said of one limit of an identity.
+#[derive(Debug, Clone, Copy)]
+struct Seed {
+    /// Permits this instance may still admit before `reset_at_ms`.
+    remaining: u64,
+    /// When the store's window is back to the full quota (limiter ms).
+    reset_at_ms: u64,
+}
+
+/// One shard of the seeds: identity → one seed per limit of its rule.
+type SeedMap = HashMap<Identity, Vec<Seed>>;
+
+/// The embedded limiter and what the store last said.
+struct Seeded {
+    store: MemoryStore,
+    instances: u64,
+    hasher: std::hash::RandomState,
+    seeds: Box<[Mutex<SeedMap>]>,
+}
+
+/// A store with an embedded fallback limiter (when on), itself a store.
+pub struct Fallback<S> {
+    inner: S,
+    seeded: Option<Seeded>,
+    ticks: Ticks,
+}
+
+impl<S> std::fmt::Debug for Fallback<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let instances = self.seeded.as_ref().map(|s| s.instances);
+        f.debug_struct("Fallback").field("instances", &instances).finish_non_exhaustive()
+    }
+}
+
+impl<S> Fallback<S> {
+    /// `inner`, with a fallback limiter enforcing `limit / instances` when
+    /// `on`; without, the store's failures pass through.
+    pub(crate) fn new(inner: S, on: bool, instances: u32, ticks: Ticks) -> Self {
+        let seeded = on.then(|| Seeded {
+            store: MemoryStore::new(),
+            instances: u64::from(instances.max(1)),
+            hasher: std::hash::RandomState::new(),
+            seeds: (0..SEED_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        });
+        Self { inner, seeded, ticks }
+    }
+
+    /// The store behind the fallback.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The embedded fallback store, when on: a caller sweeps it as it sweeps
+    /// an embedded store, to give memory back.
+    pub fn fallback_store(&self) -> Option<&MemoryStore> {
+        self.seeded.as_ref().map(|s| &s.store)
+    }
+}
+
+impl<S: Store> Store for Fallback<S> {
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        let Some(seeded) = &self.seeded else {
+            return self.inner.decide(request).await;
+        };
+        match self.inner.decide(request).await {
+            Ok(outcome) => {
+                let now_ms = self.ticks.now_ms();
+                match outcome.blocked_for {
+                    Some(wait) => {
+                        seeded.remember(request.identity, &block_denials(request.charges, wait), now_ms)
+                    }
+                    None => seeded.remember(request.identity, &outcome.decisions, now_ms),
+                }
+                Ok(outcome)
+            }
+            Err(err) if err.is_unavailable() => {
+                let decisions = seeded.decide(request.identity, request.charges, self.ticks.now_ms());
+                Ok(Outcome::decided(decisions).from_origin(Origin::Fallback))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        self.inner.distinct()
+    }
+}
+
+impl Seeded {
+    fn shard(&self, identity: &Identity) -> std::sync::MutexGuard<'_, SeedMap> {
+        let index = (self.hasher.hash_one(identity) % SEED_SHARDS as u64) as usize;
+        // A panic while holding the lock leaves a map that is still sound.
+        self.seeds[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remembers what the store decided for `identity` at `now_ms`.
+    fn remember(&self, identity: &Identity, decisions: &[Decision], now_ms: u64) {
+        let seeds: Vec<Seed> = decisions
+            .iter()
+            .map(|d| Seed {
+                remaining: d.remaining / self.instances,
+                reset_at_ms: now_ms
+                    .saturating_add(u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)),
+            })
+            .collect();
+        let mut map = self.shard(identity);
+        if let Some(slot) = map.get_mut(identity) {
+            *slot = seeds;
+            return;
+        }
+        if map.len() >= SEED_CAPACITY / SEED_SHARDS {
+            // Full: forget an arbitrary identity (the hash order), in O(1).
+            if let Some(old) = map.keys().next().cloned() {
+                map.remove(&old);
+            }
+        }
+        map.insert(identity.clone(), seeds);
+    }
+
+    /// Decides `charges` for `identity` at `now_ms` without the store.
+    fn decide(&self, identity: &Identity, charges: &[Charge], now_ms: u64) -> Vec<Decision> {
+        let mut map = self.shard(identity);
+        let live = |seed: &Seed| seed.reset_at_ms > now_ms;
+        if let Some(seeds) = map.get(identity).filter(|s| s.len() == charges.len()) {
+            if seeds.iter().zip(charges).any(|(s, c)| live(s) && s.remaining < c.cost) {
+                return seeded_denials(seeds, charges, now_ms);
+            }
+        }
+        let shared: Vec<Charge> = charges.iter().map(|c| Charge::new(self.share(&c.limit), c.cost)).collect();
+        let mut decisions: Vec<Decision> = match self.store.decide_sync(Request::new(identity, &shared)) {
+            Ok(outcome) => outcome.decisions.to_vec(),
+            // A cost above this instance's share: no such request passes here.
+            Err(_) => return denials(&shared),
+        };
+        if let Some(seeds) = map.get_mut(identity).filter(|s| s.len() == charges.len()) {
+            let admitted = decisions.iter().all(|d| d.allowed);
+            for ((seed, c), d) in seeds.iter_mut().zip(charges).zip(&mut decisions) {
+                if live(seed) {
+                    if admitted {
+                        seed.remaining = seed.remaining.saturating_sub(c.cost);
+                    }
+                    d.remaining = d.remaining.min(seed.remaining);
+                }
+            }
+        }
+        decisions
+    }
+
+    /// `limit` with this instance's share of the quota (at least 1 permit).
+    fn share(&self, limit: &Limit) -> Limit {
+        let permits = (limit.quota.permits() / self.instances).max(1);
+        match Quota::new(permits, limit.quota.window()) {
+            Ok(quota) => Limit::new(limit.algorithm, quota),
+            Err(_) => *limit,
+        }
+    }
+}
+
+/// The answer when a live seed has less left than a charge costs: denied
+/// until the store's reset time.
+fn seeded_denials(seeds: &[Seed], charges: &[Charge], now_ms: u64) -> Vec<Decision> {
+    let live = |seed: &Seed| seed.reset_at_ms > now_ms;
+    charges
+        .iter()
+        .zip(seeds)
+        .map(|(c, s)| {
+            let wait = Duration::from_millis(s.reset_at_ms.saturating_sub(now_ms));
+            let short = live(s) && s.remaining < c.cost;
+            Decision {
+                allowed: !short,
+                limit: c.limit.quota.permits(),
+                remaining: if live(s) { s.remaining } else { 0 },
+                reset_after: wait,
+                retry_after: short.then_some(wait),
+            }
+        })
+        .collect()
+}
+
+/// Denials of a request the fallback cannot decide (its cost exceeds a share).
+fn denials(charges: &[Charge]) -> Vec<Decision> {
+    charges
+        .iter()
+        .map(|c| Decision {
+            allowed: false,
+            limit: c.limit.quota.permits(),
+            remaining: 0,
+            reset_after: c.limit.quota.window(),
+            retry_after: Some(c.limit.quota.window()),
+        })
+        .collect()
+}

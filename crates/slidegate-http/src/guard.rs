@@ -1,0 +1,260 @@
+//! The guard: a store behind a deadline and a circuit breaker, itself a store.
+//!
+//! Every call gets the deadline ([`StoreGuard::timeout`]); the breaker
+//! (`breaker.rs`) counts the answers and, once open, makes calls fail at
+//! once with [`StoreError::NotConnected`] — nothing reached the store, so
+//! nothing was charged — except one trial per interval. When it opens, a
+//! background probe writes to the store as decisions do until it answers,
+//! then closes it, so the guard also recovers when no traffic arrives.
+//!
+//! A store that answers without waiting (the embedded one) is polled once
+//! before any timer is armed: the deadline costs only the calls that wait.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use slidegate::{
+    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, Limit, Outcome, Quota, Request, Source,
+    Store, StoreError,
+};
+
+use crate::breaker::{Admit, Breaker, BreakerPolicy};
+use crate::clock::Ticks;
+use crate::config::Delay;
+use crate::metrics::Metrics;
+
+/// How the limiter guards itself against its store: a deadline on each call,
+/// a circuit breaker, and optionally an embedded fallback limiter.
+///
+/// Its [`Default`] is the one set of defaults; `[store]` in the configuration
+/// starts from it too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreGuard {
+    /// Deadline of one store call.
+    pub timeout: Delay,
+    /// Consecutive failures that open the breaker.
+    pub breaker_failures: u32,
+    /// How often an open breaker probes the store.
+    pub probe_interval: Delay,
+    /// Whether an embedded fallback limiter decides while the store is unavailable.
+    pub fallback: bool,
+    /// The sliding window over which the breaker measures the failure rate.
+    pub breaker_window: Delay,
+    /// Calls the window must hold before its failure rate opens the breaker;
+    /// below it, `breaker_failures` consecutive failures do.
+    pub breaker_min_calls: u32,
+    /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
+    pub breaker_failure_rate: u8,
+    /// While the breaker is open, one decision per this interval tries the store.
+    pub breaker_trial_interval: Delay,
+    /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
+    pub instances: u32,
+    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
+    pub deny_cache: usize,
+}
+
+impl StoreGuard {
+    fn breaker_policy(&self) -> BreakerPolicy {
+        BreakerPolicy {
+            failures: self.breaker_failures,
+            window: self.breaker_window.get(),
+            min_calls: self.breaker_min_calls,
+            failure_rate: self.breaker_failure_rate,
+            trial_interval: self.breaker_trial_interval.get(),
+        }
+    }
+}
+
+impl Default for StoreGuard {
+    fn default() -> Self {
+        Self {
+            timeout: Delay::from_millis(50),
+            breaker_failures: 3,
+            probe_interval: Delay::from_millis(500),
+            fallback: false,
+            // At 600 decisions a second, a 1 s window holds 600 calls: a stall
+            // that times out a few dozen is far below half. 20 calls is the
+            // least for a rate to mean something; below it (a few requests a
+            // second) consecutive failures decide.
+            breaker_window: Delay::from_secs(1),
+            breaker_min_calls: 20,
+            breaker_failure_rate: 50,
+            // One decision in 20 ms may pay the deadline to learn the store is
+            // back: recovery within ~20 ms instead of a probe interval.
+            breaker_trial_interval: Delay::from_millis(20),
+            instances: 1,
+            deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+struct Shared<S> {
+    store: S,
+    timeout: Duration,
+    probe_interval: Duration,
+    trial_interval: Duration,
+    breaker: Breaker,
+    metrics: Arc<Metrics>,
+    ticks: Ticks,
+}
+
+/// A store behind the deadline and the breaker (see the module docs).
+pub struct Guarded<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> std::fmt::Debug for Guarded<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded").field("breaker_open", &self.breaker_open()).finish_non_exhaustive()
+    }
+}
+
+impl<S> Guarded<S> {
+    /// The store, guarded by `guard`'s deadline and breaker, counting in `metrics`.
+    pub(crate) fn new(store: S, guard: &StoreGuard, metrics: Arc<Metrics>, ticks: Ticks) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                timeout: guard.timeout.get(),
+                probe_interval: guard.probe_interval.get(),
+                trial_interval: guard.breaker_trial_interval.get(),
+                breaker: Breaker::new(guard.breaker_policy()),
+                metrics,
+                ticks,
+            }),
+        }
+    }
+
+    /// The guarded store.
+    pub fn get_ref(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// Whether the breaker is open (calls skip the store).
+    pub fn breaker_open(&self) -> bool {
+        self.shared.breaker.is_open()
+    }
+}
+
+impl<S: Store + 'static> Guarded<S> {
+    /// `call`, a call to the store, under the deadline and the breaker.
+    async fn guarded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let shared = &*self.shared;
+        let counters = shared.metrics.store();
+        match shared.breaker.admit(shared.ticks.now_ms()) {
+            Admit::Skip => {
+                counters.skipped.fetch_add(1, Relaxed);
+                return Err(StoreError::NotConnected("the circuit breaker is open".into()));
+            }
+            Admit::Trial => {
+                counters.trials.fetch_add(1, Relaxed);
+            }
+            Admit::Call => {}
+        }
+        counters.calls.fetch_add(1, Relaxed);
+        let start = Instant::now();
+        let mut call = pin!(call);
+        // One poll first: a store that answers at once needs no timer.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let answer = match first {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => tokio::time::timeout(shared.timeout, call).await.ok(),
+        };
+        match answer {
+            Some(Ok(value)) => {
+                counters.observe_latency(start.elapsed());
+                if shared.breaker.record_success(shared.ticks.now_ms()) {
+                    tracing::info!("rate limit store answers again: circuit breaker closed");
+                }
+                Ok(value)
+            }
+            Some(Err(err)) if !err.is_unavailable() => Err(err),
+            Some(Err(err)) => {
+                counters.errors.fetch_add(1, Relaxed);
+                tracing::warn!(%err, "rate limit store failed");
+                self.failed();
+                Err(err)
+            }
+            None => {
+                counters.timeouts.fetch_add(1, Relaxed);
+                tracing::warn!(timeout_ms = shared.timeout.as_millis() as u64, "rate limit store timed out");
+                self.failed();
+                Err(StoreError::TimedOut(shared.timeout))
+            }
+        }
+    }
+
+    fn failed(&self) {
+        let shared = &*self.shared;
+        if shared.breaker.record_failure(shared.ticks.now_ms()) {
+            shared.metrics.store().breaker_opened.fetch_add(1, Relaxed);
+            tracing::error!(
+                probe_interval_ms = shared.probe_interval.as_millis() as u64,
+                trial_interval_ms = shared.trial_interval.as_millis() as u64,
+                "rate limit store unavailable: circuit breaker open, probing in the background"
+            );
+            tokio::spawn(probe(Arc::clone(&self.shared)));
+        }
+    }
+}
+
+impl<S: Store + 'static> Store for Guarded<S> {
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        self.guarded(self.shared.store.decide(request)).await
+    }
+
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        let inner = self.shared.store.distinct()?;
+        Some(GuardedDistinct { guard: self, inner })
+    }
+}
+
+/// The guarded store's distinct-value sketches, under the same deadline and breaker.
+struct GuardedDistinct<'a, S, D> {
+    guard: &'a Guarded<S>,
+    inner: D,
+}
+
+impl<S: Store + 'static, D: DistinctStore> DistinctStore for GuardedDistinct<'_, S, D> {
+    async fn decide_distinct(
+        &self,
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
+        self.guard.guarded(self.inner.decide_distinct(identity, quota, value)).await
+    }
+}
+
+/// Probes the store until it answers (or a trial closed the breaker first),
+/// then closes the breaker.
+async fn probe<S: Store>(shared: Arc<Shared<S>>) {
+    // The probe does what decisions do: it writes. A read (cost 0) succeeds on
+    // a Redis that refuses every write (out of memory), and closing on it would
+    // only re-open the breaker at the next decision. Cost 1 of a billion per
+    // second is always allowed, so always written; the 1 s window lets the key
+    // expire by itself. No rule's identity has the probe's scope.
+    let quota = Quota::new(1_000_000_000, Duration::from_secs(1)).expect("10^9 per second is a valid quota");
+    let charge = [Charge::new(Limit::new(Algorithm::FixedWindow, quota), 1)];
+    let identity = Identity::new("slidegate-probe", Source::Named, Digest([0; 16]));
+    loop {
+        tokio::time::sleep(shared.probe_interval).await;
+        if !shared.breaker.is_open() {
+            return;
+        }
+        shared.metrics.store().probes.fetch_add(1, Relaxed);
+        let answer =
+            tokio::time::timeout(shared.timeout, shared.store.decide(Request::new(&identity, &charge))).await;
+        if matches!(answer, Ok(Ok(_))) {
+            if shared.breaker.close() {
+                tracing::info!("rate limit store answers again: circuit breaker closed");
+            }
+            return;
+        }
+    }
+}
