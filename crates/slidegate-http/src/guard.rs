@@ -146,29 +146,35 @@ impl<S: Store + 'static> Guarded<S> {
     async fn guarded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
         let shared = &*self.shared;
         let counters = shared.metrics.store();
-        match shared.breaker.admit(shared.ticks.now_ms()) {
-            Admit::Skip => {
-                counters.skipped.fetch_add(1, Relaxed);
-                return Err(StoreError::NotConnected("the circuit breaker is open".into()));
+        if shared.breaker.is_open() {
+            match shared.breaker.admit(shared.ticks.now_ms()) {
+                Admit::Skip => {
+                    counters.skipped.fetch_add(1, Relaxed);
+                    return Err(StoreError::NotConnected("the circuit breaker is open".into()));
+                }
+                Admit::Trial => {
+                    counters.trials.fetch_add(1, Relaxed);
+                }
+                Admit::Call => {}
             }
-            Admit::Trial => {
-                counters.trials.fetch_add(1, Relaxed);
-            }
-            Admit::Call => {}
         }
         counters.calls.fetch_add(1, Relaxed);
         let start = Instant::now();
         let mut call = pin!(call);
         // One poll first: a store that answers at once needs no timer.
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let answer = match first {
-            Poll::Ready(answer) => Some(answer),
-            Poll::Pending => tokio::time::timeout(shared.timeout, call).await.ok(),
+        let (answer, waited) = match first {
+            Poll::Ready(answer) => (Some(answer), false),
+            Poll::Pending => (tokio::time::timeout(shared.timeout, call).await.ok(), true),
         };
         match answer {
             Some(Ok(value)) => {
                 counters.observe_latency(start.elapsed());
-                if shared.breaker.record_success(shared.ticks.now_ms()) {
+                // A store that answered without waiting is not stalling: only
+                // an open breaker needs to hear of it. Counting every such
+                // answer would make each decision write the breaker's shared
+                // counters, the one cache line all threads would then contend for.
+                if (waited || shared.breaker.is_open()) && shared.breaker.record_success(shared.ticks.now_ms()) {
                     tracing::info!("rate limit store answers again: circuit breaker closed");
                 }
                 Ok(value)

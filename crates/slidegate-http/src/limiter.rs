@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method};
 use slidegate::{
-    check_charge, Charge, Decision, DistinctStore, Identity, MemoryStore, Origin, Penalty, Request, Source,
+    check_charge, Charge, Decision, Decisions, DistinctStore, Identity, MemoryStore, Origin, Penalty, Request, Source,
     Store, StoreError,
 };
 
@@ -573,25 +573,25 @@ impl<S: Store + 'static> RateLimiter<S> {
                             tracing::warn!(rule = %rule.name, identity = %identity, block_ms = wait.as_millis() as u64,
                                 shadow = rule.shadow, "identity blocked by the penalty box");
                         }
-                        (crate::penalty::block_denials(charges, wait), source, true)
+                        (crate::penalty::block_denials(charges, wait).into(), source, true)
                     }
-                    None => (outcome.decisions.to_vec(), source, false),
+                    None => (outcome.decisions, source, false),
                 }
             }
             // A request no store could allow (cost above a limit) is denied
             // by the algorithms' own check, which says so.
             Err(err) if !err.is_unavailable() => {
                 tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
-                (invalid_denial(charges), DecisionSource::Store, false)
+                (invalid_denial(charges).into(), DecisionSource::Store, false)
             }
-            Err(_) => (Vec::new(), rule.fail(counters), false),
+            Err(_) => (Decisions::none(), rule.fail(counters), false),
         };
         if mode == Mode::Peek {
             // A peek is allowed even at zero permits left; the request it
             // guards would charge at least one, so deny it now. The wait is
             // the store's reset time: exact for fixed windows, an upper
             // bound for the others.
-            for d in &mut decisions {
+            for d in decisions.iter_mut() {
                 if d.allowed && d.remaining == 0 {
                     d.allowed = false;
                     d.retry_after = Some(d.reset_after.max(Duration::from_millis(1)));
@@ -599,9 +599,9 @@ impl<S: Store + 'static> RateLimiter<S> {
             }
         }
         let policies: Vec<PolicyResult<'s>> = decisions
-            .into_iter()
+            .iter()
             .zip(set.names.iter().zip(charges))
-            .map(|(decision, (name, charge))| PolicyResult {
+            .map(|(&decision, (name, charge))| PolicyResult {
                 name: name.as_str(),
                 quota: charge.limit.quota,
                 decision,
