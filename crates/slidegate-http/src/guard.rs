@@ -174,7 +174,9 @@ impl<S: Store + 'static> Guarded<S> {
                 // an open breaker needs to hear of it. Counting every such
                 // answer would make each decision write the breaker's shared
                 // counters, the one cache line all threads would then contend for.
-                if (waited || shared.breaker.is_open()) && shared.breaker.record_success(shared.ticks.now_ms()) {
+                if (waited || shared.breaker.is_open())
+                    && shared.breaker.record_success(shared.ticks.now_ms())
+                {
                     tracing::info!("rate limit store answers again: circuit breaker closed");
                 }
                 Ok(value)

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method};
 use slidegate::{
-    check_charge, Charge, Decision, Decisions, DistinctStore, Identity, MemoryStore, Origin, Penalty, Request, Source,
-    Store, StoreError,
+    check_charge, Charge, Decision, Decisions, DistinctStore, Identity, MemoryStore, Origin, Penalty,
+    Request, Source, Store, StoreError,
 };
 
 use crate::clock::Ticks;

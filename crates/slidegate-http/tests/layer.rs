@@ -297,3 +297,20 @@ async fn an_open_breaker_closes_on_the_first_successful_trial() {
     assert!(!limiter.breaker_open());
     assert!(limiter.render_metrics().contains("slidegate_breaker_trials_total 1\n"));
 }
+
+/// Crawl breadth needs distinct-value sketches: a store without them is
+/// refused when the limiter is built, never a limit silently off.
+#[test]
+fn a_breadth_rule_on_a_store_without_sketches_is_refused() {
+    let text =
+        "[[rules]]\nname = \"videos\"\npath = \"/v/{id}\"\nlimits = [{ limit = 10, window = \"1m\" }]\n\
+                breadth = { distinct = 5, window = \"10m\", of = \"param:id\" }\n";
+    let config = Config::parse(text, "t.toml").unwrap();
+    let err = RateLimiter::from_config(&config, Shared(Arc::default())).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rule \"videos\" limits crawl breadth (`breadth`), which this store cannot count: it keeps no distinct-value sketches"
+    );
+    // The embedded store keeps them.
+    assert!(RateLimiter::from_config(&config, MemoryStore::new()).is_ok());
+}
