@@ -53,25 +53,29 @@ fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
-fn policy_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 * policies.len());
-    for (i, p) in policies.iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b", ");
-        }
-        out.push(b'"');
-        out.extend_from_slice(p.name.as_bytes());
-        out.extend_from_slice(b"\";q=");
-        push_u64(&mut out, p.quota.permits());
-        out.extend_from_slice(b";w=");
-        push_u64(&mut out, ceil_secs(p.quota.window()).max(1));
+fn push_policy(out: &mut Vec<u8>, i: usize, name: &str, quota: &slidegate::Quota) {
+    if i > 0 {
+        out.extend_from_slice(b", ");
+    }
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\";q=");
+    push_u64(out, quota.permits());
+    out.extend_from_slice(b";w=");
+    push_u64(out, ceil_secs(quota.window()).max(1));
+}
+
+fn policy_items<'p, 'a: 'p>(policies: impl Iterator<Item = &'p PolicyResult<'a>>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    for (i, p) in policies.enumerate() {
+        push_policy(&mut out, i, p.name, &p.quota);
     }
     out
 }
 
-fn ratelimit_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(24 * policies.len());
-    for (i, p) in policies.iter().enumerate() {
+fn ratelimit_items<'p, 'a: 'p>(policies: impl Iterator<Item = &'p PolicyResult<'a>>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    for (i, p) in policies.enumerate() {
         if i > 0 {
             out.extend_from_slice(b", ");
         }
@@ -88,12 +92,12 @@ fn ratelimit_items(policies: &[&PolicyResult<'_>]) -> Vec<u8> {
 /// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
 /// `w` must be a positive integer, so sub-second windows announce 1.
 pub fn policy_header(policies: &[&PolicyResult<'_>]) -> String {
-    String::from_utf8_lossy(&policy_items(policies)).into_owned()
+    String::from_utf8_lossy(&policy_items(policies.iter().copied())).into_owned()
 }
 
 /// `RateLimit` items: `"name";r=9;t=1`.
 pub fn ratelimit_header(policies: &[&PolicyResult<'_>]) -> String {
-    String::from_utf8_lossy(&ratelimit_items(policies)).into_owned()
+    String::from_utf8_lossy(&ratelimit_items(policies.iter().copied())).into_owned()
 }
 
 fn number(n: u64) -> HeaderValue {
@@ -104,32 +108,88 @@ fn value(bytes: Vec<u8>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(bytes)).ok()
 }
 
-/// Adds the rate limit headers of `verdict` to `headers`: every policy when
+/// The rate limit headers of one verdict, rendered: every policy when
 /// allowed, the violated ones when denied; `X-RateLimit-*` (when `legacy`)
 /// for the binding policy; `Retry-After` on a denial that blocks.
-pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
-    let Some(decisive) = verdict.decisive() else { return };
-    let listed: Vec<&PolicyResult> =
-        if verdict.allowed() { verdict.policies.iter().collect() } else { verdict.violated().collect() };
-    // Room for every header below at once: growing a map parsed to size rehashes it.
-    headers.reserve(6);
-    // Policy names are validated ASCII without quotes, so these are valid values.
-    if let Some(v) = value(policy_items(&listed)) {
-        headers.insert(RATELIMIT_POLICY.clone(), v);
+///
+/// Rendered where the verdict is (it borrows the limiter) and inserted into
+/// the response later, straight into the response's own map: no second map
+/// to build and merge per request.
+#[derive(Debug, Default)]
+pub struct RateHeaders {
+    values: [Option<HeaderValue>; 6],
+}
+
+/// The names of [`RateHeaders::values`], in order.
+const RATE_HEADER_NAMES: [&HeaderName; 6] = [
+    &RATELIMIT_POLICY,
+    &RATELIMIT,
+    &X_RATELIMIT_LIMIT,
+    &X_RATELIMIT_REMAINING,
+    &X_RATELIMIT_RESET,
+    &RETRY_AFTER,
+];
+
+impl RateHeaders {
+    /// The headers of `verdict`.
+    pub fn of(verdict: &Verdict, legacy: bool) -> Self {
+        let mut values: [Option<HeaderValue>; 6] = Default::default();
+        let Some(decisive) = verdict.decisive() else { return Self { values } };
+        let allowed = verdict.allowed();
+        // Policy names are validated ASCII without quotes, so these are valid values.
+        values[0] = match (allowed, verdict.policy_value) {
+            // Every policy of the set, as the limiter rendered it once.
+            (true, Some(listed)) => Some(listed.clone()),
+            _ => value(policy_items(verdict.policies.iter().filter(|p| allowed || !p.decision.allowed))),
+        };
+        values[1] =
+            value(ratelimit_items(verdict.policies.iter().filter(|p| allowed || !p.decision.allowed)));
+        if legacy {
+            values[2] = Some(number(decisive.quota.permits()));
+            values[3] = Some(number(decisive.decision.remaining));
+            values[4] = Some(number(ceil_secs(decisive.decision.reset_after)));
+        }
+        if verdict.blocks() {
+            values[5] = decisive.decision.retry_after.map(|wait| number(ceil_secs(wait)));
+        }
+        Self { values }
     }
-    if let Some(v) = value(ratelimit_items(&listed)) {
-        headers.insert(RATELIMIT.clone(), v);
+
+    /// Whether there is nothing to add (no rule matched, or nobody decided).
+    pub fn is_empty(&self) -> bool {
+        self.values.iter().all(Option::is_none)
     }
-    if legacy {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(decisive.quota.permits()));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), number(decisive.decision.remaining));
-        headers.insert(X_RATELIMIT_RESET.clone(), number(ceil_secs(decisive.decision.reset_after)));
-    }
-    if verdict.blocks() {
-        if let Some(wait) = decisive.decision.retry_after {
-            headers.insert(RETRY_AFTER, number(ceil_secs(wait)));
+
+    /// Inserts the headers into `headers`, each replacing a value of the same name.
+    pub fn insert_into(self, headers: &mut HeaderMap) {
+        if self.is_empty() {
+            return;
+        }
+        // Room for every header at once: growing a map parsed to size rehashes it.
+        headers.reserve(self.values.iter().flatten().count());
+        for (name, value) in RATE_HEADER_NAMES.into_iter().zip(self.values) {
+            if let Some(value) = value {
+                headers.insert(name.clone(), value);
+            }
         }
     }
+}
+
+/// Adds the rate limit headers of `verdict` to `headers`; see [`RateHeaders`].
+pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
+    RateHeaders::of(verdict, legacy).insert_into(headers);
+}
+
+/// `RateLimit-Policy` items of every policy of a set, rendered once when the
+/// limiter is built.
+pub(crate) fn policy_value<'a>(
+    policies: impl Iterator<Item = (&'a str, slidegate::Quota)>,
+) -> Option<HeaderValue> {
+    let mut out = Vec::new();
+    for (i, (name, quota)) in policies.enumerate() {
+        push_policy(&mut out, i, name, &quota);
+    }
+    value(out)
 }
 
 /// An RFC 9457 problem, members in the order the RFC lists them.
@@ -265,6 +325,7 @@ mod tests {
             shadow,
             pending: None,
             blocked: false,
+            policy_value: None,
         }
     }
 
@@ -383,6 +444,7 @@ mod tests {
             shadow: false,
             pending: None,
             blocked: false,
+            policy_value: None,
         };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -37,7 +37,7 @@ use slidegate::Store;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers;
+use crate::headers::{self, RateHeaders};
 use crate::limiter::RateLimiter;
 
 /// The socket peer of a request, as a request extension: the address
@@ -190,12 +190,8 @@ where
                         None => response,
                     });
                 }
-                Some(verdict) => {
-                    let mut added = HeaderMap::new();
-                    headers::apply(&mut added, &verdict, limiter.legacy_headers());
-                    added
-                }
-                None => HeaderMap::new(),
+                Some(verdict) => RateHeaders::of(&verdict, limiter.legacy_headers()),
+                None => RateHeaders::default(),
             };
             // A rule counting responses charges when the inner service has
             // answered: the charge runs on its own clone of the limiter.
@@ -203,14 +199,10 @@ where
                 let limiter = limiter.clone();
                 let charge: ChargeFn = Box::new(move |status, headers| {
                     Box::pin(async move {
-                        let legacy = limiter.legacy_headers();
-                        let mut added = HeaderMap::new();
-                        if let Some(v) = limiter.charge_response(&pending, status, &headers).await {
-                            if v.allowed() {
-                                headers::apply(&mut added, &v, legacy);
-                            }
+                        match limiter.charge_response(&pending, status, &headers).await {
+                            Some(v) if v.allowed() => RateHeaders::of(&v, limiter.legacy_headers()),
+                            _ => RateHeaders::default(),
                         }
-                        added
                     })
                 });
                 charge
@@ -257,13 +249,13 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// headers to add to its response.
 enum Checked<F> {
     Blocked(Response<Full<Bytes>>),
-    Allowed { future: F, headers: HeaderMap, charge: Option<ChargeFn> },
+    Allowed { future: F, headers: RateHeaders, charge: Option<ChargeFn> },
 }
 
 /// The charge after the response: given its status and headers, the rate
 /// limit headers of the charge's decision (empty when nothing was charged).
 type ChargeFn = Box<dyn FnOnce(StatusCode, HeaderMap) -> ChargeFuture + Send>;
-type ChargeFuture = Pin<Box<dyn Future<Output = HeaderMap> + Send>>;
+type ChargeFuture = Pin<Box<dyn Future<Output = RateHeaders> + Send>>;
 
 /// The check, boxed: the store's `decide` is an `async fn` of the [`Store`]
 /// trait, whose future has no name a field could hold.
@@ -282,8 +274,8 @@ pin_project! {
     #[project = StateProj]
     enum State<F: Future> {
         Checking { check: CheckFuture<F> },
-        Forwarding { #[pin] future: F, headers: HeaderMap, charge: Option<ChargeFn> },
-        Charging { charge: ChargeFuture, response: Option<F::Output>, headers: HeaderMap },
+        Forwarding { #[pin] future: F, headers: RateHeaders, charge: Option<ChargeFn> },
+        Charging { charge: ChargeFuture, response: Option<F::Output>, headers: RateHeaders },
     }
 }
 
@@ -311,8 +303,8 @@ where
                         state.set(State::Charging { charge, response: Some(Ok(response)), headers });
                         continue;
                     }
-                    // Each name replaces the inner service's value, as inserting would.
-                    response.headers_mut().extend(std::mem::take(headers));
+                    // Each name replaces the inner service's value.
+                    std::mem::take(headers).insert_into(response.headers_mut());
                     return Poll::Ready(Ok(response.map(Either::Left)));
                 }
                 StateProj::Charging { charge, response, headers } => {
@@ -320,9 +312,9 @@ where
                     let Some(Ok(mut response)) = response.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    response.headers_mut().extend(std::mem::take(headers));
+                    std::mem::take(headers).insert_into(response.headers_mut());
                     // The charge's headers, when it decided, say what is left after it.
-                    response.headers_mut().extend(charged);
+                    charged.insert_into(response.headers_mut());
                     return Poll::Ready(Ok(response.map(Either::Left)));
                 }
             }

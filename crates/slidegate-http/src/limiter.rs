@@ -42,6 +42,9 @@ use crate::verdict::{DecisionSource, PendingCharge, PolicyResult, Verdict};
 struct PolicySet {
     names: Vec<String>,
     charges: Vec<Charge>,
+    /// `RateLimit-Policy` listing every limit of the set: the same on every
+    /// allowed response, so rendered once.
+    policy_value: Option<http::HeaderValue>,
 }
 
 impl PolicySet {
@@ -49,6 +52,9 @@ impl PolicySet {
         Self {
             names: limits.iter().map(|l| l.name.clone()).collect(),
             charges: limits.iter().map(|l| Charge::new(l.limit, l.cost)).collect(),
+            policy_value: crate::headers::policy_value(
+                limits.iter().map(|l| (l.name.as_str(), l.limit.quota)),
+            ),
         }
     }
 
@@ -412,7 +418,10 @@ impl<S: Store + 'static> RateLimiter<S> {
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
         };
-        verdict.policies.extend(breadth);
+        if let Some(breadth) = breadth {
+            verdict.policies.push(breadth);
+            verdict.policy_value = None;
+        }
         Some(verdict)
     }
 
@@ -455,6 +464,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             shadow: rule.shadow,
             pending: None,
             blocked: false,
+            policy_value: None,
         })
     }
 
@@ -607,8 +617,15 @@ impl<S: Store + 'static> RateLimiter<S> {
                 decision,
             })
             .collect();
-        let verdict =
-            Verdict { rule: &rule.name, policies, source, shadow: rule.shadow, pending: None, blocked };
+        let verdict = Verdict {
+            rule: &rule.name,
+            policies,
+            source,
+            shadow: rule.shadow,
+            pending: None,
+            blocked,
+            policy_value: set.policy_value.as_ref(),
+        };
         self.count(index, identity, &verdict, mode);
         verdict
     }

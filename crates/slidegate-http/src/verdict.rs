@@ -48,6 +48,9 @@ pub struct Verdict<'a> {
     /// Whether the identity is in the rule's penalty box: every policy is
     /// denied until the block ends, whatever the limits say.
     pub blocked: bool,
+    /// `RateLimit-Policy` listing exactly `policies`, rendered once per rule
+    /// by the limiter; `None` when the list differs (a breadth policy added).
+    pub(crate) policy_value: Option<&'a http::HeaderValue>,
 }
 
 /// A charge decided after the response: who, under which rule's limits.
