@@ -46,6 +46,18 @@ enum Limiter {
     GovernorHeaders,
 }
 
+impl Limiter {
+    fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "slidegate" => Limiter::Slidegate,
+            "slidegate-bare" => Limiter::SlidegateBare,
+            "governor" => Limiter::Governor,
+            "governor-headers" => Limiter::GovernorHeaders,
+            _ => return None,
+        })
+    }
+}
+
 /// The key tower_governor limits by: the `x-api-key` header, as its
 /// `custom_key_bearer` example reads a bearer token.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +94,8 @@ fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
                  limits = [{{ limit = {limit}, window = \"1h\" }}]\n"
             );
             let config = Config::parse(&toml, "layer_bench.toml").map_err(|e| e.to_string())?;
-            let app = routes().layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())));
+            let app =
+                routes().layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())));
             Ok(match limiter {
                 Limiter::Slidegate => app.layer(middleware::map_request(peer_addr)),
                 _ => app,
@@ -90,7 +103,8 @@ fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
         }
         Limiter::Governor | Limiter::GovernorHeaders => {
             // `limit` per hour: a burst of `limit`, refilled one per hour / limit.
-            let burst = u32::try_from(limit).map_err(|_| format!("--limit {limit}: governor takes at most {}", u32::MAX))?;
+            let burst = u32::try_from(limit)
+                .map_err(|_| format!("--limit {limit}: governor takes at most {}", u32::MAX))?;
             let period = Duration::from_secs(3600) / burst.max(1);
             let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
             builder.period(period.max(Duration::from_nanos(1))).burst_size(burst);
@@ -122,17 +136,15 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--limiter" => {
-                limiter = Some(match args.next().as_deref() {
-                    Some("slidegate") => Limiter::Slidegate,
-                    Some("slidegate-bare") => Limiter::SlidegateBare,
-                    Some("governor") => Limiter::Governor,
-                    Some("governor-headers") => Limiter::GovernorHeaders,
-                    other => return Err(format!("--limiter {other:?}: expected slidegate, slidegate-bare, governor or governor-headers")),
-                })
+                let name = args.next().unwrap_or_default();
+                limiter = Some(Limiter::named(&name).ok_or_else(|| {
+                    format!("--limiter {name:?}: expected slidegate, slidegate-bare, governor or governor-headers")
+                })?);
             }
             "--limit" => {
                 let value = args.next().unwrap_or_default();
-                limit = value.parse().map_err(|_| format!("--limit {value:?}: expected a positive integer"))?;
+                limit =
+                    value.parse().map_err(|_| format!("--limit {value:?}: expected a positive integer"))?;
             }
             _ if addr.is_none() => addr = Some(arg),
             _ => return Err(format!("unexpected argument {arg:?}")),
