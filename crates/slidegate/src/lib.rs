@@ -46,4 +46,6 @@ pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
-pub use store::{check_charge, Charge, Decisions, DistinctStore, NoDistinct, Outcome, Request, Store, StoreError};
+pub use store::{
+    check_charge, Charge, Decisions, DistinctStore, NoDistinct, Outcome, Request, Store, StoreError,
+};

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-
 /// The largest duration a penalty accepts (about 34 years, in ms): every
 /// sum of two stays far below 2^53, so the Lua doubles stay exact.
 pub const MAX_PENALTY_MS: u64 = 1 << 40;

@@ -70,7 +70,9 @@ use self::scripts::Lua;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::store::{
+    check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError,
+};
 use crate::{Algorithm, Clock, Decision, Identity, Limit, Penalty, Quota};
 
 /// The key prefix when none is set.
@@ -717,7 +719,9 @@ impl RedisStore {
         let key_len = self.prefix.len() + identity.scope().len() + 64;
         if let [charge] = charges {
             let mut cmd = Cmd::with_capacity(3, 128 + key_len);
-            cmd.arg(MODULE_DECIDE).arg(self.state_key(identity, &charge.limit)).arg(DecideAllArgs { now_ms, charges });
+            cmd.arg(MODULE_DECIDE)
+                .arg(self.state_key(identity, &charge.limit))
+                .arg(DecideAllArgs { now_ms, charges });
             let reply = self.send(&cmd).await?;
             return wire::single_decision(&reply, charge.limit.quota.permits()).map(Decisions::one);
         }
@@ -813,7 +817,12 @@ impl Store for RedisStore {
 }
 
 impl DistinctStore for RedisStore {
-    async fn decide_distinct(&self, identity: &Identity, quota: &Quota, value: &[u8]) -> Result<Decision, StoreError> {
+    async fn decide_distinct(
+        &self,
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
         let now = self.client_now()?;
         let sketch = self.distinct_key(identity, quota);
         let keys = [format!("{sketch}:w"), format!("{sketch}:tmp"), sketch];
@@ -848,7 +857,8 @@ impl RedisStore {
         penalty: &Penalty,
         now_ms: Option<u64>,
     ) -> Result<Outcome, StoreError> {
-        let mut keys: Vec<String> = charges.iter().map(|c| self.state_key(identity, &c.limit).to_string()).collect();
+        let mut keys: Vec<String> =
+            charges.iter().map(|c| self.state_key(identity, &c.limit).to_string()).collect();
         keys.push(PenaltyKey { prefix: &self.prefix, identity }.to_string());
         let args = (DecideAllArgs { now_ms, charges }, wire::PenaltyArgs(penalty));
         let reply = self.eval(scripts::penalty(), &keys, &args).await?;
