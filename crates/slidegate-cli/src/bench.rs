@@ -23,7 +23,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
 use slidegate::{
-    Algorithm, Clock, Engine, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    Algorithm, Charge, Clock, Engine, Identity, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget,
+    Request, Store,
     SystemClock, TimeSource,
 };
 
@@ -192,7 +193,10 @@ impl Subject {
     async fn decide(&self, i: usize) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
         let key = format!("id{i}");
         match self {
-            Subject::Store(store, limit) => Ok(store.decide(&key, limit, 1).await?.allowed),
+            Subject::Store(store, limit) => {
+                let identity = Identity::named("bench", &key);
+                Ok(store.decide(Request::new(&identity, &[Charge::new(*limit, 1)])).await?.allowed())
+            }
             Subject::Reference { conn, script, prefix, quota, clock } => {
                 let mut conn = conn.clone();
                 Ok(script.decide(&mut conn, &format!("{prefix}{key}"), clock.now_ms(), quota).await?)

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Engine, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Store,
+    Algorithm, Charge, Engine, Identity, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Request, Store,
     TimeSource,
 };
 use tokio::task::JoinSet;
@@ -62,6 +62,8 @@ const BURST_HALF: u64 = 100;
 const ONE_IDENTITY_REQUESTS: u64 = 10_000;
 /// Requests in flight at once against Redis.
 const IN_FLIGHT: u64 = 512;
+/// The scope of the demo's identities (named `burst`, `one`, `user-<i>`).
+const SCOPE: &str = "demo";
 
 #[derive(Serialize)]
 struct Report {
@@ -142,11 +144,11 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
             clock.set(WINDOW_0_MS);
             let before = crate::allocated_bytes();
             let store = MemoryStore::with_clock(clock.clone());
-            let mut key = String::new();
+            let (mut key, scope, charge) = (String::new(), Arc::<str>::from(SCOPE), [Charge::new(limit, 1)]);
             for i in 0..identities {
                 key.clear();
                 write!(key, "user-{i}")?;
-                store.decide_sync(&key, &limit, 1)?;
+                store.decide_sync(Request::new(&Identity::named(Arc::clone(&scope), &key), &charge))?;
             }
             let used = crate::allocated_bytes().saturating_sub(before);
             drop(store);
@@ -213,7 +215,7 @@ async fn redis_experiments(
         let limit = memory_limit(algorithm)?;
         one_identity(store, clock, &limit).await?;
         let mut usage = 0;
-        for key in store.keys_for("one", &limit) {
+        for key in store.keys_for(&Identity::named(SCOPE, "one"), &limit) {
             // On a cluster, asked of the master that holds the key.
             usage += nodes.memory_usage(&key).await?;
         }
@@ -226,8 +228,8 @@ async fn redis_experiments(
         let mut tasks = JoinSet::new();
         for chunk in 0..identities.div_ceil(IN_FLIGHT) {
             for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
-                let store = store.clone();
-                tasks.spawn(async move { store.decide(&format!("user-{i}"), &limit, 1).await });
+                let (store, identity) = (store.clone(), Identity::named(SCOPE, &format!("user-{i}")));
+                tasks.spawn(async move { store.decide(Request::new(&identity, &[Charge::new(limit, 1)])).await });
             }
             while let Some(done) = tasks.join_next().await {
                 done??;
@@ -257,15 +259,16 @@ async fn boundary_burst<S: Store>(
     key: &str,
 ) -> Result<(BTreeMap<&'static str, u64>, Curves), Box<dyn std::error::Error>> {
     let quota = burst_quota()?;
+    let identity = Identity::named(SCOPE, key);
     let mut allowed = BTreeMap::new();
     let mut curves = Vec::new();
     for algorithm in Algorithm::ALL {
-        let limit = Limit::new(algorithm, quota);
+        let charge = [Charge::new(Limit::new(algorithm, quota), 1)];
         let mut admitted = 0;
         let mut curve = Vec::new();
         for t in burst_times() {
             clock.set(t);
-            admitted += u64::from(store.decide(key, &limit, 1).await?.allowed);
+            admitted += u64::from(store.decide(Request::new(&identity, &charge)).await?.allowed());
             curve.push((t - WINDOW_0_MS, admitted));
         }
         allowed.insert(algorithm.name(), admitted);
@@ -320,10 +323,10 @@ async fn one_identity<S: Store>(
     clock: &ManualClock,
     limit: &Limit,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let (identity, charge) = (Identity::named(SCOPE, "one"), [Charge::new(*limit, 1)]);
     for i in 0..ONE_IDENTITY_REQUESTS {
         clock.set(WINDOW_0_MS + i * 5);
-        let decision = store.decide("one", limit, 1).await?;
-        if !decision.allowed {
+        if !store.decide(Request::new(&identity, &charge)).await?.allowed() {
             return Err(format!("request {i} of identity `one` was denied under {limit}").into());
         }
     }

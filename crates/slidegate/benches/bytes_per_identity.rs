@@ -1,7 +1,7 @@
 //! Bytes per identity in process at 1,000,000 identities, by allocation
 //! accounting: a counting global allocator reports what the heap holds before
 //! and after one decision for each of 1,000,000 distinct identities (the key
-//! strings themselves are built on the stack and not kept by the stores).
+//! strings and identities are made one at a time and not kept by the stores).
 //! governor's keyed limiter is measured the same way, with the same string
 //! identities and with integer identities.
 //!
@@ -11,11 +11,12 @@
 use std::alloc::System;
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use cap::Cap;
 use governor::clock::FakeRelativeClock;
 use governor::RateLimiter;
-use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+use slidegate::{Algorithm, Charge, Identity, Limit, ManualClock, MemoryStore, Quota, Request};
 
 #[global_allocator]
 static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
@@ -43,12 +44,13 @@ fn main() {
     println!("bytes per identity at {identities} identities (heap, counting allocator)");
     let mut rows = Vec::new();
     for algorithm in Algorithm::ALL {
-        let limit = Limit::new(algorithm, quota);
+        let charge = [Charge::new(Limit::new(algorithm, quota), 1)];
         let (bytes, store) = per_identity(identities, || {
             let store = MemoryStore::with_clock(ManualClock::new(1_700_000_000_000));
-            let mut buf = String::with_capacity(32);
+            let (mut buf, scope) = (String::with_capacity(32), Arc::<str>::from("bench"));
             for i in 0..identities {
-                store.decide_sync(key(&mut buf, i), &limit, 1).expect("valid request");
+                let id = Identity::named(Arc::clone(&scope), key(&mut buf, i));
+                store.decide_sync(Request::new(&id, &charge)).expect("valid request");
             }
             store
         });

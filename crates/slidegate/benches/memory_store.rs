@@ -4,8 +4,9 @@
 //!
 //! - `one_identity/<algorithm>`: one key decided over and over;
 //! - `keyed_1m/<algorithm>`: 1,000,000 identities, all present before timing
-//!   starts, visited in a scattered order (each key written into a reused
-//!   buffer, as a server finds it in the request at hand);
+//!   starts, visited in a scattered order (slidegate's identities made
+//!   before timing, as a server makes one per request at the edge;
+//!   governor's keys written into a reused buffer);
 //! - `two_threads_one_identity/<algorithm>`: two threads deciding for the
 //!   same key at once (time per decision of each thread).
 //!
@@ -24,10 +25,10 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::clock::FakeRelativeClock;
 use governor::RateLimiter;
-use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+use slidegate::{Algorithm, Charge, Limit, ManualClock, MemoryStore, Quota, Request};
 
 mod common;
-use common::{scattered, KeyWriter, IDENTITIES};
+use common::{identities, scattered, user_42, KeyWriter, IDENTITIES};
 
 const RATE: u32 = 100_000;
 /// Decisions per simulated millisecond: below `RATE / 1000`, so all are allowed.
@@ -51,7 +52,7 @@ fn one_identity(c: &mut Criterion) {
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let limit = limit(algorithm);
+        let (user, charge) = (user_42(), [Charge::new(limit(algorithm), 1)]);
         let mut i = 0u64;
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
             b.iter(|| {
@@ -59,7 +60,7 @@ fn one_identity(c: &mut Criterion) {
                 if i.is_multiple_of(PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
-                black_box(store.decide_sync(black_box("user:42"), &limit, 1))
+                black_box(store.decide_sync(black_box(Request::new(&user, &charge))))
             })
         });
     }
@@ -71,8 +72,9 @@ fn one_identity(c: &mut Criterion) {
         Algorithm::SlidingWindowCounter,
         Quota::new(1 << 20, Duration::from_millis(1)).expect("a valid quota"),
     );
+    let (user, charge) = (user_42(), [Charge::new(limit, 1)]);
     group.bench_function(BenchmarkId::new("slidegate", "sliding_window_counter_system_clock"), |b| {
-        b.iter(|| black_box(store.decide_sync(black_box("user:42"), &limit, 1)))
+        b.iter(|| black_box(store.decide_sync(black_box(Request::new(&user, &charge)))))
     });
     let governor = RateLimiter::dashmap(governor::Quota::per_second(NonZeroU32::MAX));
     let key = "user:42".to_owned();
@@ -97,19 +99,21 @@ fn one_identity(c: &mut Criterion) {
 
 fn keyed(c: &mut Criterion) {
     let mut keys = KeyWriter::new();
+    let mut ids = None;
     let mut group = c.benchmark_group("keyed_1m");
     // Each store is filled with the 1,000,000 identities on first use, so a
     // filtered run (`-- keyed_1m/governor`) builds only what it measures.
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000);
-        let limit = limit(algorithm);
+        let charge = [Charge::new(limit(algorithm), 1)];
         let mut store = None;
         let mut i = 0u64;
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
+            let ids: &[_] = ids.get_or_insert_with(identities);
             let store = store.get_or_insert_with(|| {
                 let store = MemoryStore::with_clock(clock.clone());
-                for n in 0..IDENTITIES {
-                    store.decide_sync(keys.key(n), &limit, 1).expect("valid request");
+                for id in ids {
+                    store.decide_sync(Request::new(id, &charge)).expect("valid request");
                 }
                 store
             });
@@ -118,7 +122,7 @@ fn keyed(c: &mut Criterion) {
                 if i.is_multiple_of(PER_MS) {
                     clock.advance(Duration::from_millis(1));
                 }
-                black_box(store.decide_sync(keys.key(scattered(i)), &limit, 1))
+                black_box(store.decide_sync(Request::new(&ids[scattered(i)], &charge)))
             })
         });
     }
@@ -216,7 +220,7 @@ fn contended(c: &mut Criterion) {
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let limit = limit(algorithm);
+        let (user, charge) = (user_42(), [Charge::new(limit(algorithm), 1)]);
         group.bench_function(BenchmarkId::new("slidegate", algorithm.name()), |b| {
             b.iter_custom(|iters| {
                 two_threads(iters, |i| {
@@ -224,7 +228,7 @@ fn contended(c: &mut Criterion) {
                     if i.is_multiple_of(2 * PER_MS) {
                         clock.advance(Duration::from_millis(1));
                     }
-                    black_box(store.decide_sync("user:42", &limit, 1).ok());
+                    black_box(store.decide_sync(Request::new(&user, &charge)).ok());
                 })
             })
         });

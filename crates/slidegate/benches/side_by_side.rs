@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use governor::clock::FakeRelativeClock;
 use governor::RateLimiter;
-use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+use slidegate::{Algorithm, Charge, Limit, ManualClock, MemoryStore, Quota, Request};
 
 mod common;
-use common::{scattered, KeyWriter, IDENTITIES};
+use common::{identities, scattered, user_42, KeyWriter};
 
 const RATE: u32 = 100_000;
 const PER_MS: u64 = 64;
@@ -91,7 +91,7 @@ fn main() {
     let only = arg("--only");
     let runs = |scenario: &str| only.as_deref().is_none_or(|o| o == scenario);
     let quota = Quota::per_second(u64::from(RATE)).expect("a valid quota");
-    let limit = Limit::new(Algorithm::SlidingWindowCounter, quota);
+    let charge = [Charge::new(Limit::new(Algorithm::SlidingWindowCounter, quota), 1)];
     let gq = governor::Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"));
     let mut all = Vec::new();
 
@@ -101,7 +101,7 @@ fn main() {
         let store = MemoryStore::with_clock(clock.clone());
         let gclock = FakeRelativeClock::default();
         let governor = RateLimiter::dashmap_with_clock(gq, gclock.clone());
-        let key = "user:42".to_owned();
+        let (key, user) = ("user:42".to_owned(), user_42());
         let mut contenders: Vec<Contender<'_>> = vec![
             (
                 "slidegate sliding_window_counter",
@@ -112,7 +112,7 @@ fn main() {
                         if i.is_multiple_of(PER_MS) {
                             clock.advance(Duration::from_millis(1));
                         }
-                        black_box(store.decide_sync(black_box("user:42"), &limit, 1).ok());
+                        black_box(store.decide_sync(black_box(Request::new(&user, &charge))).ok());
                     })
                 }),
             ),
@@ -145,9 +145,10 @@ fn main() {
         // What a caller would do to key governor by integers: hash the
         // identity (the same keyed hash slidegate uses internally).
         let hasher = foldhash::quality::RandomState::default();
-        for n in 0..IDENTITIES {
+        let ids = identities();
+        for (n, id) in ids.iter().enumerate() {
             let key = keys.key(n).to_owned();
-            store.decide_sync(&key, &limit, 1).expect("valid request");
+            store.decide_sync(Request::new(id, &charge)).expect("valid request");
             let _ = governor.check_key(&key);
             let _ = governor_hashed.check_key(&hasher.hash_one(&key));
             let _ = governor_u64.check_key(&(n as u64));
@@ -159,13 +160,12 @@ fn main() {
                 "slidegate sliding_window_counter",
                 Box::new(|from, n| {
                     let mut i = from;
-                    let mut keys = keys.borrow_mut();
                     timed(n, || {
                         i += 1;
                         if i.is_multiple_of(PER_MS) {
                             clock.advance(Duration::from_millis(1));
                         }
-                        black_box(store.decide_sync(keys.key(scattered(i)), &limit, 1).ok());
+                        black_box(store.decide_sync(Request::new(&ids[scattered(i)], &charge)).ok());
                     })
                 }),
             ),
@@ -240,7 +240,7 @@ fn main() {
         let store = MemoryStore::with_clock(clock.clone());
         let gclock = FakeRelativeClock::default();
         let governor = RateLimiter::dashmap_with_clock(gq, gclock.clone());
-        let key = "user:42".to_owned();
+        let (key, user) = ("user:42".to_owned(), user_42());
         fn two_threads(n: u64, decide: impl Fn(u64) + Sync) -> f64 {
             let start = Barrier::new(3);
             let began = std::thread::scope(|s| {
@@ -265,7 +265,7 @@ fn main() {
                         if i.is_multiple_of(2 * PER_MS) {
                             clock.advance(Duration::from_millis(1));
                         }
-                        black_box(store.decide_sync("user:42", &limit, 1).ok());
+                        black_box(store.decide_sync(Request::new(&user, &charge)).ok());
                     })
                 }),
             ),

@@ -406,7 +406,7 @@ mod tests {
         let quota = Quota::new(3, Duration::from_secs(10)).unwrap();
         let table = DistinctTable::default();
         for i in 0..100u32 {
-            table.decide(&format!("id{i}"), &quota, 1_000, b"/a");
+            table.decide(&Identity::named("t", &format!("id{i}")), &quota, 1_000, b"/a");
         }
         assert_eq!(table.sweep(9_999), 100);
         table.sweep_step(10_000, SHARDS);

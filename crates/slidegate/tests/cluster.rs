@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use proptest::test_runner::{Config, TestRunner};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use slidegate::{Algorithm, ManualClock, RedisOptions, RedisStore, RedisTarget, Store, TimeSource};
+use slidegate::{Algorithm, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
 use slidegate_test_redis::{slot_of, RedisCluster};
-use support::{limit, unique_prefix};
+use support::{id, limit, unique_prefix, Decide};
 
 /// A store on the shared cluster, deciding on `clock`, under a fresh prefix.
 async fn cluster_store(clock: &ManualClock, name: &str) -> RedisStore {
@@ -94,10 +94,12 @@ async fn decide_all_over_every_algorithm_never_crosses_slots() {
     let mut masters = HashSet::new();
     for i in 0..60 {
         let identity = format!("user-{i}");
-        masters.insert(cluster.master_of_slot(slot_of(&store.keys_for(&identity, &charges[0].0)[0])));
+        masters.insert(cluster.master_of_slot(slot_of(&store.keys_for(&id(&identity), &charges[0].0)[0])));
         for round in 0..4 {
-            let decisions =
-                store.decide_all(&identity, &charges).await.unwrap_or_else(|e| panic!("{identity}: {e}"));
+            let decisions = store
+                .decide_all(&id(&identity), &charges)
+                .await
+                .unwrap_or_else(|e| panic!("{identity}: {e}"));
             assert!(
                 decisions.iter().all(|d| d.allowed == (round < 3)),
                 "{identity} round {round}: {decisions:?}"
@@ -132,7 +134,7 @@ fn decisions_survive_resharding_without_errors_or_double_charges() {
     let mut slots = HashSet::new();
     for i in 0.. {
         let identity = format!("id-{i}");
-        let slot = slot_of(&store.keys_for(&identity, &log)[0]);
+        let slot = slot_of(&store.keys_for(&id(&identity), &log)[0]);
         if cluster.master_of_slot(slot) == from && slots.insert(slot) {
             identities.push((identity, slot));
         }
@@ -162,7 +164,7 @@ fn decisions_survive_resharding_without_errors_or_double_charges() {
                     let identity = &names[i % names.len()];
                     i += 1;
                     // Both limits in one script: two keys of one slot.
-                    match store.decide_all(identity, &[(log, 1), (window, 1)]).await {
+                    match store.decide_all(&id(identity), &[(log, 1), (window, 1)]).await {
                         Ok(d) => {
                             if d[0].allowed {
                                 *admitted.lock().expect("lock").entry(identity.clone()).or_default() += 1;
@@ -220,7 +222,7 @@ fn decisions_survive_resharding_without_errors_or_double_charges() {
         assert_eq!(cluster.master_of_slot(*slot), to, "{identity}'s slot moved");
         let n = admitted.get(identity).copied().unwrap_or(0);
         assert!(n <= 400, "{identity} admitted {n} > 400");
-        let key = &store.keys_for(identity, &log)[0];
+        let key = &store.keys_for(&id(identity), &log)[0];
         let held: u64 =
             cluster.cli(to, &["ZCARD", key]).parse().unwrap_or_else(|e| panic!("ZCARD {key}: {e}"));
         assert_eq!(held, n, "{identity}: the log holds {held} permits, clients were told {n}");

@@ -20,9 +20,9 @@ use std::time::Duration;
 use proptest::test_runner::{Config, TestRunner};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use slidegate::{Algorithm, Engine, ManualClock, RedisOptions, RedisStore, RedisTarget, Store, TimeSource};
+use slidegate::{Algorithm, Engine, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
 use slidegate_test_redis::{module_args, slot_of, RedisCluster};
-use support::{limit, unique_prefix};
+use support::{id, limit, unique_prefix, Decide};
 
 /// Deadlines for two busy cores.
 fn options() -> RedisOptions {
@@ -108,7 +108,7 @@ fn the_commands_are_routed_by_their_keys() {
     let masters = cluster.masters();
     // An identity whose slot the first master does not own.
     let key = (0..)
-        .map(|i| format!("route:{{id-{i}}}:swc:10:1000"))
+        .map(|i| format!("route:{{{}}}:swc:10:1000", id(&format!("id-{i}"))))
         .find(|k| cluster.master_of_slot(slot_of(k)) != masters[0])
         .expect("an identity on another master");
     let owner = cluster.master_of_slot(slot_of(&key));
@@ -136,7 +136,7 @@ fn the_commands_are_routed_by_their_keys() {
     assert_eq!(err.code(), Some("MOVED"), "{err}");
     // Two identities in two slots, sent to the owner of the first.
     let other = (0..)
-        .map(|i| format!("route:{{other-{i}}}:swc:10:1000"))
+        .map(|i| format!("route:{{{}}}:swc:10:1000", id(&format!("other-{i}"))))
         .find(|k| slot_of(k) != slot_of(&key))
         .expect("another slot");
     let err = redis::cmd("SLIDEGATE.DECIDE_ALL")
@@ -170,10 +170,10 @@ fn auto_uses_the_module_only_where_every_master_has_it() {
         let mut covered = HashSet::new();
         for i in 0..30 {
             let identity = format!("{round}-{i}");
-            covered.insert(cluster.master_of_slot(slot_of(&store.keys_for(&identity, &counter)[0])));
-            let d = runtime.block_on(store.decide(&identity, &counter, 1)).expect("decides");
+            covered.insert(cluster.master_of_slot(slot_of(&store.keys_for(&id(&identity), &counter)[0])));
+            let d = runtime.block_on(store.decide_one(&id(&identity), &counter, 1)).expect("decides");
             assert_eq!(d.remaining, 2, "{identity}");
-            let all = runtime.block_on(store.decide_all(&identity, &charges)).expect("decides");
+            let all = runtime.block_on(store.decide_all(&id(&identity), &charges)).expect("decides");
             assert_eq!(all.iter().map(|d| d.remaining).collect::<Vec<_>>(), [1, 2], "{identity}");
         }
         assert_eq!(covered.len(), 3, "the identities cover every master");

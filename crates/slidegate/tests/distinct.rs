@@ -6,9 +6,9 @@ mod support;
 use std::time::Duration;
 
 use slidegate::distinct::HyperLogLog;
-use slidegate::{ManualClock, MemoryStore, Quota, Store};
+use slidegate::{DistinctStore, ManualClock, MemoryStore, Quota, Store};
 use slidegate_test_redis::RedisServer;
-use support::{admin, client_time_store, keys_with_pttl, T0};
+use support::{admin, client_time_store, id, keys_with_pttl, T0};
 
 fn video(id: u64) -> Vec<u8> {
     format!("/api/videos/{id}").into_bytes()
@@ -60,9 +60,10 @@ async fn walk<S: Store>(store: &S, clock: &ManualClock) -> (Vec<bool>, Option<u6
     let quota = Quota::new(200, Duration::from_secs(600)).expect("quota");
     let mut new = Vec::new();
     let mut first_denied = None;
+    let (distinct, scraper) = (store.distinct().expect("the store keeps sketches"), id("scraper"));
     for id in 1..=300 {
         clock.advance(Duration::from_millis(10));
-        let d = store.decide_distinct("scraper", &quota, &video(id)).await.expect("decide");
+        let d = distinct.decide_distinct(&scraper, &quota, &video(id)).await.expect("decide");
         if !d.allowed {
             first_denied.get_or_insert(id);
             assert_eq!(d.retry_after, Some(d.reset_after));
@@ -72,7 +73,7 @@ async fn walk<S: Store>(store: &S, clock: &ManualClock) -> (Vec<bool>, Option<u6
         // Re-visits of an id admitted earlier are always allowed.
         if id % 25 == 0 {
             for seen in (1..=id).filter(|s| new[(*s - 1) as usize]) {
-                let again = store.decide_distinct("scraper", &quota, &video(seen)).await.expect("decide");
+                let again = distinct.decide_distinct(&scraper, &quota, &video(seen)).await.expect("decide");
                 assert!(again.allowed, "seen id {seen} denied");
             }
         }
@@ -113,7 +114,7 @@ fn a_catalogue_walk_is_denied_at_the_limit_alike_on_both_stores() {
         // A new window starts empty on both stores.
         let quota = Quota::new(200, Duration::from_secs(600)).expect("quota");
         clock.advance(Duration::from_secs(600));
-        let d = redis.decide_distinct("scraper", &quota, &video(301)).await.expect("decide");
+        let d = redis.decide_distinct(&id("scraper"), &quota, &video(301)).await.expect("decide");
         assert!(d.allowed);
         assert_eq!(d.remaining, 199);
     });

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use slidegate::{Algorithm, Limit, RedisOptions, RedisStore, RedisTarget, Store};
+use slidegate::{Algorithm, Limit, RedisOptions, RedisStore, RedisTarget};
 use slidegate_test_redis::{slot_of, RedisCluster, RedisSentinel};
-use support::limit;
+use support::{id, limit, Decide};
 
 /// Each identity's limit: a long sliding log, so every count is exact.
 const PERMITS: u64 = 50;
@@ -59,7 +59,7 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         let k = i % identities.len();
                         i += 1;
-                        match store.decide(&identities[k], &log_limit(), 1).await {
+                        match store.decide_one(&id(&identities[k]), &log_limit(), 1).await {
                             Ok(d) => {
                                 if d.allowed {
                                     admitted[k].fetch_add(1, Ordering::Relaxed);
@@ -163,7 +163,7 @@ fn cluster_decisions_resume_after_a_master_fails_over() {
     // Identities on the master that dies: the ones a failover interrupts.
     let identities: Vec<String> = (0..)
         .map(|i| format!("user-{i}"))
-        .filter(|id| cluster.master_of_slot(slot_of(&store.keys_for(id, &log_limit())[0])) == victim)
+        .filter(|name| cluster.master_of_slot(slot_of(&store.keys_for(&id(name), &log_limit())[0])) == victim)
         .take(IDENTITIES)
         .collect();
     let load = Load::start(&runtime, &store, &identities);
@@ -224,7 +224,9 @@ fn sentinel_store_follows_a_manual_failover_to_the_new_master() {
     let store = runtime
         .block_on(RedisStore::connect_to(&target, options()))
         .unwrap_or_else(|e| panic!("connect: {e}"));
-    runtime.block_on(store.decide("before", &log_limit(), 1)).unwrap_or_else(|e| panic!("before: {e}"));
+    runtime
+        .block_on(store.decide_one(&id("before"), &log_limit(), 1))
+        .unwrap_or_else(|e| panic!("before: {e}"));
     let old = deployment.master_port();
     let sentinel = deployment.sentinel_ports()[0];
     let reply = deployment.cli(sentinel, &["SENTINEL", "FAILOVER", deployment.master_name()]);
@@ -242,9 +244,9 @@ fn sentinel_store_follows_a_manual_failover_to_the_new_master() {
     let mut failed = 0;
     for n in 0.. {
         let identity = format!("after-{n}");
-        let decided = runtime.block_on(store.decide(&identity, &log_limit(), 1));
+        let decided = runtime.block_on(store.decide_one(&id(&identity), &log_limit(), 1));
         if decided.is_ok()
-            && deployment.cli(new, &["EXISTS", &store.keys_for(&identity, &log_limit())[0]]) == "1"
+            && deployment.cli(new, &["EXISTS", &store.keys_for(&id(&identity), &log_limit())[0]]) == "1"
         {
             break;
         }

@@ -6,7 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 
+#[path = "support/decide.rs"]
+mod decide;
+
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+
+use decide::{id, DecideSync};
 
 const THREADS: usize = 8;
 
@@ -20,7 +25,7 @@ fn admitted(store: &MemoryStore<ManualClock>, limit: &Limit, per_thread: u64, ke
             s.spawn(|| {
                 start.wait();
                 for _ in 0..per_thread {
-                    if store.decide_sync(key, limit, 1).expect("a valid request").allowed {
+                    if store.decide_one_sync(&id(key), limit, 1).expect("a valid request").allowed {
                         allowed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -41,20 +46,23 @@ fn threads_on_one_identity_admit_exactly_the_limit() {
             let store = MemoryStore::with_clock(ManualClock::new(1_700_000_000_000));
             // Seed the identity so the race is on a stored state, then race
             // for the rest and well past it.
-            assert!(store.decide_sync("hot", &limit, 1).expect("a valid request").allowed);
+            assert!(store.decide_one_sync(&id("hot"), &limit, 1).expect("a valid request").allowed);
             let want = permits.min(40_000) - 1;
             let per_thread = want.div_ceil(THREADS as u64) + 500;
             let up_front = if want < permits - 1 {
                 // Large limits: charge the excess up front so the race ends at the limit.
                 let rest = permits - 1 - want;
-                assert!(store.decide_sync("hot", &limit, rest).expect("a valid request").allowed);
+                assert!(store.decide_one_sync(&id("hot"), &limit, rest).expect("a valid request").allowed);
                 rest
             } else {
                 0
             };
             let got = admitted(&store, &limit, per_thread, "hot");
             assert_eq!(got, want, "{limit}: {up_front} charged up front");
-            assert!(!store.decide_sync("hot", &limit, 1).expect("a valid request").allowed, "{limit}");
+            assert!(
+                !store.decide_one_sync(&id("hot"), &limit, 1).expect("a valid request").allowed,
+                "{limit}"
+            );
         }
     }
 }
@@ -76,11 +84,11 @@ fn racing_single_and_multi_limit_decisions_never_exceed_a_limit() {
                 start.wait();
                 for _ in 0..1_000 {
                     if t % 2 == 0 {
-                        if store.decide_sync("hot", &minute, 1).expect("a valid request").allowed {
+                        if store.decide_one_sync(&id("hot"), &minute, 1).expect("a valid request").allowed {
                             single.fetch_add(1, Ordering::Relaxed);
                         }
                     } else if store
-                        .decide_all_sync("hot", &both)
+                        .decide_all_sync(&id("hot"), &both)
                         .expect("a valid request")
                         .iter()
                         .all(|d| d.allowed)
@@ -95,9 +103,9 @@ fn racing_single_and_multi_limit_decisions_never_exceed_a_limit() {
     // Every admitted request counted once against the minute limit, and the
     // minute limit is exhausted: 8,000 asked for 3,000 permits.
     assert_eq!(single + multi, 3_000);
-    let minute_left = store.decide_sync("hot", &minute, 0).expect("a valid request");
+    let minute_left = store.decide_one_sync(&id("hot"), &minute, 0).expect("a valid request");
     assert_eq!(minute_left.remaining, 0);
-    let hour_left = store.decide_sync("hot", &hour, 0).expect("a valid request");
+    let hour_left = store.decide_one_sync(&id("hot"), &hour, 0).expect("a valid request");
     assert_eq!(
         hour_left.remaining,
         5_000 - multi,
@@ -123,7 +131,7 @@ fn hot_identity_races_rebuilds_and_counts_every_permit() {
     let other = Limit::new(Algorithm::FixedWindow, Quota::per_minute(1_000_000).expect("a valid quota"));
     // Other identities in the table make each rebuild's copy take a while.
     for n in 0..500 {
-        store.decide_sync(&format!("cold-{n}"), &limit, 1).expect("a valid request");
+        store.decide_one_sync(&id(&format!("cold-{n}")), &limit, 1).expect("a valid request");
     }
     let (single, multi) = (AtomicU64::new(0), AtomicU64::new(0));
     let rebuilding = AtomicBool::new(true);
@@ -133,7 +141,7 @@ fn hot_identity_races_rebuilds_and_counts_every_permit() {
             s.spawn(|| {
                 start.wait();
                 while rebuilding.load(Ordering::Relaxed) {
-                    assert!(store.decide_sync("hot", &limit, 1).expect("a valid request").allowed);
+                    assert!(store.decide_one_sync(&id("hot"), &limit, 1).expect("a valid request").allowed);
                     single.fetch_add(1, Ordering::Relaxed);
                 }
             });
@@ -148,11 +156,11 @@ fn hot_identity_races_rebuilds_and_counts_every_permit() {
                     }
                     // New identities grow the table now and then.
                     1 => {
-                        store.decide_sync(&format!("new-{n}"), &limit, 1).expect("a valid request");
+                        store.decide_one_sync(&id(&format!("new-{n}")), &limit, 1).expect("a valid request");
                     }
                     _ => {
                         let both = [(other, 1), (limit, 1)];
-                        let decisions = store.decide_all_sync("hot", &both).expect("a valid request");
+                        let decisions = store.decide_all_sync(&id("hot"), &both).expect("a valid request");
                         assert!(decisions.iter().all(|d| d.allowed));
                         multi.fetch_add(1, Ordering::Relaxed);
                     }
@@ -163,9 +171,12 @@ fn hot_identity_races_rebuilds_and_counts_every_permit() {
     });
     let (single, multi) = (single.into_inner(), multi.into_inner());
     assert_eq!(multi, 1_000);
-    let left = store.decide_sync("hot", &limit, 0).expect("a valid request").remaining;
+    let left = store.decide_one_sync(&id("hot"), &limit, 0).expect("a valid request").remaining;
     assert_eq!(PERMITS - left, single + multi, "permits charged against requests admitted");
-    assert_eq!(store.decide_sync("hot", &other, 0).expect("a valid request").remaining, 1_000_000 - multi);
+    assert_eq!(
+        store.decide_one_sync(&id("hot"), &other, 0).expect("a valid request").remaining,
+        1_000_000 - multi
+    );
 }
 
 /// Threads deciding for a hot identity without the lock, racing threads
@@ -200,11 +211,11 @@ fn hot_identity_races_multi_limit_decisions_and_charges_all_or_nothing() {
                     start.wait();
                     for _ in 0..90 {
                         if t == 0 {
-                            if store.decide_sync(&key, &limit, 1).expect("a valid request").allowed {
+                            if store.decide_one_sync(&id(&key), &limit, 1).expect("a valid request").allowed {
                                 single[round].fetch_add(1, Ordering::Relaxed);
                             }
                         } else if store
-                            .decide_all_sync(&key, both)
+                            .decide_all_sync(&id(&key), both)
                             .expect("a valid request")
                             .iter()
                             .all(|d| d.allowed)
@@ -219,7 +230,10 @@ fn hot_identity_races_multi_limit_decisions_and_charges_all_or_nothing() {
     for round in 0..ROUNDS {
         let (single, multi) = (single[round].load(Ordering::Relaxed), multi[round].load(Ordering::Relaxed));
         assert_eq!(single + multi, PERMITS, "round {round}");
-        let left = store.decide_sync(&format!("hot-{round}"), &other, 0).expect("a valid request").remaining;
+        let left = store
+            .decide_one_sync(&id(&format!("hot-{round}")), &other, 0)
+            .expect("a valid request")
+            .remaining;
         assert_eq!(left, 1_000_000 - multi, "round {round}: {single} single, {multi} multi");
     }
 }

@@ -6,7 +6,12 @@ use std::alloc::System;
 use std::time::Duration;
 
 use cap::Cap;
+#[path = "support/decide.rs"]
+mod decide;
+
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+
+use decide::{id, DecideSync};
 
 #[global_allocator]
 static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
@@ -28,7 +33,7 @@ fn memory_returns_near_its_baseline_once_identities_go_idle() {
         key.push_str("identity:");
         key.push_str(&i.to_string());
         for limit in &limits {
-            assert!(store.decide_sync(&key, limit, 3).unwrap().allowed);
+            assert!(store.decide_one_sync(&id(&key), limit, 3).unwrap().allowed);
         }
     }
     let loaded = ALLOCATOR.allocated() - baseline;

@@ -7,7 +7,12 @@ use std::alloc::System;
 use std::time::Duration;
 
 use cap::Cap;
+#[path = "support/decide.rs"]
+mod decide;
+
 use slidegate::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+
+use decide::{id, DecideSync};
 
 #[global_allocator]
 static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
@@ -36,7 +41,7 @@ fn bounded_sweep_steps_return_the_heap_to_baseline_after_every_window() {
         key.push_str("identity:");
         key.push_str(&i.to_string());
         for limit in &limits {
-            assert!(store.decide_sync(&key, limit, 3).unwrap().allowed);
+            assert!(store.decide_one_sync(&id(&key), limit, 3).unwrap().allowed);
         }
     }
     let loaded = ALLOCATOR.allocated() - baseline;

@@ -5,13 +5,16 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Limit, ManualClock, MemoryStore, Penalized, Penalty, Quota, RedisStore, Store, TimeSource,
+    Algorithm, Limit, ManualClock, MemoryStore, Outcome, Penalty, Quota, RedisStore, TimeSource,
 };
 use slidegate_test_redis::RedisServer;
+use support::{id, Decide};
 
 fn charges() -> Vec<(Limit, u64)> {
     Algorithm::ALL
@@ -31,9 +34,9 @@ async fn both(
     redis: &RedisStore,
     key: &str,
     charges: &[(Limit, u64)],
-) -> Penalized {
-    let a = memory.decide_all_penalized(key, charges, &penalty()).await.unwrap();
-    let b = redis.decide_all_penalized(key, charges, &penalty()).await.unwrap();
+) -> Outcome {
+    let a = memory.decide_all_penalized(&id(key), charges, &penalty()).await.unwrap();
+    let b = redis.decide_all_penalized(&id(key), charges, &penalty()).await.unwrap();
     assert_eq!(a, b, "{key}");
     a
 }
@@ -99,37 +102,7 @@ async fn both_stores_block_alike_double_the_block_and_release_it() {
     // The state is one hash in the identity's slot, with an expiry.
     let mut admin =
         redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let ttl: i64 =
-        redis::cmd("PTTL").arg("slidegate:{scraper}:penalty").query_async(&mut admin).await.unwrap();
+    let key = format!("slidegate:{{{}}}:penalty", id("scraper"));
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut admin).await.unwrap();
     assert!(ttl > 0, "the penalty hash expires by itself: {ttl}");
-}
-
-/// A store without penalty state (the trait's default) decides as
-/// `decide_all` and never blocks.
-#[tokio::test]
-async fn the_default_never_blocks() {
-    struct Plain(MemoryStore<ManualClock>);
-    impl Store for Plain {
-        async fn decide(
-            &self,
-            key: &str,
-            limit: &Limit,
-            cost: u64,
-        ) -> Result<slidegate::Decision, slidegate::StoreError> {
-            self.0.decide(key, limit, cost).await
-        }
-        async fn decide_all(
-            &self,
-            key: &str,
-            charges: &[(Limit, u64)],
-        ) -> Result<Vec<slidegate::Decision>, slidegate::StoreError> {
-            self.0.decide_all(key, charges).await
-        }
-    }
-    let store = Plain(MemoryStore::with_clock(ManualClock::new(0)));
-    let charges = charges();
-    for _ in 0..50 {
-        let r = store.decide_all_penalized("k", &charges, &penalty()).await.unwrap();
-        assert!(r.blocked_for.is_none());
-    }
 }

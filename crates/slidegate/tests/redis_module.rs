@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::test_runner::{Config, TestRunner};
-use slidegate::{Algorithm, Engine, ManualClock, MemoryStore, RedisOptions, RedisStore, Store, TimeSource};
+use slidegate::{Algorithm, Engine, ManualClock, MemoryStore, RedisOptions, RedisStore, TimeSource};
 use slidegate_test_redis::{module_args, RedisServer};
+use support::{id, Decide};
 
 fn module_server() -> RedisServer {
     module_server_with(&[])
@@ -114,8 +115,8 @@ async fn lua_and_module_share_keys() {
                 clock.advance(Duration::from_millis(step * 37 % 190));
                 let cost = [1, 0, 2, 1, n][(i % 5) as usize].min(n);
                 let redis = if i % 2 == 0 { &module } else { &lua };
-                let want = memory.decide("id", &limit, cost).await.expect("memory decides");
-                let got = redis.decide("id", &limit, cost).await.expect("redis decides");
+                let want = memory.decide_one(&id("id"), &limit, cost).await.expect("memory decides");
+                let got = redis.decide_one(&id("id"), &limit, cost).await.expect("redis decides");
                 assert_eq!(got, want, "{limit}, call {i}, cost {cost}");
             }
         }
@@ -158,8 +159,8 @@ async fn decide_all_by_lua_and_module_share_keys() {
             })
             .collect();
         let redis = if i % 2 == 0 { &module } else { &lua };
-        let want = memory.decide_all("id", &charges).await.expect("memory decides");
-        let got = redis.decide_all("id", &charges).await.expect("redis decides");
+        let want = memory.decide_all(&id("id"), &charges).await.expect("memory decides");
+        let got = redis.decide_all(&id("id"), &charges).await.expect("redis decides");
         assert_eq!(got, want, "call {i}: {charges:?}");
     }
 }
@@ -183,20 +184,20 @@ async fn auto_uses_the_module_where_loaded_and_lua_elsewhere() {
     let limit = support::limit(Algorithm::SlidingWindowCounter, 10, 1000);
     let with = module_server();
     let store = RedisStore::connect_with(&with.url(), options()).await.expect("connect");
-    assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
+    assert!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").allowed);
     assert_eq!(calls(&with, "slidegate.decide").await, 1);
     assert_eq!(calls(&with, "evalsha").await, 0);
 
     let without = RedisServer::spawn();
     let store = RedisStore::connect_with(&without.url(), options()).await.expect("connect");
-    assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
+    assert!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").allowed);
     assert_eq!(calls(&without, "evalsha").await, 1);
 
     // Forced onto a module the server lacks: an error, not a silent fallback.
     let forced = RedisStore::connect_with(&without.url(), options().with_engine(Engine::Module))
         .await
         .expect("connect");
-    assert!(forced.decide("a", &limit, 1).await.is_err());
+    assert!(forced.decide_one(&id("a"), &limit, 1).await.is_err());
 }
 
 /// Under `Auto`, `decide_all` goes to `SLIDEGATE.DECIDE_ALL` unless a
@@ -208,18 +209,18 @@ async fn auto_decides_all_by_the_module_unless_a_log_is_among_the_limits() {
     let counter = support::limit(Algorithm::SlidingWindowCounter, 10, 1000);
     let gcra = support::limit(Algorithm::Gcra, 10, 1000);
     let log = support::limit(Algorithm::SlidingLog, 10, 1000);
-    let d = store.decide_all("a", &[(counter, 1), (gcra, 2)]).await.expect("decides");
+    let d = store.decide_all(&id("a"), &[(counter, 1), (gcra, 2)]).await.expect("decides");
     assert_eq!(d.iter().map(|d| d.remaining).collect::<Vec<_>>(), [9, 8]);
     assert_eq!(calls(&server, "slidegate.decide_all").await, 1);
     assert_eq!(calls(&server, "evalsha").await, 0);
-    let d = store.decide_all("a", &[(counter, 1), (log, 1)]).await.expect("decides");
+    let d = store.decide_all(&id("a"), &[(counter, 1), (log, 1)]).await.expect("decides");
     assert_eq!(d.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 9]);
     assert_eq!(calls(&server, "slidegate.decide_all").await, 1);
     assert_eq!(calls(&server, "evalsha").await, 1);
     let penalty =
         slidegate::Penalty::new(3, Duration::from_secs(60), Duration::from_secs(10), Duration::from_secs(10))
             .expect("valid");
-    let p = store.decide_all_penalized("a", &[(gcra, 1)], &penalty).await.expect("decides");
+    let p = store.decide_all_penalized(&id("a"), &[(gcra, 1)], &penalty).await.expect("decides");
     assert_eq!(p.decisions[0].remaining, 7);
     assert_eq!(calls(&server, "evalsha").await, 2);
 }
@@ -295,7 +296,7 @@ async fn after_a_module_unload_auto_falls_back_to_lua() {
     let limit = support::limit(Algorithm::SlidingWindowCounter, 10, 60_000);
     let server = module_server();
     let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
-    assert!(store.decide("a", &limit, 1).await.expect("decides").allowed);
+    assert!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").allowed);
     // A MODULE UNLOAD under the live connection: the next call gets
     // "unknown command", which ran nothing, and goes to Lua.
     let _: () = redis::cmd("MODULE")
@@ -304,7 +305,7 @@ async fn after_a_module_unload_auto_falls_back_to_lua() {
         .query_async(&mut support::admin(&server).await)
         .await
         .expect("MODULE UNLOAD");
-    let d = store.decide("a", &limit, 1).await.expect("decides by Lua");
+    let d = store.decide_one(&id("a"), &limit, 1).await.expect("decides by Lua");
     assert_eq!(d.remaining, 8);
     assert_eq!(calls(&server, "evalsha").await, 1);
 }
@@ -331,9 +332,9 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
     {
         let limit = support::limit(algorithm, 10, 60_000);
         for _ in 0..3 {
-            assert!(store.decide("r", &limit, 1).await.expect("decides").allowed);
+            assert!(store.decide_one(&id("r"), &limit, 1).await.expect("decides").allowed);
         }
-        let key = &store.keys_for("r", &limit)[0];
+        let key = &store.keys_for(&id("r"), &limit)[0];
         let n: i64 = replicated(&mut master_conn, 30_000).await;
         assert_eq!(n, 1, "the replica acknowledged");
         let read = |conn: &mut redis::aio::MultiplexedConnection| {
@@ -357,12 +358,12 @@ async fn a_replica_without_the_module_gets_the_same_value_and_expiry() {
             .map(|a| (support::limit(a, 10, 60_000), 2))
             .collect();
     for _ in 0..2 {
-        assert!(store.decide_all("all", &charges).await.expect("decides").iter().all(|d| d.allowed));
+        assert!(store.decide_all(&id("all"), &charges).await.expect("decides").iter().all(|d| d.allowed));
     }
     let n: i64 = replicated(&mut master_conn, 30_000).await;
     assert_eq!(n, 1, "the replica acknowledged");
     for (limit, _) in &charges {
-        let key = &store.keys_for("all", limit)[0];
+        let key = &store.keys_for(&id("all"), limit)[0];
         let mut values = Vec::new();
         for conn in [&mut master_conn, &mut replica_conn] {
             let value: Vec<u8> = redis::cmd("GET").arg(key).query_async(conn).await.expect("GET");
@@ -397,10 +398,10 @@ async fn decide_some(store: &RedisStore, identities: std::ops::Range<usize>) {
         let identity = format!("id-{i}");
         for (n, &a) in counting.iter().enumerate() {
             let limit = support::limit(a, 10, 3_600_000 + n as u64 * 1000);
-            assert!(store.decide(&identity, &limit, 1).await.expect("decides").allowed);
+            assert!(store.decide_one(&id(&identity), &limit, 1).await.expect("decides").allowed);
         }
         let charges: Vec<_> = counting.iter().map(|&a| (support::limit(a, 20, 7_200_000), 2)).collect();
-        assert!(store.decide_all(&identity, &charges).await.expect("decides").iter().all(|d| d.allowed));
+        assert!(store.decide_all(&id(&identity), &charges).await.expect("decides").iter().all(|d| d.allowed));
     }
 }
 
@@ -558,10 +559,10 @@ async fn module_writes_count_toward_the_rdb_save_points() {
     {
         let limit = support::limit(algorithm, 3, 60_000);
         for _ in 0..3 {
-            assert!(store.decide("d", &limit, 1).await.expect("decides").allowed, "{algorithm}");
+            assert!(store.decide_one(&id("d"), &limit, 1).await.expect("decides").allowed, "{algorithm}");
         }
         // A denial writes nothing, so it changes nothing.
-        assert!(!store.decide("d", &limit, 1).await.expect("decides").allowed, "{algorithm}");
+        assert!(!store.decide_one(&id("d"), &limit, 1).await.expect("decides").allowed, "{algorithm}");
     }
     assert_eq!(changes(&mut conn).await - before, 4 * 3, "one change per allowed decision");
 }

@@ -9,9 +9,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Algorithm, Limit, ManualClock, RedisStore, Store, TimeSource};
+use slidegate::{Algorithm, Identity, Limit, ManualClock, RedisStore, Store, TimeSource};
 use slidegate_test_redis::RedisServer;
-use support::{admin, client_time_store, keys_with_pttl, limit, unique_prefix, T0};
+use support::{admin, client_time_store, id, keys_with_pttl, limit, unique_prefix, Decide, T0};
 
 /// Slack `TimeSource::Client` adds to every TTL (see `prelude.lua`).
 const CLIENT_TTL_SLACK_MS: i64 = 10_000;
@@ -45,11 +45,12 @@ async fn no_key_without_ttl_after_a_random_trace_over_every_algorithm() {
         .into_iter()
         .flat_map(|a| [limit(a, 3, 5), limit(a, 4, 100), limit(a, 10, 1000), limit(a, 2, 60_000)])
         .collect();
-    let identities = ["a", "b", "c", "}d{"];
+    // The last one's scope starts with `}`: its keys need the escape.
+    let identities = [id("a"), id("b"), id("c"), Identity::named("}d{", "d")];
     let mut rng = XorShift(0x5eed_cafe);
     for _ in 0..3000 {
         clock.advance(Duration::from_millis(rng.below(40)));
-        let identity = identities[rng.below(4) as usize];
+        let identity = &identities[rng.below(4) as usize];
         // Mostly client time (TTLs with slack, so the keys are still there to
         // check), and server time (exact TTLs: small windows expire for real).
         let store = if rng.below(4) == 0 { &server_time } else { &client };
@@ -60,7 +61,7 @@ async fn no_key_without_ttl_after_a_random_trace_over_every_algorithm() {
             store.decide_all(identity, &charges).await.expect("decide_all");
         } else {
             let l = &limits[rng.below(limits.len() as u64) as usize];
-            store.decide(identity, l, rng.below(l.quota.permits() + 1)).await.expect("decide");
+            store.decide_one(identity, l, rng.below(l.quota.permits() + 1)).await.expect("decide");
         }
     }
 
@@ -99,9 +100,9 @@ async fn ttl_is_the_time_until_the_state_stops_mattering() {
         for algorithm in Algorithm::ALL {
             let l = limit(algorithm, 7, 30_000);
             for cost in [1, 2, 3] {
-                let d = store.decide("life", &l, cost).await.expect("decide");
+                let d = store.decide_one(&id("life"), &l, cost).await.expect("decide");
                 assert!(d.allowed);
-                let [key] = &store.keys_for("life", &l)[..] else { panic!("one key per limit") };
+                let [key] = &store.keys_for(&id("life"), &l)[..] else { panic!("one key per limit") };
                 let reset = d.reset_after.as_millis() as i64 + slack;
                 let ttl = pttl(&server, key).await;
                 let exact = slack == 0
@@ -134,12 +135,12 @@ async fn expiry_is_exactly_when_the_state_stops_mattering() {
     for round in 1..=4u64 {
         let charges: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, round)).collect();
         let before = redis_time_ms(&mut conn).await;
-        let decisions = store.decide_all("exp", &charges).await.expect("decide_all");
+        let decisions = store.decide_all(&id("exp"), &charges).await.expect("decide_all");
         let after = redis_time_ms(&mut conn).await;
         let mut instants = Vec::new();
         for ((l, _), d) in charges.iter().zip(&decisions) {
             assert!(d.allowed);
-            let key = &store.keys_for("exp", l)[0];
+            let key = &store.keys_for(&id("exp"), l)[0];
             let at: i64 =
                 redis::cmd("PEXPIRETIME").arg(key).query_async(&mut conn).await.expect("PEXPIRETIME");
             if matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindowCounter) {
@@ -167,11 +168,11 @@ async fn writes_within_a_window_keep_its_exact_expiry() {
     let mut conn = admin(&server).await;
     for (algorithm, windows) in [(Algorithm::FixedWindow, 1), (Algorithm::SlidingWindowCounter, 2)] {
         let l = limit(algorithm, 50, w);
-        let key = &store.keys_for("inplace", &l)[0];
+        let key = &store.keys_for(&id("inplace"), &l)[0];
         let mut first = None;
         for n in 1..=5u64 {
             let before = redis_time_ms(&mut conn).await;
-            let d = store.decide("inplace", &l, n).await.expect("decide");
+            let d = store.decide_one(&id("inplace"), &l, n).await.expect("decide");
             let after = redis_time_ms(&mut conn).await;
             let charged: u64 = (1..=n).sum();
             assert!(d.allowed, "{algorithm}: decision {n}");
@@ -202,7 +203,10 @@ async fn large_limits_and_long_windows_decide_exactly() {
         for (n, ms) in [(3_000_000, 60_000), ((1 << 21) + 1, 1000), (10, fifty_days), (5, 1000)] {
             let l = limit(algorithm, n, ms);
             for cost in [1, n - 2, 2, 0, n] {
-                let (r, m) = (redis.decide("big", &l, cost).await, memory.decide("big", &l, cost).await);
+                let (r, m) = (
+                    redis.decide_one(&id("big"), &l, cost).await,
+                    memory.decide_one(&id("big"), &l, cost).await,
+                );
                 match (r, m) {
                     (Ok(r), Ok(m)) => assert_eq!(r, m, "{algorithm} {n}/{ms} ms, cost {cost}"),
                     // A sliding log of millions of entries is refused by both.
@@ -225,8 +229,9 @@ async fn admitted<S: Store + Clone + 'static>(stores: &[S], identity: &str, l: L
     for i in 0..tasks {
         let store = stores[i % stores.len()].clone();
         let identity = identity.to_owned();
-        handles
-            .push(tokio::spawn(async move { store.decide(&identity, &l, 1).await.expect("decide").allowed }));
+        handles.push(tokio::spawn(async move {
+            store.decide_one(&id(&identity), &l, 1).await.expect("decide").allowed
+        }));
     }
     let mut allowed = 0;
     for h in handles {
@@ -286,7 +291,7 @@ async fn concurrent_decide_all_charges_only_admitted_calls() {
     for i in 0..80 {
         let store = stores[i % 4].clone();
         handles.push(tokio::spawn(async move {
-            let d = store.decide_all("hot", &[(loose, 1), (tight, 1)]).await.expect("decide_all");
+            let d = store.decide_all(&id("hot"), &[(loose, 1), (tight, 1)]).await.expect("decide_all");
             assert_eq!(d[0].allowed && d[1].allowed, d[1].allowed, "the loose limit never denies here");
             d[1].allowed
         }));
@@ -296,7 +301,7 @@ async fn concurrent_decide_all_charges_only_admitted_calls() {
         allowed += u64::from(h.await.expect("task"));
     }
     assert_eq!(allowed, 20);
-    assert_eq!(stores[0].decide("hot", &loose, 0).await.expect("peek").remaining, 10);
+    assert_eq!(stores[0].decide_one(&id("hot"), &loose, 0).await.expect("peek").remaining, 10);
 }
 
 async fn noscript_errors(server: &RedisServer) -> u64 {
@@ -320,19 +325,23 @@ async fn script_flush_mid_run_reloads_and_keeps_counting() {
     for round in 0..3 {
         for _ in 0..5 {
             expected_remaining -= 1;
-            let d = store.decide("flush", &l, 1).await.expect("decide after SCRIPT FLUSH");
+            let d = store.decide_one(&id("flush"), &l, 1).await.expect("decide after SCRIPT FLUSH");
             assert_eq!((d.allowed, d.remaining), (true, expected_remaining), "round {round}");
         }
-        let all = store.decide_all("flush", &[(other, 1)]).await.expect("decide_all after SCRIPT FLUSH");
+        // Two charges: decide_all.lua (a peek at the first limit charges nothing).
+        let all = store
+            .decide_all(&id("flush"), &[(other, 1), (l, 0)])
+            .await
+            .expect("decide_all after SCRIPT FLUSH");
         assert_eq!(all[0].remaining, 24 - round);
         let _: () =
             redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin(&server).await).await.expect("FLUSH");
     }
     // Each flush cost one NOSCRIPT per script used afterwards, then no more.
     assert_eq!(noscript_errors(&server).await, 4);
-    assert_eq!(store.decide("flush", &l, 1).await.expect("decide").remaining, 9);
+    assert_eq!(store.decide_one(&id("flush"), &l, 1).await.expect("decide").remaining, 9);
     assert_eq!(noscript_errors(&server).await, 5);
-    assert_eq!(store.decide("flush", &l, 1).await.expect("decide").remaining, 8);
+    assert_eq!(store.decide_one(&id("flush"), &l, 1).await.expect("decide").remaining, 8);
     assert_eq!(noscript_errors(&server).await, 5);
 }
 
@@ -345,16 +354,16 @@ async fn decisions_resume_after_a_restart() {
     let store = client_time_store(&server, &clock, "restart").await;
     let l = limit(Algorithm::FixedWindow, 5, 60_000);
     for remaining in [4, 3, 2] {
-        assert_eq!(store.decide("r", &l, 1).await.expect("decide").remaining, remaining);
+        assert_eq!(store.decide_one(&id("r"), &l, 1).await.expect("decide").remaining, remaining);
     }
     server.restart();
-    let mut result = store.decide("r", &l, 1).await;
+    let mut result = store.decide_one(&id("r"), &l, 1).await;
     // Up to 10 s for the connection manager to reconnect on a loaded machine.
     for _ in 0..500 {
         match &result {
             Err(e) if e.is_unavailable() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                result = store.decide("r", &l, 1).await;
+                result = store.decide_one(&id("r"), &l, 1).await;
             }
             _ => break,
         }
@@ -376,13 +385,13 @@ async fn server_time_is_shared_by_every_store() {
     for algorithm in Algorithm::ALL {
         let l = limit(algorithm, 6, minute);
         for (i, store) in [&a, &b, &a, &b, &b, &a].into_iter().enumerate() {
-            let d = store.decide("shared", &l, 1).await.expect("decide");
+            let d = store.decide_one(&id("shared"), &l, 1).await.expect("decide");
             assert_eq!((d.allowed, d.remaining), (true, 5 - i as u64), "{algorithm}");
             let reset = d.reset_after.as_millis() as u64;
             let max = if algorithm == Algorithm::SlidingWindowCounter { 2 * minute } else { minute };
             assert!(reset > 0 && reset <= max, "{algorithm}: reset_after {reset} ms");
         }
-        let d = b.decide("shared", &l, 1).await.expect("decide");
+        let d = b.decide_one(&id("shared"), &l, 1).await.expect("decide");
         assert!(!d.allowed, "{algorithm}");
         let retry = d.retry_after.expect("retry_after").as_millis() as u64;
         assert!(retry > 0 && retry <= 2 * minute, "{algorithm}: retry_after {retry} ms");
@@ -409,12 +418,13 @@ async fn keys_for_names_the_one_key_each_algorithm_writes() {
         (Algorithm::Gcra, "gcra", "string", "embstr"),
     ] {
         let l = limit(algorithm, 100, 60_000);
-        assert!(store.decide("user-42", &l, 0).await.expect("peek").allowed);
-        let keys = store.keys_for("user-42", &l);
-        assert_eq!(keys, [format!("slidegate:{{user-42}}:{tag}:100:60000")]);
+        assert!(store.decide_one(&id("user-42"), &l, 0).await.expect("peek").allowed);
+        let keys = store.keys_for(&id("user-42"), &l);
+        let digest = id("user-42").digest();
+        assert_eq!(keys, [format!("slidegate:{{t:n:{digest}}}:{tag}:100:60000")]);
         let exists: i64 = redis::cmd("EXISTS").arg(&keys[0]).query_async(&mut conn).await.expect("EXISTS");
         assert_eq!(exists, 0, "{algorithm}: a cost-0 peek writes nothing");
-        store.decide("user-42", &l, 3).await.expect("decide");
+        store.decide_one(&id("user-42"), &l, 3).await.expect("decide");
         let t: String = redis::cmd("TYPE").arg(&keys[0]).query_async(&mut conn).await.expect("TYPE");
         let e: String =
             redis::cmd("OBJECT").arg("ENCODING").arg(&keys[0]).query_async(&mut conn).await.expect("OBJECT");
@@ -435,12 +445,12 @@ async fn a_sliding_log_key_outlives_its_newest_entry_after_a_clock_step_back() {
     let clock = ManualClock::new(T0 + 60_000);
     let store = client_time_store(&server, &clock, "log-step").await;
     let l = limit(Algorithm::SlidingLog, 3, 1000);
-    assert!(store.decide("a", &l, 2).await.expect("decide").allowed);
+    assert!(store.decide_one(&id("a"), &l, 2).await.expect("decide").allowed);
     clock.set(T0);
-    let d = store.decide("a", &l, 1).await.expect("decide");
+    let d = store.decide_one(&id("a"), &l, 1).await.expect("decide");
     assert!(d.allowed);
     // The entries at T0 + 60 s count until T0 + 61 s: 61 s on this clock.
-    let key = &store.keys_for("a", &l)[0];
+    let key = &store.keys_for(&id("a"), &l)[0];
     let ttl = pttl(&server, key).await;
     let want = 61_000 + CLIENT_TTL_SLACK_MS;
     assert!(ttl > want - TOLERANCE_MS && ttl <= want, "PTTL {ttl} ms, want about {want}");
@@ -456,7 +466,7 @@ const SLACK: Duration = Duration::from_millis(1_500);
 async fn until_it_decides(store: &RedisStore, l: Limit) -> slidegate::Decision {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match store.decide("probe", &l, 0).await {
+        match store.decide_one(&id("probe"), &l, 0).await {
             Ok(d) => return d,
             Err(e) if std::time::Instant::now() < deadline => {
                 assert!(e.is_unavailable(), "{e}");
@@ -476,7 +486,7 @@ async fn a_dead_redis_fails_every_concurrent_call_within_the_deadline() {
     let store = RedisStore::connect(&server.url()).await.expect("connect").with_prefix(unique_prefix("dead"));
     assert_eq!(store.timeout(), Duration::from_millis(250));
     let l = limit(Algorithm::SlidingWindowCounter, 100, 60_000);
-    store.decide("k", &l, 1).await.expect("decide while up");
+    store.decide_one(&id("k"), &l, 1).await.expect("decide while up");
     server.kill();
     for round in 0..3 {
         let mut calls = Vec::new();
@@ -484,7 +494,7 @@ async fn a_dead_redis_fails_every_concurrent_call_within_the_deadline() {
             let store = store.clone();
             calls.push(tokio::spawn(async move {
                 let start = std::time::Instant::now();
-                let result = store.decide(&format!("k{i}"), &l, 1).await;
+                let result = store.decide_one(&id(&format!("k{i}")), &l, 1).await;
                 (start.elapsed(), result)
             }));
         }
@@ -499,7 +509,7 @@ async fn a_dead_redis_fails_every_concurrent_call_within_the_deadline() {
         assert!(slowest < store.timeout() + SLACK, "round {round}: a call took {slowest:?}");
     }
     // Known down now: the calls fail before sending anything.
-    let err = store.decide("k", &l, 1).await.expect_err("still dead");
+    let err = store.decide_one(&id("k"), &l, 1).await.expect_err("still dead");
     assert!(matches!(err, slidegate::StoreError::NotConnected(_)), "{err}");
     assert!(!err.may_have_charged());
 }
@@ -537,16 +547,16 @@ async fn calls_while_redis_is_down_are_never_charged() {
     server.kill();
     // The first call may be the one that finds the connection gone; the
     // ones after it fail without being sent.
-    let _ = store.decide("victim", &l, 1).await;
+    let _ = store.decide_one(&id("victim"), &l, 1).await;
     let mut unsent = 0;
     for _ in 0..20 {
-        let err = store.decide("victim", &l, 1).await.expect_err("Redis is dead");
+        let err = store.decide_one(&id("victim"), &l, 1).await.expect_err("Redis is dead");
         assert!(!err.may_have_charged(), "{err}");
         unsent += 1;
     }
     server.restart();
     until_it_decides(&store, l).await;
-    let d = store.decide("victim", &l, 0).await.expect("peek");
+    let d = store.decide_one(&id("victim"), &l, 0).await.expect("peek");
     assert_eq!(d.remaining, 50, "{unsent} unsent calls must charge nothing");
 }
 
@@ -564,12 +574,12 @@ async fn calls_timed_out_on_a_stalled_redis_charge_at_most_themselves() {
         .with_prefix(unique_prefix("stall"))
         .with_timeout(Duration::from_millis(200));
     let l = limit(Algorithm::SlidingLog, 100, 3_600_000);
-    assert_eq!(store.decide("victim", &l, 1).await.expect("decide").remaining, 99);
+    assert_eq!(store.decide_one(&id("victim"), &l, 1).await.expect("decide").remaining, 99);
     server.pause();
     let mut timed_out = 0;
     for _ in 0..8 {
         let start = std::time::Instant::now();
-        let err = store.decide("victim", &l, 1).await.expect_err("Redis is stalled");
+        let err = store.decide_one(&id("victim"), &l, 1).await.expect_err("Redis is stalled");
         assert!(matches!(err, slidegate::StoreError::TimedOut(_)), "{err}");
         assert!(err.may_have_charged());
         assert!(start.elapsed() < Duration::from_millis(200) + SLACK, "took {:?}", start.elapsed());
@@ -577,7 +587,7 @@ async fn calls_timed_out_on_a_stalled_redis_charge_at_most_themselves() {
     }
     server.resume();
     let d = until_it_decides(&store, l).await;
-    let charged = 99 - store.decide("victim", &l, 0).await.expect("peek").remaining;
+    let charged = 99 - store.decide_one(&id("victim"), &l, 0).await.expect("peek").remaining;
     eprintln!("{timed_out} calls timed out on a stalled Redis; {charged} were charged after it resumed");
     assert!(charged <= timed_out, "charged {charged} for {timed_out} timed-out calls");
     let _ = d;
@@ -619,9 +629,9 @@ async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
             // Spread the calls over the flushes rather than all before the first.
             tokio::time::sleep(Duration::from_millis(i % 60)).await;
             if i % 2 == 0 {
-                store.decide("hot", &single, 1).await.map(|d| (0, d.allowed))
+                store.decide_one(&id("hot"), &single, 1).await.map(|d| (0, d.allowed))
             } else {
-                store.decide_all("hot", &[(loose, 1), (tight, 1)]).await.map(|d| (1, d[1].allowed))
+                store.decide_all(&id("hot"), &[(loose, 1), (tight, 1)]).await.map(|d| (1, d[1].allowed))
             }
         }));
     }
@@ -636,7 +646,7 @@ async fn script_flush_storm_fails_no_call_and_charges_none_twice() {
     eprintln!("{flushes} flushes, {noscript} NOSCRIPT replies, all handled");
     assert_eq!(admitted, [60, 40]);
     assert_eq!(
-        store.decide("hot", &loose, 0).await.expect("peek").remaining,
+        store.decide_one(&id("hot"), &loose, 0).await.expect("peek").remaining,
         960,
         "charged once per admitted call"
     );

@@ -7,9 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use slidegate::{Algorithm, RedisOptions, RedisStore, RedisTarget, Store, StoreError};
+use slidegate::{Algorithm, RedisOptions, RedisStore, RedisTarget, StoreError};
 use slidegate_test_redis::SecuredRedis;
-use support::limit;
+use support::{id, limit, Decide};
 
 fn options() -> RedisOptions {
     RedisOptions::new().with_timeout(Duration::from_secs(2)).with_connect_timeout(Duration::from_secs(2))
@@ -21,8 +21,11 @@ async fn connect(url: &str, options: RedisOptions) -> Result<RedisStore, StoreEr
 
 async fn decides(store: &RedisStore, what: &str) {
     let l = limit(Algorithm::SlidingWindowCounter, 2, 1000);
-    let first = store.decide(what, &l, 1).await.unwrap_or_else(|e| panic!("{what}: {e}"));
-    let all = store.decide_all(what, &[(l, 1)]).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+    let first = store.decide_one(&id(what), &l, 1).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+    // Two charges, so the multi-limit script runs too (the second is a peek).
+    let peek = limit(Algorithm::FixedWindow, 2, 1000);
+    let all =
+        store.decide_all(&id(what), &[(l, 1), (peek, 0)]).await.unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(first.allowed && all[0].allowed && all[0].remaining == 0, "{what}: {first:?} {all:?}");
 }
 

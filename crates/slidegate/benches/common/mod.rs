@@ -1,6 +1,10 @@
 //! What the embedded-store benches share: the identities and the order they
 //! are visited in.
 
+use std::sync::Arc;
+
+use slidegate::Identity;
+
 /// Identities in the keyed benches.
 pub const IDENTITIES: usize = 1_000_000;
 
@@ -41,4 +45,18 @@ impl KeyWriter {
 /// over the table instead of walking it in insertion order.
 pub fn scattered(i: u64) -> usize {
     (i.wrapping_mul(7_919) % IDENTITIES as u64) as usize
+}
+
+/// The identity of the one-identity benches.
+pub fn user_42() -> Identity {
+    Identity::named("bench", "user:42")
+}
+
+/// The identities of `user:<i>` for every `i` below [`IDENTITIES`], made
+/// before any timing starts: a server makes each one once, at the edge,
+/// before it asks the store. They share one scope, so none allocates.
+pub fn identities() -> Vec<Identity> {
+    let scope: Arc<str> = Arc::from("bench");
+    let mut keys = KeyWriter::new();
+    (0..IDENTITIES).map(|i| Identity::named(Arc::clone(&scope), keys.key(i))).collect()
 }

@@ -844,15 +844,42 @@ mod tests {
         Limit::new(algorithm, Quota::new(n, Duration::from_millis(ms)).unwrap())
     }
 
+    /// The identity a test calls `name`.
+    fn id(name: &str) -> Identity {
+        Identity::named("t", name)
+    }
+
+    /// The tests' shorthand for one request: one charge, or several.
+    impl<C: Clock> MemoryStore<C> {
+        fn decide_one_sync(
+            &self,
+            identity: &Identity,
+            limit: &Limit,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            let outcome = self.decide_sync(Request::new(identity, &[Charge::new(*limit, cost)]))?;
+            Ok(outcome.decisions[0])
+        }
+
+        fn decide_all_sync(
+            &self,
+            identity: &Identity,
+            pairs: &[(Limit, u64)],
+        ) -> Result<Decisions, StoreError> {
+            let charges: Vec<Charge> = pairs.iter().map(|&(limit, cost)| Charge::new(limit, cost)).collect();
+            Ok(self.decide_sync(Request::new(identity, &charges))?.decisions)
+        }
+    }
+
     #[test]
     fn identities_and_limits_are_independent() {
         let store = MemoryStore::with_clock(ManualClock::new(5_000));
         let a = limit(Algorithm::FixedWindow, 1, 1000);
         let b = limit(Algorithm::FixedWindow, 2, 1000);
-        assert!(store.decide_sync("x", &a, 1).unwrap().allowed);
-        assert!(!store.decide_sync("x", &a, 1).unwrap().allowed);
-        assert!(store.decide_sync("y", &a, 1).unwrap().allowed);
-        assert!(store.decide_sync("x", &b, 1).unwrap().allowed);
+        assert!(store.decide_one_sync(&id("x"), &a, 1).unwrap().allowed);
+        assert!(!store.decide_one_sync(&id("x"), &a, 1).unwrap().allowed);
+        assert!(store.decide_one_sync(&id("y"), &a, 1).unwrap().allowed);
+        assert!(store.decide_one_sync(&id("x"), &b, 1).unwrap().allowed);
         assert_eq!(store.len(), 3);
     }
 
@@ -862,36 +889,37 @@ mod tests {
         let per_second = limit(Algorithm::SlidingWindowCounter, 10, 1000);
         let per_hour = limit(Algorithm::SlidingLog, 2, 3_600_000);
         let both = [(per_second, 1), (per_hour, 1)];
-        assert!(store.decide_all_sync("k", &both).unwrap().iter().all(|d| d.allowed));
-        assert!(store.decide_all_sync("k", &both).unwrap().iter().all(|d| d.allowed));
-        let denied = store.decide_all_sync("k", &both).unwrap();
+        assert!(store.decide_all_sync(&id("k"), &both).unwrap().iter().all(|d| d.allowed));
+        assert!(store.decide_all_sync(&id("k"), &both).unwrap().iter().all(|d| d.allowed));
+        let denied = store.decide_all_sync(&id("k"), &both).unwrap();
         assert_eq!((denied[0].allowed, denied[0].remaining), (true, 8));
         assert_eq!((denied[1].allowed, denied[1].remaining), (false, 0));
         // The per-second limit was not charged by the denied request.
-        assert_eq!(store.decide_sync("k", &per_second, 1).unwrap().remaining, 7);
+        assert_eq!(store.decide_one_sync(&id("k"), &per_second, 1).unwrap().remaining, 7);
     }
 
     #[test]
     fn invalid_requests_are_errors_naming_the_value() {
         let store = MemoryStore::with_clock(ManualClock::new(0));
         let l = limit(Algorithm::Gcra, 5, 1000);
-        let err = store.decide_sync("k", &l, 6).unwrap_err();
+        let err = store.decide_one_sync(&id("k"), &l, 6).unwrap_err();
         assert_eq!(err.to_string(), "cost 6 exceeds the limit 5: such a request could never be allowed");
-        assert!(matches!(store.decide_sync("", &l, 1), Err(StoreError::EmptyKey)));
-        assert!(matches!(store.decide_all_sync("k", &[]), Err(StoreError::NoLimits)));
+        // An empty name is a value like any other: its identity is never empty.
+        assert!(store.decide_one_sync(&id(""), &l, 1).unwrap().allowed);
+        assert!(matches!(store.decide_all_sync(&id("k"), &[]), Err(StoreError::NoLimits)));
         // A sliding log past its cap would let one request allocate gigabytes.
         let huge = limit(Algorithm::SlidingLog, 4_000_000_000, 1000);
-        let err = store.decide_sync("k", &huge, 4_000_000_000).unwrap_err();
+        let err = store.decide_one_sync(&id("k"), &huge, 4_000_000_000).unwrap_err();
         assert!(err.to_string().starts_with("sliding_log limits must be at most 10000 "), "{err}");
         let largest = limit(Algorithm::SlidingLog, crate::algorithm::sliding_log::MAX_LIMIT, 1000);
-        assert!(store.decide_sync("k", &largest, 3).unwrap().allowed);
+        assert!(store.decide_one_sync(&id("k"), &largest, 3).unwrap().allowed);
     }
 
     #[test]
     fn denials_and_zero_cost_peeks_store_nothing() {
         let store = MemoryStore::with_clock(ManualClock::new(0));
         for a in Algorithm::ALL {
-            let d = store.decide_sync("peek", &limit(a, 5, 1000), 0).unwrap();
+            let d = store.decide_one_sync(&id("peek"), &limit(a, 5, 1000), 0).unwrap();
             assert_eq!((d.allowed, d.remaining), (true, 5), "{a}");
         }
         assert!(store.is_empty());
@@ -940,7 +968,7 @@ mod tests {
                         (true, _) => who,
                     };
                     let cost = next(n.min(4) + 1).min(n);
-                    let got = store.decide_sync(&format!("id-{who}"), &l, cost).unwrap();
+                    let got = store.decide_one_sync(&id(&format!("id-{who}")), &l, cost).unwrap();
                     let s = plain.entry(who).or_default();
                     let q = l.quota;
                     let want = match algorithm {
@@ -994,12 +1022,12 @@ mod tests {
         let (locked, done) = (std::sync::Barrier::new(2), std::sync::mpsc::channel());
         std::thread::scope(|s| {
             s.spawn(|| {
-                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
-                assert!(store.decide_sync("hot", &l, 1).unwrap().allowed);
+                assert!(store.decide_one_sync(&id("hot"), &l, 1).unwrap().allowed);
+                assert!(store.decide_one_sync(&id("hot"), &l, 1).unwrap().allowed);
                 locked.wait();
                 locked.wait();
                 let decisions: Vec<Decision> =
-                    (0..99).map(|_| store.decide_sync("hot", &l, 1).unwrap()).collect();
+                    (0..99).map(|_| store.decide_one_sync(&id("hot"), &l, 1).unwrap()).collect();
                 done.0.send(decisions).unwrap();
             });
             locked.wait();
@@ -1012,7 +1040,7 @@ mod tests {
             assert_eq!((decisions[97].remaining, decisions[98].allowed), (0, false));
         });
         // The state is exactly where the lock-free decisions left it.
-        let all = store.decide_all_sync("hot", &[(l, 0)]).unwrap();
+        let all = store.decide_all_sync(&id("hot"), &[(l, 0)]).unwrap();
         assert_eq!((all[0].allowed, all[0].remaining), (true, 0));
     }
 
@@ -1025,18 +1053,20 @@ mod tests {
         let store = MemoryStore::with_clock(ManualClock::new(now)).with_shards(1);
         let l = limit(Algorithm::SlidingWindowCounter, 10, 1000);
         for _ in 0..3 {
-            assert!(store.decide_sync("k", &l, 1).unwrap().allowed);
+            assert!(store.decide_one_sync(&id("k"), &l, 1).unwrap().allowed);
         }
-        let id = store.identity("k");
-        store.lock(id).table(&l, now).states.hold(id, now);
+        let slot = store.identity(&id("k"));
+        store.lock(slot).table(&l, now).states.hold(slot, now);
         // This thread's handle finds the state frozen and takes the lock.
-        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 6);
-        let all = store.decide_all_sync("k", &[(l, 2)]).unwrap();
+        assert_eq!(store.decide_one_sync(&id("k"), &l, 1).unwrap().remaining, 6);
+        // Two charges take the multi-limit path: hold, decide, release.
+        let peek = limit(Algorithm::FixedWindow, 10, 1000);
+        let all = store.decide_all_sync(&id("k"), &[(l, 2), (peek, 0)]).unwrap();
         assert_eq!((all[0].allowed, all[0].remaining), (true, 4));
         // Released: the handle decides again, on the state as it was left.
-        assert_eq!(store.decide_sync("k", &l, 1).unwrap().remaining, 3);
-        assert_eq!(store.decide_sync("k", &l, 3).unwrap().remaining, 0);
-        assert!(!store.decide_sync("k", &l, 1).unwrap().allowed);
+        assert_eq!(store.decide_one_sync(&id("k"), &l, 1).unwrap().remaining, 3);
+        assert_eq!(store.decide_one_sync(&id("k"), &l, 3).unwrap().remaining, 0);
+        assert!(!store.decide_one_sync(&id("k"), &l, 1).unwrap().allowed);
     }
 
     #[test]
@@ -1049,14 +1079,14 @@ mod tests {
             let clock = ManualClock::new(1_700_000_000_000);
             // One shard: both identities share a table.
             let store = MemoryStore::with_clock(clock.clone()).with_shards(1);
-            assert!(store.decide_sync("k", &l, (1 << 24) - 1).unwrap().allowed);
+            assert!(store.decide_one_sync(&id("k"), &l, (1 << 24) - 1).unwrap().allowed);
             clock.advance(Duration::from_millis(65_536));
-            let d = store.decide_sync("k", &l, 1).unwrap();
+            let d = store.decide_one_sync(&id("k"), &l, 1).unwrap();
             assert_eq!((d.allowed, d.remaining), (true, (1 << 24) - 2), "{algorithm}");
             // A state written now shares its truncated window with the old one
             // and must read as this window's, not as the old one's.
-            assert!(store.decide_sync("other", &l, (1 << 24) - 1).unwrap().allowed);
-            assert!(!store.decide_sync("other", &l, 1).unwrap().allowed, "{algorithm}");
+            assert!(store.decide_one_sync(&id("other"), &l, (1 << 24) - 1).unwrap().allowed);
+            assert!(!store.decide_one_sync(&id("other"), &l, 1).unwrap().allowed, "{algorithm}");
         }
     }
 
@@ -1066,7 +1096,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         for a in Algorithm::ALL {
             for i in 0..3000 {
-                store.decide_sync(&format!("id-{i}"), &limit(a, 5, 1000), 1).unwrap();
+                store.decide_one_sync(&id(&format!("id-{i}")), &limit(a, 5, 1000), 1).unwrap();
             }
         }
         assert_eq!(store.evict_idle(), 15_000);
@@ -1086,7 +1116,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone()).with_shards(8);
         let l = limit(Algorithm::FixedWindow, 5, 1000);
         for i in 0..4000 {
-            store.decide_sync(&format!("id-{i}"), &l, 1).unwrap();
+            store.decide_one_sync(&id(&format!("id-{i}")), &l, 1).unwrap();
         }
         let per_shard: Vec<usize> =
             store.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).collect();

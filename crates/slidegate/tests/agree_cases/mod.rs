@@ -11,7 +11,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redis::aio::ConnectionLike;
-use slidegate::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota, RedisStore, Store, TimeSource};
+use slidegate::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota, RedisStore, TimeSource};
+
+use crate::support::{id, Decide};
 
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -117,8 +119,8 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 let limit = &trace.limits[*limit % trace.limits.len()];
                 let permits = limit.quota.permits();
                 let cost = if *cost > u64::MAX - 3 { permits.saturating_sub(u64::MAX - cost) } else { *cost };
-                let m = memory.decide(identity, limit, cost).await;
-                let r = redis.decide(identity, limit, cost).await;
+                let m = memory.decide_one(&id(identity), limit, cost).await;
+                let r = redis.decide_one(&id(identity), limit, cost).await;
                 let wrote = cost > 0 && r.as_ref().is_ok_and(|d| d.allowed);
                 let (m, r) = (format!("{m:?}"), format!("{r:?}"));
                 prop_assert_eq!(&m, &r, "{} on {}", at, limit);
@@ -127,9 +129,9 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 // now forgot permits stamped later, before the clock stepped
                 // back. (A step back after the last write only the slack covers.)
                 if wrote && limit.algorithm == Algorithm::SlidingLog {
-                    let reset = memory.decide(identity, limit, 0).await.map(|d| d.reset_after);
+                    let reset = memory.decide_one(&id(identity), limit, 0).await.map(|d| d.reset_after);
                     if let Some(reset) = reset.ok().filter(|r| !r.is_zero()) {
-                        let key = &redis.keys_for(identity, limit)[0];
+                        let key = &redis.keys_for(&id(identity), limit)[0];
                         let pttl: i64 = redis::cmd("PTTL")
                             .arg(key)
                             .query_async(&mut admin.clone())
@@ -152,8 +154,8 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                     .filter(|i| mask & (1 << i) != 0)
                     .map(|i| (trace.limits[i], costs[i]))
                     .collect();
-                let m = memory.decide_all(identity, &charges).await;
-                let r = redis.decide_all(identity, &charges).await;
+                let m = memory.decide_all(&id(identity), &charges).await;
+                let r = redis.decide_all(&id(identity), &charges).await;
                 let (m, r) = (format!("{m:?}"), format!("{r:?}"));
                 prop_assert_eq!(&m, &r, "{} on {:?}", at, charges);
             }

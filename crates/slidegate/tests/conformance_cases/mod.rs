@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use slidegate::{Algorithm, Decision, Limit, ManualClock, Store, StoreError};
 
-use crate::support::{limit, T0};
+use crate::support::{id, limit, Decide, T0};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -17,7 +17,10 @@ fn ms(n: u64) -> Duration {
 }
 
 async fn one<S: Store>(store: &S, key: &str, limit: &Limit, cost: u64) -> Decision {
-    store.decide(key, limit, cost).await.unwrap_or_else(|e| panic!("decide {key} {limit} cost {cost}: {e}"))
+    store
+        .decide_one(&id(key), limit, cost)
+        .await
+        .unwrap_or_else(|e| panic!("decide {key} {limit} cost {cost}: {e}"))
 }
 
 /// Limit 3 per 1000 ms, three single permits from 250 ms into a window: the
@@ -229,18 +232,19 @@ pub async fn zero_cost_peeks_and_whole_limit_costs<S: Store>(store: &S, clock: &
 pub async fn invalid_requests_are_errors<S: Store>(store: &S, clock: &ManualClock) {
     clock.set(T0);
     let l = limit(Algorithm::Gcra, 5, 1000);
-    match store.decide("k", &l, 6).await {
+    match store.decide_one(&id("k"), &l, 6).await {
         Err(StoreError::CostExceedsLimit { cost: 6, limit: 5 }) => {}
         other => panic!("cost 6 over limit 5 gave {other:?}"),
     }
-    assert!(matches!(store.decide("", &l, 1).await, Err(StoreError::EmptyKey)));
-    assert!(matches!(store.decide_all("k", &[]).await, Err(StoreError::NoLimits)));
+    // An empty name is a value like any other: its identity is never empty.
+    assert!(store.decide_one(&id(""), &l, 1).await.expect("an empty name decides").allowed);
+    assert!(matches!(store.decide_all(&id("k"), &[]).await, Err(StoreError::NoLimits)));
     assert!(
-        matches!(store.decide_all("k", &[(l, 1), (l, 2)]).await, Err(StoreError::DuplicateLimit(d)) if d == l)
+        matches!(store.decide_all(&id("k"), &[(l, 1), (l, 2)]).await, Err(StoreError::DuplicateLimit(d)) if d == l)
     );
     let other = limit(Algorithm::FixedWindow, 2, 1000);
     assert!(matches!(
-        store.decide_all("k", &[(l, 1), (other, 3)]).await,
+        store.decide_all(&id("k"), &[(l, 1), (other, 3)]).await,
         Err(StoreError::CostExceedsLimit { cost: 3, limit: 2 })
     ));
     // Nothing was charged by the failed calls.
@@ -259,18 +263,18 @@ pub async fn decide_all_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClo
     let fixed = limit(Algorithm::FixedWindow, 9, 1000);
     let all = [(per_second, 1), (per_hour, 1), (bucket, 2), (gcra, 1), (fixed, 3)];
 
-    let first = store.decide_all("multi", &all).await.expect("decide_all");
+    let first = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     let remaining: Vec<u64> = first.iter().map(|d| d.remaining).collect();
     assert!(first.iter().all(|d| d.allowed));
     assert_eq!(remaining, [9, 1, 3, 7, 6]);
     assert_eq!(first[1].reset_after, ms(3_600_000));
 
-    let second = store.decide_all("multi", &all).await.expect("decide_all");
+    let second = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     assert!(second.iter().all(|d| d.allowed));
     assert_eq!(second.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 0, 1, 6, 3]);
 
     clock.advance(ms(10));
-    let denied = store.decide_all("multi", &all).await.expect("decide_all");
+    let denied = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     let got: Vec<(bool, u64)> = denied.iter().map(|d| (d.allowed, d.remaining)).collect();
     // The log denies, and so does the bucket: 10 ms refilled 0.05 token, 1.05
     // are there, 2 are asked. The others report remaining as a cost-0 peek would.
@@ -287,8 +291,10 @@ pub async fn decide_all_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClo
     assert_eq!(one(store, "multi", &fixed, 3).await.remaining, 0);
 
     // Two denials: each reports its own retry_after.
-    let both =
-        store.decide_all("multi", &[(per_hour, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    let both = store
+        .decide_all(&id("multi"), &[(per_hour, 1), (fixed, 1), (per_second, 1)])
+        .await
+        .expect("decide_all");
     assert_eq!(both.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, false, true]);
     assert_eq!(both[1].retry_after, Some(ms(890)));
     assert_eq!(both[2].remaining, 8);
@@ -305,15 +311,15 @@ pub async fn decide_all_without_a_log_is_all_or_nothing<S: Store>(store: &S, clo
     let fixed = limit(Algorithm::FixedWindow, 9, 1000);
     let all = [(per_second, 1), (bucket, 2), (gcra, 1), (fixed, 3)];
 
-    let first = store.decide_all("multi", &all).await.expect("decide_all");
+    let first = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     assert!(first.iter().all(|d| d.allowed && d.retry_after.is_none()));
     assert_eq!(first.iter().map(|d| d.remaining).collect::<Vec<_>>(), [9, 3, 7, 6]);
     assert_eq!(first[3].reset_after, ms(900));
-    let second = store.decide_all("multi", &all).await.expect("decide_all");
+    let second = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     assert_eq!(second.iter().map(|d| d.remaining).collect::<Vec<_>>(), [8, 1, 6, 3]);
 
     clock.advance(ms(10));
-    let denied = store.decide_all("multi", &all).await.expect("decide_all");
+    let denied = store.decide_all(&id("multi"), &all).await.expect("decide_all");
     let got: Vec<(bool, u64)> = denied.iter().map(|d| (d.allowed, d.remaining)).collect();
     // The bucket holds 1.05 tokens and 2 are asked; the others report what
     // a cost-0 peek would.
@@ -327,16 +333,20 @@ pub async fn decide_all_without_a_log_is_all_or_nothing<S: Store>(store: &S, clo
     assert_eq!(one(store, "multi", &fixed, 3).await.remaining, 0);
 
     // Two denials, each with its own retry_after; the counter had room.
-    let both =
-        store.decide_all("multi", &[(bucket, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    let both = store
+        .decide_all(&id("multi"), &[(bucket, 1), (fixed, 1), (per_second, 1)])
+        .await
+        .expect("decide_all");
     assert_eq!(both.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, false, true]);
     assert_eq!(both[0].retry_after, Some(ms(190)));
     assert_eq!(both[1].retry_after, Some(ms(890)));
     assert_eq!(both[2].remaining, 8);
     // At the retry time the bucket and the window allow, charging once each.
     clock.advance(ms(890));
-    let later =
-        store.decide_all("multi", &[(bucket, 1), (fixed, 1), (per_second, 1)]).await.expect("decide_all");
+    let later = store
+        .decide_all(&id("multi"), &[(bucket, 1), (fixed, 1), (per_second, 1)])
+        .await
+        .expect("decide_all");
     assert!(later.iter().all(|d| d.allowed), "{later:?}");
     assert_eq!(later[1].remaining, 8);
 }
@@ -435,13 +445,14 @@ pub async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualCl
         assert!(one(store, "late", &l, 5).await.allowed, "{algorithm} at the last supported ms");
         for bad in [MAX_TIME_MS + 1, 18_000_000_000_000_000, u64::MAX] {
             clock.set(bad);
-            let err = store.decide("late", &l, 1).await.expect_err("out of range");
+            let err = store.decide_one(&id("late"), &l, 1).await.expect_err("out of range");
             assert!(
                 matches!(err, StoreError::TimeOutOfRange { now_ms } if now_ms == bad),
                 "{algorithm}: {err}"
             );
             assert!(err.to_string().contains(&bad.to_string()), "{err}");
-            let err = store.decide_all("late", &[(l, 1)]).await.expect_err("out of range");
+            let other = limit(algorithm, 6, 1000);
+            let err = store.decide_all(&id("late"), &[(l, 1), (other, 1)]).await.expect_err("out of range");
             assert!(matches!(err, StoreError::TimeOutOfRange { .. }), "{algorithm}: {err}");
         }
     }

@@ -8,6 +8,9 @@ use std::time::Duration;
 use slidegate::{Algorithm, Limit, ManualClock, Quota, RedisStore, TimeSource};
 use slidegate_test_redis::RedisServer;
 
+mod decide;
+pub use decide::*;
+
 /// A realistic "now" (2023-11-14T22:13:20Z), on a whole second: windows of 1 s start here.
 pub const T0: u64 = 1_700_000_000_000;
 

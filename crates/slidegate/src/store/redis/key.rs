@@ -1,15 +1,16 @@
 //! The Redis key of one identity's state under one limit.
 //!
-//! `<prefix>{<identity>}:<tag>:<limit>:<window_ms>`, e.g.
-//! `slidegate:{user-42}:swc:100:60000`. The `{identity}` hash tag puts every
-//! key of one identity in one Redis Cluster slot, so `decide_all` may touch
-//! several of them in one script. Redis takes the tag from the first `{` to
+//! `<prefix>{<identity>}:<tag>:<limit>:<window_ms>`, the identity written as
+//! `<scope>:<source tag>:<32 hex digits>`, e.g.
+//! `slidegate:{api:k:5f0c…}:swc:100:60000`. The `{identity}` hash tag puts
+//! every key of one identity in one Redis Cluster slot, so one script may
+//! decide several of its limits. Redis takes the tag from the first `{` to
 //! the first `}` after it; all keys of an identity share everything up to the
-//! end of the identity, so an identity containing `}` still yields one tag for
-//! all its keys. Only an identity *starting* with `}` would give an empty tag
-//! (which Redis ignores, hashing the whole key): identities starting with `{`
-//! or `}` are written with one extra `{` in front, which keeps the tag
-//! non-empty and the mapping from identities to keys one-to-one.
+//! end of the identity, so a scope containing `}` still yields one tag for
+//! all its keys. Only a scope *starting* with `}` would give an empty tag
+//! (which Redis ignores, hashing the whole key): scopes starting with `{` or
+//! `}` are written with one extra `{` in front, which keeps the tag non-empty
+//! and the mapping from identities to keys one-to-one.
 
 use std::fmt;
 
@@ -93,10 +94,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{Algorithm, Quota};
+    use crate::{Algorithm, Digest, Quota, Source};
 
-    fn key(identity: &str, limit: &Limit) -> String {
+    fn key(identity: &Identity, limit: &Limit) -> String {
         StateKey { prefix: "slidegate:", identity, limit }.to_string()
+    }
+
+    /// An identity in `scope`: the scope is the only free-form part of a key.
+    fn in_scope(scope: &str) -> Identity {
+        Identity::new(scope, Source::Named, Digest([0x42; 16]))
     }
 
     fn limits() -> Vec<Limit> {
@@ -120,30 +126,44 @@ mod tests {
     #[test]
     fn layout_names_prefix_identity_algorithm_and_quota() {
         let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100).expect("valid"));
-        assert_eq!(key("user-42", &limit), "slidegate:{user-42}:swc:100:60000");
+        let user = Identity::new("api", Source::ApiKey, Digest([0xab; 16]));
+        assert_eq!(key(&user, &limit), format!("slidegate:{{api:k:{}}}:swc:100:60000", "ab".repeat(16)));
         let gcra = Limit::new(Algorithm::Gcra, Quota::per_second(7).expect("valid"));
-        assert_eq!(key("1.2.3.4", &gcra), "slidegate:{1.2.3.4}:gcra:7:1000");
+        let client = Identity::new("search", Source::Ip, Digest([0x01; 16]));
+        assert_eq!(key(&client, &gcra), format!("slidegate:{{search:ip:{}}}:gcra:7:1000", "01".repeat(16)));
+        let penalty = PenaltyKey { prefix: "slidegate:", identity: &user }.to_string();
+        assert_eq!(penalty, format!("slidegate:{{api:k:{}}}:penalty", "ab".repeat(16)));
     }
 
     #[test]
     fn every_identity_has_one_non_empty_tag_for_all_its_keys() {
-        let identities = ["user-42", "a}b", "}x", "{", "}", "{a}", "}}", "x{y}z", "{}", "é{}"];
-        for identity in identities {
+        let scopes = ["user-42", "a}b", "}x", "{", "}", "{a}", "}}", "x{y}z", "{}", "é{}", ""];
+        for scope in scopes {
+            let identity = in_scope(scope);
             let tags: HashSet<String> =
-                limits().iter().map(|l| hash_tag(&key(identity, l)).to_owned()).collect();
-            assert_eq!(tags.len(), 1, "{identity:?} spreads over tags {tags:?}");
+                limits().iter().map(|l| hash_tag(&key(&identity, l)).to_owned()).collect();
+            assert_eq!(tags.len(), 1, "{scope:?} spreads over tags {tags:?}");
             let tag = tags.into_iter().next().expect("one tag");
-            assert!(!tag.is_empty() && !tag.contains(':'), "{identity:?} got tag {tag:?}");
+            // The tag never reaches past the identity into the limit's part.
+            let written = format!("{}{identity}", escape(&identity));
+            assert!(!tag.is_empty() && written.starts_with(&tag), "{scope:?} got tag {tag:?}");
         }
     }
 
     #[test]
     fn distinct_identities_and_limits_get_distinct_keys() {
-        let identities = ["a", "{a", "}a", "{{a", "{}a", "a}", "a}:swc:100:60000", ""];
+        let scopes = ["a", "{a", "}a", "{{a", "{}a", "a}", "a}:swc:100:60000", ""];
+        let identities = scopes.into_iter().flat_map(|scope| {
+            [
+                in_scope(scope),
+                Identity::new(scope, Source::Ip, Digest([0x42; 16])),
+                Identity::new(scope, Source::Named, Digest([0x43; 16])),
+            ]
+        });
         let mut seen = HashSet::new();
         for identity in identities {
             for l in limits() {
-                assert!(seen.insert(key(identity, &l)), "duplicate key for {identity:?} {l}");
+                assert!(seen.insert(key(&identity, &l)), "duplicate key for {identity:?} {l}");
             }
         }
     }
