@@ -95,7 +95,7 @@ fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
             );
             let config = Config::parse(&toml, "layer_bench.toml").map_err(|e| e.to_string())?;
             let app =
-                routes().layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())));
+                routes().layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()).map_err(|e| e.to_string())?));
             Ok(match limiter {
                 Limiter::Slidegate => app.layer(middleware::map_request(peer_addr)),
                 _ => app,
