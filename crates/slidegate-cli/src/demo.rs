@@ -22,6 +22,7 @@ use slidegate::{
 };
 use tokio::task::JoinSet;
 
+use crate::heap::HeapCount;
 use crate::redis_keys::run_prefix;
 use crate::redis_nodes::Nodes;
 use crate::reference_script::ReferenceScript;
@@ -136,13 +137,13 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
         let limit = memory_limit(algorithm)?;
         let one = {
             let store = MemoryStore::with_clock(clock.clone());
-            let before = crate::allocated_bytes();
+            let count = HeapCount::start();
             one_identity(&store, &clock, &limit).await?;
-            crate::allocated_bytes().saturating_sub(before)
+            count.bytes()
         };
         let per_identity = {
             clock.set(WINDOW_0_MS);
-            let before = crate::allocated_bytes();
+            let count = HeapCount::start();
             let store = MemoryStore::with_clock(clock.clone());
             let (mut key, scope, charge) = (String::new(), Arc::<str>::from(SCOPE), [Charge::new(limit, 1)]);
             for i in 0..identities {
@@ -150,7 +151,7 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
                 write!(key, "user-{i}")?;
                 store.decide_sync(Request::new(&Identity::named(Arc::clone(&scope), &key), &charge))?;
             }
-            let used = crate::allocated_bytes().saturating_sub(before);
+            let used = count.bytes();
             drop(store);
             used as u64 / identities
         };

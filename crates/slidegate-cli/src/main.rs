@@ -18,6 +18,7 @@ mod args;
 mod bench;
 mod bench_attack;
 mod demo;
+mod heap;
 mod plot;
 mod redis_info;
 mod redis_keys;
@@ -69,14 +70,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Counts live heap bytes so `demo` can report what state costs per identity.
+/// The system allocator; it counts bytes only while `demo` measures (`heap.rs`).
 #[global_allocator]
-static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
-
-/// Heap bytes allocated by this process and not yet freed.
-fn allocated_bytes() -> usize {
-    ALLOCATOR.allocated()
-}
+static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 
 /// Writes to stdout; a reader that went away ends the process with success.
 fn write_stdout(args: std::fmt::Arguments<'_>) {

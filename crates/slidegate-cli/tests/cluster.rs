@@ -25,21 +25,12 @@ use slidegate_test_redis::{RedisCluster, RedisSentinel, SecuredRedis};
 /// A `serve` configuration on the store `store` (the `[store]` keys naming
 /// Redis), keys under `prefix`, store calls bounded by `timeout_ms`.
 fn cluster_config(upstream: &Upstream, store: &str, prefix: &str, timeout_ms: u64, on_error: &str) -> String {
+    let store = format!(
+        "[store]\n{store}\nprefix = \"{prefix}\"\ntimeout_ms = {timeout_ms}\non_error = \"{on_error}\"\n\
+         fallback = false\nprobe_interval_ms = 100\nbreaker_trial_interval_ms = 100"
+    );
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-threads = 2
-
-[store]
-{store}
-prefix = "{prefix}"
-timeout_ms = {timeout_ms}
-on_error = "{on_error}"
-fallback = false
-probe_interval_ms = 100
-breaker_trial_interval_ms = 100
-
+        r#"{head}
 [identity]
 api_key_header = "x-api-key"
 ip_hash_secret_env = "{SECRET_ENV}"
@@ -59,7 +50,7 @@ name = "busy"
 path = "/api/busy"
 limits = [{{ limit = 1000000, window = "1h" }}]
 "#,
-        upstream = upstream.addr,
+        head = config_head(upstream.addr, "threads = 2", &store),
     )
 }
 

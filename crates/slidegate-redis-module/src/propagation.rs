@@ -1,4 +1,5 @@
-//! Whether a write's effects must be propagated, or Redis would drop them.
+//! Whether a write's effects must be propagated, or Redis would drop them,
+//! and propagating them: the `SET`, or only the count of a change.
 //!
 //! Redis hands a propagated command to the AOF and to the replication
 //! stream, and drops it when neither takes it: AOF off and, on a master, no
@@ -27,14 +28,16 @@
 //! `SET`; one that has, propagates every write with its absolute expiry, as
 //! before. A replica attaching later gets the skipped writes in its initial
 //! snapshot, as it gets every key. A skipped write is still counted toward
-//! the RDB save points (`count_change` in lib.rs), which Redis counts only in
+//! the RDB save points (`count_change`), which Redis counts only in
 //! `RedisModule_Replicate`.
 #![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis_module::{raw, Context, Status};
+use redis_module::{raw, Context, RedisError, Status};
+
+use crate::key::WRITE_FAILED;
 
 /// A replica synced or the role changed since the module loaded: for good.
 static REPLICATION: AtomicBool = AtomicBool::new(false);
@@ -45,6 +48,7 @@ static BACKLOG: AtomicBool = AtomicBool::new(true);
 static READ: AtomicBool = AtomicBool::new(false);
 
 /// Whether a write made under `ctx` must be propagated.
+#[allow(unsafe_code)]
 pub fn needed(ctx: *mut raw::RedisModuleCtx) -> bool {
     if REPLICATION.load(Ordering::Relaxed) {
         return true;
@@ -61,6 +65,7 @@ pub fn needed(ctx: *mut raw::RedisModuleCtx) -> bool {
 }
 
 /// Registers the watchers: a command filter, the role-change and loading events.
+#[allow(unsafe_code)]
 pub fn init(ctx: &Context) -> Status {
     // SAFETY: called from OnLoad with its context; the callbacks are plain
     // functions that live as long as the module.
@@ -89,6 +94,7 @@ pub fn init(ctx: &Context) -> Status {
 }
 
 /// `INFO replication` says master, no replica, no backlog.
+#[allow(unsafe_code)]
 fn never_replicated(ctx: *mut raw::RedisModuleCtx) -> bool {
     // SAFETY: a command's context; the info is read, then freed once.
     unsafe {
@@ -119,6 +125,7 @@ fn never_replicated(ctx: *mut raw::RedisModuleCtx) -> bool {
 
 /// The command filter: marks replication possible before a `SYNC` or
 /// `PSYNC` runs (one atomic load per command once marked).
+#[allow(unsafe_code)]
 extern "C" fn watch_sync(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if REPLICATION.load(Ordering::Relaxed) {
         return;
@@ -130,7 +137,7 @@ extern "C" fn watch_sync(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if name.is_null() {
         return;
     }
-    let name = crate::string_bytes(name);
+    let name = crate::commands::string_bytes(name);
     if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
         REPLICATION.store(true, Ordering::Relaxed);
     }
@@ -157,4 +164,71 @@ extern "C" fn loading_changed(
     _data: *mut c_void,
 ) {
     READ.store(false, Ordering::Relaxed);
+}
+
+/// Counts one change toward the RDB save points (`server.dirty`) without
+/// building the write's `SET`, for a write nothing receives (see
+/// [`needed`]). Redis counts a module's changes only in
+/// `RedisModule_Replicate`; a `PING` flagged for neither the AOF (`A`) nor
+/// the replicas (`R`) goes nowhere and is the cheapest command to name, so
+/// a server that persists by `save` points still snapshots the limiter's
+/// state, as it does a script's writes.
+#[allow(unsafe_code)]
+pub fn count_change(ctx: *mut raw::RedisModuleCtx) -> Result<(), RedisError> {
+    // SAFETY: bound once when the module loads, read-only afterwards.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
+    // SAFETY: `ctx` is the running command's; both C strings are
+    // NUL-terminated literals and the format takes no further argument.
+    let status = unsafe { replicate(ctx, c"PING".as_ptr(), c"AR".as_ptr()) };
+    if status == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err(WRITE_FAILED)
+    }
+}
+
+/// Propagates `SET key value PXAT at` (or `KEEPTTL` without `at`) to
+/// replicas and the AOF. The format string hands Redis the key as the
+/// command's own argument (`s`: shared, not copied), the value as a buffer
+/// (`b`: pointer and length), the rest as a C string (`c`) and a long long (`l`).
+#[allow(unsafe_code)]
+pub fn replicate_set(
+    ctx: *mut raw::RedisModuleCtx,
+    key: *mut raw::RedisModuleString,
+    value: &[u8],
+    at: Option<i64>,
+) -> Result<(), RedisError> {
+    // SAFETY: bound once when the module loads, read-only afterwards.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
+    // SAFETY: the key is an argument of the running command, every pointer
+    // lives across the call, the buffer comes with its length, and the C
+    // strings are NUL-terminated literals.
+    let status = unsafe {
+        match at {
+            None => replicate(
+                ctx,
+                c"SET".as_ptr(),
+                c"sbc".as_ptr(),
+                key,
+                value.as_ptr(),
+                value.len(),
+                c"KEEPTTL".as_ptr(),
+            ),
+            Some(at) => replicate(
+                ctx,
+                c"SET".as_ptr(),
+                c"sbcl".as_ptr(),
+                key,
+                value.as_ptr(),
+                value.len(),
+                c"PXAT".as_ptr(),
+                at,
+            ),
+        }
+    };
+    if status == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err(WRITE_FAILED)
+    }
 }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 mod cluster;
+mod commandstats;
 mod module;
 mod node;
 mod secured;
@@ -30,6 +31,7 @@ mod sentinel;
 mod tls;
 
 pub use cluster::{slot_of, RedisCluster, SLOT_COUNT};
+pub use commandstats::CommandStats;
 pub use module::{module_args, slidegate_module};
 pub use secured::{SecuredRedis, SecuredRedisBuilder};
 pub use sentinel::RedisSentinel;

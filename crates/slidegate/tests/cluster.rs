@@ -39,23 +39,7 @@ async fn admin(urls: Vec<String>) -> ClusterConnection {
     client.get_async_connection().await.unwrap_or_else(|e| panic!("admin connection to the cluster: {e}"))
 }
 
-macro_rules! cluster_conformance {
-    ($($case:ident),* $(,)?) => {
-        mod conformance {
-            use slidegate::ManualClock;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let clock = ManualClock::new(crate::support::T0);
-                    let store = crate::cluster_store(&clock, stringify!($case)).await;
-                    crate::conformance_cases::$case(&store, &clock).await;
-                }
-            )*
-        }
-    };
-}
-
-with_conformance_cases!(cluster_conformance);
+conformance_suite!(conformance, |clock, case| ((), cluster_store(&clock, case).await));
 
 /// Fewer cases than on one server: each step is a round trip through the
 /// cluster client, and the single-server run covers the arithmetic broadly.

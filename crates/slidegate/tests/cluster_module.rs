@@ -21,7 +21,7 @@ use proptest::test_runner::{Config, TestRunner};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use slidegate::{Algorithm, Engine, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
-use slidegate_test_redis::{module_args, slot_of, RedisCluster};
+use slidegate_test_redis::{module_args, CommandStats, slot_of, RedisCluster};
 use support::{id, limit, unique_prefix, Decide};
 
 /// Deadlines for two busy cores.
@@ -51,31 +51,10 @@ async fn admin(urls: Vec<String>) -> ClusterConnection {
 
 /// `cmdstat_<cmd>` calls on the node on `port`.
 fn calls(cluster: &RedisCluster, port: u16, cmd: &str) -> u64 {
-    let info = cluster.cli(port, &["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    CommandStats::parse(&cluster.cli(port, &["INFO", "commandstats"])).calls(cmd)
 }
 
-macro_rules! module_cluster_conformance {
-    ($($case:ident),* $(,)?) => {
-        mod conformance {
-            use slidegate::ManualClock;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let clock = ManualClock::new(crate::support::T0);
-                    let store = crate::module_store(&clock, stringify!($case)).await;
-                    crate::conformance_cases::$case(&store, &clock).await;
-                }
-            )*
-        }
-    };
-}
-
-with_conformance_cases!(module_cluster_conformance);
+conformance_suite!(conformance, |clock, case| ((), module_store(&clock, case).await));
 
 /// A short stores-agree run: each step a round trip through the cluster
 /// client; the single-server module run covers the arithmetic broadly.

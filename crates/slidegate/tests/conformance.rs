@@ -7,34 +7,10 @@ mod support;
 #[macro_use]
 mod conformance_cases;
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            use slidegate::{ManualClock, MemoryStore};
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let clock = ManualClock::new(crate::support::T0);
-                    let store = MemoryStore::with_clock(clock.clone());
-                    crate::conformance_cases::$case(&store, &clock).await;
-                }
-            )*
-        }
+conformance_suite!(memory, |clock, _case| ((), slidegate::MemoryStore::with_clock(clock.clone())));
 
-        mod redis {
-            use slidegate::ManualClock;
-            use slidegate_test_redis::RedisServer;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let server = RedisServer::spawn();
-                    let clock = ManualClock::new(crate::support::T0);
-                    let store = crate::support::client_time_store(&server, &clock, stringify!($case)).await;
-                    crate::conformance_cases::$case(&store, &clock).await;
-                }
-            )*
-        }
-    };
-}
-
-with_conformance_cases!(conformance);
+conformance_suite!(redis, |clock, case| {
+    let server = slidegate_test_redis::RedisServer::spawn();
+    let store = crate::support::client_time_store(&server, &clock, case).await;
+    (server, store)
+});

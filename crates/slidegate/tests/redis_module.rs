@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::{Algorithm, Engine, ManualClock, MemoryStore, RedisOptions, RedisStore, TimeSource};
-use slidegate_test_redis::{module_args, RedisServer};
+use slidegate_test_redis::{module_args, CommandStats, RedisServer};
 use support::{id, Decide};
 
 fn module_server() -> RedisServer {
@@ -48,28 +48,14 @@ fn options() -> RedisOptions {
     RedisOptions::new().with_timeout(Duration::from_secs(5)).with_connect_timeout(Duration::from_secs(5))
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod conformance {
-            use slidegate::{ManualClock, TimeSource};
-            use std::sync::Arc;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let server = crate::module_server();
-                    let clock = ManualClock::new(crate::support::T0);
-                    let store = crate::module_store(&server)
-                        .await
-                        .with_prefix(crate::support::unique_prefix(stringify!($case)))
-                        .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
-                    crate::conformance_cases::$case(&store, &clock).await;
-                }
-            )*
-        }
-    };
-}
-
-with_conformance_cases!(conformance);
+conformance_suite!(conformance, |clock, case| {
+    let server = module_server();
+    let store = module_store(&server)
+        .await
+        .with_prefix(support::unique_prefix(case))
+        .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
+    (server, store)
+});
 
 /// The stores-agree traces through the module: single decisions by
 /// `SLIDEGATE.DECIDE`, `decide_all` by `SLIDEGATE.DECIDE_ALL`, and by the
@@ -172,11 +158,7 @@ async fn calls(server: &RedisServer, cmd: &str) -> u64 {
         .query_async(&mut support::admin(server).await)
         .await
         .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    CommandStats::parse(&info).calls(cmd)
 }
 
 #[tokio::test]

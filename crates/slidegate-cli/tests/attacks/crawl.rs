@@ -23,12 +23,7 @@ fn a_catalogue_walk_is_denied_past_its_breadth_on_redis() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
     let config = format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-
-{store}
-
+        r#"{head}
 [identity]
 ip_hash_secret_env = "{SECRET_ENV}"
 
@@ -38,8 +33,7 @@ path = "/api/videos/{{id}}"
 limits = [{{ limit = 100000, window = "60s" }}]
 breadth = {{ distinct = 200, window = "10m", of = "param:id" }}
 "#,
-        upstream = upstream.addr,
-        store = redis_store(&redis),
+        head = config_head(upstream.addr, "", &redis_store(&redis)),
     );
     let gate = Slidegate::start(&config);
     let mut first_denied = None;
@@ -119,12 +113,7 @@ fn answer(stream: TcpStream, hits: &AtomicUsize) {
 
 fn pricing_config(upstream: SocketAddr, store: &str) -> String {
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-
-{store}
-
+        r#"{head}
 [identity]
 ip_hash_secret_env = "{SECRET_ENV}"
 
@@ -140,7 +129,8 @@ path = "/api/search*"
 limits = [{{ limit = 10, window = "60s", algorithm = "sliding_log" }}]
 cost_header = "x-ratelimit-cost"
 max_cost = 10
-"#
+"#,
+        head = config_head(upstream, "", store),
     )
 }
 

@@ -6,10 +6,7 @@ use crate::common::*;
 /// request wrongly counted under a fresh key stands out.
 fn keyed_config(upstream: &Upstream) -> String {
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-
+        r#"{head}
 [identity]
 api_key_header = "x-api-key"
 ip_hash_secret_env = "{SECRET_ENV}"
@@ -20,7 +17,7 @@ path = "/api/videos/trending"
 anonymous = [{{ limit = 5, window = "60s", algorithm = "sliding_log" }}]
 authenticated = [{{ limit = 1000, window = "60s", algorithm = "sliding_log" }}]
 "#,
-        upstream = upstream.addr,
+        head = config_head(upstream.addr, "", ""),
     )
 }
 
@@ -73,10 +70,7 @@ fn a_duplicated_api_key_is_refused() {
 fn router_spellings_of_a_limited_path_share_its_quota() {
     let upstream = Upstream::start();
     let gate = Slidegate::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-
+        r#"{head}
 [identity]
 ip_hash_secret_env = "{SECRET_ENV}"
 
@@ -90,7 +84,7 @@ name = "comments"
 path = "/api/videos/{{id}}/comments"
 limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}]
 "#,
-        upstream = upstream.addr,
+        head = config_head(upstream.addr, "", ""),
     ));
     let spellings = [
         "/API/Videos/Trending",

@@ -2,42 +2,20 @@
 //! identity, its further requests are refused by the process itself, so
 //! Redis does not pay for the attack.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::common::*;
 
 /// Calls of `EVALSHA` and `EVAL` that `INFO commandstats` counts so far.
 fn script_calls(redis: &RedisServer) -> u64 {
-    let mut stream = TcpStream::connect(redis.addr()).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(b"INFO commandstats\r\n").unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut header = String::new();
-    reader.read_line(&mut header).unwrap();
-    let len: usize = header.trim().strip_prefix('$').unwrap().parse().unwrap();
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).unwrap();
-    String::from_utf8(body)
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    let stats = redis.command_stats();
+    stats.calls("evalsha") + stats.calls("eval")
 }
 
 fn scraper_config(upstream: &Upstream, redis: &RedisServer, deny_cache: usize) -> String {
+    let store = format!("[store]\nurl = \"{}\"\ndeny_cache = {deny_cache}", redis.url());
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-admin_on_public = true
-
-[store]
-url = "{url}"
-deny_cache = {deny_cache}
-
+        r#"{head}
 [identity]
 api_key_header = "x-api-key"
 ip_hash_secret_env = "{SECRET_ENV}"
@@ -47,8 +25,7 @@ name = "trending"
 path = "/api/videos/trending"
 limits = [{{ limit = 10, window = "1m", algorithm = "sliding_window_counter" }}]
 "#,
-        upstream = upstream.addr,
-        url = redis.url(),
+        head = config_head(upstream.addr, "admin_on_public = true", &store),
     )
 }
 
@@ -119,13 +96,7 @@ fn without_the_deny_cache_every_denial_is_a_script_call() {
 
 fn penalty_config(upstream: &Upstream, store: &str, shadow: bool) -> String {
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-admin_on_public = true
-
-{store}
-
+        r#"{head}
 [identity]
 api_key_header = "x-api-key"
 ip_hash_secret_env = "{SECRET_ENV}"
@@ -137,7 +108,7 @@ shadow = {shadow}
 limits = [{{ limit = 2, window = "1s", algorithm = "sliding_window_counter" }}]
 penalty = {{ after = 3, within = "1m", block = "4s", max_block = "1m" }}
 "#,
-        upstream = upstream.addr,
+        head = config_head(upstream.addr, "admin_on_public = true", store),
     )
 }
 

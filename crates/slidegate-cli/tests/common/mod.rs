@@ -280,16 +280,18 @@ impl Drop for Slidegate {
     }
 }
 
+/// The head every test configuration starts with: `[server]` on a free
+/// loopback port forwarding to `upstream`, with the lines `server` adds to
+/// that table (`""` for none), then `store` (a `[store]` table, or `""` for
+/// the embedded store's defaults).
+pub fn config_head(upstream: SocketAddr, server: &str, store: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n{server}\n\n{store}\n")
+}
+
 /// The test configuration: quotas small enough to exhaust, exact by algorithm.
 pub fn config(upstream: &Upstream, store: &str, trusted: &str) -> String {
     format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-upstream = "http://{upstream}"
-admin_on_public = true
-
-{store}
-
+        r#"{head}
 [identity]
 api_key_header = "x-api-key"
 ip_hash_secret_env = "{SECRET_ENV}"
@@ -307,7 +309,7 @@ name = "search"
 path = "/api/search*"
 limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}, {{ limit = 100, window = "1h", algorithm = "sliding_log" }}]
 "#,
-        upstream = upstream.addr,
+        head = config_head(upstream.addr, "admin_on_public = true", store),
     )
 }
 

@@ -1,7 +1,9 @@
 //! The conformance cases: one behaviour, asserted with exact values on any
-//! store deciding on a `ManualClock`. `conformance.rs` runs them on the
-//! embedded store and a single `redis-server`, `cluster.rs` on a Redis
-//! Cluster. Each case is `async fn(&impl Store, &ManualClock)`.
+//! store deciding on a `ManualClock`, every store through one macro,
+//! `conformance_suite!`: `conformance.rs` runs them on the embedded store
+//! and a single `redis-server`, `cluster.rs` on a Redis Cluster,
+//! `redis_module.rs` and `cluster_module.rs` on the native module, on one
+//! server and on a Cluster. Each case is `async fn(&impl Store, &ManualClock)`.
 #![allow(dead_code)] // each test binary runs its own stores
 
 use std::time::Duration;
@@ -458,10 +460,16 @@ pub async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualCl
     }
 }
 
-/// Calls `$m!(case, case, …)` with every conformance case.
-macro_rules! with_conformance_cases {
-    ($m:ident) => {
-        $m!(
+/// The conformance suite on one store: `conformance_suite!(name, |clock,
+/// case| setup)` makes `mod name` with a `#[tokio::test]` per case. In each,
+/// `clock` is a fresh `ManualClock` at `T0`, `case` the case's name (for a
+/// key prefix), and `setup` (which may `.await`) gives `(guard, store)`: the
+/// store the case runs on, deciding on `clock`, and what must live as long
+/// as the test (its server, or `()`). Every store runs this one list; a new
+/// store joins it with one call.
+macro_rules! conformance_suite {
+    ($suite:ident, |$clock:ident, $case_name:ident| $setup:expr) => {
+        conformance_suite!(@cases $suite, |$clock, $case_name| $setup;
             fills_to_the_limit_with_exact_values,
             retry_after_is_exact_for_every_algorithm,
             counter_weighs_the_previous_window,
@@ -479,5 +487,20 @@ macro_rules! with_conformance_cases {
             gcra_sustains_rates_finer_than_a_microsecond,
             times_out_of_range_are_errors,
         );
+    };
+    (@cases $suite:ident, |$clock:ident, $case_name:ident| $setup:expr; $($case:ident),* $(,)?) => {
+        mod $suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let $clock = slidegate::ManualClock::new(crate::support::T0);
+                    let $case_name = stringify!($case);
+                    let (_guard, store) = $setup;
+                    crate::conformance_cases::$case(&store, &$clock).await;
+                }
+            )*
+        }
     };
 }

@@ -1,0 +1,179 @@
+//! The two commands: their handlers, registered directly with Redis, and
+//! what each does with the keys it declares.
+#![cfg_attr(test, allow(dead_code))]
+
+use std::ffi::{c_int, CStr};
+
+use redis_module::{raw, Context, RedisError};
+
+use crate::clock::Clock;
+use crate::key::OpenKey;
+use crate::stored::decide;
+use crate::wire::{decision_bytes, parse_limit, split_args, Args, DECISION_BYTES, LIMIT_BYTES};
+
+/// What a command replies: one decision (on the stack) or several.
+enum Reply {
+    One([u8; DECISION_BYTES]),
+    All(Vec<u8>),
+}
+
+impl Reply {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Reply::One(bytes) => bytes,
+            Reply::All(bytes) => bytes,
+        }
+    }
+}
+
+/// The bytes of a module string, borrowed for as long as Redis keeps it.
+#[allow(unsafe_code)]
+pub fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+    let mut len = 0;
+    // SAFETY: `s` is an argument of the running command, alive until it
+    // returns; StringPtrLen neither copies nor allocates.
+    unsafe {
+        let ptr = raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(s, &mut len));
+        if ptr.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+        }
+    }
+}
+
+/// `SLIDEGATE.DECIDE <key> <args>`: one limit.
+fn decide_one(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    args: &[u8],
+) -> Result<Reply, RedisError> {
+    let (client_now, limits) = split_args(args, 1)?;
+    let a = parse_limit(limits)?;
+    let clock = Clock::read(client_now)?;
+    let mut key = OpenKey::open(ctx, name);
+    let (decision, write) = decide(key.value()?, clock.now, &a)?;
+    if let Some(write) = write {
+        key.write(ctx, &write, &clock)?;
+    }
+    Ok(Reply::One(decision_bytes(&decision)))
+}
+
+/// `SLIDEGATE.DECIDE_ALL <key>... <args>`: several limits of one identity,
+/// all or nothing, as `decide_all.lua` and the memory store decide them.
+/// Every limit is decided before any is written; if one denies, nothing is
+/// written and the limits that had room report the state without this
+/// request (a cost-0 peek).
+fn decide_all(
+    ctx: *mut raw::RedisModuleCtx,
+    names: &[*mut raw::RedisModuleString],
+    args: &[u8],
+) -> Result<Reply, RedisError> {
+    let (client_now, limits) = split_args(args, names.len())?;
+    let limits = limits.chunks_exact(LIMIT_BYTES).map(parse_limit).collect::<Result<Vec<_>, _>>()?;
+    let clock = Clock::read(client_now)?;
+    let mut checked = Vec::with_capacity(names.len());
+    for (&name, a) in names.iter().zip(&limits) {
+        let key = OpenKey::open(ctx, name);
+        let (decision, write) = decide(key.value()?, clock.now, a)?;
+        checked.push((key, decision, write));
+    }
+    let denied = checked.iter().any(|(_, d, _)| !d.allowed);
+    let mut reply = Vec::with_capacity(DECISION_BYTES * names.len());
+    for ((key, decision, write), a) in checked.iter_mut().zip(&limits) {
+        if denied {
+            if decision.allowed {
+                let peek = Args { cost: 0, ..*a };
+                *decision = decide(key.value()?, clock.now, &peek)?.0;
+            }
+        } else if let Some(write) = write {
+            key.write(ctx, write, &clock)?;
+        }
+        reply.extend_from_slice(&decision_bytes(decision));
+    }
+    Ok(Reply::All(reply))
+}
+
+/// Replies with `result`: the decisions' bytes, or the error.
+fn respond(ctx: *mut raw::RedisModuleCtx, result: Result<Reply, RedisError>) -> c_int {
+    match result {
+        Ok(reply) => {
+            let bytes = reply.bytes();
+            raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int
+        }
+        Err(err) => Context::new(ctx).reply(Err(err)) as c_int,
+    }
+}
+
+/// The command's arguments as Redis hands them over.
+///
+/// # Safety
+/// `argv` points to `argc` strings alive until the command returns.
+#[allow(unsafe_code)]
+unsafe fn arguments<'a>(
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> &'a [*mut raw::RedisModuleString] {
+    match usize::try_from(argc) {
+        // SAFETY: as the caller promises.
+        Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+        _ => &[],
+    }
+}
+
+/// The handler of `SLIDEGATE.DECIDE`, called by Redis. Registered directly
+/// rather than through `redis_module`'s wrapper, which retains every
+/// argument as a module string in a fresh `Vec` first.
+#[allow(unsafe_code)]
+extern "C" fn decide_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        &[_, key, args] => decide_one(ctx, key, string_bytes(args)),
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
+/// The handler of `SLIDEGATE.DECIDE_ALL`, called by Redis.
+#[allow(unsafe_code)]
+extern "C" fn decide_all_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        [_, keys @ .., args] if !keys.is_empty() => decide_all(ctx, keys, string_bytes(*args)),
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
+/// At load: registers the commands with the keys they declare, which Redis
+/// Cluster routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns
+/// check (one key for `DECIDE`; for `DECIDE_ALL` every argument from the
+/// first to the one before last), then the replication watchers.
+#[allow(unsafe_code)]
+pub fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redis_module::Status {
+    type Handler = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
+    let commands: [(&CStr, Handler, c_int); 2] =
+        [(c"slidegate.decide", decide_command, 1), (c"slidegate.decide_all", decide_all_command, -2)];
+    for (name, handler, last_key) in commands {
+        // SAFETY: called from OnLoad with its context; the name and flags
+        // are NUL-terminated literals Redis copies.
+        let status = unsafe {
+            raw::RedisModule_CreateCommand.map_or(raw::REDISMODULE_ERR as c_int, |create| {
+                create(ctx.ctx, name.as_ptr(), Some(handler), c"write deny-oom fast".as_ptr(), 1, last_key, 1)
+            })
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning(&format!("slidegate: cannot register {}", name.to_string_lossy()));
+            return redis_module::Status::Err;
+        }
+    }
+    crate::propagation::init(ctx)
+}
