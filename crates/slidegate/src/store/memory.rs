@@ -80,7 +80,7 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     clock: C,
     /// The shard [`MemoryStore::evict_idle_step`] sweeps next.
     next_sweep: AtomicUsize,
-    /// Distinct-value sketches ([`Store::decide_distinct`]).
+    /// Distinct-value sketches ([`DistinctStore::decide_distinct`]).
     distinct: DistinctTable,
 }
 
