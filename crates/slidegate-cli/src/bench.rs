@@ -23,9 +23,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
 use slidegate::{
-    Algorithm, Charge, Clock, Engine, Identity, Limit, ManualClock, Quota, RedisOptions, RedisStore, RedisTarget,
-    Request, Store,
-    SystemClock, TimeSource,
+    Algorithm, Charge, Clock, Engine, Identity, Limit, ManualClock, Quota, RedisOptions, RedisStore,
+    RedisTarget, Request, Store, SystemClock, TimeSource,
 };
 
 use crate::redis_info::evalsha_usec_per_call;

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Charge, Engine, Identity, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Request, Store,
-    TimeSource,
+    Algorithm, Charge, Engine, Identity, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore,
+    RedisTarget, Request, Store, TimeSource,
 };
 use tokio::task::JoinSet;
 
@@ -230,7 +230,9 @@ async fn redis_experiments(
         for chunk in 0..identities.div_ceil(IN_FLIGHT) {
             for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
                 let (store, identity) = (store.clone(), Identity::named(SCOPE, &format!("user-{i}")));
-                tasks.spawn(async move { store.decide(Request::new(&identity, &[Charge::new(limit, 1)])).await });
+                tasks.spawn(
+                    async move { store.decide(Request::new(&identity, &[Charge::new(limit, 1)])).await },
+                );
             }
             while let Some(done) = tasks.join_next().await {
                 done??;

@@ -62,10 +62,7 @@ pub(crate) struct FixedWindow;
 
 impl Definition for FixedWindow {
     const NAME: &'static str = "fixed_window";
-    const TAG: &'static str = "fw";
-    const LUA: &'static str = include_str!("../store/redis/fixed_window.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::PackedTable<crate::store::memory::PackedFixed>;
 
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
         decide(state, now_ms, cost, quota)

@@ -97,10 +97,7 @@ pub(crate) struct Gcra;
 
 impl Definition for Gcra {
     const NAME: &'static str = "gcra";
-    const TAG: &'static str = "gcra";
-    const LUA: &'static str = include_str!("../store/redis/gcra.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::PlainTable<Self>;
 
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
         decide(state, now_ms, cost, quota)

@@ -14,12 +14,14 @@
 //! token bucket and GCRA never refill backwards, and the log keeps counting
 //! permits stamped in the future.
 //!
-//! Each algorithm module also implements `Definition` (crate-private) on a unit type: its
-//! names, its Lua mirror, and how the embedded store keeps its states. The
-//! one list of algorithms is `for_each_algorithm!`; everything that differs
-//! per algorithm elsewhere (`Algorithm::ALL` and its names, [`IdentityState`],
-//! the memory store's tables, the Redis key tags and Lua dispatch table) is
-//! derived from that list and the `Definition`s.
+//! Each algorithm module also implements `Definition` (crate-private) on a
+//! unit type: its name, its state and its arithmetic. The one list of
+//! algorithms is `for_each_algorithm!`; everything that differs per
+//! algorithm (`Algorithm::ALL` and its names, [`IdentityState`]) is derived
+//! from that list and the `Definition`s. The algorithms know nothing of the
+//! stores: each store says what it keeps per algorithm by a trait of its own
+//! implemented on the same unit types (the embedded store's `Kept`, the
+//! Redis store's `Scripted`), reached through the same list.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -35,25 +37,12 @@ use thiserror::Error;
 use crate::{Decision, Quota};
 
 /// Everything that defines one algorithm, implemented once per algorithm
-/// module. The stores reach every algorithm through this trait, so none of
-/// them lists the algorithms by hand.
-// Without Redis, nothing reads the key tag or the Lua source.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// module: its name, its state and its arithmetic, nothing of any store.
 pub(crate) trait Definition {
-    /// The algorithm's name in configs, JSON and keys' documentation, and of
-    /// its Lua file (`store/redis/<NAME>.lua`).
+    /// The algorithm's name in configs, JSON and keys' documentation.
     const NAME: &'static str;
-    /// Its short name in Redis keys (`…:<TAG>:<limit>:<window_ms>`) and in
-    /// the names of its Lua functions. Part of the key layout: changing it
-    /// orphans every key already written.
-    const TAG: &'static str;
-    /// Its Lua mirror, which follows the load / decide / commit contract
-    /// written down in `store/redis/scripts.rs`.
-    const LUA: &'static str;
     /// The state of one identity; the default is an identity never seen.
     type State: Clone + Default + PartialEq + fmt::Debug;
-    /// How the embedded store keeps the states of one limit.
-    type MemoryTable: crate::store::memory::LimitTable;
 
     /// Decides `cost` permits at `now_ms` (`cost ≤ quota.permits()`); the
     /// state comes back charged when allowed, unchanged on a denial or a
@@ -70,7 +59,8 @@ pub(crate) trait Definition {
 /// named like the variant that implements [`Definition`], and its state type
 /// `State`. Adding an algorithm adds its line here and its variant to
 /// [`Algorithm`]; the compiler points out every match that is then missing
-/// an arm (there is none outside the generated code).
+/// an arm (there is none outside the generated code) and every store trait
+/// the new unit type does not implement yet.
 macro_rules! for_each_algorithm {
     ($then:ident) => {
         $then! {
@@ -134,21 +124,6 @@ macro_rules! algorithm_table {
                 }
             }
 
-            /// Its short name in Redis keys and Lua function names.
-            #[cfg(feature = "redis")]
-            pub(crate) fn tag(self) -> &'static str {
-                match self {
-                    $(Algorithm::$variant => <$module::$variant as Definition>::TAG,)*
-                }
-            }
-
-            /// The source of its Lua file.
-            #[cfg(feature = "redis")]
-            pub(crate) fn lua(self) -> &'static str {
-                match self {
-                    $(Algorithm::$variant => <$module::$variant as Definition>::LUA,)*
-                }
-            }
         }
 
         /// The state of one identity under any of the algorithms, for callers

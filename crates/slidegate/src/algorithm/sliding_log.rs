@@ -119,10 +119,7 @@ pub(crate) struct SlidingLog;
 
 impl Definition for SlidingLog {
     const NAME: &'static str = "sliding_log";
-    const TAG: &'static str = "log";
-    const LUA: &'static str = include_str!("../store/redis/sliding_log.lua");
     type State = Log;
-    type MemoryTable = crate::store::memory::Logs;
 
     fn decide(log: Log, now_ms: u64, cost: u64, quota: &Quota) -> (Log, Decision) {
         decide(log, now_ms, cost, quota)

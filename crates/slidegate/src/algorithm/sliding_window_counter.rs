@@ -133,10 +133,7 @@ pub(crate) struct SlidingWindowCounter;
 
 impl Definition for SlidingWindowCounter {
     const NAME: &'static str = "sliding_window_counter";
-    const TAG: &'static str = "swc";
-    const LUA: &'static str = include_str!("../store/redis/sliding_window_counter.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::CounterTables;
 
     #[inline]
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {

@@ -71,10 +71,7 @@ pub(crate) struct TokenBucket;
 
 impl Definition for TokenBucket {
     const NAME: &'static str = "token_bucket";
-    const TAG: &'static str = "tb";
-    const LUA: &'static str = include_str!("../store/redis/token_bucket.lua");
     type State = State;
-    type MemoryTable = crate::store::memory::PlainTable<Self>;
 
     fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
         decide(state, now_ms, cost, quota)

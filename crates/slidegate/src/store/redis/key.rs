@@ -16,6 +16,7 @@ use std::fmt;
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
+use super::scripts;
 use crate::{Identity, Limit};
 
 /// A state key, written straight into the command buffer (no `String` per call).
@@ -34,7 +35,7 @@ impl fmt::Display for StateKey<'_> {
             self.prefix,
             escape(self.identity),
             self.identity,
-            self.limit.algorithm.tag(),
+            scripts::tag(self.limit.algorithm),
             self.limit.quota.permits(),
             self.limit.quota.window_ms()
         )
@@ -119,7 +120,7 @@ mod tests {
 
     #[test]
     fn tags_are_the_ones_existing_keys_carry() {
-        let tags = Algorithm::ALL.map(Algorithm::tag);
+        let tags = Algorithm::ALL.map(scripts::tag);
         assert_eq!(tags, ["swc", "fw", "log", "tb", "gcra"]);
     }
 

@@ -13,7 +13,8 @@
 //!   reconnects with a short, capped back-off (see `link.rs`).
 //! - Time comes from Redis `TIME` inside the script by default
 //!   ([`TimeSource::Server`]), so app servers with skewed clocks agree.
-//! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`
+//! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`,
+//!   the identity written as `<scope>:<source tag>:<32 hex digits>`
 //!   (see [`RedisStore::keys_for`]); the `{identity}` hash tag keeps all keys of
 //!   an identity in one Redis Cluster slot. The sliding window counter, fixed
 //!   window and token bucket keep a packed string (12 bytes for limits below
@@ -46,247 +47,37 @@
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
 
+mod engine;
 mod key;
 mod link;
+mod options;
 mod scripts;
 mod target;
 mod wire;
 
 use std::fmt;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
+pub use self::engine::Engine;
+use self::engine::ModuleProbe;
 use self::key::{PenaltyKey, StateKey};
 use self::link::Link;
+pub use self::options::{RedisOptions, TimeSource};
 use self::scripts::Lua;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{
-    check_time, validate, Charge, Decisions, DistinctStore, Outcome, Request, Store, StoreError,
-};
-use crate::{Algorithm, Clock, Decision, Identity, Limit, Penalty, Quota};
+use crate::store::{check_time, validate, Charge, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::{Clock, Decision, Identity, Limit, Penalty, Quota};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
-
-/// Where a [`RedisStore`] takes the current time from.
-#[derive(Clone, Default)]
-pub enum TimeSource {
-    /// Redis `TIME`, read inside each script: one clock for every app server.
-    #[default]
-    Server,
-    /// The given clock, sent with each call: for tests and replays (a
-    /// [`crate::ManualClock`]), or to share a clock with a [`crate::MemoryStore`].
-    ///
-    /// TTLs still run on Redis's own clock, so in this mode each key lives 10 s
-    /// longer than its state matters: a client clock that runs slow (or only
-    /// moves when told to) does not see its state expire early.
-    Client(Arc<dyn Clock>),
-}
-
-impl fmt::Debug for TimeSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TimeSource::Server => f.write_str("Server"),
-            TimeSource::Client(clock) => write!(f, "Client(now_ms = {})", clock.now_ms()),
-        }
-    }
-}
-
-/// Deadlines, reconnection, credentials and TLS of a [`RedisStore`], for
-/// [`RedisStore::connect_with`] and [`RedisStore::connect_to`].
-///
-/// The defaults suit a Redis on the same network: a decision that takes
-/// longer than 250 ms is better answered by a fallback than waited for.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisOptions {
-    timeout: Duration,
-    connect_timeout: Duration,
-    reconnect_min: Duration,
-    reconnect_max: Duration,
-    username: Option<String>,
-    password: Option<String>,
-    tls_ca: Option<PathBuf>,
-    engine: Engine,
-}
-
-/// What decides inside Redis: the Lua scripts or the native module.
-///
-/// The native module (`crates/slidegate-redis-module`, loaded with
-/// `--loadmodule`) runs `slidegate::algorithm` itself on the keys the Lua
-/// scripts keep, so both engines interoperate on one key. It decides
-/// [`Store::decide`] (`SLIDEGATE.DECIDE` for one charge,
-/// `SLIDEGATE.DECIDE_ALL` for several, all or nothing as the script) for
-/// every algorithm but the sliding log, a sorted set the module leaves to the
-/// scripts: a call with a sliding log among its limits runs the script
-/// whatever the engine. A request under a penalty and
-/// [`crate::DistinctStore::decide_distinct`] always use Lua.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Engine {
-    /// The module where Redis has it (asked at connect and after each
-    /// reconnect with `COMMAND INFO SLIDEGATE.DECIDE_ALL`; on a Cluster,
-    /// at the first decision, of every master, and the module is used only
-    /// if all have it), else Lua. A call the server answers "unknown
-    /// command" (the module unloaded, a failover to a node without it) ran
-    /// nothing and is decided again by Lua, which decides from then on.
-    #[default]
-    Auto,
-    /// Always the Lua scripts.
-    Lua,
-    /// Always the module: a Redis without it answers every decision with an error.
-    Module,
-}
-
-/// The module command that decides one limit.
-const MODULE_DECIDE: &str = "SLIDEGATE.DECIDE";
-/// The module command that decides several limits of one identity.
-const MODULE_DECIDE_ALL: &str = "SLIDEGATE.DECIDE_ALL";
-
-impl Engine {
-    /// Every engine, in the order of their names.
-    pub const ALL: [Engine; 3] = [Engine::Auto, Engine::Lua, Engine::Module];
-
-    /// The engine's name in configuration files and on the command line:
-    /// `auto`, `lua` or `module`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Auto => "auto",
-            Engine::Lua => "lua",
-            Engine::Module => "module",
-        }
-    }
-}
-
-impl fmt::Display for Engine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Engine {
-    type Err = String;
-
-    /// Parses `auto`, `lua` or `module`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Engine::ALL
-            .into_iter()
-            .find(|e| e.name() == s)
-            .ok_or_else(|| format!("unknown engine {s:?}: expected \"auto\", \"lua\" or \"module\""))
-    }
-}
-
-/// Whether the connection of one generation has the module ([`Engine::Auto`]).
-#[derive(Debug, Default)]
-struct ModuleProbe {
-    /// The link generation last asked, plus one; 0 before the first answer.
-    asked: AtomicU64,
-    present: AtomicBool,
-}
-
-impl fmt::Debug for RedisOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisOptions")
-            .field("timeout", &self.timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("reconnect_min", &self.reconnect_min)
-            .field("reconnect_max", &self.reconnect_max)
-            .field("username", &self.username)
-            // Never printed: options end up in logs.
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("tls_ca", &self.tls_ca)
-            .field("engine", &self.engine)
-            .finish()
-    }
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_millis(250),
-            connect_timeout: Duration::from_millis(500),
-            reconnect_min: Duration::from_millis(25),
-            reconnect_max: Duration::from_millis(200),
-            username: None,
-            password: None,
-            tls_ca: None,
-            engine: Engine::Auto,
-        }
-    }
-}
-
-impl RedisOptions {
-    /// The defaults: 250 ms per decision, 500 ms per connection attempt,
-    /// reconnect back-off from 25 ms doubling up to 200 ms.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The deadline of one decision, from the call to the reply, the
-    /// `NOSCRIPT` fallback included. Past it the call fails with
-    /// [`StoreError::TimedOut`].
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The deadline of one connection attempt (TCP and handshake), at
-    /// [`RedisStore::connect_with`] and for each background reconnect.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The pause between background reconnect attempts: `min` after the
-    /// first failure, doubling up to `max`. A short `max` bounds how long a
-    /// store stays down after Redis is back.
-    pub fn with_reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.reconnect_min = min.max(Duration::from_millis(1));
-        self.reconnect_max = max.max(self.reconnect_min);
-        self
-    }
-
-    /// The ACL user and password for the data nodes (the server, the
-    /// cluster's nodes, the master behind Sentinel). Each one given
-    /// overrides the URL's; `None` keeps the URL's. A password alone logs in
-    /// as the `default` user (`requirepass`).
-    pub fn with_credentials(mut self, username: Option<String>, password: Option<String>) -> Self {
-        self.username = username;
-        self.password = password;
-        self
-    }
-
-    /// Trusts the CA certificate in this PEM file for `rediss://` servers,
-    /// instead of the system roots.
-    pub fn with_tls_ca(mut self, ca_cert_pem_path: PathBuf) -> Self {
-        self.tls_ca = Some(ca_cert_pem_path);
-        self
-    }
-
-    /// Decides with `engine` (default [`Engine::Auto`]).
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
-        self
-    }
-
-    /// The deadline of one decision.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// The deadline of one connection attempt.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-}
 
 /// What a store sends its commands on.
 #[derive(Clone)]
@@ -534,13 +325,13 @@ impl RedisStore {
         &self.time
     }
 
-    /// The Redis keys that hold `key`'s state under `limit` (for tests,
+    /// The Redis keys that hold `identity`'s state under `limit` (for tests,
     /// `MEMORY USAGE`, cleanup). Every algorithm uses exactly one key:
-    /// `<prefix>{<identity>}:<alg>:<limit>:<window_ms>` with `<alg>` one of
-    /// `swc`, `fw`, `log`, `tb`, `gcra`.
+    /// `<prefix>{<scope>:<source tag>:<32 hex digits>}:<alg>:<limit>:<window_ms>`
+    /// with `<alg>` one of `swc`, `fw`, `log`, `tb`, `gcra`.
     ///
-    /// An identity starting with `{` or `}` is written with one more `{` in
-    /// front, so that its hash tag is never empty.
+    /// An identity whose scope starts with `{` or `}` is written with one
+    /// more `{` in front, so that its hash tag is never empty.
     pub fn keys_for(&self, identity: &Identity, limit: &Limit) -> Vec<String> {
         vec![self.state_key(identity, limit).to_string()]
     }
@@ -613,76 +404,6 @@ impl RedisStore {
             Err(_) => Err(StoreError::TimedOut(self.timeout)),
         }
     }
-}
-
-impl RedisStore {
-    /// Asks the connection of `generation` whether it has the module and
-    /// remembers the answer for that generation.
-    async fn probe_module<C: ConnectionLike + Send>(
-        &self,
-        generation: u64,
-        conn: &mut C,
-    ) -> Result<bool, StoreError> {
-        let reply: Value = module_probe().query_async(conn).await?;
-        self.remember_probe(generation, has_module(&reply))
-    }
-
-    /// Asks every master of the cluster whether it has the module: `true`
-    /// only if all do. (A replica promoted later without it answers the
-    /// module's commands "unknown command", which ran nothing: Lua decides,
-    /// see [`RedisStore::module_gone`].)
-    async fn probe_cluster_module(&self, cluster: &mut ClusterConnection) -> Result<bool, StoreError> {
-        let every_node = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        // One reply per node, keyed by its address.
-        let reply = cluster.route_command(module_probe(), every_node).await?;
-        let present = match &reply {
-            Value::Map(nodes) => !nodes.is_empty() && nodes.iter().all(|(_, reply)| has_module(reply)),
-            other => has_module(other),
-        };
-        self.remember_probe(0, present)
-    }
-
-    fn remember_probe(&self, generation: u64, present: bool) -> Result<bool, StoreError> {
-        self.module.present.store(present, Ordering::Relaxed);
-        self.module.asked.store(generation + 1, Ordering::Release);
-        Ok(present)
-    }
-
-    /// Whether a decision under `algorithms` goes to the module.
-    async fn use_module(&self, mut algorithms: impl Iterator<Item = Algorithm>) -> Result<bool, StoreError> {
-        if algorithms.any(|a| a == Algorithm::SlidingLog) {
-            // A sorted set, which the module leaves to the scripts.
-            return Ok(false);
-        }
-        match self.engine {
-            Engine::Lua => return Ok(false),
-            Engine::Module => return Ok(true),
-            Engine::Auto => {}
-        }
-        // A reconnect may have reached another server (a restart without the
-        // module, a failover): each connection generation is asked once.
-        let generation = match &self.conn {
-            Connection::Link(link) => link.get()?.0,
-            Connection::Manager(_) | Connection::Cluster(_) => 0,
-        };
-        if self.module.asked.load(Ordering::Acquire) == generation + 1 {
-            return Ok(self.module.present.load(Ordering::Relaxed));
-        }
-        let probe = async {
-            match &self.conn {
-                Connection::Link(link) => {
-                    let (generation, mut conn) = link.get()?;
-                    self.probe_module(generation, &mut conn).await
-                }
-                Connection::Manager(manager) => self.probe_module(0, &mut manager.clone()).await,
-                Connection::Cluster(cluster) => self.probe_cluster_module(&mut cluster.clone()).await,
-            }
-        };
-        match tokio::time::timeout(self.timeout, probe).await {
-            Ok(present) => present,
-            Err(_) => Err(StoreError::TimedOut(self.timeout)),
-        }
-    }
 
     /// Sends `cmd` under the store's deadline.
     async fn send(&self, cmd: &Cmd) -> Result<Value, StoreError> {
@@ -705,66 +426,6 @@ impl RedisStore {
             Err(_) => Err(StoreError::TimedOut(self.timeout)),
         }
     }
-
-    /// A decision by the module: `SLIDEGATE.DECIDE` for one charge (the key
-    /// the scripts use, the arguments of `decide_all.lua` for one limit),
-    /// `SLIDEGATE.DECIDE_ALL` for several (the keys first, so that a cluster
-    /// client routes by the first); the scripts' reply.
-    async fn decide_by_module(
-        &self,
-        identity: &Identity,
-        charges: &[Charge],
-        now_ms: Option<u64>,
-    ) -> Result<Decisions, StoreError> {
-        let key_len = self.prefix.len() + identity.scope().len() + 64;
-        if let [charge] = charges {
-            let mut cmd = Cmd::with_capacity(3, 128 + key_len);
-            cmd.arg(MODULE_DECIDE)
-                .arg(self.state_key(identity, &charge.limit))
-                .arg(DecideAllArgs { now_ms, charges });
-            let reply = self.send(&cmd).await?;
-            return wire::single_decision(&reply, charge.limit.quota.permits()).map(Decisions::one);
-        }
-        let mut cmd = Cmd::with_capacity(2 + charges.len(), 64 + charges.len() * key_len);
-        cmd.arg(MODULE_DECIDE_ALL);
-        for charge in charges {
-            cmd.arg(self.state_key(identity, &charge.limit));
-        }
-        cmd.arg(DecideAllArgs { now_ms, charges });
-        let reply = self.send(&cmd).await?;
-        wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Decisions::from)
-    }
-
-    /// After the module answered "unknown command" under [`Engine::Auto`]
-    /// (a `MODULE UNLOAD`, a failover to a node without it): nothing ran,
-    /// so Lua decides, until the next probe.
-    fn module_gone(&self, err: &StoreError) -> bool {
-        let gone = self.engine == Engine::Auto && is_unknown_command(err);
-        if gone {
-            self.module.present.store(false, Ordering::Relaxed);
-        }
-        gone
-    }
-}
-
-/// `COMMAND INFO SLIDEGATE.DECIDE_ALL`: the newer of the module's commands,
-/// so that a server with an older build of the module counts as without.
-fn module_probe() -> Cmd {
-    let mut cmd = redis::cmd("COMMAND");
-    cmd.arg("INFO").arg(MODULE_DECIDE_ALL);
-    cmd
-}
-
-/// Whether a `COMMAND INFO` reply describes the command: one entry per name
-/// asked, nil for a command the server does not know.
-fn has_module(reply: &Value) -> bool {
-    matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)))
-}
-
-/// Whether Redis refused a command it does not know (nothing ran).
-fn is_unknown_command(err: &StoreError) -> bool {
-    matches!(err, StoreError::Redis(e) if e.code() == Some("ERR")
-        && e.detail().is_some_and(|d| d.starts_with("unknown command")))
 }
 
 /// Sends `cmd`, an `EVALSHA`; on `NOSCRIPT` (the script cache was flushed,
@@ -865,7 +526,7 @@ impl RedisStore {
         wire::penalized(&reply, charges.iter().map(|c| c.limit.quota.permits()))
     }
 
-    /// The Redis key of `key`'s distinct-value sketch under `quota`:
+    /// The Redis key of `identity`'s distinct-value sketch under `quota`:
     /// `<prefix>{<identity>}:hll:<limit>:<window_ms>`, in the identity's slot
     /// (its window number lives in the same key plus `:w`).
     pub fn distinct_key(&self, identity: &Identity, quota: &Quota) -> String {

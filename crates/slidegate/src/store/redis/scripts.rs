@@ -1,8 +1,8 @@
 //! The Lua scripts, assembled once from the `*.lua` pieces beside this file.
 //!
 //! Each algorithm's arithmetic exists once in Lua, in `<name>.lua`
-//! (mirroring `crate::algorithm::<name>`, whose `Definition` supplies the
-//! source). A script is a main file whose `--! include prelude.lua` line
+//! (mirroring `crate::algorithm::<name>`; [`Scripted`] names the file and
+//! the algorithm's key tag). A script is a main file whose `--! include prelude.lua` line
 //! pulls in the shared prelude (clock, expiry, the rules of exact
 //! arithmetic) and whose algorithm lines pull in algorithm files in one of
 //! two forms:
@@ -49,7 +49,74 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::sliding_log::SlidingLog;
+use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::algorithm::{for_each_algorithm, Definition};
 use crate::Algorithm;
+
+/// What the Redis store knows of an algorithm: its Lua mirror and its tag
+/// in keys. Implemented here for each algorithm's unit type, so the
+/// algorithms know nothing of Redis; [`tag`] and [`lua`] are built from
+/// `for_each_algorithm!` through this trait, and an algorithm without an
+/// implementation is a compile error.
+pub(super) trait Scripted: Definition {
+    /// Its short name in Redis keys (`…:<TAG>:<limit>:<window_ms>`) and in
+    /// the names of its Lua functions. Part of the key layout: changing it
+    /// orphans every key already written.
+    const TAG: &'static str;
+    /// Its Lua mirror (`<NAME>.lua` beside this file), which follows the
+    /// load / decide / commit contract below.
+    const LUA: &'static str;
+}
+
+impl Scripted for SlidingWindowCounter {
+    const TAG: &'static str = "swc";
+    const LUA: &'static str = include_str!("sliding_window_counter.lua");
+}
+
+impl Scripted for FixedWindow {
+    const TAG: &'static str = "fw";
+    const LUA: &'static str = include_str!("fixed_window.lua");
+}
+
+impl Scripted for SlidingLog {
+    const TAG: &'static str = "log";
+    const LUA: &'static str = include_str!("sliding_log.lua");
+}
+
+impl Scripted for TokenBucket {
+    const TAG: &'static str = "tb";
+    const LUA: &'static str = include_str!("token_bucket.lua");
+}
+
+impl Scripted for Gcra {
+    const TAG: &'static str = "gcra";
+    const LUA: &'static str = include_str!("gcra.lua");
+}
+
+/// [`Scripted`] by [`Algorithm`]: `tag` and `lua`.
+macro_rules! scripted {
+    ($($variant:ident => $module:ident),* $(,)?) => {
+        /// The algorithm's [`Scripted::TAG`].
+        pub(super) fn tag(algorithm: Algorithm) -> &'static str {
+            match algorithm {
+                $(Algorithm::$variant => <crate::algorithm::$module::$variant as Scripted>::TAG,)*
+            }
+        }
+
+        /// The algorithm's [`Scripted::LUA`].
+        fn lua(algorithm: Algorithm) -> &'static str {
+            match algorithm {
+                $(Algorithm::$variant => <crate::algorithm::$module::$variant as Scripted>::LUA,)*
+            }
+        }
+    };
+}
+
+for_each_algorithm!(scripted);
 
 const PRELUDE: &str = include_str!("prelude.lua");
 const DECIDE: &str = include_str!("decide.lua");
@@ -79,7 +146,7 @@ struct Sections {
 
 impl Sections {
     fn of(algorithm: Algorithm) -> Self {
-        let source = algorithm.lua();
+        let source = lua(algorithm);
         let name = algorithm.name();
         let cut = |text: &'static str, marker: &str| {
             text.split_once(marker).unwrap_or_else(|| panic!("{name}.lua has no {marker:?}"))
@@ -148,14 +215,14 @@ fn algorithm_file(name: &str) -> Algorithm {
 fn dispatch_table() -> String {
     let mut lua = String::new();
     for a in Algorithm::ALL {
-        lua.push_str(&Sections::of(a).functions(a.tag()));
+        lua.push_str(&Sections::of(a).functions(tag(a)));
         lua.push('\n');
     }
     lua.push_str("local algorithms = {\n");
     for a in Algorithm::ALL {
         lua.push_str(&format!(
             "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit }}, -- {n} {name}\n",
-            t = a.tag(),
+            t = tag(a),
             n = number(a),
             name = a.name()
         ));
@@ -184,7 +251,7 @@ fn assemble(main: &str) -> String {
 
 /// The source of the single-limit script for `algorithm`.
 pub(super) fn decide_source(algorithm: Algorithm) -> String {
-    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", algorithm.tag()))
+    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
 }
 
 /// The source of the all-or-nothing script over several limits.
@@ -303,7 +370,7 @@ mod tests {
         assert!(penalty.contains("for i = 1, #KEYS - 1 do"));
         assert!(penalty.contains("return table.concat(reply) .. struct_pack('<d', blocked)"));
         for a in Algorithm::ALL {
-            assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", a.tag())));
+            assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", tag(a))));
         }
     }
 
@@ -332,7 +399,7 @@ mod tests {
         for (i, (a, entry)) in Algorithm::ALL.into_iter().zip(entries).enumerate() {
             // The numbers existing clients send: 1 sliding window counter … 5 gcra.
             assert_eq!(number(a), i + 1);
-            assert!(entry.contains(&format!("decide = {}_decide", a.tag())), "{entry}");
+            assert!(entry.contains(&format!("decide = {}_decide", tag(a))), "{entry}");
             assert!(entry.ends_with(&format!("-- {} {}", i + 1, a.name())), "{entry}");
         }
         assert_eq!(

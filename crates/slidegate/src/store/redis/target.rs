@@ -18,7 +18,7 @@ pub enum RedisTarget {
     Single(String),
     /// A Redis Cluster: seed node URLs (any subset of the nodes). All keys of
     /// one identity share its `{identity}` hash tag, so every script runs on
-    /// one node, `decide_all` included.
+    /// one node, a request with several charges included.
     Cluster(Vec<String>),
     /// A master found through Sentinel: the sentinels' URLs (asked as they
     /// are, credentials in the URL if they need any) and the name they

@@ -1,0 +1,102 @@
+//! One shard of the embedded store: the tables and penalty states of the
+//! identities whose hash picks it, and the decisions made under its lock.
+
+use std::collections::HashMap;
+
+use super::tables::Table;
+use crate::store::{Charge, Decisions, Outcome};
+use crate::{Decision, Limit, Penalty, PenaltyState};
+
+#[derive(Default)]
+pub(super) struct Shard {
+    /// One table per limit seen; an identity rarely meets more than a handful.
+    tables: Vec<Table>,
+    /// Penalty states by identity hash: only identities that were denied
+    /// under a penalty, forgotten by the sweep once idle.
+    penalties: HashMap<u64, PenaltyState>,
+}
+
+impl Shard {
+    pub(super) fn table(&mut self, limit: &Limit, now: u64) -> &mut Table {
+        let index = match self.tables.iter().position(|t| t.limit == *limit) {
+            Some(i) => i,
+            None => {
+                self.tables.push(Table::new(*limit, now));
+                self.tables.len() - 1
+            }
+        };
+        &mut self.tables[index]
+    }
+
+    /// Forgets every idle state, shrinks every table to what remains, drops
+    /// empty tables. Returns how many states remain.
+    pub(super) fn sweep(&mut self, now: u64) -> usize {
+        for table in &mut self.tables {
+            table.shrink(now);
+        }
+        self.tables.retain(|t| t.len() > 0);
+        self.tables.shrink_to_fit();
+        self.penalties.retain(|_, p| !p.is_idle(now));
+        self.penalties.shrink_to_fit();
+        self.len()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.tables.iter().map(Table::len).sum()
+    }
+}
+
+/// Decides `charges` for identity `id` at `now` all-or-nothing, under the
+/// shard's lock the caller holds.
+pub(super) fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[Charge]) -> Decisions {
+    if let [charge] = charges {
+        return Decisions::one(shard.table(&charge.limit, now).decide(id, now, charge.cost, true));
+    }
+    // No thread may change one of the states between the check and the commit.
+    for charge in charges {
+        shard.table(&charge.limit, now).states.hold(id, now);
+    }
+    let mut decisions: Vec<Decision> =
+        charges.iter().map(|c| shard.table(&c.limit, now).decide(id, now, c.cost, false)).collect();
+    if decisions.iter().all(|d| d.allowed) {
+        // Same state, same time: committing reproduces each checked
+        // decision, now with the charges of the limits before it applied.
+        for (c, decision) in charges.iter().zip(&mut decisions) {
+            *decision = shard.table(&c.limit, now).decide(id, now, c.cost, true);
+        }
+    } else {
+        // Nothing is charged, so a limit that had room reports its
+        // remaining permits without this request: a peek at cost 0.
+        for (c, decision) in charges.iter().zip(&mut decisions) {
+            if decision.allowed {
+                *decision = shard.table(&c.limit, now).decide(id, now, 0, false);
+            }
+        }
+    }
+    for charge in charges {
+        shard.table(&charge.limit, now).states.release();
+    }
+    decisions.into()
+}
+
+/// Decides `charges` under `penalty` for identity `id`, under the shard's
+/// lock the caller holds.
+pub(super) fn decide_penalized(
+    shard: &mut Shard,
+    id: u64,
+    now: u64,
+    charges: &[Charge],
+    penalty: &Penalty,
+) -> Outcome {
+    if let Some(ms) = shard.penalties.get(&id).and_then(|p| p.blocked_for(now)) {
+        return Outcome::blocked(Decisions::none(), ms);
+    }
+    let decisions = decide_locked(shard, id, now, charges);
+    if decisions.iter().all(|d| d.allowed) {
+        return Outcome::decided(decisions);
+    }
+    match shard.penalties.entry(id).or_default().deny(penalty, now) {
+        Some(ms) => Outcome::blocked(decisions, ms),
+        None => Outcome::decided(decisions),
+    }
+}
