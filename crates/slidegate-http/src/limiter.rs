@@ -14,7 +14,7 @@ use slidegate::{
 };
 
 use crate::breaker::{Admit, Breaker, BreakerPolicy};
-use crate::config::{Config, Delay, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::config::{Delay, IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits};
 use crate::deny_cache::DenyCache;
 use crate::identity::{IdentityExtractor, IdentitySource};
 use crate::metrics::Metrics;
@@ -168,63 +168,32 @@ enum Mode {
 /// How the limiter guards itself against its store: a deadline on each call,
 /// a circuit breaker, and optionally an embedded fallback limiter.
 ///
-/// Its [`Default`] is the one set of defaults; `[store]` in the configuration
-/// starts from it too.
+/// Its [`Default`] is the one set of defaults; `slidegate serve`'s `[store]`
+/// keys deserialize into it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreGuard {
     /// Deadline of one store call.
     pub timeout: Delay,
-    /// Consecutive failures that open the breaker.
-    pub breaker_failures: u32,
     /// How often an open breaker probes the store.
     pub probe_interval: Delay,
+    /// When the breaker opens and how it tries the store again.
+    pub breaker: BreakerPolicy,
     /// Whether an embedded fallback limiter decides while the store is unavailable.
     pub fallback: bool,
-    /// The sliding window over which the breaker measures the failure rate.
-    pub breaker_window: Delay,
-    /// Calls the window must hold before its failure rate opens the breaker;
-    /// below it, `breaker_failures` consecutive failures do.
-    pub breaker_min_calls: u32,
-    /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
-    pub breaker_failure_rate: u8,
-    /// While the breaker is open, one decision per this interval tries the store.
-    pub breaker_trial_interval: Delay,
     /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
     pub instances: u32,
     /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
     pub deny_cache: usize,
 }
 
-impl StoreGuard {
-    fn breaker_policy(&self) -> BreakerPolicy {
-        BreakerPolicy {
-            failures: self.breaker_failures,
-            window: self.breaker_window.get(),
-            min_calls: self.breaker_min_calls,
-            failure_rate: self.breaker_failure_rate,
-            trial_interval: self.breaker_trial_interval.get(),
-        }
-    }
-}
-
 impl Default for StoreGuard {
     fn default() -> Self {
         Self {
             timeout: Delay::from_millis(50),
-            breaker_failures: 3,
             probe_interval: Delay::from_millis(500),
+            breaker: BreakerPolicy::default(),
             fallback: false,
-            // At 600 decisions a second, a 1 s window holds 600 calls: a stall
-            // that times out a few dozen is far below half. 20 calls is the
-            // least for a rate to mean something; below it (a few requests a
-            // second) consecutive failures decide, as they always did.
-            breaker_window: Delay::from_secs(1),
-            breaker_min_calls: 20,
-            breaker_failure_rate: 50,
-            // One decision in 20 ms may pay the deadline to learn the store is
-            // back: recovery within ~20 ms instead of a probe interval.
-            breaker_trial_interval: Delay::from_millis(20),
             instances: 1,
             deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
         }
@@ -252,18 +221,17 @@ struct Inner<S> {
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
 ///
 /// ```
-/// use slidegate::MemoryStore;
-/// use slidegate_http::{Config, RateLimiter};
+/// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+/// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+/// use slidegate_http::{LimiterConfig, RateLimiter};
 ///
-/// let config = Config::parse(r#"
-/// [[rules]]
-/// name = "search"
-/// path = "/api/search*"
-/// limits = [{ limit = 10, window = "1s" }]
-/// "#, "inline.toml")?;
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_second(10)?);
+/// let limits = vec![LimitConfig::new("search", limit, 1)?];
+/// let mut config = LimiterConfig::default();
+/// config.rules.push(RuleConfig::new("search", "/api/search*".parse()?, RuleLimits::Shared { identity: IdentityKind::ApiKey, limits }));
 /// let limiter = RateLimiter::from_config(&config, MemoryStore::new());
 /// assert_eq!(limiter.rule_names(), ["search"]);
-/// # Ok::<(), slidegate_http::ConfigError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimiter<S> {
     inner: Arc<Inner<S>>,
@@ -389,7 +357,7 @@ impl<S> RateLimiter<S> {
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// A limiter for `config`'s rules, identity and store guard, deciding on `store`.
-    pub fn from_config(config: &Config, store: S) -> Self {
+    pub fn from_config(config: &LimiterConfig, store: S) -> Self {
         let identity = {
             let base = match &config.identity.secret {
                 Some(secret) => IdentityExtractor::new(secret),
@@ -404,7 +372,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 None => base,
             }
         };
-        Self::new(&config.rules, identity, store, config.store.guard(), config.headers.legacy)
+        Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
     }
 
     /// A limiter from its parts.
@@ -439,7 +407,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             })
             .collect();
         let metrics = Metrics::new(rules.iter().map(|r| r.name.to_string()));
-        let breaker = Breaker::new(guard.breaker_policy());
+        let breaker = Breaker::new(guard.breaker);
         let fallback = guard.fallback.then(|| Fallback::new(guard.instances));
         let deny_cache = DenyCache::new(guard.deny_cache);
         Self {
@@ -849,7 +817,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.inner.metrics.store().breaker_opened.fetch_add(1, Relaxed);
             tracing::error!(
                 probe_interval_ms = self.inner.guard.probe_interval.as_millis(),
-                trial_interval_ms = self.inner.guard.breaker_trial_interval.as_millis(),
+                trial_interval_ms = self.inner.guard.breaker.trial_interval.as_millis(),
                 "rate limit store unavailable: circuit breaker open, probing in the background"
             );
             let inner = Arc::clone(&self.inner);
