@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 const BUCKETS: usize = 10;
 
 /// How the breaker decides to open and to try the store again: the one
-/// definition of these settings (`[store] breaker_*` in `slidegate serve`'s
-/// file deserializes into it), and its [`Default`] the one set of defaults.
+/// definition of these settings (`slidegate serve` reads its `[store]
+/// breaker_*` keys into it), and its [`Default`] the one set of defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BreakerPolicy {

@@ -57,13 +57,6 @@ mod penalty;
 mod response_cost;
 mod rules;
 
-/// The operator's guide to `slidegate serve` (`docs/serve.md`): the
-/// configuration, identities, failure handling, security notes and every
-/// option. Pulled in here so it is searchable with the API and its links
-/// are checked by `cargo doc`.
-#[doc = include_str!("../../../docs/serve.md")]
-pub mod guide {}
-
 pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
 pub use breaker::BreakerPolicy;
 pub use config::{Delay, LimiterConfig, OnError};

@@ -168,8 +168,8 @@ enum Mode {
 /// How the limiter guards itself against its store: a deadline on each call,
 /// a circuit breaker, and optionally an embedded fallback limiter.
 ///
-/// Its [`Default`] is the one set of defaults; `slidegate serve`'s `[store]`
-/// keys deserialize into it.
+/// Its [`Default`] is the one set of defaults; `slidegate serve` reads its
+/// `[store]` keys into it, each over the default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreGuard {

@@ -241,7 +241,7 @@ fn rules_fold_case_unless_told_otherwise() {
     assert!(!exact.limiter.rules[0].path.matches("/API"));
 }
 
-// Values `check-config` used to accept and `serve` then misread.
+// Values a parser could accept and `serve` then misread.
 
 #[test]
 fn a_store_prefix_with_braces_is_located() {
@@ -255,7 +255,7 @@ fn a_store_prefix_with_braces_is_located() {
 
 #[test]
 fn an_upstream_port_out_of_range_is_located() {
-    // It used to parse, and serve then connected to port 80.
+    // `http` reads a port over 65535 as no port: serve would connect to port 80.
     let (l, c, m) = err("[server]\nupstream = \"http://127.0.0.1:99999\"\n");
     assert_eq!((l, c), (2, 12));
     assert_eq!(m, "invalid upstream \"http://127.0.0.1:99999\": the port must be 1 to 65535");
