@@ -16,7 +16,8 @@ use redis::aio::MultiplexedConnection;
 use redis::ConnectionAddr;
 use serde_json::{json, Value};
 use slidegate::{Engine, RedisOptions, RedisStore};
-use slidegate_http::{Config, RateLimiter};
+use slidegate_http::RateLimiter;
+use slidegate_server::Config;
 
 use crate::redis_keys::{delete_prefix, run_prefix};
 
@@ -189,7 +190,7 @@ async fn run_mode(
     let config = Config::parse(&source, "bench-attack.toml")?;
     let options = RedisOptions::new().with_engine(args.engine);
     let store = RedisStore::connect_with(&args.redis_url, options).await?.with_prefix(prefix);
-    let limiter = RateLimiter::from_config(&config, store)?;
+    let limiter = RateLimiter::from_config(&config.limiter, store)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(admin).await?;
     let mut run = Run {
         requests: 0,

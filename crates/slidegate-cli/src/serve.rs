@@ -1,5 +1,5 @@
 //! `slidegate serve` and `slidegate check-config`: load the config, print,
-//! and hand over to `slidegate_http::serve`.
+//! and hand over to `slidegate_server::serve`.
 //!
 //! What only a process does — installing the log subscriber, turning signals
 //! into a shutdown — is done here; the library's [`Server`] takes the
@@ -9,9 +9,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use slidegate_http::config::RuleLimits;
-use slidegate_http::serve::Server;
-use slidegate_http::{Config, ConfigError};
+use slidegate_http::config::{LimitConfig, RuleLimits};
+use slidegate_server::{Config, ConfigError, Server};
 
 /// Arguments of `slidegate serve`.
 #[derive(clap::Args)]
@@ -93,13 +92,13 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
     if config.server.check_token.is_some() {
         outln!("  /v1/check requires a bearer token");
     }
-    for rule in &config.rules {
+    for rule in &config.limiter.rules {
         let methods = if rule.methods.is_empty() {
             "*".to_owned()
         } else {
             rule.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(",")
         };
-        let describe = |limits: &[slidegate_http::config::LimitConfig]| {
+        let describe = |limits: &[LimitConfig]| {
             limits.iter().map(|l| format!("{} = {}", l.name, l.limit)).collect::<Vec<_>>().join("; ")
         };
         let limits = match &rule.limits {

@@ -9,16 +9,23 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
-use slidegate::MemoryStore;
-use slidegate_http::{Config, RateLimiter};
+use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::{LimiterConfig, RateLimiter};
 
 fn limiter(deny_cache: usize) -> RateLimiter<MemoryStore> {
-    let source = format!(
-        "[store]\ndeny_cache = {deny_cache}\n[[rules]]\nname = \"trending\"\npath = \"/api/videos/trending\"\n\
-         limits = [{{ limit = 1, window = \"1h\", algorithm = \"sliding_window_counter\" }}]\n"
-    );
-    RateLimiter::from_config(&Config::parse(&source, "bench.toml").unwrap(), MemoryStore::new())
-        .expect("the embedded store supports every rule")
+    // One rule, "trending": 1 an hour, per API key or else per client IP.
+    let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_hour(1).unwrap());
+    let limits = vec![LimitConfig::new("trending", limit, 1).unwrap()];
+    let path = "/api/videos/trending".parse().unwrap();
+    let mut config = LimiterConfig::default();
+    config.rules.push(RuleConfig::new(
+        "trending",
+        path,
+        RuleLimits::Shared { identity: IdentityKind::ApiKey, limits },
+    ));
+    config.guard.deny_cache = deny_cache;
+    RateLimiter::from_config(&config, MemoryStore::new()).expect("the embedded store supports every rule")
 }
 
 fn denials(c: &mut Criterion) {

@@ -10,32 +10,51 @@
 //! the limits in Redis instead of in this process. `tests/examples.rs` serves
 //! this same app on a real socket.
 
+use std::error::Error;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
 use axum::{middleware, Router};
-use slidegate::{MemoryStore, RedisStore, Store};
-use slidegate_http::{AnyStore, Config, LazyRedis, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate::{Algorithm, Limit, MemoryStore, Quota, RedisStore, Store};
+use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::{LimiterConfig, PeerAddr, RateLimitLayer, RateLimiter};
 use tokio::net::TcpListener;
 
-/// The rules of this example.
-pub const CONFIG: &str = r#"
-[identity]
-api_key_header = "x-api-key"
-
-[[rules]]
-name = "trending"
-path = "/api/videos/trending"
-methods = ["GET"]
-anonymous = [{ limit = 3, window = "10s", algorithm = "sliding_log" }]
-authenticated = [{ limit = 10, window = "10s", algorithm = "sliding_log" }]
-
-[[rules]]
-name = "search"
-path = "/api/search*"
-limits = [{ limit = 5, window = "10s" }, { limit = 100, window = "1h" }]
-"#;
+/// The rules of this example: `GET /api/videos/trending` 3 per 10 s without
+/// an API key and 10 with one (counted per key); `/api/search*` 5 per 10 s
+/// and 100 an hour.
+pub fn config() -> Result<LimiterConfig, Box<dyn Error>> {
+    let limit = |algorithm, permits, secs| -> Result<Limit, Box<dyn Error>> {
+        Ok(Limit::new(algorithm, Quota::new(permits, Duration::from_secs(secs))?))
+    };
+    let mut config = LimiterConfig::default();
+    config.identity.api_key_header = Some(http::HeaderName::from_static("x-api-key"));
+    let mut trending = RuleConfig::new(
+        "trending",
+        "/api/videos/trending".parse()?,
+        RuleLimits::Split {
+            anonymous: vec![LimitConfig::new("trending", limit(Algorithm::SlidingLog, 3, 10)?, 1)?],
+            authenticated: vec![LimitConfig::new("trending", limit(Algorithm::SlidingLog, 10, 10)?, 1)?],
+        },
+    );
+    trending.methods = vec![http::Method::GET];
+    config.rules.push(trending);
+    let counter = Algorithm::SlidingWindowCounter;
+    config.rules.push(RuleConfig::new(
+        "search",
+        "/api/search*".parse()?,
+        RuleLimits::Shared {
+            identity: IdentityKind::ApiKey,
+            limits: vec![
+                LimitConfig::new("search-10s", limit(counter, 5, 10)?, 1)?,
+                LimitConfig::new("search-1h", limit(counter, 100, 3600)?, 1)?,
+            ],
+        },
+    ));
+    Ok(config)
+}
 
 /// The app: three routes, two of them rate-limited by `limiter`.
 pub fn app<S: Store + 'static>(limiter: RateLimiter<S>) -> Router {
@@ -62,16 +81,17 @@ pub async fn serve(listener: TcpListener, app: Router) -> std::io::Result<()> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let config = Config::parse(CONFIG, "examples/axum.rs")?;
-    let store = match std::env::var("REDIS_URL") {
-        Ok(url) => AnyStore::Redis(LazyRedis::from_store(RedisStore::connect(&url).await?)),
-        Err(_) => AnyStore::Memory(MemoryStore::new()),
-    };
-    let limiter = RateLimiter::from_config(&config, store)?;
+async fn main() -> Result<(), Box<dyn Error>> {
+    let config = config()?;
     let addr = std::env::var("SLIDEGATE_EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    serve(listener, app(limiter)).await?;
+    match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let store = RedisStore::connect(&url).await?;
+            serve(listener, app(RateLimiter::from_config(&config, store)?)).await?;
+        }
+        Err(_) => serve(listener, app(RateLimiter::from_config(&config, MemoryStore::new())?)).await?,
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! serves this same service on a real socket.
 
 use std::convert::Infallible;
+use std::error::Error;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -17,18 +18,25 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use slidegate::{MemoryStore, Store};
-use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate::{Algorithm, Limit, MemoryStore, Quota, Store};
+use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::{LimiterConfig, PeerAddr, RateLimitLayer, RateLimiter};
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
-/// The rules of this example.
-pub const CONFIG: &str = r#"
-[[rules]]
-name = "hello"
-path = "/api/*"
-limits = [{ limit = 2, window = "60s", algorithm = "sliding_log" }]
-"#;
+/// The rules of this example: every path under `/api/`, 2 a minute per client.
+pub fn config() -> Result<LimiterConfig, Box<dyn Error>> {
+    let limit = Limit::new(Algorithm::SlidingLog, Quota::per_minute(2)?);
+    let limits = vec![LimitConfig::new("hello", limit, 1)?];
+    let mut config = LimiterConfig::default();
+    let rule = RuleConfig::new(
+        "hello",
+        "/api/*".parse()?,
+        RuleLimits::Shared { identity: IdentityKind::ApiKey, limits },
+    );
+    config.rules.push(rule);
+    Ok(config)
+}
 
 /// The application: answers every request.
 async fn hello(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -63,9 +71,8 @@ pub async fn serve<S: Store + 'static>(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let config = Config::parse(CONFIG, "examples/hyper.rs")?;
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
+async fn main() -> Result<(), Box<dyn Error>> {
+    let limiter = RateLimiter::from_config(&config()?, MemoryStore::new())?;
     let addr = std::env::var("SLIDEGATE_EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);

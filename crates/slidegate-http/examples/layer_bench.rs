@@ -30,8 +30,9 @@ use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
 use axum::{middleware, Router};
 use http::HeaderValue;
-use slidegate::MemoryStore;
-use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::{LimiterConfig, PeerAddr, RateLimitLayer, RateLimiter};
 use tokio::net::TcpListener;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
@@ -89,13 +90,21 @@ fn routes() -> Router {
 fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
     match limiter {
         Limiter::Slidegate | Limiter::SlidegateBare => {
-            let toml = format!(
-                "[identity]\napi_key_header = \"x-api-key\"\n\n[[rules]]\nname = \"api\"\npath = \"/*\"\n\
-                 limits = [{{ limit = {limit}, window = \"1h\" }}]\n"
-            );
-            let config = Config::parse(&toml, "layer_bench.toml").map_err(|e| e.to_string())?;
-            let app =
-                routes().layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()).map_err(|e| e.to_string())?));
+            // One rule, "api": `limit` an hour per API key (else per client address).
+            let quota = Quota::new(limit, Duration::from_secs(3600)).map_err(|e| e.to_string())?;
+            let limit = Limit::new(Algorithm::SlidingWindowCounter, quota);
+            let limits = vec![LimitConfig::new("api", limit, 1).map_err(|e| e.to_string())?];
+            let mut config = LimiterConfig::default();
+            config.identity.api_key_header = Some(http::HeaderName::from_static("x-api-key"));
+            let path = "/*".parse().map_err(|e: slidegate_http::PathPatternError| e.to_string())?;
+            config.rules.push(RuleConfig::new(
+                "api",
+                path,
+                RuleLimits::Shared { identity: IdentityKind::ApiKey, limits },
+            ));
+            let rate_limiter =
+                RateLimiter::from_config(&config, MemoryStore::new()).map_err(|e| e.to_string())?;
+            let app = routes().layer(RateLimitLayer::new(rate_limiter));
             Ok(match limiter {
                 Limiter::Slidegate => app.layer(middleware::map_request(peer_addr)),
                 _ => app,

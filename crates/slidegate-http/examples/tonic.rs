@@ -15,20 +15,29 @@
 //! `tests/examples.rs` makes real calls to this same server with a tonic
 //! client.
 
-use slidegate::{MemoryStore, Store};
-use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+use std::error::Error;
+
+use slidegate::{Algorithm, Limit, MemoryStore, Quota, Store};
+use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::{LimiterConfig, PeerAddr, RateLimitLayer, RateLimiter};
 use tokio::net::TcpListener;
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
 use tonic::transport::Server;
 use tower::ServiceBuilder;
 
-/// The rules of this example: gRPC paths are `/package.Service/Method`.
-pub const CONFIG: &str = r#"
-[[rules]]
-name = "health"
-path = "/grpc.health.v1.Health/*"
-limits = [{ limit = 2, window = "60s", algorithm = "sliding_log" }]
-"#;
+/// The rules of this example: the health service, 2 calls a minute per client (gRPC paths are `/package.Service/Method`).
+pub fn config() -> Result<LimiterConfig, Box<dyn Error>> {
+    let limit = Limit::new(Algorithm::SlidingLog, Quota::per_minute(2)?);
+    let limits = vec![LimitConfig::new("health", limit, 1)?];
+    let mut config = LimiterConfig::default();
+    let rule = RuleConfig::new(
+        "health",
+        "/grpc.health.v1.Health/*".parse()?,
+        RuleLimits::Shared { identity: IdentityKind::ApiKey, limits },
+    );
+    config.rules.push(rule);
+    Ok(config)
+}
 
 /// Copies the socket peer from tonic's `TcpConnectInfo` to the [`PeerAddr`]
 /// the rate limit layer reads.
@@ -54,9 +63,8 @@ pub async fn serve<S: Store + 'static>(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let config = Config::parse(CONFIG, "examples/tonic.rs")?;
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
+async fn main() -> Result<(), Box<dyn Error>> {
+    let limiter = RateLimiter::from_config(&config()?, MemoryStore::new())?;
     let addr = std::env::var("SLIDEGATE_EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:50051".into());
     let listener = TcpListener::bind(&addr).await?;
     println!("listening on http://{} (gRPC, HTTP/2 only)", listener.local_addr()?);

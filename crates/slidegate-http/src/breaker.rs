@@ -18,26 +18,47 @@
 //! Time is passed in as milliseconds since an epoch the caller picks, so the
 //! state machine is tested with hand-made times.
 
+use crate::duration::Delay;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Buckets of the sliding window: the window slides in steps of `window / BUCKETS`.
 const BUCKETS: usize = 10;
 
-/// How the breaker decides to open and to try the store again.
+/// How the breaker decides to open and to try the store again: the one
+/// definition of these settings (`slidegate serve` reads its `[store]
+/// breaker_*` keys into it), and its [`Default`] the one set of defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakerPolicy {
     /// Consecutive failures that open the breaker while the window holds
     /// fewer than `min_calls` calls.
     pub failures: u32,
     /// The sliding window the failure rate is measured over.
-    pub window: Duration,
+    pub window: Delay,
     /// Calls the window must hold before its failure rate is trusted.
     pub min_calls: u32,
     /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
     pub failure_rate: u8,
     /// While open, one decision per this interval calls the store as a trial.
-    pub trial_interval: Duration,
+    pub trial_interval: Delay,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            failures: 3,
+            // At 600 decisions a second, a 1 s window holds 600 calls: a stall
+            // that times out a few dozen is far below half. 20 calls is the
+            // least for a rate to mean something; below it (a few requests a
+            // second) consecutive failures decide.
+            window: Delay::from_secs(1),
+            min_calls: 20,
+            failure_rate: 50,
+            // One decision in 20 ms may pay the deadline to learn the store is
+            // back: recovery within ~20 ms instead of a probe interval.
+            trial_interval: Delay::from_millis(20),
+        }
+    }
 }
 
 /// What a decision should do about the store.
@@ -78,7 +99,7 @@ fn unpack(v: u64) -> (u64, u64, u64) {
 impl Breaker {
     /// A closed breaker with `policy` (counts below 1 are taken as 1).
     pub fn new(policy: BreakerPolicy) -> Self {
-        let window_ms = u64::try_from(policy.window.as_millis()).unwrap_or(u64::MAX);
+        let window_ms = policy.window.as_millis();
         let bucket_ms = (window_ms / BUCKETS as u64).max(1);
         let policy = BreakerPolicy {
             failures: policy.failures.max(1),
@@ -118,7 +139,7 @@ impl Breaker {
     }
 
     fn trial_ms(&self) -> u64 {
-        u64::try_from(self.policy.trial_interval.as_millis()).unwrap_or(u64::MAX).max(1)
+        self.policy.trial_interval.as_millis().max(1)
     }
 
     /// A store call succeeded at `now_ms`. Returns true when it closed the breaker.
@@ -207,10 +228,10 @@ mod tests {
     fn policy() -> BreakerPolicy {
         BreakerPolicy {
             failures: 3,
-            window: Duration::from_secs(1),
+            window: Delay::from_secs(1),
             min_calls: 20,
             failure_rate: 50,
-            trial_interval: Duration::from_millis(20),
+            trial_interval: Delay::from_millis(20),
         }
     }
 

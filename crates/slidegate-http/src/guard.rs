@@ -22,76 +22,10 @@ use slidegate::{
     Store, StoreError,
 };
 
-use crate::breaker::{Admit, Breaker, BreakerPolicy};
+use crate::breaker::{Admit, Breaker};
 use crate::clock::Ticks;
-use crate::config::Delay;
+use crate::config::StoreGuard;
 use crate::metrics::Metrics;
-
-/// How the limiter guards itself against its store: a deadline on each call,
-/// a circuit breaker, and optionally an embedded fallback limiter.
-///
-/// Its [`Default`] is the one set of defaults; `[store]` in the configuration
-/// starts from it too.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreGuard {
-    /// Deadline of one store call.
-    pub timeout: Delay,
-    /// Consecutive failures that open the breaker.
-    pub breaker_failures: u32,
-    /// How often an open breaker probes the store.
-    pub probe_interval: Delay,
-    /// Whether an embedded fallback limiter decides while the store is unavailable.
-    pub fallback: bool,
-    /// The sliding window over which the breaker measures the failure rate.
-    pub breaker_window: Delay,
-    /// Calls the window must hold before its failure rate opens the breaker;
-    /// below it, `breaker_failures` consecutive failures do.
-    pub breaker_min_calls: u32,
-    /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
-    pub breaker_failure_rate: u8,
-    /// While the breaker is open, one decision per this interval tries the store.
-    pub breaker_trial_interval: Delay,
-    /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
-    pub instances: u32,
-    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
-    pub deny_cache: usize,
-}
-
-impl StoreGuard {
-    fn breaker_policy(&self) -> BreakerPolicy {
-        BreakerPolicy {
-            failures: self.breaker_failures,
-            window: self.breaker_window.get(),
-            min_calls: self.breaker_min_calls,
-            failure_rate: self.breaker_failure_rate,
-            trial_interval: self.breaker_trial_interval.get(),
-        }
-    }
-}
-
-impl Default for StoreGuard {
-    fn default() -> Self {
-        Self {
-            timeout: Delay::from_millis(50),
-            breaker_failures: 3,
-            probe_interval: Delay::from_millis(500),
-            fallback: false,
-            // At 600 decisions a second, a 1 s window holds 600 calls: a stall
-            // that times out a few dozen is far below half. 20 calls is the
-            // least for a rate to mean something; below it (a few requests a
-            // second) consecutive failures decide.
-            breaker_window: Delay::from_secs(1),
-            breaker_min_calls: 20,
-            breaker_failure_rate: 50,
-            // One decision in 20 ms may pay the deadline to learn the store is
-            // back: recovery within ~20 ms instead of a probe interval.
-            breaker_trial_interval: Delay::from_millis(20),
-            instances: 1,
-            deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
-        }
-    }
-}
 
 struct Shared<S> {
     store: S,
@@ -122,8 +56,8 @@ impl<S> Guarded<S> {
                 store,
                 timeout: guard.timeout.get(),
                 probe_interval: guard.probe_interval.get(),
-                trial_interval: guard.breaker_trial_interval.get(),
-                breaker: Breaker::new(guard.breaker_policy()),
+                trial_interval: guard.breaker.trial_interval.get(),
+                breaker: Breaker::new(guard.breaker),
                 metrics,
                 ticks,
             }),

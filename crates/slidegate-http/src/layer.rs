@@ -52,8 +52,9 @@ use crate::limiter::RateLimiter;
 ///
 /// use axum::extract::{ConnectInfo, Request};
 /// use axum::{middleware, routing::get, Router};
-/// use slidegate::MemoryStore;
-/// use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+/// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+/// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+/// use slidegate_http::{LimiterConfig, PeerAddr, RateLimitLayer, RateLimiter};
 ///
 /// /// Fails with a 500 when the app is served without connect info, rather
 /// /// than counting every client as one.
@@ -62,7 +63,10 @@ use crate::limiter::RateLimiter;
 ///     request
 /// }
 ///
-/// let config = Config::parse("[[rules]]\nname = \"all\"\npath = \"/*\"\nlimits = [{ limit = 100, window = \"60s\" }]", "inline.toml")?;
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
+/// let limits = vec![LimitConfig::new("all", limit, 1)?];
+/// let mut config = LimiterConfig::default();
+/// config.rules.push(RuleConfig::new("all", "/*".parse()?, RuleLimits::Shared { identity: IdentityKind::Ip, limits }));
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hello" }))
 ///     .layer(RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())?))
@@ -80,15 +84,14 @@ pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
 /// Builds [`RateLimit`] services around a shared [`RateLimiter`].
 ///
 /// ```
-/// use slidegate::MemoryStore;
-/// use slidegate_http::{Config, RateLimitLayer, RateLimiter};
+/// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+/// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+/// use slidegate_http::{LimiterConfig, RateLimitLayer, RateLimiter};
 ///
-/// let config = Config::parse(r#"
-/// [[rules]]
-/// name = "api"
-/// path = "/api/*"
-/// limits = [{ limit = 100, window = "60s" }]
-/// "#, "inline.toml")?;
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
+/// let limits = vec![LimitConfig::new("api", limit, 1)?];
+/// let mut config = LimiterConfig::default();
+/// config.rules.push(RuleConfig::new("api", "/api/*".parse()?, RuleLimits::Shared { identity: IdentityKind::Ip, limits }));
 /// let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())?);
 /// # drop(layer);
 /// # Ok::<(), Box<dyn std::error::Error>>(())

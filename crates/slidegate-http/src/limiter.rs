@@ -27,10 +27,10 @@ use slidegate::{
 };
 
 use crate::clock::Ticks;
-use crate::config::{Config, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::config::{IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits, StoreGuard};
 use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
-use crate::guard::{Guarded, StoreGuard};
+use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::metrics::{Metrics, RuleCounters};
 use crate::offenders::{Event, Offenders};
@@ -168,15 +168,14 @@ struct Inner<S> {
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
 ///
 /// ```
-/// use slidegate::MemoryStore;
-/// use slidegate_http::{Config, RateLimiter};
+/// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+/// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+/// use slidegate_http::{LimiterConfig, RateLimiter};
 ///
-/// let config = Config::parse(r#"
-/// [[rules]]
-/// name = "search"
-/// path = "/api/search*"
-/// limits = [{ limit = 10, window = "1s" }]
-/// "#, "inline.toml")?;
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_second(10)?);
+/// let limits = vec![LimitConfig::new("search", limit, 1)?];
+/// let mut config = LimiterConfig::default();
+/// config.rules.push(RuleConfig::new("search", "/api/search*".parse()?, RuleLimits::Shared { identity: IdentityKind::ApiKey, limits }));
 /// let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
 /// assert_eq!(limiter.rule_names(), ["search"]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -318,7 +317,7 @@ impl<S: Store + 'static> RateLimiter<S> {
     ///
     /// # Errors
     /// [`LimiterError`] when a rule needs what the store cannot do.
-    pub fn from_config(config: &Config, store: S) -> Result<Self, LimiterError> {
+    pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
         let identity = {
             let base = match &config.identity.secret {
                 Some(secret) => IdentityExtractor::new(secret),
@@ -333,7 +332,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 None => base,
             }
         };
-        Self::new(&config.rules, identity, store, config.store.guard(), config.headers.legacy)
+        Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
     }
 
     /// A limiter from its parts: `store` behind the layers `guard` configures.

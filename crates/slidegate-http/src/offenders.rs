@@ -348,16 +348,22 @@ mod tests {
 
     /// The limiter records its denials (shadow ones too) and a block in one
     /// call, which also counts it per rule.
-    #[cfg(feature = "config")]
     #[tokio::test]
     async fn the_limiter_records_denials_and_blocks() {
-        use crate::{Config, RateLimiter};
-        let config = Config::parse(
-            "[[rules]]\nname = \"a\"\npath = \"/a\"\nlimits = [{ limit = 1, window = \"1m\" }]\n\
-             [[rules]]\nname = \"b\"\npath = \"/b\"\nshadow = true\nlimits = [{ limit = 1, window = \"1m\" }]\n",
-            "offenders.toml",
-        )
-        .unwrap();
+        use crate::config::{IdentityKind as Counted, LimitConfig, RuleConfig, RuleLimits};
+        use crate::{LimiterConfig, RateLimiter};
+        use slidegate::{Algorithm, Limit, Quota};
+        // `a` and `b` (in shadow mode) on their paths, 1 per minute each.
+        let rule = |name: &str| {
+            let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(1).unwrap());
+            let limits = vec![LimitConfig::new(name, limit, 1).unwrap()];
+            let path = format!("/{name}").parse().unwrap();
+            RuleConfig::new(name, path, RuleLimits::Shared { identity: Counted::ApiKey, limits })
+        };
+        let mut config = LimiterConfig::default();
+        config.rules.push(rule("a"));
+        config.rules.push(rule("b"));
+        config.rules[1].shadow = true;
         let limiter = RateLimiter::from_config(&config, slidegate::MemoryStore::new()).unwrap();
         for _ in 0..4 {
             limiter.check_key("a", "user-1", 1, false).await.unwrap();

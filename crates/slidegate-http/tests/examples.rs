@@ -10,7 +10,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use slidegate::MemoryStore;
-use slidegate_http::{Config, RateLimiter};
+use slidegate_http::{LimiterConfig, RateLimiter};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Endpoint;
 use tonic::Code;
@@ -29,8 +29,8 @@ mod hyper_example;
 #[path = "../examples/tonic.rs"]
 mod tonic_example;
 
-fn limiter(config: &str) -> RateLimiter<MemoryStore> {
-    RateLimiter::from_config(&Config::parse(config, "example.toml").unwrap(), MemoryStore::new()).unwrap()
+fn limiter(config: Result<LimiterConfig, Box<dyn std::error::Error>>) -> RateLimiter<MemoryStore> {
+    RateLimiter::from_config(&config.unwrap(), MemoryStore::new()).unwrap()
 }
 
 async fn loopback() -> (TcpListener, SocketAddr) {
@@ -58,7 +58,7 @@ async fn get(addr: SocketAddr, path: &str, api_key: Option<&str>) -> (StatusCode
 #[tokio::test]
 async fn the_axum_example_limits_each_client_by_its_socket_address() {
     let (listener, addr) = loopback().await;
-    let app = axum_example::app(limiter(axum_example::CONFIG));
+    let app = axum_example::app(limiter(axum_example::config()));
     tokio::spawn(axum_example::serve(listener, app));
 
     for remaining in [2, 1, 0] {
@@ -84,7 +84,7 @@ async fn the_axum_example_refuses_to_run_without_connect_info() {
     // Served without `into_make_service_with_connect_info`, the peer is
     // unknown: a 500, not every client counted as one.
     let (listener, addr) = loopback().await;
-    let app = axum_example::app(limiter(axum_example::CONFIG));
+    let app = axum_example::app(limiter(axum_example::config()));
     tokio::spawn(async move { axum::serve(listener, app).await });
     assert_eq!(get(addr, "/api/search", None).await.0, StatusCode::INTERNAL_SERVER_ERROR);
 }
@@ -92,7 +92,7 @@ async fn the_axum_example_refuses_to_run_without_connect_info() {
 #[tokio::test]
 async fn the_hyper_example_limits_each_client_by_its_socket_address() {
     let (listener, addr) = loopback().await;
-    tokio::spawn(hyper_example::serve(listener, limiter(hyper_example::CONFIG)));
+    tokio::spawn(hyper_example::serve(listener, limiter(hyper_example::config())));
 
     for remaining in [1, 0] {
         let (status, headers, body) = get(addr, "/api/hello", None).await;
@@ -112,7 +112,7 @@ async fn the_hyper_example_limits_each_client_by_its_socket_address() {
 #[tokio::test]
 async fn the_tonic_example_fails_calls_over_the_limit_as_unavailable() {
     let (listener, addr) = loopback().await;
-    tokio::spawn(tonic_example::serve(listener, limiter(tonic_example::CONFIG)));
+    tokio::spawn(tonic_example::serve(listener, limiter(tonic_example::config())));
 
     let channel = Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
     let mut client = HealthClient::new(channel);

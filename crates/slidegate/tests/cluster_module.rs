@@ -21,7 +21,7 @@ use proptest::test_runner::{Config, TestRunner};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use slidegate::{Algorithm, Engine, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
-use slidegate_test_redis::{module_args, CommandStats, slot_of, RedisCluster};
+use slidegate_test_redis::{module_args, slot_of, CommandStats, RedisCluster};
 use support::{id, limit, unique_prefix, Decide};
 
 /// Deadlines for two busy cores.

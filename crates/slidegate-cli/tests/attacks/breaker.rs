@@ -6,7 +6,8 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use slidegate::RedisStore;
-use slidegate_http::{Config, RateLimiter};
+use slidegate_http::RateLimiter;
+use slidegate_server::Config;
 
 #[allow(unused_imports)]
 use crate::common::*;
@@ -23,7 +24,7 @@ limits = [{ limit = 1000000, window = "60s" }]
 async fn limiter(redis: &RedisServer, store_section: &str) -> RateLimiter<RedisStore> {
     let config = Config::parse(&format!("[store]\n{store_section}\n{RULE}"), "t.toml").unwrap();
     let store = RedisStore::connect(&redis.url()).await.unwrap();
-    RateLimiter::from_config(&config, store).unwrap()
+    RateLimiter::from_config(&config.limiter, store).unwrap()
 }
 
 /// The value of the metric line starting with `prefix` (name and labels).

@@ -1,31 +1,20 @@
-//! The configuration: typed, buildable in code, and (with the `config`
-//! feature) read from TOML with every key known and every error located.
+//! What a [`RateLimiter`](crate::RateLimiter) is built from: typed values a
+//! program builds in code.
 //!
-//! - [`types`](Config): the validated configuration and its defaults.
-//! - [`Delay`] and [`parse_duration`]: lengths of time that are not windows.
-//! - [`ConfigError`]: what was wrong, at which file, line and column.
-//! - With `config`: `Config::load` reads and validates a file,
-//!   `Config::parse` a string, and `Config::parse_with_env` takes the
-//!   environment as an argument. Any error — a TOML syntax error, an unknown
-//!   key, a value of the wrong form, a rule that contradicts itself — names
-//!   the file, line and column and the form that was expected.
+//! - [`LimiterConfig`]: the rules ([`RuleConfig`], [`LimitConfig`]), the
+//!   identity settings, the header switches and the [`StoreGuard`].
+//! - [`Delay`] and [`parse_duration`] (re-exported): lengths of time that
+//!   are not windows.
+//!
+//! The module keeps the name `config` because these are the library's
+//! configuration; reading them from a TOML file, with every error located, is
+//! the application's job (`slidegate-server`'s `Config`, which holds a
+//! [`LimiterConfig`] beside the proxy's own settings).
 
-mod duration;
-mod error;
-#[cfg(feature = "config")]
-mod raw;
 mod types;
-#[cfg(feature = "config")]
-mod validate;
-#[cfg(feature = "config")]
-mod values;
 
-pub use duration::{parse_duration, Delay, DurationError};
-pub use error::ConfigError;
+pub use crate::duration::{parse_duration, Delay, DurationError};
 pub use types::{
-    Config, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, OnError, Password, RedisEngine,
-    RuleConfig, RuleLimits, ServerConfig, StoreConfig, StoreLocation,
+    HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits,
+    StoreGuard,
 };
-
-#[cfg(all(test, feature = "config"))]
-mod tests;

@@ -33,7 +33,8 @@ pub(crate) use body::{boxed, full};
 pub use error::ServeError;
 pub use server::Server;
 
-use crate::limiter::RateLimiter;
+use slidegate_http::RateLimiter;
+
 use crate::store::AnyStore;
 
 /// What one worker thread (or the admin listener) serves with.

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use slidegate::{Algorithm, ManualClock, MemoryStore};
-use slidegate_http::{headers, Config, RateLimiter, Verdict};
+use slidegate_http::{headers, RateLimiter, Verdict};
+use slidegate_server::Config;
 
 fn config(algorithm: Algorithm, limits: &str, deny_cache: usize) -> Config {
     let source = format!(
@@ -22,7 +23,7 @@ fn config(algorithm: Algorithm, limits: &str, deny_cache: usize) -> Config {
 }
 
 fn limiter(config: &Config, clock: &ManualClock) -> RateLimiter<MemoryStore<ManualClock>> {
-    RateLimiter::from_config(config, MemoryStore::with_clock(clock.clone())).unwrap()
+    RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap()
 }
 
 fn store_calls<S>(limiter: &RateLimiter<S>) -> u64 {

@@ -34,7 +34,6 @@ pub enum ConfigError {
 impl ConfigError {
     /// An [`ConfigError::Invalid`] at byte range `span` of `source` (the
     /// start of the file when the parser gave no position).
-    #[cfg(feature = "config")]
     pub(crate) fn at(
         path: &std::path::Path,
         source: &str,

@@ -23,11 +23,11 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use slidegate_http::headers;
 use tokio::sync::Semaphore;
 
 use super::body::{ClientFault, FaultCell, RequestBody};
 use super::{boxed, ServeBody};
-use crate::headers;
 
 /// How long a new upstream connection may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -12,10 +12,10 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
+use slidegate_http::config::Delay;
 
 use super::body::ServeBody;
 use super::{admin, proxy, State};
-use crate::config::Delay;
 
 /// A connection handed to a worker thread, and the listener it came in on.
 pub(super) type Accepted = (std::net::TcpStream, SocketAddr, Listener);
@@ -140,7 +140,7 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
 fn problem(status: StatusCode, detail: &str, path: &str) -> Response<ServeBody> {
     let title = status.canonical_reason().unwrap_or("Bad Request");
     let mut response =
-        super::boxed(crate::headers::problem(status, "about:blank", title, detail, Some(path)));
+        super::boxed(slidegate_http::headers::problem(status, "about:blank", title, detail, Some(path)));
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }

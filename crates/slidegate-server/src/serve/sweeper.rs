@@ -19,10 +19,10 @@
 
 use std::time::Duration;
 
+use slidegate_http::RateLimiter;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use crate::limiter::RateLimiter;
 use crate::store::AnyStore;
 
 /// How often one step of the sweep runs.
@@ -77,7 +77,8 @@ mod tests {
     async fn the_sweeper_empties_the_embedded_stores_once_their_states_are_idle() {
         let config = Config::parse("[store]\nfallback = true\n", "fallback.toml").unwrap();
         let limiter =
-            RateLimiter::from_config(&config, AnyStore::Memory(MemoryStore::new().with_shards(4))).unwrap();
+            RateLimiter::from_config(&config.limiter, AnyStore::Memory(MemoryStore::new().with_shards(4)))
+                .unwrap();
         let AnyStore::Memory(store) = limiter.store() else { unreachable!() };
         let fallback = limiter.fallback_store().unwrap();
         let limit = Limit::new(Algorithm::FixedWindow, Quota::new(5, Duration::from_millis(1)).unwrap());

@@ -15,7 +15,8 @@ use axum::routing::get;
 use axum::{middleware, Router};
 use http::{HeaderMap, Method, StatusCode};
 use slidegate::{MemoryStore, Store, StoreError};
-use slidegate_http::{Config, DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate_http::{DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate_server::Config;
 use tower::ServiceExt;
 
 const RULES: &str = r#"
@@ -59,7 +60,7 @@ async fn call(app: &Router, path: &str, peer: &str) -> (StatusCode, HeaderMap) {
 #[tokio::test]
 async fn the_layer_limits_an_axum_router_per_client_address() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let app = app(RateLimiter::from_config(&config, MemoryStore::new()).unwrap());
+    let app = app(RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap());
     let (status, headers) = call(&app, "/api/search?q=1", "198.51.100.1:4000").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["ratelimit-policy"], "\"search\";q=2;w=60");
@@ -77,7 +78,7 @@ async fn the_layer_limits_an_axum_router_per_client_address() {
 #[tokio::test]
 async fn shadow_rules_decide_and_count_but_never_block() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
+    let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
     let app = app(limiter.clone());
     assert_eq!(call(&app, "/api/feed", "198.51.100.1:1").await.0, StatusCode::OK);
     let (status, headers) = call(&app, "/api/feed", "198.51.100.1:1").await;
@@ -122,7 +123,8 @@ impl Store for Shared {
 
 fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {
     let text = format!("[store]\nbreaker_failures = 2\nprobe_interval_ms = 1000\n{extra}\n{RULES}");
-    RateLimiter::from_config(&Config::parse(&text, "t.toml").unwrap(), Shared(Arc::clone(store))).unwrap()
+    RateLimiter::from_config(&Config::parse(&text, "t.toml").unwrap().limiter, Shared(Arc::clone(store)))
+        .unwrap()
 }
 
 async fn search(limiter: &RateLimiter<Shared>) -> slidegate_http::Verdict<'_> {
@@ -183,7 +185,7 @@ async fn fail_closed_rules_block_when_the_store_fails() {
 #[tokio::test]
 async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()).unwrap());
+    let layer = RateLimitLayer::new(RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap());
     let app = Router::new().route("/api/search", get(|| async { "results" })).layer(layer);
     for (i, expected) in
         [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].into_iter().enumerate()
@@ -197,7 +199,7 @@ async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
 #[tokio::test]
 async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_metadata() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let app = app(RateLimiter::from_config(&config, MemoryStore::new()).unwrap());
+    let app = app(RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap());
     let grpc = || {
         let mut request = Request::builder()
             .uri("/api/search")
@@ -227,7 +229,7 @@ async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_meta
 #[test]
 fn the_service_hands_out_its_inner_service() {
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new()).unwrap());
+    let layer = RateLimitLayer::new(RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap());
     let mut service = tower::Layer::layer(&layer, vec![1]);
     service.get_mut().push(2);
     assert_eq!(service.get_ref(), &[1, 2]);
@@ -306,11 +308,11 @@ fn a_breadth_rule_on_a_store_without_sketches_is_refused() {
         "[[rules]]\nname = \"videos\"\npath = \"/v/{id}\"\nlimits = [{ limit = 10, window = \"1m\" }]\n\
                 breadth = { distinct = 5, window = \"10m\", of = \"param:id\" }\n";
     let config = Config::parse(text, "t.toml").unwrap();
-    let err = RateLimiter::from_config(&config, Shared(Arc::default())).unwrap_err();
+    let err = RateLimiter::from_config(&config.limiter, Shared(Arc::default())).unwrap_err();
     assert_eq!(
         err.to_string(),
         "rule \"videos\" limits crawl breadth (`breadth`), which this store cannot count: it keeps no distinct-value sketches"
     );
     // The embedded store keeps them.
-    assert!(RateLimiter::from_config(&config, MemoryStore::new()).is_ok());
+    assert!(RateLimiter::from_config(&config.limiter, MemoryStore::new()).is_ok());
 }

@@ -5,7 +5,9 @@ use ipnet::IpNet;
 use slidegate::Algorithm;
 
 use super::*;
-use crate::identity::ForwardedHeader;
+use slidegate::{Engine, RedisTarget};
+use slidegate_http::config::{Delay, IdentityConfig, IdentityKind, OnError, RuleLimits};
+use slidegate_http::{BreadthOf, ForwardedHeader, StoreGuard};
 
 /// The example configuration shipped in `examples/` (also the README's), word for word.
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/slidegate.toml");
@@ -37,18 +39,18 @@ fn the_example_config_parses_as_written() {
     let env = |name: &str| (name == "SLIDEGATE_IP_SECRET").then(|| "test-secret".to_owned());
     let c = Config::parse_with_env(EXAMPLE_CONFIG, "slidegate.toml", &env).unwrap();
     assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
-    assert_eq!(c.store.url.as_deref(), Some(example_redis_url()));
-    assert_eq!(c.store.timeout, Delay::from_millis(50));
+    assert_eq!(c.store.redis, Some(RedisTarget::Single(example_redis_url().to_owned())));
+    assert_eq!(c.limiter.guard.timeout, Delay::from_millis(50));
     assert_eq!(c.store.on_error, OnError::Allow);
-    assert_eq!(c.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
-    assert_eq!(c.identity.secret.as_deref(), Some(&b"test-secret"[..]));
-    assert_eq!(c.identity.trusted_proxies, vec!["127.0.0.1/32".parse::<IpNet>().unwrap()]);
-    assert_eq!(c.rules.len(), 2);
-    let RuleLimits::Split { authenticated, anonymous } = &c.rules[0].limits else { panic!() };
+    assert_eq!(c.limiter.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
+    assert_eq!(c.limiter.identity.secret.as_deref(), Some(&b"test-secret"[..]));
+    assert_eq!(c.limiter.identity.trusted_proxies, vec!["127.0.0.1/32".parse::<IpNet>().unwrap()]);
+    assert_eq!(c.limiter.rules.len(), 2);
+    let RuleLimits::Split { authenticated, anonymous } = &c.limiter.rules[0].limits else { panic!() };
     assert_eq!((anonymous[0].name.as_str(), anonymous[0].limit.quota.permits()), ("trending", 100));
     assert_eq!(authenticated[0].limit.algorithm, Algorithm::SlidingLog);
-    assert_eq!(c.rules[0].methods, vec![Method::GET]);
-    let RuleLimits::Shared { identity, limits } = &c.rules[1].limits else { panic!() };
+    assert_eq!(c.limiter.rules[0].methods, vec![Method::GET]);
+    let RuleLimits::Shared { identity, limits } = &c.limiter.rules[1].limits else { panic!() };
     assert_eq!(*identity, IdentityKind::ApiKey);
     let names: Vec<_> = limits.iter().map(|l| (l.name.as_str(), l.limit.quota.window_ms(), l.cost)).collect();
     assert_eq!(names, [("search-1s", 1000, 1), ("search-1h", 3_600_000, 1)]);
@@ -135,14 +137,14 @@ fn bad_values_are_located_and_say_what_was_expected() {
 }
 
 #[test]
-fn the_store_keys_default_and_the_former_insurance_key_still_reads() {
+fn the_store_keys_default_and_insurance_reads_as_fallback() {
     let c = parse("").unwrap();
-    assert_eq!(c.store.guard(), crate::StoreGuard::default());
+    assert_eq!(c.limiter.guard, StoreGuard::default());
     assert_eq!(c.server.shutdown_grace, Delay::from_secs(10));
     let c = parse("[store]\nfallback = true\n").unwrap();
-    assert!(c.store.fallback);
+    assert!(c.limiter.guard.fallback);
     let c = parse("[store]\ninsurance = true\n").unwrap();
-    assert!(c.store.fallback);
+    assert!(c.limiter.guard.fallback);
     let c = parse("[server]\nshutdown_grace = \"250ms\"\n").unwrap();
     assert_eq!(c.server.shutdown_grace, Delay::from_millis(250));
     let (l, c, m) = err("[server]\nshutdown_grace = \"soon\"\n");
@@ -153,9 +155,9 @@ fn the_store_keys_default_and_the_former_insurance_key_still_reads() {
 #[test]
 fn forwarded_header_defaults_to_x_forwarded_for_and_bad_values_are_located() {
     let c = parse("[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\n").unwrap();
-    assert_eq!(c.identity.forwarded_header, ForwardedHeader::XForwardedFor);
+    assert_eq!(c.limiter.identity.forwarded_header, ForwardedHeader::XForwardedFor);
     let c = parse("[identity]\nforwarded_header = \"forwarded\"\n").unwrap();
-    assert_eq!(c.identity.forwarded_header, ForwardedHeader::Forwarded);
+    assert_eq!(c.limiter.identity.forwarded_header, ForwardedHeader::Forwarded);
     let (l, c, m) = err("[identity]\nforwarded_header = \"x-real-ip\"\n");
     assert_eq!((l, c), (2, 20));
     assert!(
@@ -217,10 +219,10 @@ fn the_error_display_names_file_line_column_and_shows_the_line() {
 #[test]
 fn ipv6_clients_are_counted_per_64_by_default() {
     let rule = "[[rules]]\nname = \"a\"\npath = \"/\"\nlimits = [{ limit = 1, window = \"1s\" }]\n";
-    assert_eq!(parse(rule).unwrap().identity.ipv6_prefix, 64);
-    assert_eq!(crate::config::IdentityConfig::default().ipv6_prefix, 64);
+    assert_eq!(parse(rule).unwrap().limiter.identity.ipv6_prefix, 64);
+    assert_eq!(IdentityConfig::default().ipv6_prefix, 64);
     let exact = parse(&format!("[identity]\nipv6_prefix = 128\n{rule}")).unwrap();
-    assert_eq!(exact.identity.ipv6_prefix, 128);
+    assert_eq!(exact.limiter.identity.ipv6_prefix, 128);
 }
 
 // Identity slice: rules fold case unless `case_sensitive = true`.
@@ -232,14 +234,14 @@ fn rules_fold_case_unless_told_otherwise() {
         )
     };
     let folded = parse(&rule("")).unwrap();
-    assert!(!folded.rules[0].path.is_case_sensitive());
-    assert!(folded.rules[0].path.matches("/API"));
+    assert!(!folded.limiter.rules[0].path.is_case_sensitive());
+    assert!(folded.limiter.rules[0].path.matches("/API"));
     let exact = parse(&rule("case_sensitive = true\n")).unwrap();
-    assert!(exact.rules[0].path.is_case_sensitive());
-    assert!(!exact.rules[0].path.matches("/API"));
+    assert!(exact.limiter.rules[0].path.is_case_sensitive());
+    assert!(!exact.limiter.rules[0].path.matches("/API"));
 }
 
-// Values `check-config` used to accept and `serve` then misread.
+// Values a parser could accept and `serve` then misread.
 
 #[test]
 fn a_store_prefix_with_braces_is_located() {
@@ -253,7 +255,7 @@ fn a_store_prefix_with_braces_is_located() {
 
 #[test]
 fn an_upstream_port_out_of_range_is_located() {
-    // It used to parse, and serve then connected to port 80.
+    // `http` reads a port over 65535 as no port: serve would connect to port 80.
     let (l, c, m) = err("[server]\nupstream = \"http://127.0.0.1:99999\"\n");
     assert_eq!((l, c), (2, 12));
     assert_eq!(m, "invalid upstream \"http://127.0.0.1:99999\": the port must be 1 to 65535");
@@ -287,7 +289,7 @@ fn a_shared_store_without_a_hash_secret_is_an_error() {
     assert_eq!((l, c), (2, 7));
     assert!(m.starts_with("a shared store needs [identity] ip_hash_secret_env"), "{m}");
     // The embedded store keeps the random per-process secret.
-    assert!(parse("[server]\nlisten = \"127.0.0.1:0\"\n").unwrap().identity.secret.is_none());
+    assert!(parse("[server]\nlisten = \"127.0.0.1:0\"\n").unwrap().limiter.identity.secret.is_none());
     let env = |name: &str| (name == "S").then(|| "x".to_owned());
     let with = format!("{source}[identity]\nip_hash_secret_env = \"S\"\n");
     assert!(Config::parse_with_env(&with, "t.toml", &env).is_ok());
@@ -324,8 +326,8 @@ fn max_cost_defaults_to_one_and_is_read_per_rule() {
             "[[rules]]\nname = \"a\"\npath = \"/x\"\n{extra}limits = [{{ limit = 10, window = \"1s\" }}]\n"
         )
     };
-    assert_eq!(parse(&rule("")).unwrap().rules[0].max_cost, 1);
-    assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().rules[0].max_cost, 5);
+    assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].max_cost, 1);
+    assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().limiter.rules[0].max_cost, 5);
     assert_eq!(err(&rule("max_cost = 0\n")), (4, 12, "max_cost must be at least 1".into()));
 }
 
@@ -351,9 +353,8 @@ fn store_err(body: &str) -> (usize, usize, String) {
 #[test]
 fn a_cluster_is_named_by_its_seed_nodes() {
     let c = parse_store("cluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n").unwrap();
-    assert_eq!(c.store.cluster, ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
-    assert_eq!(c.store.url, None);
-    assert!(matches!(c.store.location(), StoreLocation::Cluster(seeds) if seeds.len() == 2));
+    let seeds = vec!["redis://127.0.0.1:7000".to_owned(), "redis://127.0.0.1:7001".to_owned()];
+    assert_eq!(c.store.redis, Some(RedisTarget::Cluster(seeds)));
     assert_eq!(c.store.describe(), "Redis Cluster redis://127.0.0.1:7000, redis://127.0.0.1:7001");
     let (line, column, message) = store_err("cluster = []\n");
     assert_eq!((line, column), (2, 11));
@@ -366,11 +367,12 @@ fn a_cluster_is_named_by_its_seed_nodes() {
 #[test]
 fn sentinel_needs_master_name_and_master_name_needs_sentinel() {
     let c = parse_store("sentinel = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"mymaster\"\n").unwrap();
-    assert_eq!(c.store.sentinel, ["redis://127.0.0.1:26379"]);
-    assert_eq!(c.store.master_name.as_deref(), Some("mymaster"));
     assert_eq!(
-        c.store.location(),
-        StoreLocation::Sentinel { sentinels: &c.store.sentinel, master_name: "mymaster" }
+        c.store.redis,
+        Some(RedisTarget::Sentinel {
+            sentinels: vec!["redis://127.0.0.1:26379".to_owned()],
+            master_name: "mymaster".to_owned()
+        })
     );
     assert_eq!(c.store.describe(), "Redis master \"mymaster\" through Sentinel redis://127.0.0.1:26379");
     let (line, column, message) = store_err("sentinel = [\"redis://127.0.0.1:26379\"]\n");
@@ -438,18 +440,14 @@ fn credentials_come_from_the_environment_and_never_show() {
 #[test]
 fn the_engine_is_auto_unless_forced_and_only_for_redis() {
     let c = parse_store("url = \"redis://127.0.0.1:7000\"\n").unwrap();
-    assert_eq!(c.store.engine, RedisEngine::Auto);
-    for (name, engine) in
-        [("auto", RedisEngine::Auto), ("lua", RedisEngine::Lua), ("module", RedisEngine::Module)]
-    {
+    assert_eq!(c.store.engine, Engine::Auto);
+    for (name, engine) in [("auto", Engine::Auto), ("lua", Engine::Lua), ("module", Engine::Module)] {
         let c =
             parse_store(&format!("cluster = [\"redis://127.0.0.1:7000\"]\nengine = \"{name}\"\n")).unwrap();
         assert_eq!(c.store.engine, engine, "{name}");
     }
     let c = parse_store("url = \"redis://127.0.0.1:7000\"\nengine = \"module\"\n").unwrap();
     assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, engine module");
-    #[cfg(feature = "redis")]
-    assert_eq!(slidegate::Engine::from(c.store.engine), slidegate::Engine::Module);
     let (line, column, message) = store_err("url = \"redis://127.0.0.1:7000\"\nengine = \"Module\"\n");
     assert_eq!((line, column), (3, 10));
     assert_eq!(
@@ -492,10 +490,10 @@ fn the_cluster_example_parses_as_written() {
         ["SLIDEGATE_IP_SECRET", "SLIDEGATE_REDIS_PASSWORD"].contains(&name).then(|| "test".to_owned())
     };
     let c = Config::parse_with_env(CLUSTER_EXAMPLE, "slidegate-cluster.toml", &env).unwrap();
-    assert!(matches!(c.store.location(), StoreLocation::Cluster(seeds) if seeds.len() == 3));
+    assert!(matches!(&c.store.redis, Some(RedisTarget::Cluster(seeds)) if seeds.len() == 3));
     assert_eq!(c.store.username.as_deref(), Some("slidegate"));
     assert_eq!(c.store.password.as_ref().map(Password::variable), Some("SLIDEGATE_REDIS_PASSWORD"));
-    assert!(!c.rules.is_empty());
+    assert!(!c.limiter.rules.is_empty());
 }
 
 #[test]
@@ -519,11 +517,11 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
          cost_header = \"x-ratelimit-cost\"\n",
     )
     .unwrap();
-    let breadth = c.rules[0].breadth.as_ref().unwrap();
+    let breadth = c.limiter.rules[0].breadth.as_ref().unwrap();
     assert_eq!((breadth.quota.permits(), breadth.quota.window_ms()), (200, 600_000));
-    assert_eq!(breadth.of, crate::BreadthOf::Param { name: "id".into(), segment: 3 });
-    assert_eq!(c.rules[0].response_cost.count_status, [404, 410]);
-    assert_eq!(c.rules[0].response_cost.cost_header.as_ref().unwrap().as_str(), "x-ratelimit-cost");
+    assert_eq!(breadth.of, BreadthOf::Param { name: "id".into(), segment: 3 });
+    assert_eq!(c.limiter.rules[0].response_cost.count_status, [404, 410]);
+    assert_eq!(c.limiter.rules[0].response_cost.cost_header.as_ref().unwrap().as_str(), "x-ratelimit-cost");
 
     let rule =
         "[[rules]]\nname = \"v\"\npath = \"/api/videos/{id}\"\nlimits = [{ limit = 5, window = \"1s\" }]\n";
@@ -548,20 +546,20 @@ fn penalty_and_deny_cache_are_read_and_checked() {
             "[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}"
         )
     };
-    assert_eq!(parse(&rule("")).unwrap().rules[0].penalty, None);
+    assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].penalty, None);
     let c = parse(&rule("penalty = { after = 20, within = \"1m\", block = \"10m\", max_block = \"24h\" }\n"))
         .unwrap();
-    let p = c.rules[0].penalty.unwrap();
+    let p = c.limiter.rules[0].penalty.unwrap();
     assert_eq!((p.after(), p.within_ms(), p.block_ms(), p.max_block_ms()), (20, 60_000, 600_000, 86_400_000));
     // Without a cap, a day.
     let c = parse(&rule("penalty = { after = 1, within = \"1s\", block = \"1m\" }\n")).unwrap();
-    assert_eq!(c.rules[0].penalty.unwrap().max_block_ms(), 86_400_000);
+    assert_eq!(c.limiter.rules[0].penalty.unwrap().max_block_ms(), 86_400_000);
     let (line, _, message) =
         err(&rule("penalty = { after = 1, within = \"1s\", block = \"1h\", max_block = \"1m\" }\n"));
     assert_eq!(line, 5);
     assert_eq!(message, "invalid penalty: penalty max_block (60000 ms) is shorter than block (3600000 ms)");
     assert!(parse(&rule("penalty = { after = 1, within = \"1s\" }\n")).is_err(), "block is required");
 
-    assert_eq!(parse("").unwrap().store.deny_cache, 65_536);
-    assert_eq!(parse("[store]\ndeny_cache = 0\n").unwrap().store.deny_cache, 0);
+    assert_eq!(parse("").unwrap().limiter.guard.deny_cache, 65_536);
+    assert_eq!(parse("[store]\ndeny_cache = 0\n").unwrap().limiter.guard.deny_cache, 0);
 }

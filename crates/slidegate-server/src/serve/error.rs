@@ -19,5 +19,5 @@ pub enum ServeError {
     NoUpstream,
     /// A rule needs what the store cannot do.
     #[error(transparent)]
-    Limiter(#[from] crate::LimiterError),
+    Limiter(#[from] slidegate_http::LimiterError),
 }

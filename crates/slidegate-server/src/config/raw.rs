@@ -6,13 +6,11 @@ use std::net::SocketAddr;
 
 use http::HeaderName;
 use serde::Deserialize;
+use slidegate_http::config::{Delay, IdentityKind, OnError};
+use slidegate_http::{ForwardedHeader, PathPattern};
 use toml::Spanned;
 
-use super::duration::Delay;
-use super::types::{IdentityKind, OnError};
 use super::values::{AlgorithmName, Millis, Parsed, WindowValue};
-use crate::identity::ForwardedHeader;
-use crate::rules::PathPattern;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,7 +51,7 @@ pub(super) struct RawStore {
     pub(super) on_error: Option<OnError>,
     pub(super) breaker_failures: Option<Spanned<u32>>,
     pub(super) probe_interval_ms: Option<Millis>,
-    /// `insurance` is the key's former name, still read.
+    /// Also read as `insurance`.
     #[serde(alias = "insurance")]
     pub(super) fallback: Option<bool>,
     pub(super) breaker_window_ms: Option<Millis>,

@@ -6,15 +6,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{MemoryStore, RedisOptions, RedisTarget};
+use slidegate::{MemoryStore, RedisOptions};
+use slidegate_http::config::Delay;
+use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
 use super::error::ServeError;
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener};
 use super::{proxy, sweeper, State};
-use crate::config::{Config, Delay};
-use crate::limiter::RateLimiter;
+use crate::config::Config;
 use crate::store::{AnyStore, LazyRedis};
 
 /// The deadline of one Redis connection attempt: at start, before serving
@@ -57,7 +58,7 @@ impl Server {
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
         let store = connect_store(config).await;
-        let limiter = RateLimiter::from_config(config, store)?;
+        let limiter = RateLimiter::from_config(&config.limiter, store)?;
         let threads = config
             .server
             .threads
@@ -192,20 +193,13 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::
 /// Sentinel; connected now if it answers, in the background otherwise) or the
 /// embedded one.
 async fn connect_store(config: &Config) -> AnyStore {
-    use crate::config::StoreLocation;
     let store = &config.store;
-    let target = match store.location() {
-        StoreLocation::Single(url) => RedisTarget::Single(url.to_owned()),
-        StoreLocation::Cluster(seeds) => RedisTarget::Cluster(seeds.to_vec()),
-        StoreLocation::Sentinel { sentinels, master_name } => {
-            RedisTarget::Sentinel { sentinels: sentinels.to_vec(), master_name: master_name.to_owned() }
-        }
-        _ => return AnyStore::Memory(MemoryStore::new()),
-    };
+    let Some(target) = store.redis.clone() else { return AnyStore::Memory(MemoryStore::new()) };
     // The limiter enforces `timeout` on every call; the store's own deadline
     // matches it, so a stalled call is dropped at once.
-    let mut options =
-        RedisOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(store.timeout.get());
+    let mut options = RedisOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(config.limiter.guard.timeout.get());
     if store.username.is_some() || store.password.is_some() {
         let password = store.password.as_ref().map(|p| p.expose().to_owned());
         options = options.with_credentials(store.username.clone(), password);
@@ -213,7 +207,7 @@ async fn connect_store(config: &Config) -> AnyStore {
     if let Some(ca) = &store.tls_ca {
         options = options.with_tls_ca(ca.clone());
     }
-    options = options.with_engine(store.engine.into());
+    options = options.with_engine(store.engine);
     let name = store.describe();
     let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
     if let Some(err) = error {

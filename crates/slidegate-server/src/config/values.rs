@@ -12,9 +12,8 @@ use ipnet::IpNet;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use slidegate::Algorithm;
+use slidegate_http::config::{parse_duration, Delay};
 use toml::Spanned;
-
-use super::duration::{parse_duration, Delay};
 
 /// A value parsed from a TOML string with [`FromStr`], the parse error
 /// reported at the value's position.

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use slidegate_http::headers;
 
 use super::upstream::{Upstream, UpstreamLimits};
 use super::{boxed, ServeBody, State};
-use crate::headers;
 
 /// The one upstream, as one worker thread reaches it.
 pub(crate) struct Proxy {
@@ -100,7 +100,7 @@ pub(crate) async fn forward(
     // so counting the request under it would let a random key per request
     // buy a fresh quota for what the upstream sees as an anonymous request.
     strip_hop_by_hop(request.headers_mut());
-    if let Some(reason) = crate::rules::refused_path(request.uri().path()) {
+    if let Some(reason) = slidegate_http::refused_path(request.uri().path()) {
         return bad_request(request.uri().path(), reason);
     }
     if limiter.identity().api_key_is_ambiguous(request.headers()) {

@@ -14,9 +14,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use serde::Serialize;
+use slidegate_http::offenders::{Offender, CAPACITY, MINUTES};
 
 use super::{full, ServeBody, State};
-use crate::offenders::{Offender, CAPACITY, MINUTES};
 
 /// The most entries one query may ask for: every entry of every minute.
 const MAX_LIMIT: usize = CAPACITY * MINUTES;

@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::{middleware, Router};
 use http::HeaderMap;
 use slidegate::MemoryStore;
-use slidegate_http::{Config, PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate_http::{PeerAddr, RateLimitLayer, RateLimiter};
+use slidegate_server::Config;
 use tower::ServiceExt;
 
 const RULES: &str = r#"
@@ -45,7 +46,7 @@ async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Requ
 
 fn app() -> Router {
     let config = Config::parse(RULES, "t.toml").unwrap();
-    let limiter = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
+    let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
     Router::new()
         .route(
             "/api/users/{id}",

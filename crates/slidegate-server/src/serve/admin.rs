@@ -10,10 +10,10 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
+use slidegate_http::headers::{self, ceil_secs};
+use slidegate_http::DecisionSource;
 
 use super::{boxed, full, ServeBody, State};
-use crate::headers::{self, ceil_secs};
-use crate::verdict::DecisionSource;
 
 /// The largest `/v1/check` body read.
 const MAX_CHECK_BODY: usize = 16 * 1024;

@@ -1,0 +1,27 @@
+//! The configuration file of `slidegate serve`: TOML read into typed values
+//! with every key known and every error located.
+//!
+//! - [`Config`]: the validated file; its `limiter` part is
+//!   `slidegate-http`'s [`LimiterConfig`](slidegate_http::LimiterConfig).
+//! - [`ConfigError`]: what was wrong, at which file, line and column.
+//! - `Config::load` reads and validates a file, `Config::parse` a string, and
+//!   `Config::parse_with_env` takes the environment as an argument. Any
+//!   error — a TOML syntax error, an unknown key, a value of the wrong form,
+//!   a rule that contradicts itself — names the file, line and column and
+//!   the form that was expected.
+//!
+//! Inside: `raw` is the file as written (serde, with positions), `values`
+//! parses single values, and `validate` turns raw into typed, one section
+//! per file.
+
+mod error;
+mod raw;
+mod types;
+mod validate;
+mod values;
+
+pub use error::ConfigError;
+pub use types::{Config, Password, ServerConfig, StoreConfig};
+
+#[cfg(test)]
+mod tests;

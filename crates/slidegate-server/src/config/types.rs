@@ -1,0 +1,197 @@
+//! The validated file, as plain types a program can also build in code, and
+//! the defaults of the proxy's own settings. What the limiter is built from
+//! ([`LimiterConfig`]: rules, identities, headers, the store guard) is
+//! `slidegate-http`'s, held here as it is.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use http::Uri;
+use slidegate::{Engine, RedisTarget};
+use slidegate_http::config::{Delay, LimiterConfig, OnError};
+
+/// A validated configuration file.
+///
+/// `Config::parse` reads one from TOML; a program may also start from
+/// [`Config::default`] and set the fields.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Config {
+    /// `[server]`: where to listen, where to forward.
+    pub server: ServerConfig,
+    /// `[store]`: where limiter state lives and how to reach it.
+    pub store: StoreConfig,
+    /// `[identity]`, `[headers]`, `[[rules]]`, and `[store]`'s deadline,
+    /// breaker, fallback and deny cache keys (its `guard`): what the limiter
+    /// is built from.
+    pub limiter: LimiterConfig,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// The address `serve` listens on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// The one upstream every non-admin request is forwarded to (`http://host:port`).
+    pub upstream: Option<Uri>,
+    /// The prefix of the admin endpoints (`{prefix}/v1/check`, `/metrics`, `/healthz`); empty by default.
+    pub admin_prefix: String,
+    /// A separate address for the admin endpoints; when set they are served
+    /// only there, and the public listener forwards those paths upstream.
+    pub admin_listen: Option<SocketAddr>,
+    /// How long a graceful shutdown waits for open connections.
+    pub shutdown_grace: Delay,
+    /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
+    pub threads: Option<usize>,
+    /// Whether the admin endpoints are served on the public listener (under
+    /// `admin_prefix`). Off by default: without it or `admin_listen` no
+    /// admin endpoint is served at all, and their paths are forwarded.
+    pub admin_on_public: bool,
+    /// The bearer token `/v1/check` requires (read from the variable
+    /// `check_token_env` names); `None`: no token is asked for.
+    pub check_token: Option<String>,
+    /// How long a request body may stay silent before the request is
+    /// abandoned with 408 and its upstream connection released.
+    pub body_timeout: Delay,
+    /// Open upstream connections (busy or idle), over all worker threads; a
+    /// request needing one more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`]
+    /// for one to close, then gets 503.
+    pub max_upstream_connections: usize,
+}
+
+impl ServerConfig {
+    /// How long a request waits for an upstream slot when
+    /// `max_upstream_connections` are busy, before it is answered 503.
+    pub const UPSTREAM_QUEUE_WAIT: Delay = Delay::from_secs(1);
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: None,
+            admin_prefix: String::new(),
+            admin_listen: None,
+            shutdown_grace: Delay::from_secs(10),
+            threads: None,
+            admin_on_public: false,
+            check_token: None,
+            body_timeout: Delay::from_secs(30),
+            max_upstream_connections: 1024,
+        }
+    }
+}
+
+/// `[store]`: which store, and how to reach it. The keys that say how the
+/// limiter treats a failing store are [`LimiterConfig::guard`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct StoreConfig {
+    /// Redis: one server (`url`), a Cluster (`cluster`) or a master found
+    /// through Sentinel (`sentinel`, `master_name`); `None` for the embedded store.
+    pub redis: Option<RedisTarget>,
+    /// A prefix for every Redis key.
+    pub prefix: Option<String>,
+    /// What every rule does when the store fails, unless the rule says
+    /// otherwise (each [`RuleConfig`](slidegate_http::config::RuleConfig)
+    /// holds the outcome).
+    pub on_error: OnError,
+    /// The ACL user for the Redis data nodes (`username`), overriding a URL's.
+    pub username: Option<String>,
+    /// The password for the Redis data nodes, read from the variable `password_env` names.
+    pub password: Option<Password>,
+    /// A CA certificate (PEM) trusted for `rediss://` (`tls_ca`); `None`: the system roots.
+    pub tls_ca: Option<PathBuf>,
+    /// What decides inside Redis (`engine`): the native module where every
+    /// node has it, else the Lua scripts (the default), or one of them forced.
+    pub engine: Engine,
+}
+
+impl StoreConfig {
+    /// The store in one line for logs and `check-config`, without secrets:
+    /// a password written in a URL shows as `***`, one from the environment
+    /// by its variable's name.
+    ///
+    /// ```
+    /// use slidegate::RedisTarget;
+    /// use slidegate_server::StoreConfig;
+    ///
+    /// let mut store = StoreConfig::default();
+    /// assert_eq!(store.describe(), "embedded");
+    /// store.redis = Some(RedisTarget::Cluster(vec![
+    ///     "redis://:hunter2@127.0.0.1:7000".into(),
+    ///     "redis://127.0.0.1:7001".into(),
+    /// ]));
+    /// assert_eq!(store.describe(), "Redis Cluster redis://:***@127.0.0.1:7000, redis://127.0.0.1:7001");
+    /// ```
+    pub fn describe(&self) -> String {
+        let list = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
+        let mut out = match &self.redis {
+            None => return "embedded".to_owned(),
+            Some(RedisTarget::Single(url)) => format!("Redis {}", redact_url(url)),
+            Some(RedisTarget::Cluster(seeds)) => format!("Redis Cluster {}", list(seeds)),
+            Some(RedisTarget::Sentinel { sentinels, master_name }) => {
+                format!("Redis master {master_name:?} through Sentinel {}", list(sentinels))
+            }
+        };
+        if let Some(user) = &self.username {
+            out.push_str(&format!(", user {user}"));
+        }
+        if let Some(password) = &self.password {
+            out.push_str(&format!(", password from ${}", password.variable()));
+        }
+        if let Some(ca) = &self.tls_ca {
+            out.push_str(&format!(", CA {}", ca.display()));
+        }
+        if self.engine != Engine::Auto {
+            out.push_str(&format!(", engine {}", self.engine));
+        }
+        out
+    }
+}
+
+/// A password taken from an environment variable: its `Debug` names the
+/// variable, never the value, so a logged configuration holds no secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password {
+    variable: String,
+    value: String,
+}
+
+impl Password {
+    /// The password `value`, read from the environment variable `variable`.
+    pub fn from_env(variable: impl Into<String>, value: impl Into<String>) -> Self {
+        Self { variable: variable.into(), value: value.into() }
+    }
+
+    /// The variable it was read from.
+    pub fn variable(&self) -> &str {
+        &self.variable
+    }
+
+    /// The password itself, for logging in.
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Password(from ${})", self.variable)
+    }
+}
+
+/// `url` with the password of its user information replaced by `***`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let userinfo = &rest[..at];
+    let user = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => userinfo.to_owned(),
+    };
+    format!("{scheme}://{user}{}", &rest[at..])
+}

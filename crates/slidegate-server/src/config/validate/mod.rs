@@ -1,0 +1,174 @@
+//! From the TOML mirror to a [`Config`]: every rule the types cannot express
+//! (ranges, contradictions, duplicates, environment variables) is checked
+//! here, and every error is located at the offending value. One file per
+//! part of the file: `server` (`[server]`), `store` (`[store]`: the Redis
+//! target, its login and the limiter's guard), `identity` and `rules`.
+
+mod identity;
+mod rules;
+mod server;
+mod store;
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+use std::str::FromStr;
+
+use slidegate_http::config::{HeadersConfig, LimiterConfig, RuleConfig};
+use toml::Spanned;
+
+use super::error::ConfigError;
+use super::raw::RawConfig;
+use super::types::Config;
+
+impl Config {
+    /// Reads and validates the configuration in `path`, reading the variables
+    /// it names from the process environment.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when the file cannot be read, [`ConfigError::Invalid`]
+    /// with line and column for anything wrong inside it.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let bytes =
+            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(decode(path, &bytes)?, path)
+    }
+
+    /// Validates the configuration text `source`; `path` names it in errors.
+    /// Environment variables named by the config (the hash secret) are read
+    /// from the process environment now; [`Config::parse_with_env`] takes them
+    /// from elsewhere.
+    ///
+    /// ```
+    /// use slidegate_server::Config;
+    ///
+    /// let err = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\nlisten_on = 1\n", "demo.toml")
+    ///     .unwrap_err();
+    /// assert_eq!(err.location(), Some((3, 1)));
+    /// assert!(err.to_string().starts_with("demo.toml:3:1: unknown field `listen_on`"));
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    pub fn parse(source: &str, path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::parse_with_env(source, path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with the environment given: `env(name)` is the value
+    /// of the variable `name`, or `None` when it is unset.
+    ///
+    /// ```
+    /// use slidegate_server::Config;
+    ///
+    /// let source = "[identity]\nip_hash_secret_env = \"HASH_SECRET\"\n";
+    /// let env = |name: &str| (name == "HASH_SECRET").then(|| "s3cret".to_owned());
+    /// let config = Config::parse_with_env(source, "demo.toml", &env)?;
+    /// assert_eq!(config.limiter.identity.secret.as_deref(), Some(&b"s3cret"[..]));
+    /// # Ok::<(), slidegate_server::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    pub fn parse_with_env(
+        source: &str,
+        path: impl AsRef<Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
+        let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
+        Validator { fail: &fail, env }.config(raw)
+    }
+}
+
+/// The text of a configuration file; invalid UTF-8 is located at its first
+/// bad byte like any other error (a plain read would say only "invalid data").
+pub(super) fn decode<'b>(path: &Path, bytes: &'b [u8]) -> Result<&'b str, ConfigError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let valid = e.valid_up_to();
+        // The prefix before the bad byte is valid UTF-8 by definition.
+        let before = std::str::from_utf8(&bytes[..valid]).unwrap_or_default();
+        ConfigError::at(
+            path,
+            before,
+            Some(valid..valid),
+            format!("invalid UTF-8 (byte 0x{:02x}): expected a UTF-8 text file", bytes[valid]),
+        )
+    })
+}
+
+struct Validator<'a> {
+    fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Validator<'_> {
+    fn err(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        (self.fail)(Some(span), message.into())
+    }
+
+    /// Parses each string of an array, reporting an error at the element.
+    fn each<T>(&self, values: Vec<Spanned<String>>) -> Result<Vec<T>, ConfigError>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        values
+            .into_iter()
+            .map(|v| v.get_ref().parse().map_err(|e: T::Err| self.err(v.span(), e.to_string())))
+            .collect()
+    }
+
+    /// The value of the environment variable `var` names, which must be set
+    /// and not empty; `holds` says what the key's variable holds, for the error.
+    fn env_value(&self, var: &Spanned<String>, holds: &str) -> Result<String, ConfigError> {
+        match (self.env)(var.get_ref()) {
+            Some(value) if !value.is_empty() => Ok(value),
+            _ => {
+                Err(self
+                    .err(var.span(), format!("environment variable {} is not set: {holds}", var.get_ref())))
+            }
+        }
+    }
+
+    fn config(&self, mut raw: RawConfig) -> Result<Config, ConfigError> {
+        let server = self.server(raw.server)?;
+        // Any Redis store is shared by the instances pointed at it.
+        let url_span = (raw.store.url.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
+        let store = self.store(&mut raw.store)?;
+        let mut limiter = LimiterConfig::default();
+        limiter.guard = self.guard(raw.store)?;
+        limiter.identity = self.identity(raw.identity)?;
+        if let (Some(span), None) = (url_span, &limiter.identity.secret) {
+            // Each instance would draw its own random secret: one client gets
+            // a different key on each, and N instances admit N times the limit.
+            return Err(self.err(
+                span,
+                "a shared store needs [identity] ip_hash_secret_env: without it each instance draws \
+                 its own random hash secret, a client is counted under a different key on each, and \
+                 instances sharing this store together admit a multiple of every limit",
+            ));
+        }
+        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        for rule in raw.rules {
+            let name_span = rule.get_ref().name.span();
+            let rule = self.rule(rule, store.on_error)?;
+            if rules.iter().any(|r| r.name == rule.name) {
+                return Err(self.err(
+                    name_span,
+                    format!("duplicate rule name {:?}: rule names must be unique", rule.name),
+                ));
+            }
+            rules.push(rule);
+        }
+        limiter.rules = rules;
+        limiter.headers = HeadersConfig::default();
+        if let Some(legacy) = raw.headers.legacy {
+            limiter.headers.legacy = legacy;
+        }
+        Ok(Config { server, store, limiter })
+    }
+}

@@ -1,0 +1,123 @@
+//! `[server]`: the listeners, the upstream and the admin endpoints.
+
+use std::net::SocketAddr;
+
+use http::Uri;
+use toml::Spanned;
+
+use super::super::error::ConfigError;
+use super::super::raw::RawServer;
+use super::super::types::ServerConfig;
+use super::super::values::Parsed;
+use super::Validator;
+
+impl Validator<'_> {
+    pub(super) fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+        let mut server = ServerConfig::default();
+        if let Some(upstream) = raw.upstream {
+            server.upstream = Some(self.upstream(upstream)?);
+        }
+        if let Some(prefix) = raw.admin_prefix {
+            server.admin_prefix = self.admin_prefix(prefix)?;
+        }
+        if let Some(listen) = raw.listen {
+            server.listen = listen.0;
+        }
+        if let Some(admin) = raw.admin_listen {
+            server.admin_listen = Some(self.admin_listen(admin, server.listen)?);
+        }
+        if let Some(on) = raw.admin_on_public {
+            if *on.get_ref() && server.admin_listen.is_some() {
+                return Err(self.err(
+                    on.span(),
+                    "admin_on_public and admin_listen both set: expected one place for the admin endpoints",
+                ));
+            }
+            server.admin_on_public = *on.get_ref();
+        }
+        if let Some(var) = raw.check_token_env {
+            let holds = "check_token_env names the variable holding the bearer token /v1/check requires";
+            server.check_token = Some(self.env_value(&var, holds)?);
+        }
+        if let Some(t) = raw.body_timeout {
+            if t.get_ref().0.get().is_zero() {
+                return Err(self.err(
+                    t.span(),
+                    "body_timeout must be longer than 0: expected a duration such as \"30s\"",
+                ));
+            }
+            server.body_timeout = t.into_inner().0;
+        }
+        if let Some(m) = raw.max_upstream_connections {
+            if *m.get_ref() == 0 {
+                return Err(self.err(m.span(), "max_upstream_connections must be at least 1"));
+            }
+            server.max_upstream_connections = usize::try_from(*m.get_ref()).unwrap_or(usize::MAX);
+        }
+        if let Some(grace) = raw.shutdown_grace {
+            server.shutdown_grace = grace.0;
+        }
+        if let Some(t) = raw.threads {
+            if *t.get_ref() == 0 {
+                return Err(self.err(t.span(), "threads must be at least 1"));
+            }
+            server.threads = Some(usize::from(*t.get_ref()));
+        }
+        Ok(server)
+    }
+
+    /// `upstream`: `http://host:port`, nothing more.
+    fn upstream(&self, u: Spanned<String>) -> Result<Uri, ConfigError> {
+        let invalid = |why: &str| self.err(u.span(), format!("invalid upstream {:?}: {why}", u.get_ref()));
+        let uri: Uri = u.get_ref().parse().map_err(|_| invalid("expected http://host:port"))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(invalid("expected http://host:port (https is not supported)"));
+        }
+        if let Some(authority) = uri.authority() {
+            if authority.as_str().contains('@') {
+                // hyper would drop them silently: the upstream never sees them.
+                return Err(invalid("credentials in the URL are not sent; expected http://host:port"));
+            }
+            // `http` reads a port that does not fit in 16 bits as no port at all.
+            let port = authority.as_str().get(authority.host().len()..).and_then(|r| r.strip_prefix(':'));
+            if port.is_some_and(|p| !matches!(p.parse::<u16>(), Ok(1..))) {
+                // Otherwise the port is read as absent and 80 is used.
+                return Err(invalid("the port must be 1 to 65535"));
+            }
+        }
+        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+            return Err(invalid("expected no path, only http://host:port"));
+        }
+        Ok(uri)
+    }
+
+    /// `admin_prefix`: empty, or a path without a trailing slash.
+    fn admin_prefix(&self, p: Spanned<String>) -> Result<String, ConfigError> {
+        let text = p.get_ref().trim_end_matches('/');
+        if !text.is_empty() && (!text.starts_with('/') || text.contains(['?', '#', '*', '{'])) {
+            return Err(self.err(
+                p.span(),
+                format!("invalid admin_prefix {:?}: expected a path such as \"/_slidegate\"", p.get_ref()),
+            ));
+        }
+        Ok(text.to_owned())
+    }
+
+    /// `admin_listen`: any address but the public one.
+    fn admin_listen(
+        &self,
+        a: Spanned<Parsed<SocketAddr>>,
+        listen: SocketAddr,
+    ) -> Result<SocketAddr, ConfigError> {
+        if a.get_ref().0 == listen && listen.port() != 0 {
+            return Err(self.err(
+                a.span(),
+                format!(
+                    "admin_listen {} is the listen address: expected another address, such as \"127.0.0.1:9091\"",
+                    a.get_ref().0
+                ),
+            ));
+        }
+        Ok(a.into_inner().0)
+    }
+}

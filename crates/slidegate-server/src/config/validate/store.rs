@@ -1,0 +1,278 @@
+//! `[store]`: which store and how to log in to it ([`StoreConfig`]), and the
+//! keys of the limiter's [`StoreGuard`], written into the runtime type over
+//! its defaults.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use slidegate::{Engine, RedisTarget};
+use slidegate_http::config::Delay;
+use slidegate_http::StoreGuard;
+use toml::Spanned;
+
+use super::super::error::ConfigError;
+use super::super::raw::RawStore;
+use super::super::types::{Password, StoreConfig};
+use super::super::values::Millis;
+use super::Validator;
+
+impl Validator<'_> {
+    /// Everything of `[store]` but the guard's keys, which are left in `raw`.
+    pub(super) fn store(&self, raw: &mut RawStore) -> Result<StoreConfig, ConfigError> {
+        let mut store = StoreConfig::default();
+        if let Some(url) = &raw.url {
+            let u = url.get_ref();
+            if !(u.starts_with("redis://") || u.starts_with("rediss://") || u.starts_with("redis+unix://")) {
+                return Err(
+                    self.err(url.span(), format!("invalid store url {u:?}: expected redis://host:port"))
+                );
+            }
+        }
+        if let Some(prefix) = raw.prefix.take() {
+            if prefix.get_ref().contains(['{', '}']) {
+                // Braces would make Redis Cluster hash only what is between
+                // them: every key of every rule in one slot, or a CROSSSLOT error.
+                return Err(self.err(
+                    prefix.span(),
+                    format!(
+                        "invalid store prefix {:?}: braces choose Redis Cluster hash slots and slidegate \
+                         places its own; expected a prefix without '{{' or '}}'",
+                        prefix.get_ref()
+                    ),
+                ));
+            }
+            store.prefix = Some(prefix.into_inner());
+        }
+        if let Some(on_error) = raw.on_error {
+            store.on_error = on_error;
+        }
+        store.redis = self.redis_target(raw)?;
+        self.redis_login(raw, &mut store)?;
+        Ok(store)
+    }
+
+    /// `url`, `cluster` or `sentinel` with `master_name`: at most one of them.
+    fn redis_target(&self, raw: &mut RawStore) -> Result<Option<RedisTarget>, ConfigError> {
+        // One target: the second key named is the one reported.
+        let mut named: Vec<(&str, Range<usize>)> = Vec::new();
+        if let Some(url) = &raw.url {
+            named.push(("url", url.span()));
+        }
+        if let Some(cluster) = &raw.cluster {
+            named.push(("cluster", cluster.span()));
+        }
+        if let Some(sentinel) = &raw.sentinel {
+            named.push(("sentinel", sentinel.span()));
+        }
+        named.sort_by_key(|(_, span)| span.start);
+        if let [(first, _), (second, span), ..] = named.as_slice() {
+            return Err(self.err(
+                span.clone(),
+                format!(
+                    "`{second}` and `{first}` both name the Redis store: expected one of `url` (one server), \
+                     `cluster` (seed nodes of a Redis Cluster) or `sentinel` (with `master_name`)"
+                ),
+            ));
+        }
+        let cluster = match raw.cluster.take() {
+            None => None,
+            Some(list) => {
+                let example = "[\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]";
+                Some(RedisTarget::Cluster(self.redis_urls("cluster", list, example)?))
+            }
+        };
+        let sentinel = match (raw.sentinel.take(), raw.master_name.take()) {
+            (None, None) => None,
+            (None, Some(name)) => {
+                return Err(self.err(
+                    name.span(),
+                    "master_name is the master Sentinel is asked for: expected `sentinel = [\"redis://host:26379\"]` beside it",
+                ))
+            }
+            (Some(list), None) => {
+                return Err(self.err(
+                    list.span(),
+                    "sentinel needs `master_name`, the name the sentinels monitor the master by, such as \"mymaster\"",
+                ))
+            }
+            (Some(list), Some(name)) => {
+                if name.get_ref().is_empty() {
+                    return Err(self.err(name.span(), "master_name must not be empty"));
+                }
+                let sentinels = self.redis_urls("sentinel", list, "[\"redis://127.0.0.1:26379\"]")?;
+                Some(RedisTarget::Sentinel { sentinels, master_name: name.into_inner() })
+            }
+        };
+        let single = raw.url.take().map(|url| RedisTarget::Single(url.into_inner()));
+        Ok(cluster.or(sentinel).or(single))
+    }
+
+    /// `username`, `password_env`, `tls_ca` and `engine`: only beside a Redis target.
+    fn redis_login(&self, raw: &mut RawStore, store: &mut StoreConfig) -> Result<(), ConfigError> {
+        let has_redis = store.redis.is_some();
+        let needs_redis = |key: &str, span: Range<usize>| {
+            self.err(
+                span,
+                format!("{key} applies to a Redis store: expected `url`, `cluster` or `sentinel` in [store]"),
+            )
+        };
+        if let Some(u) = raw.username.take() {
+            if !has_redis {
+                return Err(needs_redis("username", u.span()));
+            }
+            if u.get_ref().is_empty() {
+                return Err(self.err(u.span(), "username must not be empty"));
+            }
+            store.username = Some(u.into_inner());
+        }
+        if let Some(var) = raw.password_env.take() {
+            if !has_redis {
+                return Err(needs_redis("password_env", var.span()));
+            }
+            let holds =
+                "password_env names the variable holding the Redis password (so the file holds no secret)";
+            let value = self.env_value(&var, holds)?;
+            store.password = Some(Password::from_env(var.into_inner(), value));
+        }
+        if let Some(ca) = raw.tls_ca.take() {
+            if !has_redis {
+                return Err(needs_redis("tls_ca", ca.span()));
+            }
+            store.tls_ca = Some(self.tls_ca(ca, store.redis.as_ref())?);
+        }
+        if let Some(e) = raw.engine.take() {
+            if !has_redis {
+                return Err(needs_redis("engine", e.span()));
+            }
+            store.engine = e.get_ref().parse::<Engine>().map_err(|_| {
+                self.err(
+                    e.span(),
+                    format!(
+                        "unknown engine {:?}: expected \"auto\" (the native module where Redis has it, else \
+                         Lua), \"lua\" or \"module\"",
+                        e.get_ref()
+                    ),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `tls_ca`: a readable file, for a server or cluster reached over `rediss://`.
+    fn tls_ca(&self, ca: Spanned<String>, target: Option<&RedisTarget>) -> Result<PathBuf, ConfigError> {
+        let tls = |u: &String| u.starts_with("rediss://");
+        let plain = match target {
+            Some(RedisTarget::Single(url)) => !tls(url),
+            Some(RedisTarget::Cluster(seeds)) => !seeds.iter().all(tls),
+            _ => false,
+        };
+        if plain {
+            return Err(self.err(
+                ca.span(),
+                "tls_ca is the CA trusted for TLS, but the store URLs are not rediss://: \
+                 expected rediss://host:port URLs with tls_ca",
+            ));
+        }
+        let path = PathBuf::from(ca.get_ref());
+        if let Err(e) = std::fs::metadata(&path) {
+            return Err(self.err(
+                ca.span(),
+                format!("cannot read tls_ca {}: {e}: expected a PEM CA certificate file", path.display()),
+            ));
+        }
+        Ok(path)
+    }
+
+    /// A non-empty list of `redis://` or `rediss://` URLs for the key `key`.
+    fn redis_urls(
+        &self,
+        key: &str,
+        list: Spanned<Vec<Spanned<String>>>,
+        example: &str,
+    ) -> Result<Vec<String>, ConfigError> {
+        let span = list.span();
+        let list = list.into_inner();
+        if list.is_empty() {
+            return Err(
+                self.err(span, format!("{key} is empty: expected at least one URL, such as {example}"))
+            );
+        }
+        list.into_iter()
+            .map(|u| {
+                let text = u.get_ref();
+                if text.starts_with("redis://") || text.starts_with("rediss://") {
+                    Ok(u.into_inner())
+                } else {
+                    Err(self.err(
+                        u.span(),
+                        format!(
+                            "invalid {key} URL {text:?}: expected redis://host:port or rediss://host:port"
+                        ),
+                    ))
+                }
+            })
+            .collect()
+    }
+
+    /// The guard's keys of `[store]`, each written over [`StoreGuard::default`].
+    pub(super) fn guard(&self, raw: RawStore) -> Result<StoreGuard, ConfigError> {
+        let mut guard = StoreGuard::default();
+        self.set_millis(&mut guard.timeout, "timeout_ms", raw.timeout_ms, 1)?;
+        self.set_count(&mut guard.breaker.failures, "breaker_failures", raw.breaker_failures)?;
+        self.set_millis(&mut guard.probe_interval, "probe_interval_ms", raw.probe_interval_ms, 1)?;
+        self.set_millis(&mut guard.breaker.window, "breaker_window_ms", raw.breaker_window_ms, 10)?;
+        self.set_count(&mut guard.breaker.min_calls, "breaker_min_calls", raw.breaker_min_calls)?;
+        if let Some(r) = raw.breaker_failure_rate {
+            if !(1..=100).contains(r.get_ref()) {
+                return Err(self.err(
+                    r.span(),
+                    format!("breaker_failure_rate is a percentage from 1 to 100, got {}", r.get_ref()),
+                ));
+            }
+            guard.breaker.failure_rate = *r.get_ref();
+        }
+        let trial = raw.breaker_trial_interval_ms;
+        self.set_millis(&mut guard.breaker.trial_interval, "breaker_trial_interval_ms", trial, 1)?;
+        self.set_count(&mut guard.instances, "instances", raw.instances)?;
+        if let Some(fallback) = raw.fallback {
+            guard.fallback = fallback;
+        }
+        if let Some(n) = raw.deny_cache {
+            // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
+            guard.deny_cache = *n.get_ref() as usize;
+        }
+        Ok(guard)
+    }
+
+    /// Sets `field` to `value`, which must be at least `least_ms`, when the key is there.
+    fn set_millis(
+        &self,
+        field: &mut Delay,
+        key: &str,
+        value: Option<Millis>,
+        least_ms: u64,
+    ) -> Result<(), ConfigError> {
+        match value {
+            Some(v) if v.delay.as_millis() < least_ms => {
+                Err(self.err(v.span, format!("{key} must be at least {least_ms}")))
+            }
+            Some(v) => {
+                *field = v.delay;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Sets `field` to `value`, which must be at least 1, when the key is there.
+    fn set_count(&self, field: &mut u32, key: &str, value: Option<Spanned<u32>>) -> Result<(), ConfigError> {
+        match value {
+            Some(v) if *v.get_ref() == 0 => Err(self.err(v.span(), format!("{key} must be at least 1"))),
+            Some(v) => {
+                *field = *v.get_ref();
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
