@@ -3,7 +3,7 @@
 
 use redis_module::{raw, RedisError};
 
-use crate::key::WRITE_FAILED;
+use crate::wire::WRITE_FAILED;
 
 /// As in `prelude.lua`: in client time a key outlives its state by this much
 /// on the server's clock, covering a client clock that lags the server's.

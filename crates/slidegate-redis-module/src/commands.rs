@@ -9,6 +9,7 @@ use redis_module::{raw, Context, RedisError};
 use crate::clock::Clock;
 use crate::key::OpenKey;
 use crate::stored::decide;
+use crate::strings::string_bytes;
 use crate::wire::{decision_bytes, parse_limit, split_args, Args, DECISION_BYTES, LIMIT_BYTES};
 
 /// What a command replies: one decision (on the stack) or several.
@@ -22,22 +23,6 @@ impl Reply {
         match self {
             Reply::One(bytes) => bytes,
             Reply::All(bytes) => bytes,
-        }
-    }
-}
-
-/// The bytes of a module string, borrowed for as long as Redis keeps it.
-#[allow(unsafe_code)]
-pub fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
-    let mut len = 0;
-    // SAFETY: `s` is an argument of the running command, alive until it
-    // returns; StringPtrLen neither copies nor allocates.
-    unsafe {
-        let ptr = raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(s, &mut len));
-        if ptr.is_null() {
-            &[]
-        } else {
-            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
         }
     }
 }

@@ -7,9 +7,7 @@ use redis_module::{raw, RedisError};
 use crate::clock::Clock;
 use crate::propagation::{self, count_change, replicate_set};
 use crate::stored::{Expiry, Write};
-
-/// The error of a write Redis refused.
-pub const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write the key");
+use crate::wire::WRITE_FAILED;
 
 /// An open key, closed (and signalled as modified, when written) on drop.
 pub struct OpenKey {

@@ -54,6 +54,7 @@ mod key;
 mod layout;
 mod propagation;
 mod stored;
+mod strings;
 mod wire;
 
 /// The module's entry point (`RedisModule_OnLoad`), generated. Not in unit

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context, RedisError, Status};
 
-use crate::key::WRITE_FAILED;
+use crate::wire::WRITE_FAILED;
 
 /// A replica synced or the role changed since the module loaded: for good.
 static REPLICATION: AtomicBool = AtomicBool::new(false);
@@ -137,7 +137,7 @@ extern "C" fn watch_sync(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if name.is_null() {
         return;
     }
-    let name = crate::commands::string_bytes(name);
+    let name = crate::strings::string_bytes(name);
     if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
         REPLICATION.store(true, Ordering::Relaxed);
     }

@@ -8,6 +8,10 @@ use slidegate::{Algorithm, Decision, Quota};
 
 /// The time argument that asks for the server's clock.
 const NOW_FROM_REDIS: f64 = -1.0;
+
+/// The error of a write Redis refused.
+pub const WRITE_FAILED: RedisError = RedisError::Str("ERR slidegate: cannot write the key");
+
 /// The arguments of one decision.
 #[derive(Clone, Copy)]
 pub struct Args {

@@ -33,6 +33,7 @@
 
 mod counter_table;
 mod hot;
+mod kept;
 mod logs;
 mod packing;
 mod shard;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::hot;
 use super::tables::LimitTable;
 use crate::algorithm::sliding_log;
 use crate::{Decision, Quota};
@@ -83,5 +84,11 @@ impl LimitTable for Logs {
 
     fn len(&self) -> usize {
         self.map.len()
+    }
+    // Decided under the shard's lock only: nothing to hold, no handle.
+    fn hold(&mut self, _id: u64, _now: u64) {}
+    fn release(&mut self) {}
+    fn handle(&self, _id: u64) -> Option<hot::Handle> {
+        None
     }
 }

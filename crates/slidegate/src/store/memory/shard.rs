@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::tables::Table;
+use super::kept::Table;
 use crate::store::{Charge, Decisions, Outcome};
 use crate::{Decision, Limit, Penalty, PenaltyState};
 

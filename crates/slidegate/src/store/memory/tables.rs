@@ -1,22 +1,16 @@
-//! The tables the embedded store keeps states in, one per limit in a shard:
-//! which kind each algorithm gets ([`Kept`]), the compact tables of copyable
-//! states ([`Keyed`]), and the per-limit [`Table`] that dispatches to them.
+//! The tables the embedded store keeps states in: the [`LimitTable`]
+//! contract every kind of table meets, and the compact tables of copyable
+//! states ([`Keyed`]). Which kind each algorithm gets is `kept.rs`.
 
-use super::counter_table::CounterTables;
 use super::hot;
-use super::logs::Logs;
-use super::packing::{self, PackedFixed, Packing, Plain};
+use super::packing::{self, Packing, Plain};
 use super::slots::Slots;
-use crate::algorithm::fixed_window::FixedWindow;
-use crate::algorithm::gcra::Gcra;
-use crate::algorithm::sliding_log::SlidingLog;
-use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
-use crate::algorithm::token_bucket::TokenBucket;
-use crate::algorithm::{for_each_algorithm, Definition};
-use crate::{Algorithm, Decision, Limit, Quota};
+use crate::algorithm::Definition;
+use crate::{Decision, Quota};
 
 /// How the embedded store keeps the states of one limit: each algorithm
-/// names its kind of table in [`Kept::Table`].
+/// names its kind of table in `Kept::Table` (`kept.rs`). Every method is
+/// required: a table states whether it takes part in the lock-free path.
 pub(super) trait LimitTable {
     /// An empty table for states under `quota`, created at `now`.
     fn new(quota: Quota, now: u64) -> Self;
@@ -30,43 +24,11 @@ pub(super) trait LimitTable {
     /// Keeps `id`'s state out of reach of decisions without the lock (see
     /// `hot.rs`) until [`LimitTable::release`], so that a multi-limit
     /// decision is atomic.
-    fn hold(&mut self, _id: u64, _now: u64) {}
+    fn hold(&mut self, id: u64, now: u64);
     /// Ends [`LimitTable::hold`].
-    fn release(&mut self) {}
+    fn release(&mut self);
     /// A handle for deciding on `id`'s state without the lock, where the table allows it.
-    fn handle(&self, _id: u64) -> Option<hot::Handle> {
-        None
-    }
-}
-
-/// What the embedded store keeps per algorithm: the kind of table for its
-/// states. Implemented here for each algorithm's unit type, so the
-/// algorithms know nothing of the store; the table of [`States`] is built
-/// from `for_each_algorithm!` through this trait, and an algorithm without
-/// an implementation is a compile error.
-pub(super) trait Kept: Definition {
-    /// How the states of one limit under the algorithm are kept.
-    type Table: LimitTable;
-}
-
-impl Kept for SlidingWindowCounter {
-    type Table = CounterTables;
-}
-
-impl Kept for FixedWindow {
-    type Table = PackedTable<PackedFixed>;
-}
-
-impl Kept for SlidingLog {
-    type Table = Logs;
-}
-
-impl Kept for TokenBucket {
-    type Table = PlainTable<Self>;
-}
-
-impl Kept for Gcra {
-    type Table = PlainTable<Self>;
+    fn handle(&self, id: u64) -> Option<hot::Handle>;
 }
 
 /// The states of one limit whose state is a small copyable value, in a
@@ -150,6 +112,12 @@ impl<A: Definition<State: Copy>> LimitTable for PlainTable<A> {
     fn len(&self) -> usize {
         Keyed::len(self)
     }
+    // Decided under the shard's lock only: nothing to hold, no handle.
+    fn hold(&mut self, _id: u64, _now: u64) {}
+    fn release(&mut self) {}
+    fn handle(&self, _id: u64) -> Option<hot::Handle> {
+        None
+    }
 }
 
 /// States packed by `P` when the quota leaves room for it (see `packing.rs`),
@@ -186,87 +154,10 @@ impl<P: Packing> LimitTable for PackedTable<P> {
             Self::Plain(t) => Keyed::len(t),
         }
     }
-}
-
-/// The states of one limit, in the table its algorithm is [`Kept`] in.
-macro_rules! memory_states {
-    ($($variant:ident => $module:ident),* $(,)?) => {
-        pub(super) enum States {
-            $($variant(<crate::algorithm::$module::$variant as Kept>::Table),)*
-        }
-
-        impl States {
-            pub(super) fn new(limit: &Limit, now: u64) -> Self {
-                match limit.algorithm {
-                    $(Algorithm::$variant => Self::$variant(LimitTable::new(limit.quota, now)),)*
-                }
-            }
-
-            #[inline]
-            pub(super) fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-                match self {
-                    $(Self::$variant(t) => t.decide(id, now, cost, commit),)*
-                }
-            }
-
-            pub(super) fn shrink(&mut self, now: u64) {
-                match self {
-                    $(Self::$variant(t) => t.shrink(now),)*
-                }
-            }
-
-            pub(super) fn len(&self) -> usize {
-                match self {
-                    $(Self::$variant(t) => t.len(),)*
-                }
-            }
-
-            pub(super) fn hold(&mut self, id: u64, now: u64) {
-                match self {
-                    $(Self::$variant(t) => t.hold(id, now),)*
-                }
-            }
-
-            pub(super) fn release(&mut self) {
-                match self {
-                    $(Self::$variant(t) => t.release(),)*
-                }
-            }
-
-            pub(super) fn handle(&self, id: u64) -> Option<hot::Handle> {
-                match self {
-                    $(Self::$variant(t) => t.handle(id),)*
-                }
-            }
-        }
-    };
-}
-
-for_each_algorithm!(memory_states);
-
-pub(super) struct Table {
-    pub(super) limit: Limit,
-    pub(super) states: States,
-}
-
-impl Table {
-    pub(super) fn new(limit: Limit, now: u64) -> Self {
-        Self { limit, states: States::new(&limit, now) }
-    }
-
-    /// Decides `cost` for identity `id`; charges it only when `commit`.
-    #[inline]
-    pub(super) fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-        self.states.decide(id, now, cost, commit)
-    }
-
-    /// Forgets every identity whose state no longer matters and gives back
-    /// the memory the rest does not need.
-    pub(super) fn shrink(&mut self, now: u64) {
-        self.states.shrink(now);
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.states.len()
+    // Decided under the shard's lock only: nothing to hold, no handle.
+    fn hold(&mut self, _id: u64, _now: u64) {}
+    fn release(&mut self) {}
+    fn handle(&self, _id: u64) -> Option<hot::Handle> {
+        None
     }
 }
