@@ -27,9 +27,9 @@
 //! path = "/api/search*"
 //! limits = [{ limit = 10, window = "1s" }, { limit = 500, window = "1h" }]
 //! "#, "slidegate.toml")?;
-//! let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new());
+//! let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new())?;
 //! assert_eq!(limiter.rule_names(), ["search"]);
-//! # Ok::<(), slidegate_server::ConfigError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! The binary (`slidegate-cli`) parses arguments, sets up logging and turns

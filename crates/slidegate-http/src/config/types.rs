@@ -29,7 +29,7 @@ use crate::rules::PathPattern;
 ///     "/api/search*".parse()?,
 ///     RuleLimits::Shared { identity: IdentityKind::Ip, limits: vec![LimitConfig::new("search", limit, 1)?] },
 /// ));
-/// let limiter = RateLimiter::from_config(&config, MemoryStore::new());
+/// let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
 /// assert_eq!(limiter.rule_names(), ["search"]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
