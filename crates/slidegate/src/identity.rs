@@ -93,18 +93,51 @@ impl fmt::Display for Digest {
 /// let client = hasher.identity("search", Source::Ip, &[198, 51, 100, 7]);
 /// assert_eq!(client.to_string().len(), "search:ip:".len() + 32);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct Identity {
     scope: Arc<str>,
     source: Source,
     digest: Digest,
+    /// The three parts folded into 64 bits once, when the identity is made:
+    /// what in-process tables hash, so a lookup hashes one integer, not a
+    /// string. Equality still compares every part.
+    folded: u64,
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Self) -> bool {
+        self.folded == other.folded
+            && self.digest == other.digest
+            && self.source == other.source
+            && self.scope == other.scope
+    }
+}
+
+impl Eq for Identity {}
+
+impl std::hash::Hash for Identity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.folded);
+    }
 }
 
 impl Identity {
     /// An identity from its parts: `scope` names where it applies (a rule);
     /// `digest` is already a hash of the value.
     pub fn new(scope: impl Into<Arc<str>>, source: Source, digest: Digest) -> Self {
-        Self { scope: scope.into(), source, digest }
+        use std::hash::BuildHasher;
+        let scope = scope.into();
+        // A fixed seed: the value only ever keys tables of this process, each
+        // of which hashes it again with its own random seed.
+        let folded =
+            foldhash::fast::FixedState::with_seed(0x5c0b_e1de_4c7a_9e31).hash_one((&*scope, source, digest));
+        Self { scope, source, digest, folded }
+    }
+
+    /// The identity folded into 64 bits (not stable across versions): for
+    /// keying in-process tables, which hash it again with their own seed.
+    pub fn folded(&self) -> u64 {
+        self.folded
     }
 
     /// The identity of an application's own `name` (a user id, a tenant) in

@@ -133,7 +133,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The table id of `identity`: its scope and digest under this store's seed.
     #[inline]
     fn identity(&self, identity: &Identity) -> u64 {
-        slot_id(self.hasher.hash_one((identity.scope(), identity.source(), identity.digest())))
+        slot_id(self.hasher.hash_one(identity.folded()))
     }
 
     /// The shard identity `id` lives in, locked.

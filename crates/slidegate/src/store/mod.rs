@@ -354,15 +354,8 @@ impl<D: DistinctStore> DistinctStore for &D {
 }
 
 impl DistinctStore for NoDistinct {
-    fn decide_distinct(
-        &self,
-        _identity: &Identity,
-        _quota: &Quota,
-        _value: &[u8],
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    async fn decide_distinct(&self, _: &Identity, _: &Quota, _: &[u8]) -> Result<Decision, StoreError> {
         match *self {}
-        #[allow(unreachable_code)]
-        std::future::ready(Err(StoreError::NoLimits))
     }
 }
 
