@@ -2,12 +2,14 @@
 //!
 //! An [`Identity`] is a scope (a rule's name, an application's namespace),
 //! the [`Source`] it was derived from (an API key, a client address, a name
-//! the application chose) and a fixed-size [`Digest`] of that value. No raw
-//! value is ever kept: the digest is a BLAKE3 hash, keyed with an instance
-//! secret by [`IdentityHasher`] when the value is personal (an API key, an
-//! address). Every store, cache and summary keys its state by this value;
-//! a Redis key is written from it once (`<scope>:<tag>:<32 hex digits>`),
-//! and nothing parses it back.
+//! the application chose) and a fixed-size [`Digest`] of that value. A
+//! personal value (an API key, an address) is never kept: [`IdentityHasher`]
+//! keeps only its BLAKE3 hash keyed with an instance secret, and its Redis
+//! key reads `<scope>:<k|ip>:<32 hex digits>`. An application's own name
+//! ([`Identity::named`]) is kept as given, so its key stays short and
+//! readable: `<scope>:n:<name>`. Every store, cache and summary keys its
+//! state by the identity; a Redis key is written from it once, and nothing
+//! parses it back.
 
 use std::fmt;
 use std::sync::Arc;
@@ -85,9 +87,10 @@ impl fmt::Display for Digest {
 /// ```
 /// use slidegate::{Identity, IdentityHasher, Source};
 ///
-/// // An application's own ids: hashed, but readable by nobody.
+/// // An application's own ids, written as given.
 /// let user = Identity::named("app", "user:42");
 /// assert_eq!(user.source(), Source::Named);
+/// assert_eq!(user.to_string(), "app:n:user:42");
 /// // Personal values: hashed with a secret only this deployment knows.
 /// let hasher = IdentityHasher::new(b"instance secret");
 /// let client = hasher.identity("search", Source::Ip, &[198, 51, 100, 7]);
@@ -98,6 +101,8 @@ pub struct Identity {
     scope: Arc<str>,
     source: Source,
     digest: Digest,
+    /// The name an application chose (`Identity::named`): the key text.
+    name: Option<Arc<str>>,
     /// The three parts folded into 64 bits once, when the identity is made:
     /// what in-process tables hash, so a lookup hashes one integer, not a
     /// string. Equality still compares every part.
@@ -131,7 +136,7 @@ impl Identity {
         // of which hashes it again with its own random seed.
         let folded =
             foldhash::fast::FixedState::with_seed(0x5c0b_e1de_4c7a_9e31).hash_one((&*scope, source, digest));
-        Self { scope, source, digest, folded }
+        Self { scope, source, digest, name: None, folded }
     }
 
     /// The identity folded into 64 bits (not stable across versions): for
@@ -141,12 +146,13 @@ impl Identity {
     }
 
     /// The identity of an application's own `name` (a user id, a tenant) in
-    /// `scope`, its digest the unkeyed BLAKE3 hash of the name. For values
-    /// that are personal data use [`IdentityHasher`], whose digests nobody
+    /// `scope`: its digest the unkeyed BLAKE3 hash of the name, its key text
+    /// the name itself (`<scope>:n:<name>`). For values that are personal
+    /// data use [`IdentityHasher`], which keeps only a keyed hash nobody
     /// without the secret can recompute.
     pub fn named(scope: impl Into<Arc<str>>, name: &str) -> Self {
         let hash = blake3::hash(name.as_bytes());
-        Self::new(scope, Source::Named, truncate(hash.as_bytes()))
+        Self { name: Some(name.into()), ..Self::new(scope, Source::Named, truncate(hash.as_bytes())) }
     }
 
     /// Where the identity applies: the rule, or the application's namespace.
@@ -166,9 +172,13 @@ impl Identity {
 }
 
 impl fmt::Display for Identity {
-    /// `<scope>:<tag>:<32 hex digits>`: the form written into store keys.
+    /// The form written into store keys: `<scope>:<tag>:<32 hex digits>`,
+    /// or `<scope>:n:<name>` for an application's name.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.scope, self.source.tag(), self.digest)
+        match &self.name {
+            Some(name) => write!(f, "{}:{}:{name}", self.scope, self.source.tag()),
+            None => write!(f, "{}:{}:{}", self.scope, self.source.tag(), self.digest),
+        }
     }
 }
 
@@ -243,9 +253,13 @@ mod tests {
     }
 
     #[test]
-    fn named_identities_are_hashed_not_kept() {
+    fn named_identities_keep_their_name_as_key_text() {
         let id = Identity::named("app", "user:42");
-        assert!(!id.to_string().contains("user:42"));
+        assert_eq!(id.to_string(), "app:n:user:42");
         assert_eq!(id, Identity::named("app", "user:42"));
+        assert_ne!(id, Identity::named("app", "user:43"));
+        // A name cannot pass for a hashed identity: its tag is `n`.
+        let hashed = IdentityHasher::new(b"s").identity("app", Source::ApiKey, b"user:42");
+        assert!(hashed.to_string().starts_with("app:k:"));
     }
 }

@@ -11,7 +11,7 @@ use slidegate::{
 };
 
 /// The identity a test calls `name`: a named identity in scope `t`, so its
-/// Redis keys read `<prefix>{t:n:<32 hex digits>}:...`.
+/// Redis keys read `<prefix>{t:n:<name>}:...`.
 pub fn id(name: &str) -> Identity {
     Identity::named("t", name)
 }
