@@ -46,6 +46,7 @@ cleanup() {
     wait 2>/dev/null || true
     for tree in "${TREES[@]}"; do git -C "$ROOT" worktree remove --force "$tree" 2>/dev/null || true; done
     rm -rf "$WORK"
+    git -C "$ROOT" worktree prune
 }
 trap cleanup EXIT
 
@@ -84,10 +85,14 @@ side_by_side)
     for round in $(seq "$ROUNDS"); do
         for b in $(order "$round"); do
             "$WORK/bin/$b/side_by_side" --rounds "$SBS_ROUNDS" > "$WORK/sbs.txt"
-            # "scenario" lines, then "  contender   123.4 ns/decision   1.00× the first"
+            # "scenario" lines, then "  contender   123.4 ns/decision   1.00× the first":
+            # the time, and each governor contender's time over slidegate's in the
+            # same run ("x_first": the machine's load cancels out of it; new / base
+            # below 1 there means slidegate got slower against the same governor).
             awk -v b="$b" -v r="$round" '/^[^ ]/ { s = $1 } / ns\/decision/ {
                 n = ""; for (i = 1; $(i + 1) != "ns/decision"; i++) n = n (n ? "_" : "") $i
-                print "side_by_side", b, r, s "/" n, $(i) }' "$WORK/sbs.txt" >> "$RES"
+                print "side_by_side", b, r, s "/" n, $(i)
+                if ($(i + 2) + 0 != 1) print "side_by_side", b, r, s "/" n "/x_first", $(i + 2) + 0 }' "$WORK/sbs.txt" >> "$RES"
         done
     done ;;
 redis)
