@@ -154,7 +154,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A single charge without a penalty, for the identity this thread
     /// decided last, is one compare-and-swap on its slot (`hot.rs`); the
     /// rest decides under the identity's shard lock, the penalty's
-    /// arithmetic ([`PenaltyState`]) with it.
+    /// arithmetic ([`crate::PenaltyState`]) with it.
     ///
     /// # Errors
     /// [`StoreError::NoLimits`], [`StoreError::DuplicateLimit`],
