@@ -63,8 +63,9 @@ const BURST_HALF: u64 = 100;
 const ONE_IDENTITY_REQUESTS: u64 = 10_000;
 /// Requests in flight at once against Redis.
 const IN_FLIGHT: u64 = 512;
-/// The scope of the demo's identities (named `burst`, `one`, `user-<i>`).
-const SCOPE: &str = "demo";
+/// The scope of the demo's identities (named `burst`, `one`, `user-<i>`):
+/// the empty one, so a key holds the bare name, as the article's keys do.
+const SCOPE: &str = "";
 
 #[derive(Serialize)]
 struct Report {

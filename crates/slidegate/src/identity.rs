@@ -147,9 +147,12 @@ impl Identity {
 
     /// The identity of an application's own `name` (a user id, a tenant) in
     /// `scope`: its digest the unkeyed BLAKE3 hash of the name, its key text
-    /// the name itself (`<scope>:n:<name>`). For values that are personal
-    /// data use [`IdentityHasher`], which keeps only a keyed hash nobody
-    /// without the secret can recompute.
+    /// the name itself: `<scope>:n:<name>`, or just `<name>` in the empty
+    /// scope (the key layout of an application's own keys, the shortest; the
+    /// application then keeps its names apart from any other scope's keys
+    /// under the same Redis prefix). For values that are personal data use
+    /// [`IdentityHasher`], which keeps only a keyed hash nobody without the
+    /// secret can recompute.
     pub fn named(scope: impl Into<Arc<str>>, name: &str) -> Self {
         let hash = blake3::hash(name.as_bytes());
         Self { name: Some(name.into()), ..Self::new(scope, Source::Named, truncate(hash.as_bytes())) }
@@ -173,9 +176,11 @@ impl Identity {
 
 impl fmt::Display for Identity {
     /// The form written into store keys: `<scope>:<tag>:<32 hex digits>`,
-    /// or `<scope>:n:<name>` for an application's name.
+    /// or for an application's name `<scope>:n:<name>` (`<name>` alone in
+    /// the empty scope).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.name {
+            Some(name) if self.scope.is_empty() => f.write_str(name),
             Some(name) => write!(f, "{}:{}:{name}", self.scope, self.source.tag()),
             None => write!(f, "{}:{}:{}", self.scope, self.source.tag(), self.digest),
         }
@@ -261,5 +266,9 @@ mod tests {
         // A name cannot pass for a hashed identity: its tag is `n`.
         let hashed = IdentityHasher::new(b"s").identity("app", Source::ApiKey, b"user:42");
         assert!(hashed.to_string().starts_with("app:k:"));
+        // In the empty scope, the name as given; still its own identity.
+        let bare = Identity::named("", "user:42");
+        assert_eq!(bare.to_string(), "user:42");
+        assert_ne!(bare, id);
     }
 }
