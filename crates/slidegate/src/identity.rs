@@ -139,6 +139,16 @@ impl Identity {
         Self { scope, source, digest, name: None, folded }
     }
 
+    /// The first character of the key text (its `Display`); `None` when
+    /// the text is empty (an empty name in the empty scope).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn first_char(&self) -> Option<char> {
+        match &self.name {
+            Some(name) if self.scope.is_empty() => name.chars().next(),
+            _ => self.scope.chars().next().or(Some(':')),
+        }
+    }
+
     /// The identity folded into 64 bits (not stable across versions): for
     /// keying in-process tables, which hash it again with their own seed.
     pub fn folded(&self) -> u64 {

@@ -1,16 +1,18 @@
 //! The Redis key of one identity's state under one limit.
 //!
 //! `<prefix>{<identity>}:<tag>:<limit>:<window_ms>`, the identity written as
-//! `<scope>:<source tag>:<32 hex digits>`, e.g.
+//! `<scope>:<source tag>:<32 hex digits>` (an application's name as
+//! `<scope>:n:<name>`, or the bare name in the empty scope), e.g.
 //! `slidegate:{api:k:5f0c…}:swc:100:60000`. The `{identity}` hash tag puts
 //! every key of one identity in one Redis Cluster slot, so one script may
 //! decide several of its limits. Redis takes the tag from the first `{` to
 //! the first `}` after it; all keys of an identity share everything up to the
-//! end of the identity, so a scope containing `}` still yields one tag for
-//! all its keys. Only a scope *starting* with `}` would give an empty tag
-//! (which Redis ignores, hashing the whole key): scopes starting with `{` or
-//! `}` are written with one extra `{` in front, which keeps the tag non-empty
-//! and the mapping from identities to keys one-to-one.
+//! end of the identity, so a text containing `}` still yields one tag for
+//! all its keys. Only a text *starting* with `}`, or an empty one (an empty
+//! bare name), would give an empty tag (which Redis ignores, hashing the
+//! whole key): such texts, and those starting with `{`, are written with one
+//! extra `{` in front, which keeps the tag non-empty and the mapping from
+//! identities to keys one-to-one.
 
 use std::fmt;
 
@@ -57,12 +59,12 @@ impl fmt::Display for PenaltyKey<'_> {
 }
 
 /// What goes before an identity inside its hash tag: one more `{` when its
-/// scope starts with `{` or `}`, so that the tag is never empty.
+/// key text starts with `{` or `}`, or is empty, so that the tag is never
+/// empty.
 pub(super) fn escape(identity: &Identity) -> &'static str {
-    if identity.scope().starts_with(['{', '}']) {
-        "{"
-    } else {
-        ""
+    match identity.first_char() {
+        None | Some('{' | '}') => "{",
+        Some(_) => "",
     }
 }
 
@@ -136,11 +138,17 @@ mod tests {
         assert_eq!(penalty, format!("slidegate:{{api:k:{}}}:penalty", "ab".repeat(16)));
     }
 
+    /// Every free-form text a key can start with: a scope, or an
+    /// application's bare name in the empty scope.
+    fn identities(texts: &[&str]) -> Vec<Identity> {
+        texts.iter().flat_map(|t| [in_scope(t), Identity::named("", t), Identity::named(*t, "n")]).collect()
+    }
+
     #[test]
     fn every_identity_has_one_non_empty_tag_for_all_its_keys() {
-        let scopes = ["user-42", "a}b", "}x", "{", "}", "{a}", "}}", "x{y}z", "{}", "é{}", ""];
-        for scope in scopes {
-            let identity = in_scope(scope);
+        let texts = ["user-42", "a}b", "}x", "{", "}", "{a}", "}}", "x{y}z", "{}", "é{}", "a", ""];
+        for identity in identities(&texts) {
+            let scope = identity.to_string();
             let tags: HashSet<String> =
                 limits().iter().map(|l| hash_tag(&key(&identity, l)).to_owned()).collect();
             assert_eq!(tags.len(), 1, "{scope:?} spreads over tags {tags:?}");
@@ -153,16 +161,15 @@ mod tests {
 
     #[test]
     fn distinct_identities_and_limits_get_distinct_keys() {
-        let scopes = ["a", "{a", "}a", "{{a", "{}a", "a}", "a}:swc:100:60000", ""];
-        let identities = scopes.into_iter().flat_map(|scope| {
+        let scopes = ["a", "{a", "}a", "{{a", "{}a", "a}", "a}:swc:100:60000", "{", "b", ""];
+        let others = scopes.into_iter().flat_map(|scope| {
             [
-                in_scope(scope),
                 Identity::new(scope, Source::Ip, Digest([0x42; 16])),
                 Identity::new(scope, Source::Named, Digest([0x43; 16])),
             ]
         });
         let mut seen = HashSet::new();
-        for identity in identities {
+        for identity in identities(&scopes).into_iter().chain(others) {
             for l in limits() {
                 assert!(seen.insert(key(&identity, &l)), "duplicate key for {identity:?} {l}");
             }
