@@ -28,8 +28,10 @@ pub struct CheckConfigArgs {
     file: PathBuf,
 }
 
+/// The configuration as `serve` needs it: `check-config` loads with this
+/// too, so it says ok exactly when `serve` would start with the file.
 fn load(path: &PathBuf) -> Result<Config, ExitCode> {
-    Config::load(path).map_err(|err: ConfigError| {
+    Config::load_to_serve(path).map_err(|err: ConfigError| {
         eprintln!("slidegate: {err}");
         ExitCode::from(crate::EX_USAGE)
     })
@@ -41,13 +43,6 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    if config.server.upstream.is_none() {
-        eprintln!(
-            "slidegate: {}: [server] upstream is required by serve: expected upstream = \"http://host:port\"",
-            args.config.display()
-        );
-        return Ok(ExitCode::from(crate::EX_USAGE));
-    }
     init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

@@ -82,7 +82,8 @@ fn check_config_prints_a_cluster_store_without_secrets() {
     let (_dir, path) = write_config(
         "[store]\ncluster = [\"redis://admin:hunter2@127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n\
          username = \"limiter\"\npassword_env = \"SG_TEST_REDIS_PW\"\n\n\
-         [identity]\nip_hash_secret_env = \"SG_TEST_HASH_SECRET\"\n",
+         [identity]\nip_hash_secret_env = \"SG_TEST_HASH_SECRET\"\n\n\
+         [server]\nupstream = \"http://127.0.0.1:9000\"\n",
     );
     let out = Command::new(binary())
         .arg("check-config")

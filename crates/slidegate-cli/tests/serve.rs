@@ -314,11 +314,26 @@ fn a_bad_config_exits_64_naming_line_and_column() {
             )
         );
     }
-    // serve needs an upstream; check-config alone does not.
-    let (_dir, path) = write_config("[server]\nlisten = \"127.0.0.1:0\"\n");
-    let out = Command::new(binary()).args(["serve", "--config"]).arg(&path).output().unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("[server] upstream is required by serve"));
+    // No upstream: serve cannot start, and check-config says so in the same
+    // words (it once said ok), at the [server] table or the file's start.
+    let no_upstream = [
+        ("[server]\nlisten = \"127.0.0.1:0\"\n", ":1:1: [server] has no upstream"),
+        ("[identity]\nipv6_prefix = 64\n", ":1:1: no [server] table"),
+        (
+            "[identity]\nipv6_prefix = 64\n\n[server]\nlisten = \"127.0.0.1:0\"\n",
+            ":4:1: [server] has no upstream",
+        ),
+    ];
+    for (text, expected) in no_upstream {
+        let (_dir, path) = write_config(text);
+        for args in [vec!["serve", "--config"], vec!["check-config"]] {
+            let out = Command::new(binary()).args(&args).arg(&path).output().unwrap();
+            assert_eq!(out.status.code(), Some(64), "{args:?} {text:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(expected), "{args:?}: {stderr}");
+            assert!(stderr.contains("expected upstream = \"http://host:port\" under [server]"), "{stderr}");
+        }
+    }
     // An unknown key is an error too, and a missing secret names its variable.
     let (_dir, path) = write_config("[server]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n");
     let out = Command::new(binary()).arg("check-config").arg(&path).output().unwrap();

@@ -53,8 +53,9 @@ pub enum PenaltyError {
         /// `max_block` in ms.
         max_block_ms: u64,
     },
-    /// `after` is above 2^32: no window sees that many denials.
-    #[error("penalty after must be at most 4294967296, got {0}")]
+    /// `after` is 0 (every denial would be a block: the limit's own
+    /// denial never shows), or above 2^32 (no window sees that many denials).
+    #[error("penalty after must be from 1 to 4294967296 (the denials tolerated before a block), got {0}")]
     After(u64),
 }
 
@@ -93,7 +94,7 @@ impl Penalty {
         if max_block_ms < block_ms {
             return Err(PenaltyError::MaxBelowBlock { block_ms, max_block_ms });
         }
-        if after > 1 << 32 {
+        if after == 0 || after > 1 << 32 {
             return Err(PenaltyError::After(after));
         }
         Ok(Self { after, within_ms, block_ms, max_block_ms })

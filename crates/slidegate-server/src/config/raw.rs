@@ -15,8 +15,8 @@ use super::values::{AlgorithmName, Millis, Parsed, WindowValue};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
-    #[serde(default)]
-    pub(super) server: RawServer,
+    /// Spanned: a missing `upstream` is reported at the table.
+    pub(super) server: Option<Spanned<RawServer>>,
     #[serde(default)]
     pub(super) store: RawStore,
     #[serde(default)]
@@ -126,7 +126,7 @@ pub(super) struct RawBreadth {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPenalty {
-    pub(super) after: u64,
+    pub(super) after: Spanned<u64>,
     pub(super) within: Parsed<Delay>,
     pub(super) block: Parsed<Delay>,
     pub(super) max_block: Option<Parsed<Delay>>,

@@ -563,3 +563,42 @@ fn penalty_and_deny_cache_are_read_and_checked() {
     assert_eq!(parse("").unwrap().limiter.guard.deny_cache, 65_536);
     assert_eq!(parse("[store]\ndeny_cache = 0\n").unwrap().limiter.guard.deny_cache, 0);
 }
+
+/// Three values that loaded and then did nothing or always refused; each is
+/// now an error at the value.
+#[test]
+fn values_that_would_do_nothing_are_located() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\n\
+             limits = [{{ limit = 10, window = \"1s\" }}, {{ limit = 40, window = \"1m\", cost = 2 }}]\n{extra}"
+        )
+    };
+    // `after = 0`: every denial would be a block.
+    let (line, column, message) = err(&rule("penalty = { after = 0, within = \"1m\", block = \"10m\" }\n"));
+    assert_eq!((line, column), (5, 21));
+    assert_eq!(
+        message,
+        "invalid penalty: penalty after must be from 1 to 4294967296 (the denials tolerated before a block), got 0"
+    );
+    // `count_status = []`: nothing would ever be charged.
+    let (line, column, message) = err(&rule("count_status = []\n"));
+    assert_eq!((line, column), (5, 16));
+    assert!(message.starts_with("count_status = [] counts no response"), "{message}");
+    // `max_cost` above the smallest headroom: 20 per check of the 1-minute
+    // limit (40 permits at cost 2) is the most; 21 would always be refused.
+    assert_eq!(parse(&rule("max_cost = 10\n")).unwrap().limiter.rules[0].max_cost, 10);
+    let (line, column, message) = err(&rule("max_cost = 11\n"));
+    assert_eq!((line, column), (5, 12));
+    assert_eq!(
+        message,
+        "max_cost = 11 is above what limit \"a-1s\" of rule \"a\" can ever admit (10): \
+         a check of that cost is always refused; expected at most 10"
+    );
+    // Split limits: the anonymous list counts too.
+    let split = "[[rules]]\nname = \"s\"\npath = \"/x\"\nmax_cost = 3\n\
+                 authenticated = [{ limit = 100, window = \"1s\" }]\nanonymous = [{ limit = 2, window = \"1s\" }]\n";
+    let (line, _, message) = err(split);
+    assert_eq!(line, 4);
+    assert!(message.contains("limit \"s\" of rule \"s\" can ever admit (2)"), "{message}");
+}

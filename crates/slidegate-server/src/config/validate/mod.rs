@@ -29,10 +29,24 @@ impl Config {
     /// [`ConfigError::Read`] when the file cannot be read, [`ConfigError::Invalid`]
     /// with line and column for anything wrong inside it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
+        Self::load_for(path.as_ref(), Use::Library)
+    }
+
+    /// [`Config::load`] for `slidegate serve`, which also needs what only
+    /// the proxy uses (`[server] upstream`). `serve` and `check-config` both
+    /// load with this, so `check-config` says ok exactly when `serve` would
+    /// start with the file.
+    ///
+    /// # Errors
+    /// As [`Config::load`], and a located error when `upstream` is missing.
+    pub fn load_to_serve(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::load_for(path.as_ref(), Use::Serve)
+    }
+
+    fn load_for(path: &Path, used: Use) -> Result<Self, ConfigError> {
         let bytes =
             std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(decode(path, &bytes)?, path)
+        Self::parse_for(decode(path, &bytes)?, path, &|name| std::env::var(name).ok(), used)
     }
 
     /// Validates the configuration text `source`; `path` names it in errors.
@@ -75,11 +89,30 @@ impl Config {
         path: impl AsRef<Path>,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
+        Self::parse_for(source, path.as_ref(), env, Use::Library)
+    }
+
+    pub(super) fn parse_for(
+        source: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+        used: Use,
+    ) -> Result<Self, ConfigError> {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
         let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
-        Validator { fail: &fail, env }.config(raw)
+        Validator { fail: &fail, env, used }.config(raw)
     }
+}
+
+/// What a configuration is loaded for: the same file configures the tower
+/// layer (its `[store]`, `[identity]`, `[headers]` and `[[rules]]`) and
+/// `slidegate serve`, which also needs an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Use {
+    /// [`Config::load`], [`Config::parse`]: any complete limiter.
+    Library,
+    /// [`Config::load_to_serve`]: the proxy too.
+    Serve,
 }
 
 /// The text of a configuration file; invalid UTF-8 is located at its first
@@ -101,6 +134,7 @@ pub(super) fn decode<'b>(path: &Path, bytes: &'b [u8]) -> Result<&'b str, Config
 struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
+    used: Use,
 }
 
 impl Validator<'_> {
@@ -133,7 +167,18 @@ impl Validator<'_> {
     }
 
     fn config(&self, mut raw: RawConfig) -> Result<Config, ConfigError> {
-        let server = self.server(raw.server)?;
+        let (server_span, raw_server) =
+            raw.server.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
+        let server = self.server(raw_server)?;
+        if self.used == Use::Serve && server.upstream.is_none() {
+            let table = if server_span.is_some() { "[server] has no upstream" } else { "no [server] table" };
+            return Err((self.fail)(
+                server_span,
+                format!(
+                    "{table}: serve forwards every request to it; expected upstream = \"http://host:port\" under [server]"
+                ),
+            ));
+        }
         // Any Redis store is shared by the instances pointed at it.
         let url_span = (raw.store.url.as_ref().map(Spanned::span))
             .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))

@@ -44,6 +44,18 @@ impl Validator<'_> {
                 return Err(self.err(m.span(), "max_cost must be at least 1"));
             }
             rule.max_cost = *m.get_ref();
+            if let Some((limit, most)) =
+                smallest_headroom(&rule.limits).filter(|(_, most)| rule.max_cost > *most)
+            {
+                return Err(self.err(
+                    m.span(),
+                    format!(
+                        "max_cost = {} is above what limit {limit:?} of rule {:?} can ever admit ({most}): \
+                         a check of that cost is always refused; expected at most {most}",
+                        rule.max_cost, rule.name
+                    ),
+                ));
+            }
         }
         if let Some(p) = raw.penalty {
             rule.penalty = Some(self.penalty(p)?);
@@ -101,6 +113,13 @@ impl Validator<'_> {
         cost_header: Option<Spanned<String>>,
     ) -> Result<ResponseCost, ConfigError> {
         let mut cost = ResponseCost::default();
+        if let Some(list) = count_status.as_ref().filter(|l| l.get_ref().is_empty()) {
+            return Err(self.err(
+                list.span(),
+                "count_status = [] counts no response: expected the statuses to count (e.g. [404]), \
+                 or no count_status to charge every request before it is forwarded",
+            ));
+        }
         for status in count_status.map(Spanned::into_inner).unwrap_or_default() {
             if !(100..=599).contains(status.get_ref()) {
                 return Err(self.err(status.span(), "count_status: expected HTTP statuses from 100 to 599"));
@@ -139,8 +158,11 @@ impl Validator<'_> {
         // Without a cap, repeat offenders double up to a day (or the first block, if longer).
         let max_block =
             raw.max_block.map_or(block.max(std::time::Duration::from_secs(86_400)), |m| m.0.get());
-        slidegate::Penalty::new(raw.after, raw.within.0.get(), block, max_block)
-            .map_err(|e| self.err(span, format!("invalid penalty: {e}")))
+        let after = *raw.after.get_ref();
+        slidegate::Penalty::new(after, raw.within.0.get(), block, max_block).map_err(|e| {
+            let at = if matches!(e, slidegate::PenaltyError::After(_)) { raw.after.span() } else { span };
+            self.err(at, format!("invalid penalty: {e}"))
+        })
     }
 
     fn limits(
@@ -225,4 +247,18 @@ impl Validator<'_> {
         }
         Ok(config)
     }
+}
+
+/// The limit of `limits` that admits the fewest requests in one check, and
+/// how many: a check of cost `c` charges `c` times each limit's own cost, so
+/// no cost above `permits / cost` of any limit is ever admitted.
+fn smallest_headroom(limits: &RuleLimits) -> Option<(String, u64)> {
+    let all: Vec<&LimitConfig> = match limits {
+        RuleLimits::Shared { limits, .. } => limits.iter().collect(),
+        RuleLimits::Split { authenticated, anonymous } => authenticated.iter().chain(anonymous).collect(),
+        _ => Vec::new(),
+    };
+    all.into_iter()
+        .map(|l| (l.name.clone(), l.limit.quota.permits() / l.cost.max(1)))
+        .min_by_key(|(_, most)| *most)
 }
