@@ -404,7 +404,13 @@ impl<S: Store + 'static> RateLimiter<S> {
         let breadth = match &rule.breadth {
             Some(breadth) => match self.decide_breadth(index, &identity, breadth, path).await {
                 Ok(policy) => policy,
-                Err(verdict) => return Some(verdict),
+                Err(verdict) => {
+                    // A crawler refused for breadth is an offender like one
+                    // refused for rate (shadow refusals too, as `count` does).
+                    self.record_offence(index, &identity, Event::Denied);
+                    self.record_network(index, headers, peer);
+                    return Some(verdict);
+                }
             },
             None => None,
         };
@@ -421,7 +427,23 @@ impl<S: Store + 'static> RateLimiter<S> {
             verdict.policies.push(breadth);
             verdict.policy_value = None;
         }
+        // What `count` recorded as an offence, also by client network.
+        let recorded =
+            verdict.blocked || matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback);
+        if !verdict.allowed() && recorded {
+            self.record_network(index, headers, peer);
+        }
         Some(verdict)
+    }
+
+    /// Counts a refusal of the client at `peer` under rule number `index`
+    /// by its network (see [`Offenders`]): the identity may be an API key,
+    /// and rotated identities add up only there.
+    fn record_network(&self, index: usize, headers: &HeaderMap, peer: Option<IpAddr>) {
+        if let Some(peer) = peer {
+            let ip = self.inner.identity.client_ip(peer, headers);
+            self.inner.offenders.record_network(index, crate::offenders::Network::of(ip));
+        }
     }
 
     /// The breadth decision for a request to `path`: `Ok(Some(policy))` to

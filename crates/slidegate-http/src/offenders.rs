@@ -16,8 +16,19 @@
 //!
 //! Identities are the limiter's keyed BLAKE3 digests ([`IdentityHash`]),
 //! never raw keys or addresses.
+//!
+//! Rotation defeats any per-identity summary: a client cycling through
+//! hundreds of thousands of addresses (or keys) is refused once or twice per
+//! identity, every tracked entry is a newcomer whose error equals its count,
+//! and the list ranks nothing ([`Offenders::ranked`] says so). The same
+//! refusals are therefore also summed per client network ([`Network`]: the
+//! /24 of an IPv4 address, the /48 of an IPv6 one) in summaries of their
+//! own, where a rotation inside a few networks adds up to a few heavy,
+//! exactly counted entries.
 
 use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -70,6 +81,56 @@ impl IdentityHash {
     }
 }
 
+/// A client network: the /24 of an IPv4 address or the /48 of an IPv6 one
+/// (an IPv4-mapped IPv6 address counts as IPv4). Shown as a prefix, such as
+/// `203.0.113.0/24`: a network an operator can act on, and no one client's
+/// address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Network(IpAddr);
+
+impl Network {
+    /// The network of `ip`.
+    pub fn of(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(v4) => Self::v4(v4),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Self::v4(v4),
+                None => {
+                    let s = v6.segments();
+                    Self(IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], 0, 0, 0, 0, 0)))
+                }
+            },
+        }
+    }
+
+    fn v4(ip: Ipv4Addr) -> Self {
+        let [a, b, c, _] = ip.octets();
+        Self(IpAddr::V4(Ipv4Addr::new(a, b, c, 0)))
+    }
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(ip) => write!(f, "{ip}/24"),
+            IpAddr::V6(ip) => write!(f, "{ip}/48"),
+        }
+    }
+}
+
+/// One network of the top list by network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkOffender {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    /// The network.
+    pub network: Network,
+    /// Refusals of its clients over the window: an upper bound.
+    pub denials: u64,
+    /// How much `denials` may overcount (0: exact).
+    pub error: u64,
+}
+
 /// One identity of the top list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offender {
@@ -85,11 +146,11 @@ pub struct Offender {
     pub blocked_until: Option<SystemTime>,
 }
 
-/// One tracked identity of one minute.
+/// One tracked identity (or network) of one minute.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Entry<K> {
     rule: usize,
-    identity: IdentityHash,
+    identity: K,
     count: u64,
     error: u64,
     /// Unix ms; 0 when no block was recorded.
@@ -98,14 +159,14 @@ struct Entry {
 
 /// The Space-Saving summary of one minute.
 #[derive(Debug)]
-struct Bucket {
+struct Bucket<K> {
     /// Unix minute this bucket counts; a bucket of an older minute is stale.
     minute: u64,
-    entries: Vec<Entry>,
+    entries: Vec<Entry<K>>,
 }
 
-impl Bucket {
-    fn record(&mut self, rule: usize, identity: IdentityHash, blocked_until_ms: u64) {
+impl<K: Copy + Eq> Bucket<K> {
+    fn record(&mut self, rule: usize, identity: K, blocked_until_ms: u64) {
         if let Some(e) = self.entries.iter_mut().find(|e| e.rule == rule && e.identity == identity) {
             e.count += 1;
             e.blocked_until_ms = e.blocked_until_ms.max(blocked_until_ms);
@@ -140,8 +201,9 @@ impl Bucket {
 /// [`MINUTES`] Space-Saving summaries of [`CAPACITY`] entries, merged on read.
 #[derive(Debug)]
 pub struct Offenders {
-    // One lock: a record is a scan of 64 entries, and only refusals record.
-    buckets: Mutex<Vec<Bucket>>,
+    // One lock each: a record is a scan of 64 entries, and only refusals record.
+    buckets: Mutex<Vec<Bucket<IdentityHash>>>,
+    networks: Mutex<Vec<Bucket<Network>>>,
 }
 
 impl Default for Offenders {
@@ -157,10 +219,7 @@ fn unix_ms(t: SystemTime) -> u64 {
 impl Offenders {
     /// An empty record.
     pub fn new() -> Self {
-        let buckets = (0..MINUTES)
-            .map(|_| Bucket { minute: u64::MAX, entries: Vec::with_capacity(CAPACITY) })
-            .collect();
-        Self { buckets: Mutex::new(buckets) }
+        Self { buckets: Mutex::new(buckets()), networks: Mutex::new(buckets()) }
     }
 
     /// Records `event` for `identity` under rule number `rule`, now.
@@ -174,15 +233,49 @@ impl Offenders {
             Event::Denied => 0,
             Event::Blocked { until } => unix_ms(until),
         };
-        let minute = now_ms / MINUTE_MS;
-        let mut buckets = self.lock();
-        let bucket = &mut buckets[(minute % MINUTES as u64) as usize];
-        if bucket.minute != minute {
-            // The slot last counted a minute that is out of the window now.
-            bucket.minute = minute;
-            bucket.entries.clear();
-        }
-        bucket.record(rule, identity, until_ms);
+        record_in(&mut lock(&self.buckets), now_ms, rule, identity, until_ms);
+    }
+
+    /// Records a refusal of a client in `network` under rule number `rule`, now.
+    pub fn record_network(&self, rule: usize, network: Network) {
+        self.record_network_at(unix_ms(SystemTime::now()), rule, network);
+    }
+
+    /// Records a refusal in `network` at `now_ms` (Unix milliseconds).
+    pub fn record_network_at(&self, now_ms: u64, rule: usize, network: Network) {
+        record_in(&mut lock(&self.networks), now_ms, rule, network, 0);
+    }
+
+    /// The `limit` networks refused most in the last `minutes` minutes, as
+    /// [`Offenders::top`] ranks identities.
+    pub fn top_networks(&self, minutes: usize, limit: usize) -> Vec<NetworkOffender> {
+        self.top_networks_at(unix_ms(SystemTime::now()), minutes, limit)
+    }
+
+    /// [`Offenders::top_networks`] as of `now_ms` (Unix milliseconds).
+    pub fn top_networks_at(&self, now_ms: u64, minutes: usize, limit: usize) -> Vec<NetworkOffender> {
+        let mut top: Vec<NetworkOffender> = merge(&lock(&self.networks), now_ms, minutes)
+            .into_iter()
+            .map(|e| NetworkOffender { rule: e.rule, network: e.identity, denials: e.count, error: e.error })
+            .collect();
+        top.sort_by(|a, b| {
+            (b.denials, b.denials - b.error, a.rule, a.network.0).cmp(&(
+                a.denials,
+                a.denials - a.error,
+                b.rule,
+                b.network.0,
+            ))
+        });
+        top.truncate(limit);
+        top
+    }
+
+    /// Whether a top list ranks anything: its leader's sure count (`denials
+    /// - error`) exceeds its error. Under rotation every entry is a newcomer
+    /// whose error is about its whole count, and the order is noise; then
+    /// [`Offenders::top_networks`] is the list to read.
+    pub fn ranked(top: &[Offender]) -> bool {
+        top.first().is_none_or(|o| o.denials - o.error > o.error)
     }
 
     /// The `limit` identities refused most in the last `minutes` minutes (the
@@ -193,45 +286,15 @@ impl Offenders {
 
     /// [`Offenders::top`] as of `now_ms` (Unix milliseconds).
     pub fn top_at(&self, now_ms: u64, minutes: usize, limit: usize) -> Vec<Offender> {
-        let now_minute = now_ms / MINUTE_MS;
-        let minutes = minutes.clamp(1, MINUTES) as u64;
-        let buckets = self.lock();
-        let live: Vec<&Bucket> =
-            buckets.iter().filter(|b| b.minute <= now_minute && now_minute - b.minute < minutes).collect();
-        // Merge: sum each identity's counts and errors over the minutes, and
-        // note in which minutes it was tracked.
-        let mut merged: HashMap<(usize, IdentityHash), (Entry, u8)> = HashMap::new();
-        for (i, bucket) in live.iter().enumerate() {
-            for e in &bucket.entries {
-                let slot =
-                    merged.entry((e.rule, e.identity)).or_insert((Entry { count: 0, error: 0, ..*e }, 0));
-                slot.0.count += e.count;
-                slot.0.error += e.error;
-                slot.0.blocked_until_ms = slot.0.blocked_until_ms.max(e.blocked_until_ms);
-                slot.1 |= 1 << i;
-            }
-        }
-        // A minute that was full and did not track an identity may still have
-        // refused it up to that minute's least count: add it to both the count
-        // and the error, so the count stays an upper bound.
-        let bounds: Vec<u64> = live.iter().map(|b| b.absent_bound()).collect();
-        let mut top: Vec<Offender> = merged
-            .into_values()
-            .map(|(mut e, seen)| {
-                for (i, bound) in bounds.iter().enumerate() {
-                    if seen & (1 << i) == 0 {
-                        e.count += bound;
-                        e.error += bound;
-                    }
-                }
-                Offender {
-                    rule: e.rule,
-                    identity: e.identity,
-                    denials: e.count,
-                    error: e.error,
-                    blocked_until: (e.blocked_until_ms > now_ms)
-                        .then(|| UNIX_EPOCH + Duration::from_millis(e.blocked_until_ms)),
-                }
+        let mut top: Vec<Offender> = merge(&lock(&self.buckets), now_ms, minutes)
+            .into_iter()
+            .map(|e| Offender {
+                rule: e.rule,
+                identity: e.identity,
+                denials: e.count,
+                error: e.error,
+                blocked_until: (e.blocked_until_ms > now_ms)
+                    .then(|| UNIX_EPOCH + Duration::from_millis(e.blocked_until_ms)),
             })
             .collect();
         // Most refused first; among equals the surer count, then a fixed order.
@@ -246,11 +309,64 @@ impl Offenders {
         top.truncate(limit);
         top
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Bucket>> {
-        // A panic while holding the lock leaves counts that are still sound.
-        self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn buckets<K>() -> Vec<Bucket<K>> {
+    (0..MINUTES).map(|_| Bucket { minute: u64::MAX, entries: Vec::with_capacity(CAPACITY) }).collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves counts that are still sound.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Counts one refusal of `key` in the bucket of `now_ms`'s minute.
+fn record_in<K: Copy + Eq>(buckets: &mut [Bucket<K>], now_ms: u64, rule: usize, key: K, until_ms: u64) {
+    let minute = now_ms / MINUTE_MS;
+    let bucket = &mut buckets[(minute % MINUTES as u64) as usize];
+    if bucket.minute != minute {
+        // The slot last counted a minute that is out of the window now.
+        bucket.minute = minute;
+        bucket.entries.clear();
     }
+    bucket.record(rule, key, until_ms);
+}
+
+/// Each tracked key's counts and errors summed over the last `minutes`
+/// minutes (1 to [`MINUTES`]) as of `now_ms`, every count an upper bound.
+fn merge<K: Copy + Eq + Hash>(buckets: &[Bucket<K>], now_ms: u64, minutes: usize) -> Vec<Entry<K>> {
+    let now_minute = now_ms / MINUTE_MS;
+    let minutes = minutes.clamp(1, MINUTES) as u64;
+    let live: Vec<&Bucket<K>> =
+        buckets.iter().filter(|b| b.minute <= now_minute && now_minute - b.minute < minutes).collect();
+    // Sum each key's counts and errors over the minutes, and note in which
+    // minutes it was tracked.
+    let mut merged: HashMap<(usize, K), (Entry<K>, u8)> = HashMap::new();
+    for (i, bucket) in live.iter().enumerate() {
+        for e in &bucket.entries {
+            let slot = merged.entry((e.rule, e.identity)).or_insert((Entry { count: 0, error: 0, ..*e }, 0));
+            slot.0.count += e.count;
+            slot.0.error += e.error;
+            slot.0.blocked_until_ms = slot.0.blocked_until_ms.max(e.blocked_until_ms);
+            slot.1 |= 1 << i;
+        }
+    }
+    // A minute that was full and did not track a key may still have refused
+    // it up to that minute's least count: add it to both the count and the
+    // error, so the count stays an upper bound.
+    let bounds: Vec<u64> = live.iter().map(|b| b.absent_bound()).collect();
+    merged
+        .into_values()
+        .map(|(mut e, seen)| {
+            for (i, bound) in bounds.iter().enumerate() {
+                if seen & (1 << i) == 0 {
+                    e.count += bound;
+                    e.error += bound;
+                }
+            }
+            e
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -389,6 +505,60 @@ mod tests {
         let blocked: Vec<_> =
             limiter.offenders().top(MINUTES, 10).into_iter().filter(|o| o.blocked_until.is_some()).collect();
         assert_eq!(blocked.iter().map(|o| (o.rule, o.denials)).collect::<Vec<_>>(), [(1, 3)]);
+    }
+
+    #[test]
+    fn networks_are_the_24_and_the_48() {
+        let net = |ip: &str| Network::of(ip.parse().unwrap()).to_string();
+        assert_eq!(net("203.0.113.77"), "203.0.113.0/24");
+        assert_eq!(net("::ffff:203.0.113.77"), "203.0.113.0/24");
+        assert_eq!(net("2001:db8:1:2:3::9"), "2001:db8:1::/48");
+        assert_eq!(Network::of("10.1.2.3".parse().unwrap()), Network::of("10.1.2.250".parse().unwrap()));
+        assert_ne!(Network::of("10.1.2.3".parse().unwrap()), Network::of("10.1.3.3".parse().unwrap()));
+    }
+
+    /// 20,000 identities refused once each, from three networks: the list by
+    /// identity ranks nothing (each error is its whole count but one), the
+    /// list by network counts each network exactly.
+    #[test]
+    fn under_rotation_the_networks_rank_what_the_identities_cannot() {
+        let o = Offenders::new();
+        let nets: Vec<Network> = ["198.51.100.1", "203.0.113.1", "2001:db8:7::1"]
+            .iter()
+            .map(|ip| Network::of(ip.parse().unwrap()))
+            .collect();
+        for n in 0..20_000u128 {
+            // Networks 0, 1, 2 in the proportions 6 : 3 : 1.
+            let net = match n % 10 {
+                0..=5 => 0,
+                6..=8 => 1,
+                _ => 2,
+            };
+            o.record_at(T0, 0, id(n), Event::Denied);
+            o.record_network_at(T0, 0, nets[net]);
+        }
+        let top = o.top_at(T0, MINUTES, 20);
+        assert!(!Offenders::ranked(&top), "{:?}", &top[..3]);
+        assert!(top.iter().all(|e| e.denials - e.error <= 1), "{:?}", &top[..3]);
+        let by_net = o.top_networks_at(T0, MINUTES, 20);
+        let rows: Vec<(String, u64, u64)> =
+            by_net.iter().map(|e| (e.network.to_string(), e.denials, e.error)).collect();
+        assert_eq!(
+            rows,
+            [
+                ("198.51.100.0/24".to_owned(), 12_000, 0),
+                ("203.0.113.0/24".to_owned(), 6_000, 0),
+                ("2001:db8:7::/48".to_owned(), 2_000, 0),
+            ]
+        );
+        // A real heavy hitter among few identities is ranked.
+        let o = Offenders::new();
+        for _ in 0..50 {
+            o.record_at(T0, 0, id(1), Event::Denied);
+        }
+        o.record_at(T0, 0, id(2), Event::Denied);
+        assert!(Offenders::ranked(&o.top_at(T0, MINUTES, 20)));
+        assert!(Offenders::ranked(&[]));
     }
 
     #[test]

@@ -109,3 +109,107 @@ fn near_limit_requests_are_counted_per_rule() {
     assert_eq!(sg.metric("slidegate_requests_near_limit_total{rule=\"search\"}"), 0.0);
     assert_eq!(sg.metric("slidegate_requests_blocked_total{rule=\"trending\"}"), 0.0);
 }
+
+/// An identity rotation (320 addresses, each refused once) fills the list by
+/// identity with entries whose error is their count: the answer says it
+/// ranks nothing, and the same refusals by network count each network
+/// exactly. The gauge shows the states the rotation left in the store.
+#[test]
+fn under_identity_rotation_the_page_ranks_networks_instead() {
+    let upstream = Upstream::start();
+    let text =
+        admin_config(&upstream).replace("trusted_proxies = []", "trusted_proxies = [\"127.0.0.1/32\"]");
+    let sg = Slidegate::start(&text);
+    let admin = sg.admin_addr();
+    let networks = [("198.51.100", 200), ("203.0.113", 100), ("192.0.2", 20)];
+    for (net, hosts) in networks {
+        for host in 1..=hosts {
+            let ip = format!("{net}.{host}");
+            // "search" admits 2 a minute: the third is refused.
+            let statuses: Vec<u16> =
+                (0..3).map(|_| sg.get("/api/search?q=r", &[("x-forwarded-for", &ip)]).status).collect();
+            assert_eq!(statuses, [200, 200, 429], "{ip}");
+        }
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&get(admin, "/v1/offenders?limit=20", &[]).body).unwrap();
+    assert_eq!(json["ranked"], false, "{json}");
+    let top = json["offenders"].as_array().unwrap();
+    assert_eq!(top.len(), 20);
+    assert!(top.iter().all(|o| o["denials"].as_u64().unwrap() - o["error"].as_u64().unwrap() <= 1), "{json}");
+    let rows: Vec<(&str, &str, u64, u64)> = json["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["network"].as_str().unwrap(),
+                n["rule"].as_str().unwrap(),
+                n["denials"].as_u64().unwrap(),
+                n["error"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("198.51.100.0/24", "search", 200, 0),
+            ("203.0.113.0/24", "search", 100, 0),
+            ("192.0.2.0/24", "search", 20, 0)
+        ]
+    );
+    let page = get(admin, "/offenders", &[]).body;
+    assert!(page.contains("<p id=\"unranked\" class=\"warn\">These counts cannot rank anyone"), "{page}");
+    assert!(page.contains("<td class=\"mono\">198.51.100.0/24</td><td class=\"num\">200</td><td>exact</td>"));
+    // 320 identities × the rule's two limits.
+    let metrics = get(admin, "/metrics", &[]).body;
+    assert!(metrics.contains("\nslidegate_store_states{store=\"embedded\"} 640\n"), "{metrics}");
+}
+
+/// Few offenders: the list ranks them, and the page hides the warning.
+#[test]
+fn a_ranked_list_shows_no_rotation_warning() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&admin_config(&upstream));
+    for _ in 0..5 {
+        sg.get("/api/search?q=x", &[("x-api-key", "one-scraper")]);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&get(sg.admin_addr(), "/v1/offenders", &[]).body).unwrap();
+    assert_eq!((json["ranked"].as_bool(), json["offenders"][0]["denials"].as_u64()), (Some(true), Some(3)));
+    // The key's client network is counted too.
+    assert_eq!(json["networks"][0]["network"], "127.0.0.0/24");
+    let page = get(sg.admin_addr(), "/offenders", &[]).body;
+    assert!(page.contains("<p id=\"unranked\" class=\"warn\" hidden>"), "{page}");
+}
+
+/// A crawler refused for breadth (the polite crawler the README shows
+/// `breadth` for) is on the list like one refused for rate: the refusal used
+/// to return before it was recorded.
+#[test]
+fn a_crawler_refused_for_breadth_is_listed() {
+    let upstream = Upstream::start();
+    let text = format!(
+        r#"{head}
+[identity]
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[[rules]]
+name = "videos"
+path = "/api/videos/{{id}}"
+limits = [{{ limit = 100000, window = "60s" }}]
+breadth = {{ distinct = 3, window = "10m", of = "param:id" }}
+"#,
+        head = config_head(upstream.addr, "admin_listen = \"127.0.0.1:0\"", ""),
+    );
+    let sg = Slidegate::start(&text);
+    let statuses: Vec<u16> = (0..8).map(|id| sg.get(&format!("/api/videos/{id}"), &[]).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429]);
+    let json: serde_json::Value =
+        serde_json::from_str(&get(sg.admin_addr(), "/v1/offenders", &[]).body).unwrap();
+    let top = &json["offenders"];
+    assert_eq!(top.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!((top[0]["rule"].as_str(), top[0]["kind"].as_str()), (Some("videos"), Some("ip")));
+    assert_eq!((top[0]["denials"].as_u64(), top[0]["error"].as_u64()), (Some(5), Some(0)));
+    assert_eq!(json["networks"][0]["denials"].as_u64(), Some(5));
+}

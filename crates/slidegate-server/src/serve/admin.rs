@@ -132,7 +132,9 @@ pub(crate) async fn handle(
     match endpoint {
         Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
         Endpoint::Metrics => {
-            text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.limiter.render_metrics())
+            let mut body = state.limiter.render_metrics();
+            store_states(state, &mut body);
+            text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
         Endpoint::Offenders | Endpoint::OffendersPage => {
             let query = match super::offenders::Query::parse(request.uri().query()) {
@@ -163,6 +165,31 @@ pub(crate) async fn handle(
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`.
+/// `slidegate_store_states`: the (identity, limit) states each embedded
+/// store holds (the store itself, and the fallback behind Redis), the gauge
+/// that shows an identity rotation filling memory. Redis expires its own
+/// keys; its `INFO keyspace` counts them.
+fn store_states(state: &State, body: &mut String) {
+    use std::fmt::Write as _;
+    let embedded = match state.limiter.store() {
+        crate::store::AnyStore::Memory(store) => Some(store.len()),
+        crate::store::AnyStore::Redis(_) => None,
+    };
+    let fallback = state.limiter.fallback_store().map(slidegate::MemoryStore::len);
+    if embedded.is_none() && fallback.is_none() {
+        return;
+    }
+    body.push_str(
+        "# HELP slidegate_store_states (identity, limit) states held by an embedded store.\n\
+         # TYPE slidegate_store_states gauge\n",
+    );
+    for (store, held) in [("embedded", embedded), ("fallback", fallback)] {
+        if let Some(held) = held {
+            let _ = writeln!(body, "slidegate_store_states{{store=\"{store}\"}} {held}");
+        }
+    }
+}
+
 fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
     let given = match given.get(..7) {

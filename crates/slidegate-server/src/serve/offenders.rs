@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use serde::Serialize;
-use slidegate_http::offenders::{Offender, CAPACITY, MINUTES};
+use slidegate_http::offenders::{Offender, Offenders, CAPACITY, MINUTES};
 
 use super::{full, ServeBody, State};
 
@@ -68,23 +68,55 @@ struct Row {
     blocked_for_ms: Option<u64>,
 }
 
+/// One network as the JSON shows it.
+#[derive(Debug, Serialize)]
+struct NetworkRow {
+    /// `203.0.113.0/24` or `2001:db8:1::/48`.
+    network: String,
+    rule: String,
+    denials: u64,
+    error: u64,
+}
+
 /// The `/v1/offenders` answer.
 #[derive(Debug, Serialize)]
 struct Answer {
     minutes: usize,
     capacity_per_minute: usize,
+    /// Whether `offenders` ranks anything; `false` under identity rotation,
+    /// when every count is mostly error: read `networks` then.
+    ranked: bool,
     offenders: Vec<Row>,
+    /// The same refusals by client network (/24, /48).
+    networks: Vec<NetworkRow>,
 }
 
-fn rows(state: &State, query: Query) -> Vec<Row> {
+fn network_rows(state: &State, query: Query) -> Vec<NetworkRow> {
+    let names = state.limiter.rule_names();
+    let offenders = state.limiter.offenders();
+    offenders
+        .top_networks(query.minutes, query.limit)
+        .into_iter()
+        .map(|n| NetworkRow {
+            network: n.network.to_string(),
+            rule: names.get(n.rule).map_or_else(String::new, |r| (*r).to_owned()),
+            denials: n.denials,
+            error: n.error,
+        })
+        .collect()
+}
+
+/// The top list and whether it ranks anything.
+fn ranked_rows(state: &State, query: Query) -> (bool, Vec<Row>) {
+    let top = state.limiter.offenders().top(query.minutes, query.limit);
+    (Offenders::ranked(&top), rows(state, top))
+}
+
+fn rows(state: &State, top: Vec<Offender>) -> Vec<Row> {
     let names = state.limiter.rule_names();
     let now = SystemTime::now();
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    state
-        .limiter
-        .offenders()
-        .top(query.minutes, query.limit)
-        .into_iter()
+    top.into_iter()
         .map(|o: Offender| Row {
             identity: o.identity.short_hex(),
             kind: o.identity.kind().as_str(),
@@ -99,8 +131,14 @@ fn rows(state: &State, query: Query) -> Vec<Row> {
 
 /// `GET /v1/offenders`.
 pub(crate) fn json(state: &State, query: Query) -> Response<ServeBody> {
-    let answer =
-        Answer { minutes: query.minutes, capacity_per_minute: CAPACITY, offenders: rows(state, query) };
+    let (ranked, offenders) = ranked_rows(state, query);
+    let answer = Answer {
+        minutes: query.minutes,
+        capacity_per_minute: CAPACITY,
+        ranked,
+        offenders,
+        networks: network_rows(state, query),
+    };
     let body = serde_json::to_string(&answer).unwrap_or_default();
     respond(body, "application/json")
 }
@@ -108,7 +146,7 @@ pub(crate) fn json(state: &State, query: Query) -> Response<ServeBody> {
 /// `GET /offenders`.
 pub(crate) fn page(state: &State, query: Query) -> Response<ServeBody> {
     let mut table = String::new();
-    let rows = rows(state, query);
+    let (ranked, rows) = ranked_rows(state, query);
     for row in &rows {
         let _ = write!(
             table,
@@ -125,8 +163,26 @@ pub(crate) fn page(state: &State, query: Query) -> Response<ServeBody> {
     if rows.is_empty() {
         table.push_str(EMPTY_ROW);
     }
+    let mut networks = String::new();
+    let network_rows = network_rows(state, query);
+    for row in &network_rows {
+        let _ = write!(
+            networks,
+            "<tr><td>{}</td><td class=\"mono\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            escape(&row.rule),
+            escape(&row.network),
+            row.denials,
+            precision(row.error),
+        );
+    }
+    if network_rows.is_empty() {
+        networks.push_str(EMPTY_NETWORK_ROW);
+    }
     let body = PAGE
         .replace("{MINUTES}", &query.minutes.to_string())
+        .replace("{UNRANKED_HIDDEN}", if ranked { " hidden" } else { "" })
+        .replace("{CAPACITY}", &CAPACITY.to_string())
+        .replace("{NETWORK_ROWS}", &networks)
         .replace("{ROWS}", &table)
         .replace("{QUERY}", &format!("?minutes={}&limit={}", query.minutes, query.limit))
         .replace("{REFRESH_MS}", &REFRESH_MS.to_string());
@@ -180,6 +236,7 @@ fn escape(text: &str) -> String {
 }
 
 const EMPTY_ROW: &str = "<tr><td colspan=\"6\" class=\"empty\">no refusals in this window</td></tr>";
+const EMPTY_NETWORK_ROW: &str = "<tr><td colspan=\"4\" class=\"empty\">no refusals in this window</td></tr>";
 
 /// The page. The script mirrors the server's rendering of a row; it builds
 /// the DOM with `textContent`, never HTML strings.
@@ -200,20 +257,38 @@ th { background: #f0f0f3; font-weight: 600; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
 .blocked { color: #b00020; font-weight: 600; }
 .empty { color: #777; font-style: italic; }
+.warn { color: #8a4b00; background: #fff4e0; padding: .5rem .8rem; border-left: 3px solid #e69500; }
+h2 { font-size: 1.1rem; margin: 1.5rem 0 .25rem; }
 </style>
 </head>
 <body>
 <h1>Top offenders</h1>
 <p>Identities refused most over the last {MINUTES} minute(s), as keyed hashes: never raw keys or addresses. <span id="status">Rendered by the server.</span></p>
+<p id="unranked" class="warn"{UNRANKED_HIDDEN}>These counts cannot rank anyone: refusals are spread over more identities than the {CAPACITY} a minute this list tracks (identity rotation), so each count is mostly error. Read the same refusals by network below.</p>
 <table>
 <thead><tr><th>rule</th><th>identity</th><th>kind</th><th class="num">denials</th><th>count</th><th>block</th></tr></thead>
 <tbody id="rows">{ROWS}</tbody>
+</table>
+<h2>By network</h2>
+<p>The same refusals summed per client network: the /24 of an IPv4 address, the /48 of an IPv6 one.</p>
+<table>
+<thead><tr><th>rule</th><th>network</th><th class="num">denials</th><th>count</th></tr></thead>
+<tbody id="networks">{NETWORK_ROWS}</tbody>
 </table>
 <script>
 (function () {
   "use strict";
   var rows = document.getElementById("rows");
+  var networks = document.getElementById("networks");
+  var unranked = document.getElementById("unranked");
   var status = document.getElementById("status");
+  function precision(error) { return error === 0 ? "exact" : "at most " + error + " over"; }
+  function empty(columns) {
+    var tr = document.createElement("tr");
+    cell(tr, "no refusals in this window", "empty");
+    tr.firstChild.colSpan = columns;
+    return tr;
+  }
   function cell(tr, text, cls) {
     var td = document.createElement("td");
     td.textContent = text;
@@ -232,17 +307,24 @@ th { background: #f0f0f3; font-weight: 600; }
           cell(tr, o.identity, "mono");
           cell(tr, o.kind);
           cell(tr, String(o.denials), "num");
-          cell(tr, o.error === 0 ? "exact" : "at most " + o.error + " over");
+          cell(tr, precision(o.error));
           cell(tr, blocked ? "blocked, " + Math.ceil(o.blocked_for_ms / 1000) + " s left" : "not blocked", blocked ? "blocked" : "");
           fresh.appendChild(tr);
         });
-        if (data.offenders.length === 0) {
-          var tr = document.createElement("tr");
-          cell(tr, "no refusals in this window", "empty");
-          tr.firstChild.colSpan = 6;
-          fresh.appendChild(tr);
-        }
+        if (data.offenders.length === 0) { fresh.appendChild(empty(6)); }
         rows.replaceChildren(fresh);
+        var byNetwork = document.createDocumentFragment();
+        data.networks.forEach(function (n) {
+          var tr = document.createElement("tr");
+          cell(tr, n.rule);
+          cell(tr, n.network, "mono");
+          cell(tr, String(n.denials), "num");
+          cell(tr, precision(n.error));
+          byNetwork.appendChild(tr);
+        });
+        if (data.networks.length === 0) { byNetwork.appendChild(empty(4)); }
+        networks.replaceChildren(byNetwork);
+        unranked.hidden = data.ranked;
         status.textContent = "Refreshed " + new Date().toLocaleTimeString() + ", every " + {REFRESH_MS} / 1000 + " s.";
       })
       .catch(function (e) { status.textContent = "Refresh failed: " + e.message; });
