@@ -180,9 +180,10 @@ fn a_client_forwarded_header_passed_through_a_trusted_proxy_is_not_believed() {
 #[test]
 fn the_check_api_decides_for_a_given_key() {
     let upstream = Upstream::start();
-    // One check charges at most 1 unless the rule allows more.
+    // One check charges at most 1 unless the rule allows more (here 2, its
+    // smallest limit: `check-config` refuses more).
     let text = config(&upstream, "", r#""10.0.0.0/8""#)
-        .replace("path = \"/api/search*\"\n", "path = \"/api/search*\"\nmax_cost = 3\n");
+        .replace("path = \"/api/search*\"\n", "path = \"/api/search*\"\nmax_cost = 2\n");
     let sg = Slidegate::start(&text);
     let check = |body: &str| {
         request(sg.addr, "POST", "/v1/check", &[("content-type", "application/json")], body.as_bytes())
@@ -211,7 +212,7 @@ fn the_check_api_decides_for_a_given_key() {
         (r#"{"rule":"nope","key":"k"}"#, "unknown rule \"nope\""),
         (
             r#"{"rule":"search","key":"k","cost":3}"#,
-            "cost 3 exceeds the limit 2 of policy \"search-60s\": such a request could never be allowed",
+            "cost 3 is above the rule's max_cost 2: one check may charge at most 2",
         ),
     ] {
         let reply = check(body);

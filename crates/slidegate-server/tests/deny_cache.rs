@@ -12,10 +12,18 @@ use slidegate::{Algorithm, ManualClock, MemoryStore};
 use slidegate_http::{headers, RateLimiter, Verdict};
 use slidegate_server::Config;
 
+/// A rule `api` with `limits`; `max_cost` is the smallest limit, the
+/// largest cost a check may charge.
 fn config(algorithm: Algorithm, limits: &str, deny_cache: usize) -> Config {
+    let max_cost = limits
+        .split("limit = ")
+        .skip(1)
+        .filter_map(|rest| rest.split([',', ' ']).next()?.parse::<u64>().ok())
+        .min()
+        .unwrap();
     let source = format!(
         "[identity]\nip_hash_secret_env = \"SECRET\"\n[store]\ndeny_cache = {deny_cache}\n\
-         [[rules]]\nname = \"api\"\npath = \"/api/*\"\nmax_cost = 10\nlimits = [{limits}]\n",
+         [[rules]]\nname = \"api\"\npath = \"/api/*\"\nmax_cost = {max_cost}\nlimits = [{limits}]\n",
     );
     let source = source.replace("ALGORITHM", algorithm.name());
     let env = |name: &str| (name == "SECRET").then(|| "s3cret".to_owned());
