@@ -186,12 +186,15 @@ fn append_values<'q>(out: &mut Vec<u8>, pairs: impl Iterator<Item = &'q str>, na
     }
 }
 
-/// A query component as form decoding reads it: `+` is a space, `%XX` a byte.
-fn form_decode(raw: &str) -> Vec<u8> {
+/// A query component as form decoding reads it: `+` is a space, `%XX` a
+/// byte. Borrowed when there is nothing to decode (the common name).
+fn form_decode(raw: &str) -> Cow<'_, [u8]> {
     if raw.contains('+') {
-        percent_decode(raw.replace('+', " ").as_bytes())
+        Cow::Owned(percent_decode(raw.replace('+', " ").as_bytes()))
+    } else if raw.contains('%') {
+        Cow::Owned(percent_decode(raw.as_bytes()))
     } else {
-        percent_decode(raw.as_bytes())
+        Cow::Borrowed(raw.as_bytes())
     }
 }
 
