@@ -272,6 +272,8 @@ mod tests {
             ("trailing space (IIS)", |n| format!("/api/videos/{n}%20"), false),
             ("trailing tab (Spring)", |n| format!("/api/videos/{n}%09"), false),
             ("an encoded slash inside the id (Express)", |n| format!("/api/videos/{n}%2Fx"), false),
+            ("leading whitespace (Spring)", |n| format!("/api/videos/%20%09{n}"), false),
+            ("NUL (serve refuses it first)", |n| format!("/api/videos/{n}%00.json"), false),
         ];
         let plain = |n: u32| n.to_string().into_bytes();
         for (class, spell, same) in classes {
