@@ -144,6 +144,48 @@ impl IdentityExtractor {
         }
     }
 
+    /// Removes every other spelling of the headers that say who the client
+    /// is — the API key header and `X-Forwarded-For` — with `_` for some
+    /// `-` (`x_api_key`, `x-api_key`). WSGI and CGI upstreams read
+    /// `x_api_key` as `HTTP_X_API_KEY`, the key header; others drop it
+    /// (nginx, gunicorn) or keep it apart. Counting it under the key would
+    /// charge a random key for what most upstreams serve anonymously; not
+    /// counting it let a key holder with many addresses be served under its
+    /// key while counted per address. Removed, as nginx drops headers with
+    /// underscores, every upstream receives the identity slidegate counted.
+    /// `serve` calls it before deciding; the tower layer's inner service
+    /// reads headers by their exact name and needs no such step.
+    pub fn strip_header_aliases(&self, headers: &mut HeaderMap) {
+        // The common request has no underscore in any header name.
+        if !headers.keys().any(|name| name.as_str().contains('_')) {
+            return;
+        }
+        let aliases: Vec<HeaderName> = headers.keys().filter(|name| self.is_alias(name)).cloned().collect();
+        for name in aliases {
+            headers.remove(&name);
+        }
+    }
+
+    /// Whether `name`, with an `_` where an identity header has `-`, is
+    /// another spelling of that header.
+    fn is_alias(&self, name: &HeaderName) -> bool {
+        let name = name.as_str();
+        let spells = |header: &str| {
+            name.len() == header.len()
+                && name != header
+                && name.bytes().zip(header.bytes()).all(|(n, h)| n == h || (n == b'_' && h == b'-'))
+        };
+        spells("x-forwarded-for") || self.api_key_header.as_ref().is_some_and(|h| spells(h.as_str()))
+    }
+
+    /// A 16-byte keyed digest of `value`, for values too long to send to a
+    /// store as they are (a crawl-breadth value): the same for the same
+    /// value and secret, and without the secret a client cannot make two
+    /// values collide.
+    pub(crate) fn value_digest(&self, value: &[u8]) -> [u8; 16] {
+        self.hasher.digest(Source::Named, value).0
+    }
+
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
@@ -415,5 +457,52 @@ mod tests {
         assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc, def")])));
         // Without an API key header configured, no header is one.
         assert!(!extractor().api_key_is_ambiguous(&headers(&[("x-api-key", "a"), ("x-api-key", "b")])));
+    }
+
+    /// A WSGI upstream reads `x_api_key` as the key header; slidegate
+    /// counted it as anonymous. Every `_` spelling of an identity header is
+    /// removed before deciding, so upstream and limiter see one identity.
+    #[test]
+    fn underscore_spellings_of_identity_headers_are_removed() {
+        let e = extractor().api_key_header(HeaderName::from_static("x-api-key"));
+        let mut h = headers(&[
+            ("x_api_key", "alias-1"),
+            ("x-api_key", "alias-2"),
+            ("x_api-key", "alias-3"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("x-forwarded_for", "6.6.6.7"),
+            ("x-api-key", "counted"),
+            ("x-forwarded-for", "198.51.100.7"),
+            ("x_other_header", "kept"),
+            ("x_api_keys", "kept"),
+            ("xapi_key", "kept"),
+        ]);
+        e.strip_header_aliases(&mut h);
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["x-api-key", "x-forwarded-for", "x_api_keys", "x_other_header", "xapi_key"]);
+        assert_eq!(e.api_key(&h), Some(&b"counted"[..]));
+        assert!(!e.api_key_is_ambiguous(&h));
+        // An alias alone leaves the request anonymous, as the upstream sees it.
+        let mut h = headers(&[("x_api_key", "holder")]);
+        e.strip_header_aliases(&mut h);
+        assert!(h.is_empty() && e.api_key(&h).is_none());
+        // Without an API key header, only the forwarding header's aliases go.
+        let mut h = headers(&[("x_api_key", "k"), ("x_forwarded_for", "1.1.1.1")]);
+        extractor().strip_header_aliases(&mut h);
+        assert_eq!(h.keys().map(HeaderName::as_str).collect::<Vec<_>>(), ["x_api_key"]);
+        // A header name without `-` has no alias.
+        let plain = extractor().api_key_header(HeaderName::from_static("apikey"));
+        let mut h = headers(&[("apikey", "k"), ("api_key", "other")]);
+        plain.strip_header_aliases(&mut h);
+        assert_eq!(h.len(), 2);
+    }
+
+    #[test]
+    fn value_digests_are_keyed() {
+        let e = extractor();
+        assert_eq!(e.value_digest(b"v"), e.value_digest(b"v"));
+        assert_ne!(e.value_digest(b"v"), e.value_digest(b"w"));
+        assert_ne!(e.value_digest(b"v"), IdentityExtractor::new(b"other").value_digest(b"v"));
     }
 }

@@ -179,8 +179,8 @@ where
         let limiter = self.limiter.clone();
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let check = async move {
-            let verdict =
-                limiter.check_request(request.method(), request.uri().path(), request.headers(), peer).await;
+            let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
+            let verdict = limiter.check_request(request.method(), target, request.headers(), peer).await;
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
             let pending = verdict.as_ref().and_then(|v| v.pending()).cloned();

@@ -74,5 +74,7 @@ pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFutu
 pub use limiter::{CheckError, LimiterError, RateLimiter};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
 pub use response_cost::ResponseCost;
-pub use rules::{lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatcher};
+pub use rules::{
+    lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,
+};
 pub use verdict::{DecisionSource, PendingCharge, PolicyResult, Verdict};

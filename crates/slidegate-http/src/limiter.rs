@@ -372,15 +372,24 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     /// Decides a request: `None` when no rule matches (the request is not limited).
+    /// `target` is the request target in origin form, the path and its
+    /// query (`uri.path_and_query()`); rules match the path, and a breadth
+    /// limit of `query:<name>` reads the query (given the path alone, it
+    /// counts every request as one without the parameter).
     /// `peer` is the socket peer; `None` counts every such request as one client.
     pub async fn check_request(
         &self,
         method: &Method,
-        path: &str,
+        target: &str,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Option<Verdict<'_>> {
-        let index = self.inner.matcher.find(method, path)?;
+        let (path, query) = match target.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (target, None),
+        };
+        let matched = self.inner.matcher.matching(method, path)?;
+        let index = matched.index;
         let rule = &self.inner.rules[index];
         let extractor = &self.inner.identity;
         let api_key = extractor.api_key(headers);
@@ -402,7 +411,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         let set = rule.sets.pick(anonymous);
         // Breadth first: its denial is never charged to the rate limits.
         let breadth = match &rule.breadth {
-            Some(breadth) => match self.decide_breadth(index, &identity, breadth, path).await {
+            Some(breadth) => match self.decide_breadth(index, &identity, breadth, &matched.path, query).await
+            {
                 Ok(policy) => policy,
                 Err(verdict) => {
                     // A crawler refused for breadth is an offender like one
@@ -446,26 +456,33 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
     }
 
-    /// The breadth decision for a request to `path`: `Ok(Some(policy))` to
-    /// report with the rate limits, `Ok(None)` when breadth did not decide
-    /// (no value in the path, or the store failed: breadth then steps aside
-    /// and the rate limits decide as configured), `Err(verdict)` a denial.
+    /// The breadth decision for a request whose path read as `reading` when
+    /// it matched the rule, with `query`: `Ok(Some(policy))` to report with
+    /// the rate limits, `Ok(None)` when the store failed (breadth then steps
+    /// aside and the rate limits decide as configured), `Err(verdict)` a
+    /// denial. Every request has a value (see [`crate::BreadthOf::value`]).
     async fn decide_breadth<'s>(
         &'s self,
         index: usize,
         identity: &Identity,
         breadth: &crate::BreadthConfig,
-        path: &str,
+        reading: &str,
+        query: Option<&str>,
     ) -> Result<Option<PolicyResult<'s>>, Verdict<'s>> {
         let rule = &self.inner.rules[index];
-        let Some(value) = breadth.of.value(path) else {
-            return Ok(None);
+        let value = breadth.of.value(reading, query);
+        let digest;
+        let value: &[u8] = if value.len() > crate::breadth::MAX_VALUE_BYTES {
+            digest = self.inner.identity.value_digest(&value);
+            &digest
+        } else {
+            &value
         };
         // `new` refused a breadth rule on a store without sketches.
         let Some(distinct) = self.inner.store.distinct() else {
             return Ok(None);
         };
-        let Ok(decision) = distinct.decide_distinct(identity, &breadth.quota, &value).await else {
+        let Ok(decision) = distinct.decide_distinct(identity, &breadth.quota, value).await else {
             return Ok(None);
         };
         let policy = PolicyResult { name: &rule.breadth_name, quota: breadth.quota, decision };

@@ -14,7 +14,11 @@
 //! or the [lenient](lenient_path) one. Literal text compares without regard
 //! to ASCII case unless the pattern is [case
 //! sensitive](PathPattern::case_sensitive) (Express, ASP.NET and IIS route
-//! case-insensitively by default).
+//! case-insensitively by default). Methods compare without regard to ASCII
+//! case too (Django and Flask upper-case the method, so `get` is routed as
+//! `GET`). A rule may also accept a [format
+//! suffix](PathPattern::format_suffix) (`/x.json` as `/x`: Rails, Spring
+//! before 5.3).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -42,6 +46,8 @@ pub struct PathPattern {
     /// Literal text compares byte for byte; otherwise ASCII letters match
     /// either case.
     case_sensitive: bool,
+    /// A path whose last segment has a `.suffix` also matches without it.
+    format_suffix: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +125,7 @@ impl FromStr for PathPattern {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
-        Ok(PathPattern { text: s.to_owned(), parts, case_sensitive: false })
+        Ok(PathPattern { text: s.to_owned(), parts, case_sensitive: false, format_suffix: false })
     }
 }
 
@@ -130,9 +136,42 @@ impl fmt::Display for PathPattern {
 }
 
 impl PathPattern {
-    /// Whether `path` (without query) matches.
+    /// Whether `path` (without query) matches: as it is or, with a [format
+    /// suffix](Self::format_suffix), without the suffix of its last segment.
     pub fn matches(&self, path: &str) -> bool {
         match_parts(&self.parts, path, self.case_sensitive)
+            || (self.format_suffix
+                && without_format_suffixes(path).any(|p| match_parts(&self.parts, p, self.case_sensitive)))
+    }
+
+    /// Whether a path also matches without a format suffix on its last
+    /// segment (default `false`): `/api/feed.json` and `/api/feed.xml` as
+    /// `/api/feed`. Turn it on for routers that serve those from the
+    /// handler of `/api/feed`: Rails (every route ends in an optional
+    /// `(.:format)`), Spring MVC before 5.3 (suffix pattern matching on by
+    /// default), Django REST framework's `format_suffix_patterns`. The
+    /// suffix is cut at the last dot (Rails) and at the first (Spring's
+    /// `/x.*`), never leaving the segment empty.
+    ///
+    /// ```
+    /// use slidegate_http::PathPattern;
+    ///
+    /// let p: PathPattern = "/api/feed".parse()?;
+    /// assert!(!p.matches("/api/feed.json"));
+    /// let p = p.format_suffix(true);
+    /// assert!(p.matches("/api/feed.json") && p.matches("/api/feed.tar.gz"));
+    /// assert!(!p.matches("/api/feed/x.json") && !p.matches("/api/feedx.json"));
+    /// # Ok::<(), slidegate_http::PathPatternError>(())
+    /// ```
+    #[must_use]
+    pub fn format_suffix(mut self, format_suffix: bool) -> Self {
+        self.format_suffix = format_suffix;
+        self
+    }
+
+    /// Whether a format suffix is ignored.
+    pub fn is_format_suffix(&self) -> bool {
+        self.format_suffix
     }
 
     /// Whether literal text compares with case (default `false`: `/API/Search`
@@ -158,6 +197,17 @@ impl PathPattern {
     pub fn is_case_sensitive(&self) -> bool {
         self.case_sensitive
     }
+}
+
+/// `path` without the suffix of its last segment: cut at the last dot, then
+/// at the first (two readings at most, so matching stays linear); none when
+/// the segment has no dot after its first byte.
+fn without_format_suffixes(path: &str) -> impl Iterator<Item = &str> {
+    let start = path.rfind('/').map_or(0, |i| i + 1);
+    let segment = &path[start..];
+    let last = segment.rfind('.').filter(|&i| i > 0);
+    let first = segment.find('.').filter(|&i| i > 0 && Some(i) != last);
+    [last, first].into_iter().flatten().map(move |dot| &path[..start + dot])
 }
 
 /// Matches in time linear in `parts.len() * path.len()`: tokens are matched
@@ -217,6 +267,19 @@ pub struct RuleMatcher {
     entries: Vec<(Vec<Method>, PathPattern)>,
 }
 
+/// The rule a request falls under, and the reading of its path that matched
+/// the rule: what a breadth limit reads its value from, so that a value is
+/// never looked for in a reading the rule did not match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleMatch<'p> {
+    /// The rule's index.
+    pub index: usize,
+    /// The path [normalised](normalize_path), or its [lenient
+    /// reading](lenient_path) when only that matched.
+    pub path: Cow<'p, str>,
+}
+
 impl RuleMatcher {
     /// A matcher over `(methods, pattern)` pairs, in priority order.
     pub fn new(entries: Vec<(Vec<Method>, PathPattern)>) -> Self {
@@ -228,20 +291,42 @@ impl RuleMatcher {
     /// entry matches when either reading does, so no spelling a common router
     /// serves from the limited handler escapes the rule. `HEAD` counts as
     /// `GET` (it is a GET without the body), so a rule on `GET` cannot be
-    /// sidestepped with `HEAD`.
+    /// sidestepped with `HEAD`. Methods compare without regard to ASCII
+    /// case (`get` is `GET`, as Django and Flask route it); the request is
+    /// forwarded with its method as received.
     pub fn find(&self, method: &Method, path: &str) -> Option<usize> {
+        self.matching(method, path).map(|m| m.index)
+    }
+
+    /// As [`find`](Self::find), with the reading of the path that matched:
+    /// the normalised one when it does, else the lenient one.
+    pub fn matching<'p>(&self, method: &Method, path: &'p str) -> Option<RuleMatch<'p>> {
         let strict = normalize_path(path);
         // Most paths read the same both ways: skip the second reading then.
         let lenient = needs_lenient(path).then(|| lenient_path(path));
+        let method = method.as_str();
+        let head = method.eq_ignore_ascii_case("HEAD");
         let applies = |methods: &[Method]| {
             methods.is_empty()
-                || methods.contains(method)
-                || (*method == Method::HEAD && methods.contains(&Method::GET))
+                || methods.iter().any(|m| {
+                    m.as_str().eq_ignore_ascii_case(method)
+                        || (head && m.as_str().eq_ignore_ascii_case("GET"))
+                })
         };
-        self.entries.iter().position(|(methods, pattern)| {
-            applies(methods)
-                && (pattern.matches(&strict) || lenient.as_deref().is_some_and(|l| pattern.matches(l)))
-        })
+        for (index, (methods, pattern)) in self.entries.iter().enumerate() {
+            if !applies(methods) {
+                continue;
+            }
+            if pattern.matches(&strict) {
+                return Some(RuleMatch { index, path: strict });
+            }
+            if let Some(l) = &lenient {
+                if pattern.matches(l) {
+                    return lenient.map(|path| RuleMatch { index, path });
+                }
+            }
+        }
+        None
     }
 }
 
@@ -310,8 +395,10 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
 ///   `PATH_INFO`), and `\` separates segments like `/` (IIS);
 /// - a decoded NUL ends the path (what a C-string router sees; `serve`
 ///   refuses such a request anyway, see [`refused_path`]);
-/// - `.` and `..` segments are resolved, empty segments dropped, and trailing
-///   dots and spaces cut from every other segment (IIS);
+/// - `.` and `..` segments are resolved, empty segments dropped, trailing
+///   dots and spaces cut from every other segment (IIS), and leading and
+///   trailing control characters and spaces, `%09` `%0A` `%0D` `%20` among
+///   them (what Java's `String.trim` cuts: Spring's trimmed path tokens);
 /// - the result is re-encoded canonically: only unreserved characters,
 ///   sub-delimiters other than `;`, `:` and `@` stay as they are, every other
 ///   byte is `%XX` with upper-case hex.
@@ -325,6 +412,7 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
 /// assert_eq!(lenient_path("/api%2Fsearch;jsessionid=1"), "/api/search");
 /// assert_eq!(lenient_path("/api\\x\\..;\\search.%20"), "/api/search");
 /// assert_eq!(lenient_path("/caf%c3%a9/a%20b"), "/caf%C3%A9/a%20b");
+/// assert_eq!(lenient_path("/api/%20search%09%0D%0A"), "/api/search");
 /// ```
 pub fn lenient_path(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') {
@@ -347,9 +435,11 @@ pub fn lenient_path(path: &str) -> Cow<'_, str> {
                     segments.pop();
                 }
                 s => {
-                    let kept = s.len() - s.iter().rev().take_while(|&&b| matches!(b, b'.' | b' ')).count();
-                    if kept > 0 {
-                        segments.push(s[..kept].to_vec());
+                    let blank = |b: &&u8| **b <= b' ';
+                    let start = s.iter().take_while(blank).count();
+                    let end = s.len() - s.iter().rev().take_while(|&b| blank(&b) || *b == b'.').count();
+                    if start < end {
+                        segments.push(s[start..end].to_vec());
                     }
                 }
             }
@@ -391,7 +481,7 @@ fn needs_lenient(path: &str) -> bool {
 }
 
 /// Every `%XX` escape decoded; a `%` not followed by two hex digits stays.
-fn percent_decode(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn percent_decode(bytes: &[u8]) -> Vec<u8> {
     let hex = |b: u8| char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok());
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -517,6 +607,82 @@ mod tests {
         assert_eq!(m.find(&Method::GET, "/health"), None);
     }
 
+    /// Django and Flask upper-case the method before routing, so `get` is
+    /// served as `GET`: a rule on `GET` must count it.
+    #[test]
+    fn methods_match_in_any_case() {
+        let m = RuleMatcher::new(vec![
+            (vec![Method::GET], p("/api/videos/trending")),
+            (vec![Method::POST], p("*")),
+        ]);
+        let method = |s: &str| Method::from_bytes(s.as_bytes()).unwrap();
+        for spelled in ["get", "Get", "gET", "GET", "head", "Head", "HEAD"] {
+            assert_eq!(m.find(&method(spelled), "/api/videos/trending"), Some(0), "{spelled}");
+        }
+        for spelled in ["post", "Post"] {
+            assert_eq!(m.find(&method(spelled), "/api/videos/trending"), Some(1), "{spelled}");
+        }
+        for other in ["put", "gett", "ge", "options", "PATCH"] {
+            assert_eq!(m.find(&method(other), "/api/videos/trending"), None, "{other}");
+        }
+        // An extension method in the rule compares without case as well.
+        let m = RuleMatcher::new(vec![(vec![method("PURGE")], p("*"))]);
+        assert_eq!(m.find(&method("purge"), "/x"), Some(0));
+    }
+
+    #[test]
+    fn format_suffixes_match_only_where_the_rule_asks() {
+        let plain = RuleMatcher::new(vec![(vec![], p("/api/feed"))]);
+        assert_eq!(plain.find(&Method::GET, "/api/feed.json"), None);
+        let m = RuleMatcher::new(vec![
+            (vec![], p("/api/feed").format_suffix(true)),
+            (vec![], p("/api/v1.0/{id}/items").format_suffix(true)),
+        ]);
+        for spelling in [
+            "/api/feed",
+            "/api/feed.json",
+            "/api/feed.xml",
+            "/API/Feed.JSON",
+            "/api/feed.tar.gz",
+            "/api/feed.",
+            "/api/feed..json",
+            "/api/feed.json/",
+            "/api/feed.json;jsessionid=1",
+            "/api/feed.json%09",
+            "/api/feed%2Ejson",
+            "/api%2Ffeed.json",
+            "/api/x/../feed.json",
+        ] {
+            assert_eq!(m.find(&Method::GET, spelling), Some(0), "{spelling}");
+        }
+        for other in
+            ["/api/feedx.json", "/api/feed/x.json", "/api/.json", "/api/feed.json/x", "/api/fee.json"]
+        {
+            assert_eq!(m.find(&Method::GET, other), None, "{other}");
+        }
+        // A dot in the pattern's own text: the suffix is cut at the last dot.
+        assert_eq!(m.find(&Method::GET, "/api/v1.0/7/items.json"), Some(1));
+        assert_eq!(m.find(&Method::GET, "/api/v1.0/7/items"), Some(1));
+        assert!(p("/api/feed").format_suffix(true).is_format_suffix());
+        // Thousands of dots cost two more readings, not one per dot.
+        let dots = format!("/api/feed{}", ".a".repeat(20_000));
+        assert_eq!(m.find(&Method::GET, &dots), Some(0));
+    }
+
+    /// The reading a rule matched is the one handed on (breadth reads its
+    /// value there): the normalised path when it matches, else the lenient.
+    #[test]
+    fn the_matching_reading_is_the_one_that_matched() {
+        let m = RuleMatcher::new(vec![(vec![], p("/api/videos/{id}"))]);
+        let path = |s: &str| m.matching(&Method::GET, s).map(|r| r.path.into_owned());
+        assert_eq!(path("/api/videos/7").as_deref(), Some("/api/videos/7"));
+        assert_eq!(path("/api//videos/%37/").as_deref(), Some("/api/videos/7"));
+        assert_eq!(path("/api/videos%2F7").as_deref(), Some("/api/videos/7"));
+        assert_eq!(path("/api/videos/x/..;/7").as_deref(), Some("/api/videos/7"));
+        assert_eq!(path("/api/videos/7;x").as_deref(), Some("/api/videos/7;x"));
+        assert_eq!(path("/api/videos"), None);
+    }
+
     #[test]
     fn path_variants_fall_under_the_same_rule() {
         let m = RuleMatcher::new(vec![
@@ -587,6 +753,17 @@ mod tests {
                 ],
             ),
             (
+                "leading and trailing whitespace (Spring trims path tokens)",
+                &[
+                    "/api/videos/trending%09",
+                    "/api/videos/trending%0D%0A",
+                    "/api/videos/trending%0a",
+                    "/api/videos/%20trending",
+                    "/api%09/videos/trending%20%09",
+                    "/api/videos/trending%09.%20",
+                ],
+            ),
+            (
                 "encoded dot segments",
                 &[
                     "/api/x/%2e%2e/videos/trending",
@@ -646,6 +823,14 @@ mod tests {
             ("/caf%c3%a9", "/caf%C3%A9"),
             ("/a b", "/a%20b"),
             ("/a/%2E%2E", "/"),
+            ("/a%09", "/a"),
+            ("/a\t\r\n /b ", "/a/b"),
+            ("/%20a%20/%0D%0Ab%0A", "/a/b"),
+            ("/a%09b", "/a%09b"),
+            ("/a/%09%20/b", "/a/b"),
+            ("/a/%20../b", "/a/b"),
+            ("/a/..%09/b", "/a/b"),
+            ("/a/%7F", "/a/%7F"),
             ("*", "*"),
         ] {
             assert_eq!(lenient_path(path), expected, "{path}");

@@ -33,6 +33,9 @@ fn path() -> impl Strategy<Value = String> {
             Just("%00".to_owned()),
             Just("%20".to_owned()),
             Just(" ".to_owned()),
+            Just("%09".to_owned()),
+            Just("%0d%0A".to_owned()),
+            Just(".json".to_owned()),
             Just("%3B".to_owned()),
             Just("%25".to_owned()),
             Just("%C3%A9".to_owned()),
@@ -73,9 +76,14 @@ proptest! {
     }
 
     #[test]
-    fn matching_never_panics(pat in pattern(), p in path(), case_sensitive in any::<bool>()) {
+    fn matching_never_panics(
+        pat in pattern(),
+        p in path(),
+        case_sensitive in any::<bool>(),
+        format_suffix in any::<bool>(),
+    ) {
         if let Ok(pattern) = pat.parse::<PathPattern>() {
-            let pattern = pattern.case_sensitive(case_sensitive);
+            let pattern = pattern.case_sensitive(case_sensitive).format_suffix(format_suffix);
             let normal = normalize_path(&p);
             let _ = pattern.matches(&p);
             let _ = pattern.matches(&normal);

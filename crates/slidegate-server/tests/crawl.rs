@@ -37,6 +37,12 @@ name = "videos"
 path = "/api/videos/{id}"
 limits = [{ limit = 100000, window = "60s" }]
 breadth = { distinct = 50, window = "10m", of = "param:id" }
+
+[[rules]]
+name = "items"
+path = "/api/items"
+limits = [{ limit = 100000, window = "60s" }]
+breadth = { distinct = 10, window = "10m", of = "query:id" }
 "#;
 
 async fn peer_addr(ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Request) -> Request {
@@ -60,6 +66,7 @@ fn app() -> Router {
         )
         .route("/api/search", get(|| async { ([("x-ratelimit-cost", "5")], "results") }))
         .route("/api/videos/{id}", get(|| async { "video" }))
+        .route("/api/items", get(|| async { "item" }))
         .layer(RateLimitLayer::new(limiter))
         .layer(middleware::map_request(peer_addr))
 }
@@ -119,4 +126,28 @@ async fn a_walk_past_its_breadth_is_refused_and_revisits_pass() {
         headers.get("ratelimit-policy").unwrap(),
         "\"videos\";q=100000;w=60, \"videos-breadth\";q=50;w=600"
     );
+}
+
+/// The layer hands the query to the limiter: ids in it are counted, and a
+/// lenient spelling of a path id is that id.
+#[tokio::test]
+async fn the_layer_counts_ids_in_the_query_and_in_lenient_spellings() {
+    let app = app();
+    let mut admitted = Vec::new();
+    for id in 0..30 {
+        if call(&app, &format!("/api/items?id={id}")).await.0 == StatusCode::OK {
+            admitted.push(id);
+        }
+    }
+    assert_eq!(admitted, (0..10).collect::<Vec<_>>());
+    assert_eq!(call(&app, "/api/items?ID=%33").await.0, StatusCode::OK, "a revisit of id 3");
+    assert_eq!(call(&app, "/api/items?id=3&id=4").await.0, StatusCode::TOO_MANY_REQUESTS);
+    // Videos seen plainly are revisits when spelled as Tomcat serves them.
+    for id in 0..5 {
+        assert_eq!(call(&app, &format!("/api/videos/{id}")).await.0, StatusCode::OK);
+        let (status, headers) = call(&app, &format!("/api/videos/x/..;/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "axum routes it nowhere");
+        let left = format!("\"videos-breadth\";r={};", 49 - id);
+        assert!(ratelimit(&headers).contains(&left), "id {id} is no new value: {headers:?}");
+    }
 }

@@ -173,3 +173,121 @@ fn responses_are_counted_by_status_and_priced_by_the_upstream_on_redis() {
     let (upstream, hits) = pricing_upstream();
     enumeration_probes_count_and_successes_do_not(&redis_store(&redis), upstream, &hits);
 }
+
+/// A breadth rule on `/api/videos/{id}` (20 distinct ids per 10 minutes)
+/// and one on `/items?id=` (20 distinct `id` values), the client IP taken
+/// from `X-Forwarded-For` so each walk below is its own identity.
+fn spelled_breadth_config(upstream: SocketAddr, store: &str) -> String {
+    format!(
+        r#"{head}
+[identity]
+ip_hash_secret_env = "{SECRET_ENV}"
+trusted_proxies = ["127.0.0.1/32"]
+
+[[rules]]
+name = "videos"
+path = "/api/videos/{{id}}"
+limits = [{{ limit = 100000, window = "60s" }}]
+breadth = {{ distinct = 20, window = "10m", of = "param:id" }}
+
+[[rules]]
+name = "items"
+path = "/items"
+limits = [{{ limit = 100000, window = "60s" }}]
+breadth = {{ distinct = 20, window = "10m", of = "query:id" }}
+"#,
+        head = config_head(upstream, "", store),
+    )
+}
+
+/// A spelling class: its name and how it spells an id.
+type Spelling = (&'static str, Box<dyn Fn(u32) -> String>);
+
+/// Walks ids 1..=`last` spelled by `spell`, as the client `ip`: the ids admitted.
+fn walk(gate: &Slidegate, ip: &str, last: u32, spell: impl Fn(u32) -> String) -> Vec<u32> {
+    let mut admitted = Vec::new();
+    for id in 1..=last {
+        let target = spell(id);
+        let reply = gate.get(&target, &[("x-forwarded-for", ip)]);
+        match reply.status {
+            200 => admitted.push(id),
+            429 => assert!(reply.header("ratelimit-policy").is_some_and(|p| p.contains("-breadth"))),
+            other => panic!("{target}: status {other}: {reply:?}"),
+        }
+    }
+    admitted
+}
+
+/// Every spelling class of the path table reads the id a router would
+/// serve, or counts as a value of its own: none steps aside. A WSGI
+/// upstream serves `/api/videos%2F7` as video 7 (it decodes `%2F`), Tomcat
+/// and Spring serve `/api/videos/x/..;/7` as video 7; both once passed 60
+/// of 60 distinct ids against a breadth of 20.
+#[test]
+fn no_spelling_of_an_id_escapes_crawl_breadth() {
+    let upstream = Upstream::start();
+    let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, ""));
+    let first_20: Vec<u32> = (1..=20).collect();
+    type Class = (&'static str, fn(u32) -> String);
+    let classes: [Class; 9] = [
+        ("plain", |n| format!("/api/videos/{n}")),
+        ("encoded slash (WSGI)", |n| format!("/api/videos%2F{n}")),
+        ("encoded slashes (WSGI)", |n| format!("/api%2Fvideos%2F{n}")),
+        ("dot-dot path parameter (Tomcat, Spring)", |n| format!("/api/videos/x/..;/{n}")),
+        ("path parameter (Tomcat, Spring)", |n| format!("/api/videos/{n};jsessionid=1")),
+        ("backslash (IIS)", |n| format!("/api%5Cvideos%5C{n}")),
+        ("case (Express, IIS)", |n| format!("/API/Videos/{n}")),
+        ("trailing tab (Spring)", |n| format!("/api/videos/{n}%09")),
+        ("encoded dot segment", |n| format!("/api/x/%2e%2e/videos/{n}")),
+    ];
+    for (i, (class, spell)) in classes.iter().enumerate() {
+        let ip = format!("10.0.1.{}", i + 1);
+        assert_eq!(walk(&gate, &ip, 60, spell), first_20, "{class}: a walk of 60 ids");
+    }
+    // The reading that matched is the reading counted: after a plain walk of
+    // ids 1..=20, the WSGI and Tomcat spellings of those ids are revisits,
+    // and of id 21 a new value past the limit.
+    for (class, spell) in &classes[1..4] {
+        assert_eq!(walk(&gate, "10.0.1.1", 21, spell), first_20, "{class}: revisits of ids seen");
+    }
+}
+
+/// `of = "query:id"` counts the `id` values of the query as a router reads
+/// them: decoded, whatever the name's case or encoding, every value of a
+/// repeated `id` (PHP and Django take the last, Flask the first), and
+/// requests without one as one value. Before, ids in the query could not be
+/// counted at all.
+#[test]
+fn ids_in_the_query_are_counted_on_redis() {
+    let redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, &redis_store(&redis)));
+    let first_20: Vec<u32> = (1..=20).collect();
+    let long = "a".repeat(8000);
+    let classes: [Spelling; 7] = [
+        ("plain", Box::new(|n| format!("/items?id={n}"))),
+        ("repeated, the last varying", Box::new(|n| format!("/items?id=1&id={n}"))),
+        ("repeated, the first varying", Box::new(|n| format!("/items?id={n}&id=1&x=2"))),
+        ("another case (ASP.NET)", Box::new(|n| format!("/items?ID={n}"))),
+        ("array form (PHP, Rails, qs)", Box::new(|n| format!("/items?id[]={n}"))),
+        ("`;` separated (older Python)", Box::new(|n| format!("/items?x=1;id={n}"))),
+        ("8 KB values", Box::new(move |n| format!("/items?id={long}{n}"))),
+    ];
+    for (i, (class, spell)) in classes.iter().enumerate() {
+        let ip = format!("10.0.2.{}", i + 1);
+        assert_eq!(walk(&gate, &ip, 60, spell), first_20, "{class}: a walk of 60 ids");
+    }
+    // Encoded names and values are the same values: revisits.
+    let ip = "10.0.2.1";
+    let encoded = |n: u32| n.to_string().chars().map(|digit| format!("%3{digit}")).collect::<String>();
+    assert_eq!(walk(&gate, ip, 20, |n| format!("/items?i%64={}", encoded(n))).len(), 20);
+    assert_eq!(walk(&gate, ip, 20, |n| format!("/items?a=b&id={n}")).len(), 20);
+    assert_eq!(walk(&gate, ip, 1, |_| "/items?id=21".to_owned()), Vec::<u32>::new());
+    // No id at all, or an empty one, is one value each: the 21st and 22nd
+    // distinct values of a fresh client are refused.
+    let fresh = "10.0.2.99";
+    assert_eq!(walk(&gate, fresh, 20, |n| format!("/items?id={n}")).len(), 20);
+    assert_eq!(walk(&gate, fresh, 3, |_| "/items".to_owned()), Vec::<u32>::new());
+    assert_eq!(walk(&gate, fresh, 3, |_| "/items?id=".to_owned()), Vec::<u32>::new());
+    assert_eq!(walk(&gate, fresh, 3, |_| "/items?id=&id=".to_owned()), Vec::<u32>::new());
+}

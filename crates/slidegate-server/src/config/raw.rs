@@ -105,6 +105,9 @@ pub(super) struct RawRule {
     /// Compare the path pattern's literal text with case (default: without).
     #[serde(default)]
     pub(super) case_sensitive: bool,
+    /// Match `/x.json` as `/x` (Rails, Spring before 5.3).
+    #[serde(default)]
+    pub(super) format_suffix: bool,
     pub(super) max_cost: Option<Spanned<u64>>,
     // Crawl breadth and response-based charging.
     pub(super) breadth: Option<Spanned<RawBreadth>>,

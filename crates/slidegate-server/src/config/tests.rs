@@ -602,3 +602,32 @@ fn values_that_would_do_nothing_are_located() {
     assert_eq!(line, 4);
     assert!(message.contains("limit \"s\" of rule \"s\" can ever admit (2)"), "{message}");
 }
+
+#[test]
+fn query_breadth_and_format_suffix_are_read_and_bad_ones_located() {
+    let rule = |extra: &str| {
+        format!("[[rules]]\nname = \"i\"\npath = \"/items\"\nlimits = [{{ limit = 5, window = \"1s\" }}]\n{extra}")
+    };
+    let c = parse(&rule(
+        "breadth = { distinct = 20, window = \"10m\", of = \"query:id\" }\nformat_suffix = true\n",
+    ))
+    .unwrap();
+    let r = &c.limiter.rules[0];
+    assert_eq!(r.breadth.as_ref().unwrap().of, BreadthOf::Query { name: "id".into() });
+    assert!(r.path.is_format_suffix() && r.path.matches("/items.json"));
+    assert!(!parse(&rule("")).unwrap().limiter.rules[0].path.is_format_suffix());
+    for (of, expected) in [
+        ("query:", "invalid query parameter name \"\""),
+        ("query:a=b", "invalid query parameter name \"a=b\""),
+        ("query:id[]", "invalid query parameter name \"id[]\""),
+        ("query", "expected \"path\", \"param:<name>\" or \"query:<name>\""),
+    ] {
+        let (l, c, m) =
+            err(&rule(&format!("breadth = {{ distinct = 20, window = \"10m\", of = \"{of}\" }}\n")));
+        assert_eq!((l, c), (5, 49), "{of}");
+        assert!(m.starts_with("invalid breadth `of`") && m.contains(expected), "{of}: {m}");
+    }
+    let (l, c, m) = err(&rule("format_suffix = \"yes\"\n"));
+    assert_eq!((l, c), (5, 17));
+    assert!(m.contains("expected a boolean"), "{m}");
+}

@@ -100,6 +100,7 @@ pub(crate) async fn forward(
     // so counting the request under it would let a random key per request
     // buy a fresh quota for what the upstream sees as an anonymous request.
     strip_hop_by_hop(request.headers_mut());
+    limiter.identity().strip_header_aliases(request.headers_mut());
     if let Some(reason) = slidegate_http::refused_path(request.uri().path()) {
         return bad_request(request.uri().path(), reason);
     }
@@ -110,9 +111,8 @@ pub(crate) async fn forward(
              which of several keys the upstream uses is its choice, not slidegate's",
         );
     }
-    let verdict = limiter
-        .check_request(request.method(), request.uri().path(), request.headers(), Some(peer.ip()))
-        .await;
+    let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
+    let verdict = limiter.check_request(request.method(), target, request.headers(), Some(peer.ip())).await;
     if let Some(v) = &verdict {
         if v.blocks() {
             return boxed(headers::blocked_response(v, limiter.legacy_headers(), request.uri().path()));

@@ -32,7 +32,7 @@ impl Validator<'_> {
             None => None,
         };
         let response_cost = self.response_cost(raw.count_status, raw.cost_header)?;
-        let path = raw.path.0.case_sensitive(raw.case_sensitive);
+        let path = raw.path.0.case_sensitive(raw.case_sensitive).format_suffix(raw.format_suffix);
         let mut rule = RuleConfig::new(name, path, limits);
         rule.breadth = breadth;
         rule.response_cost = response_cost;
