@@ -1,7 +1,7 @@
 //! The admin endpoints, the protocol edges and the resources one client can pin.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -246,9 +246,9 @@ impl SinkUpstream {
 /// Sends a request head announcing 100 body bytes and one byte of it, then
 /// nothing: returns the status of the reply (`None`: closed without one),
 /// whether the connection was then closed, and how long it all took.
-fn stall_body(addr: SocketAddr) -> (Option<u16>, bool, Duration) {
+fn stall_body(from: Ipv4Addr, addr: SocketAddr) -> (Option<u16>, bool, Duration) {
     let start = Instant::now();
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let mut stream = connect_from(from, addr);
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     stream.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\na").unwrap();
     let mut reader = BufReader::new(stream);
@@ -269,7 +269,8 @@ fn a_stalled_request_body_times_out_and_releases_its_upstream_connection() {
         .replace("[server]\n", "[server]\nbody_timeout = \"300ms\"\n");
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
-    let clients: Vec<_> = (0..10).map(|_| thread::spawn(move || stall_body(addr))).collect();
+    let clients: Vec<_> =
+        (0..10).map(|_| thread::spawn(move || stall_body(Ipv4Addr::LOCALHOST, addr))).collect();
     for client in clients {
         let (status, closed, elapsed) = client.join().unwrap();
         assert_eq!(status, Some(408));
@@ -287,13 +288,15 @@ fn upstream_connections_are_bounded_and_the_excess_is_refused_promptly() {
     let upstream = Upstream::start();
     let sink = SinkUpstream::start();
     // The body timeout (3 s) outlasts the wait for a free connection (1 s):
-    // the first four hold every connection while the other four wait.
+    // the first four hold every connection while the other four wait. Eight
+    // clients, each within its share of the pool (4 / 16, so 1).
     let text = config(&upstream, "", "")
         .replace(&upstream.addr.to_string(), &sink.addr.to_string())
         .replace("[server]\n", "[server]\nbody_timeout = \"3s\"\nmax_upstream_connections = 4\n");
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
-    let clients: Vec<_> = (0..8).map(|_| thread::spawn(move || stall_body(addr))).collect();
+    let clients: Vec<_> =
+        (0..8).map(|i| thread::spawn(move || stall_body(Ipv4Addr::new(127, 0, 2, i), addr))).collect();
     let mut statuses: Vec<Option<u16>> = clients.into_iter().map(|c| c.join().unwrap().0).collect();
     statuses.sort();
     assert_eq!(statuses, [Some(408); 4].into_iter().chain([Some(503); 4]).collect::<Vec<_>>());

@@ -14,12 +14,14 @@
 //! - `worker`: one thread's connections and the routing of each request.
 //! - `admin`: the admin endpoints (served by the workers, whichever
 //!   listener took the connection).
-//! - `proxy` and `upstream`: forwarding to the upstream.
+//! - `proxy` and `upstream`: forwarding to the upstream; `client_holds`:
+//!   each client's share of the upstream connections.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
 mod admin;
 mod body;
+mod client_holds;
 mod error;
 mod offenders;
 mod proxy;
