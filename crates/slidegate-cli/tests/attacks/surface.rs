@@ -141,17 +141,22 @@ fn a_shared_store_without_a_hash_secret_is_refused_at_start() {
 
 // ---------------------------------------------------------------- the protocol
 
-/// An upstream answering each request with the `Host` it received.
-fn host_echo_upstream() -> SocketAddr {
+/// An upstream answering each request with the `Host` it received, and the
+/// number of requests it received.
+fn host_echo_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
     thread::spawn(move || {
         for stream in listener.incoming().take(64) {
             let Ok(stream) = stream else { continue };
+            let counted = Arc::clone(&counted);
             thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut writer = stream;
                 while let Some((_, headers)) = read_head(&mut reader) {
+                    counted.fetch_add(1, Ordering::SeqCst);
                     let host = headers.get("host").cloned().unwrap_or_default();
                     let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{host}", host.len());
                     if writer.write_all(head.as_bytes()).is_err() {
@@ -161,13 +166,13 @@ fn host_echo_upstream() -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, hits)
 }
 
 #[test]
 fn an_absolute_form_target_names_the_host_whatever_host_says() {
     let upstream = Upstream::start();
-    let host_echo = host_echo_upstream();
+    let (host_echo, _) = host_echo_upstream();
     let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
     let sg = Slidegate::start(&text);
     let reply = raw(
@@ -179,6 +184,48 @@ fn an_absolute_form_target_names_the_host_whatever_host_says() {
     let reply =
         raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n").unwrap();
     assert_eq!((reply.status, reply.body.as_str()), (200, "plain.test"));
+}
+
+#[test]
+fn an_absolute_form_target_with_userinfo_is_refused() {
+    // Before: `GET http://u:p@evil.example/x` reached the upstream with
+    // `host: u:p@evil.example`.
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    for target in ["http://u:p@evil.example/x", "http://u@evil.example/x", "http://@evil.example/x"] {
+        let head = format!("GET {target} HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+        let reply = raw(sg.addr, head.as_bytes()).unwrap();
+        assert_eq!(reply.status, 400, "{target}: {reply:?}");
+        assert_eq!(reply.header("connection"), Some("close"));
+        assert_eq!(detail(&reply), "the request target carries user information (user@host): refused");
+    }
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
+fn http_1_1_without_host_is_refused_and_http_1_0_is_given_the_upstreams() {
+    // Before: an HTTP/1.1 request without Host was forwarded (RFC 9112 §3.2
+    // requires 400), with the upstream's authority as its Host.
+    let upstream = Upstream::start();
+    let (host_echo, hits) = host_echo_upstream();
+    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
+    let sg = Slidegate::start(&text);
+    for head in [
+        &b"GET /api/x HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
+        b"GET http://example.test/api/x HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"POST /api/x HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ] {
+        let reply = raw(sg.addr, head).unwrap();
+        assert_eq!(reply.status, 400, "{}: {reply:?}", String::from_utf8_lossy(head));
+        assert_eq!(detail(&reply), "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    // An empty Host is what a target without an authority sends: served.
+    let reply = raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n").unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, ""));
+    // HTTP/1.0 has no Host requirement: the upstream gets its own authority.
+    let reply = raw(sg.addr, b"GET /api/x HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!((reply.status, reply.body), (200, host_echo.to_string()));
 }
 
 #[test]

@@ -129,6 +129,8 @@ pub(crate) async fn forward(
     *request.uri_mut() = target;
     *request.version_mut() = http::Version::HTTP_11;
     if !request.headers().contains_key(header::HOST) {
+        // Only HTTP/1.0 comes without Host (`worker::refuse` answers an
+        // HTTP/1.1 request without one 400); forwarded as HTTP/1.1, it needs one.
         if let Ok(host) = HeaderValue::from_str(proxy.upstream.authority().as_str()) {
             request.headers_mut().insert(header::HOST, host);
         }
