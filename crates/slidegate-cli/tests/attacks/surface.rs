@@ -200,6 +200,11 @@ fn an_absolute_form_target_with_userinfo_is_refused() {
         assert_eq!(detail(&reply), "the request target carries user information (user@host): refused");
     }
     assert_eq!(upstream.hits(), 0);
+    // An `@` in the path or query is no user information.
+    let head =
+        b"GET http://example.test/u@x?to=a@b HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n";
+    let reply = raw(sg.addr, head).unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, "GET /u@x?to=a@b xff=127.0.0.1"));
 }
 
 #[test]

@@ -76,6 +76,7 @@ impl UpstreamError {
                 tracing::debug!(err = %self, "client request body failed");
                 (http::StatusCode::BAD_REQUEST, "the request body is malformed".into())
             }
+            // `send` reports a body too slow as `TooSlow`, with the rate.
             UpstreamError::Client(ClientFault::Timeout | ClientFault::TooSlow) => {
                 tracing::debug!(err = %self, "client request body timed out");
                 (http::StatusCode::REQUEST_TIMEOUT, "the request body stopped arriving".into())
