@@ -3,7 +3,9 @@
 //!
 //! A client is its address as the limits group it (the client IP after
 //! trusted proxies, an IPv6 address by its `ipv6_prefix` network), kept
-//! only as the keyed hash the limits key it by: no address is stored. The
+//! only as a keyed hash made as the limits make theirs ([`IdentityHasher`]),
+//! under a secret of this process's own: no address is stored, and the
+//! hasher is read, never written, by the threads sharing it. The
 //! API key plays no part: keys are not verified, and a client sending a new
 //! one with each request would otherwise have a share per request.
 //!
@@ -16,7 +18,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use http::HeaderMap;
-use slidegate::{Digest, Source};
+use slidegate::{Digest, IdentityHasher, Source};
 use slidegate_http::IdentityExtractor;
 
 /// Independent locks, so that worker threads forwarding for different
@@ -33,8 +35,8 @@ pub(crate) struct ClientHolds {
     /// Requests one client may have forwarded at once.
     share: usize,
     shards: [Mutex<HashMap<ClientKey, usize>>; SHARDS],
-    /// The scope the address is hashed under; the digest does not depend on it.
-    scope: Arc<str>,
+    /// Hashes the addresses under a secret drawn when the process starts.
+    hasher: IdentityHasher,
 }
 
 impl ClientHolds {
@@ -43,14 +45,15 @@ impl ClientHolds {
         Self {
             share: share.max(1),
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
-            scope: Arc::from("upstream"),
+            hasher: IdentityHasher::new(&process_secret()),
         }
     }
 
-    /// The client of a request from `peer` with `headers`.
+    /// The client of a request from `peer` with `headers`, grouped by the
+    /// limits' `identity` (trusted proxies, IPv6 prefix).
     pub(crate) fn key(&self, identity: &IdentityExtractor, peer: IpAddr, headers: &HeaderMap) -> ClientKey {
         let ip = identity.client_ip(peer, headers);
-        ClientKey(identity.identity(&self.scope, Source::Ip, &identity.ip_bytes(ip)).digest())
+        ClientKey(self.hasher.digest(Source::Ip, &identity.ip_bytes(ip)))
     }
 
     /// One more request for `client`, held until the [`ClientHold`] is
@@ -83,6 +86,18 @@ impl ClientHolds {
         // cannot choose its shard.
         self.shards[usize::from(client.0 .0[0]) % SHARDS].lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// 128 bits from the operating system's randomness, through the keys std
+/// draws for its hash maps: the counts live in this process only, so no
+/// other process needs the secret.
+fn process_secret() -> [u8; 16] {
+    use std::hash::{BuildHasher, RandomState};
+    let state = RandomState::new();
+    let mut secret = [0u8; 16];
+    secret[..8].copy_from_slice(&state.hash_one(0u8).to_le_bytes());
+    secret[8..].copy_from_slice(&state.hash_one(1u8).to_le_bytes());
+    secret
 }
 
 /// A request of one client being forwarded; dropping it ends the hold.
@@ -155,8 +170,11 @@ mod tests {
         // From an untrusted peer the header is ignored.
         let direct = holds.key(&extractor, "192.0.2.7".parse().unwrap(), &headers);
         assert_eq!(direct, key(&holds, &extractor, "192.0.2.7"));
-        // The key is a keyed hash: another secret, another key.
-        let other = IdentityExtractor::new(b"other secret");
-        assert_ne!(key(&holds, &extractor, "192.0.2.1"), key(&holds, &other, "192.0.2.1"));
+        // The key is a keyed hash under the process's secret: another
+        // process, another key; the limits' secret plays no part.
+        let other = IdentityExtractor::new(b"other secret").ipv6_prefix(64);
+        assert_eq!(key(&holds, &extractor, "192.0.2.1"), key(&holds, &other, "192.0.2.1"));
+        let elsewhere = ClientHolds::new(1);
+        assert_ne!(key(&holds, &extractor, "192.0.2.1"), key(&elsewhere, &extractor, "192.0.2.1"));
     }
 }
