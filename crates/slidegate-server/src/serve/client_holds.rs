@@ -65,8 +65,9 @@ impl ClientHolds {
             return Err(*held);
         }
         *held += 1;
+        let held = *held;
         drop(shard);
-        Ok(ClientHold { holds: Arc::clone(self), client })
+        Ok(ClientHold { holds: Arc::clone(self), client, held })
     }
 
     /// How many requests `client` has forwarded now.
@@ -105,6 +106,15 @@ fn process_secret() -> [u8; 16] {
 pub(crate) struct ClientHold {
     holds: Arc<ClientHolds>,
     client: ClientKey,
+    /// The client's requests forwarded when this one was taken, itself included.
+    held: usize,
+}
+
+impl ClientHold {
+    /// The client's requests forwarded when this hold was taken, itself included.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
 }
 
 impl Drop for ClientHold {
@@ -140,6 +150,7 @@ mod tests {
         let b = key(&holds, &extractor, "192.0.2.2");
         let first = holds.hold(a).unwrap();
         let second = holds.hold(a).unwrap();
+        assert_eq!((first.held(), second.held()), (1, 2));
         assert_eq!(holds.hold(a).unwrap_err(), 2);
         // Another client is not affected.
         let other = holds.hold(b).unwrap();

@@ -15,7 +15,8 @@
 //! - `admin`: the admin endpoints (served by the workers, whichever
 //!   listener took the connection).
 //! - `proxy` and `upstream`: forwarding to the upstream; `client_holds`:
-//!   each client's share of the upstream connections.
+//!   each client's share of the upstream connections; `slots`: the pool's
+//!   slots, handed to the clients holding least first.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
@@ -26,6 +27,7 @@ mod error;
 mod offenders;
 mod proxy;
 mod server;
+mod slots;
 mod sweeper;
 mod upstream;
 mod worker;

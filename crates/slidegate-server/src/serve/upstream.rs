@@ -7,9 +7,10 @@
 //! connection with it (HTTP/1.1 cannot reuse it).
 //!
 //! Open upstream connections, idle or busy, are bounded over all threads by
-//! one semaphore (`[server] max_upstream_connections`): each connection holds
-//! a permit until its socket closes, and a request that needs a new
-//! connection when none is left waits briefly, then is answered 503. Each
+//! one set of [`Slots`] (`[server] max_upstream_connections`): each
+//! connection holds a slot until its socket closes, and a request that needs
+//! a new connection when none is left waits briefly (served before others if
+//! its client holds fewer), then is answered 503. Each
 //! request body is wrapped in a [`RequestBody`], whose idle timeout and
 //! minimum rate close the connection (and free its permit) of a client that
 //! stops sending or trickles.
@@ -33,10 +34,10 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use slidegate_http::{headers, IdentityExtractor};
-use tokio::sync::Semaphore;
 
 use super::body::{BodyPace, ClientFault, FaultCell, RequestBody};
 use super::client_holds::{ClientHold, ClientHolds, ClientKey};
+use super::slots::Slots;
 use super::{boxed, ServeBody};
 
 /// How long a new upstream connection may take.
@@ -128,9 +129,9 @@ pub(crate) struct UpstreamLimits {
     pub(crate) pace: BodyPace,
     /// The requests each client has forwarded, against its share.
     pub(crate) clients: Arc<ClientHolds>,
-    /// One permit per open upstream connection.
-    pub(crate) slots: Arc<Semaphore>,
-    /// The number of permits `slots` started with.
+    /// One slot per open upstream connection.
+    pub(crate) slots: Arc<Slots>,
+    /// The number of slots.
     pub(crate) max: usize,
     /// Idle connections one worker thread keeps: few enough that the idle
     /// connections of all threads hold at most half the permits, so one
@@ -143,7 +144,7 @@ pub(crate) struct UpstreamLimits {
 impl UpstreamLimits {
     /// The limits of `[server]`.
     pub(crate) fn new(server: &crate::config::ServerConfig, threads: usize) -> Self {
-        let max = server.max_upstream_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let max = server.max_upstream_connections.max(1);
         Self {
             pace: BodyPace {
                 idle: server.body_timeout.get(),
@@ -151,7 +152,7 @@ impl UpstreamLimits {
                 grace: server.body_rate_grace.get(),
             },
             clients: Arc::new(ClientHolds::new(server.upstream_connections_per_client())),
-            slots: Arc::new(Semaphore::new(max)),
+            slots: Slots::new(max),
             max,
             max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
             queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
@@ -201,7 +202,7 @@ impl Upstream {
         let hold = self.limits.clients.hold(client).map_err(UpstreamError::ClientBusy)?;
         let fault = Arc::new(FaultCell::default());
         let request = request.map(|body| RequestBody::new(body, self.limits.pace, Arc::clone(&fault)));
-        let mut sender = self.checkout().await?;
+        let mut sender = self.checkout(hold.held()).await?;
         let response = match sender.send_request(request).await {
             Ok(response) => response,
             // hyper reports the client's body failing as its own error: say whose it was.
@@ -218,8 +219,9 @@ impl Upstream {
     }
 
     /// A pooled connection, or a new one once a slot is free: each open
-    /// connection holds one of `max_upstream_connections` slots until it closes.
-    async fn checkout(&self) -> Result<SendRequest<RequestBody>, UpstreamError> {
+    /// connection holds one of `max_upstream_connections` slots until it
+    /// closes. `held`: the requests the client has forwarded, this one included.
+    async fn checkout(&self, held: usize) -> Result<SendRequest<RequestBody>, UpstreamError> {
         loop {
             let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let Some(mut sender) = pooled else { break };
@@ -228,11 +230,8 @@ impl Upstream {
                 return Ok(sender);
             }
         }
-        let slots = Arc::clone(&self.limits.slots);
-        let permit = match tokio::time::timeout(self.limits.queue_wait, slots.acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            // Timed out, or the semaphore closed (it never is).
-            _ => return Err(UpstreamError::Busy(self.limits.max)),
+        let Some(slot) = self.limits.slots.acquire(held, self.limits.queue_wait).await else {
+            return Err(UpstreamError::Busy(self.limits.max));
         };
         let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
@@ -245,7 +244,7 @@ impl Upstream {
                 tracing::debug!(%err, "upstream connection ended with an error");
             }
             // The socket is closed by now: its slot is free.
-            drop(permit);
+            drop(slot);
         });
         Ok(sender)
     }
