@@ -197,3 +197,34 @@ fn a_body_slower_than_the_minimum_rate_gets_408_after_the_grace() {
     assert_eq!(status, 200, "{reply}");
     assert!(reply.ends_with(&"x".repeat(40 * 1024)), "{}", &reply[..200.min(reply.len())]);
 }
+
+#[test]
+fn a_request_waiting_for_the_pool_is_served_by_a_connection_that_comes_back() {
+    // Before: a finished request's connection went back to an idle pool
+    // while another client's request waited for a slot, which then waited
+    // its whole second and got 503.
+    let upstream = Upstream::start();
+    let (target, accepted) = counting_upstream();
+    let text = config(&upstream, "", "")
+        .replace(&upstream.addr.to_string(), &target.to_string())
+        .replace("[server]\n", "[server]\nmax_upstream_connections = 1\n");
+    let sg = Slidegate::start(&text);
+    let mut first = connect_from(Ipv4Addr::new(127, 0, 0, 31), sg.addr);
+    first.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello").unwrap();
+    wait_for("the first body to be forwarded", Duration::from_secs(10), || {
+        accepted.load(Ordering::SeqCst) == 1
+    });
+    let addr = sg.addr;
+    let second = thread::spawn(move || {
+        let mut stream = connect_from(Ipv4Addr::new(127, 0, 0, 32), addr);
+        stream.write_all(b"GET /api/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        reply_status(&stream, Duration::from_secs(10))
+    });
+    // The second request now waits for the one slot (up to 1 s).
+    thread::sleep(Duration::from_millis(200));
+    first.write_all(b"world").unwrap();
+    assert_eq!(reply_status(&first, Duration::from_secs(10)), Some(200));
+    assert_eq!(second.join().unwrap(), Some(200));
+    // The first connection was closed for it, and a second one opened.
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}

@@ -10,6 +10,7 @@
 //! at once, and a slot granted to it in that instant is handed on.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ use tokio::sync::oneshot;
 #[derive(Debug)]
 pub(crate) struct Slots {
     state: Mutex<State>,
+    /// How many requests wait, written under the lock: read without it by
+    /// each connection coming back to an idle pool (see [`Slots::awaited`]).
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -38,14 +42,26 @@ pub(crate) struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.slots.lock().release();
+        let mut state = self.slots.lock();
+        state.release();
+        self.slots.waiting.store(state.waiting.len(), Ordering::Relaxed);
     }
 }
 
 impl Slots {
     /// `max` slots, all free.
     pub(crate) fn new(max: usize) -> Arc<Self> {
-        Arc::new(Self { state: Mutex::new(State { free: max, waiting: BTreeMap::new(), arrivals: 0 }) })
+        Arc::new(Self {
+            state: Mutex::new(State { free: max, waiting: BTreeMap::new(), arrivals: 0 }),
+            waiting: AtomicUsize::new(0),
+        })
+    }
+
+    /// Whether a request waits for a slot: a connection that would go back
+    /// to an idle pool is better closed, so that its slot serves the waiter
+    /// (a waiter waits for a slot, not for an idle connection).
+    pub(crate) fn awaited(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
     }
 
     /// A slot for a request whose client has `held` requests forwarded
@@ -62,6 +78,7 @@ impl Slots {
             state.arrivals += 1;
             let key = (held, state.arrivals);
             state.waiting.insert(key, sender);
+            self.waiting.store(state.waiting.len(), Ordering::Relaxed);
             key
         };
         let mut waiter = Waiter { slots: self, key, receiver };
@@ -71,10 +88,9 @@ impl Slots {
         // Out of time; a slot may have been granted in that very instant
         // (it is sent under the lock, so it is there once the lock is ours).
         let mut state = self.lock();
-        if state.waiting.remove(&key).is_none() && waiter.receiver.try_recv().is_ok() {
-            return Some(Slot { slots: Arc::clone(self) });
-        }
-        None
+        let granted = state.waiting.remove(&key).is_none() && waiter.receiver.try_recv().is_ok();
+        self.waiting.store(state.waiting.len(), Ordering::Relaxed);
+        granted.then(|| Slot { slots: Arc::clone(self) })
     }
 
     /// The slots free now.
@@ -114,6 +130,7 @@ impl Drop for Waiter<'_> {
         if state.waiting.remove(&self.key).is_none() && self.receiver.try_recv().is_ok() {
             state.release();
         }
+        self.slots.waiting.store(state.waiting.len(), Ordering::Relaxed);
     }
 }
 
@@ -137,6 +154,7 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(slots.awaited());
         drop(first);
         tokio::time::sleep(Duration::from_millis(10)).await;
         // The one holding least got it; then, freed again, the next least.
@@ -150,6 +168,7 @@ mod tests {
         assert_eq!(held, 3);
         // The last one's wait ends without a slot; the pool has its slot back.
         assert!(held_5.await.unwrap().1.is_none());
+        assert!(!slots.awaited());
         drop(slot);
         assert_eq!(slots.free(), 1);
     }
@@ -166,6 +185,7 @@ mod tests {
         gone.abort();
         let _ = gone.await;
         assert_eq!(slots.lock().waiting.len(), 0);
+        assert!(!slots.awaited());
         // Its slot is not lost: the next request takes it at once.
         drop(held);
         assert_eq!(slots.free(), 1);

@@ -250,7 +250,10 @@ impl Upstream {
     }
 
     fn release(&self, sender: SendRequest<RequestBody>) {
-        if sender.is_closed() {
+        // With a request waiting for a slot, closing the connection (dropping
+        // its sender) serves that request; kept idle, it would serve only a
+        // later one on this thread.
+        if sender.is_closed() || self.limits.slots.awaited() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
