@@ -15,3 +15,4 @@ mod offenders;
 mod scrapers;
 mod store_failures;
 mod surface;
+mod trickle;

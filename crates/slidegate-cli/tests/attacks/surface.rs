@@ -1,7 +1,7 @@
 //! The admin endpoints, the protocol edges and the resources one client can pin.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -141,17 +141,22 @@ fn a_shared_store_without_a_hash_secret_is_refused_at_start() {
 
 // ---------------------------------------------------------------- the protocol
 
-/// An upstream answering each request with the `Host` it received.
-fn host_echo_upstream() -> SocketAddr {
+/// An upstream answering each request with the `Host` it received, and the
+/// number of requests it received.
+fn host_echo_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
     thread::spawn(move || {
         for stream in listener.incoming().take(64) {
             let Ok(stream) = stream else { continue };
+            let counted = Arc::clone(&counted);
             thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut writer = stream;
                 while let Some((_, headers)) = read_head(&mut reader) {
+                    counted.fetch_add(1, Ordering::SeqCst);
                     let host = headers.get("host").cloned().unwrap_or_default();
                     let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{host}", host.len());
                     if writer.write_all(head.as_bytes()).is_err() {
@@ -161,13 +166,13 @@ fn host_echo_upstream() -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, hits)
 }
 
 #[test]
 fn an_absolute_form_target_names_the_host_whatever_host_says() {
     let upstream = Upstream::start();
-    let host_echo = host_echo_upstream();
+    let (host_echo, _) = host_echo_upstream();
     let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
     let sg = Slidegate::start(&text);
     let reply = raw(
@@ -179,6 +184,53 @@ fn an_absolute_form_target_names_the_host_whatever_host_says() {
     let reply =
         raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n").unwrap();
     assert_eq!((reply.status, reply.body.as_str()), (200, "plain.test"));
+}
+
+#[test]
+fn an_absolute_form_target_with_userinfo_is_refused() {
+    // Before: `GET http://u:p@evil.example/x` reached the upstream with
+    // `host: u:p@evil.example`.
+    let upstream = Upstream::start();
+    let sg = embedded(&upstream);
+    for target in ["http://u:p@evil.example/x", "http://u@evil.example/x", "http://@evil.example/x"] {
+        let head = format!("GET {target} HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+        let reply = raw(sg.addr, head.as_bytes()).unwrap();
+        assert_eq!(reply.status, 400, "{target}: {reply:?}");
+        assert_eq!(reply.header("connection"), Some("close"));
+        assert_eq!(detail(&reply), "the request target carries user information (user@host): refused");
+    }
+    assert_eq!(upstream.hits(), 0);
+    // An `@` in the path or query is no user information.
+    let head =
+        b"GET http://example.test/u@x?to=a@b HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n";
+    let reply = raw(sg.addr, head).unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, "GET /u@x?to=a@b xff=127.0.0.1"));
+}
+
+#[test]
+fn http_1_1_without_host_is_refused_and_http_1_0_is_given_the_upstreams() {
+    // Before: an HTTP/1.1 request without Host was forwarded (RFC 9112 §3.2
+    // requires 400), with the upstream's authority as its Host.
+    let upstream = Upstream::start();
+    let (host_echo, hits) = host_echo_upstream();
+    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
+    let sg = Slidegate::start(&text);
+    for head in [
+        &b"GET /api/x HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
+        b"GET http://example.test/api/x HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"POST /api/x HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ] {
+        let reply = raw(sg.addr, head).unwrap();
+        assert_eq!(reply.status, 400, "{}: {reply:?}", String::from_utf8_lossy(head));
+        assert_eq!(detail(&reply), "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    // An empty Host is what a target without an authority sends: served.
+    let reply = raw(sg.addr, b"GET /api/x HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n").unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, ""));
+    // HTTP/1.0 has no Host requirement: the upstream gets its own authority.
+    let reply = raw(sg.addr, b"GET /api/x HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!((reply.status, reply.body), (200, host_echo.to_string()));
 }
 
 #[test]
@@ -246,9 +298,9 @@ impl SinkUpstream {
 /// Sends a request head announcing 100 body bytes and one byte of it, then
 /// nothing: returns the status of the reply (`None`: closed without one),
 /// whether the connection was then closed, and how long it all took.
-fn stall_body(addr: SocketAddr) -> (Option<u16>, bool, Duration) {
+fn stall_body(from: Ipv4Addr, addr: SocketAddr) -> (Option<u16>, bool, Duration) {
     let start = Instant::now();
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let mut stream = connect_from(from, addr);
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     stream.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\na").unwrap();
     let mut reader = BufReader::new(stream);
@@ -269,7 +321,8 @@ fn a_stalled_request_body_times_out_and_releases_its_upstream_connection() {
         .replace("[server]\n", "[server]\nbody_timeout = \"300ms\"\n");
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
-    let clients: Vec<_> = (0..10).map(|_| thread::spawn(move || stall_body(addr))).collect();
+    let clients: Vec<_> =
+        (0..10).map(|_| thread::spawn(move || stall_body(Ipv4Addr::LOCALHOST, addr))).collect();
     for client in clients {
         let (status, closed, elapsed) = client.join().unwrap();
         assert_eq!(status, Some(408));
@@ -287,13 +340,15 @@ fn upstream_connections_are_bounded_and_the_excess_is_refused_promptly() {
     let upstream = Upstream::start();
     let sink = SinkUpstream::start();
     // The body timeout (3 s) outlasts the wait for a free connection (1 s):
-    // the first four hold every connection while the other four wait.
+    // the first four hold every connection while the other four wait. Eight
+    // clients, each within its share of the pool (4 / 16, so 1).
     let text = config(&upstream, "", "")
         .replace(&upstream.addr.to_string(), &sink.addr.to_string())
         .replace("[server]\n", "[server]\nbody_timeout = \"3s\"\nmax_upstream_connections = 4\n");
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
-    let clients: Vec<_> = (0..8).map(|_| thread::spawn(move || stall_body(addr))).collect();
+    let clients: Vec<_> =
+        (0..8).map(|i| thread::spawn(move || stall_body(Ipv4Addr::new(127, 0, 2, i), addr))).collect();
     let mut statuses: Vec<Option<u16>> = clients.into_iter().map(|c| c.join().unwrap().0).collect();
     statuses.sort();
     assert_eq!(statuses, [Some(408); 4].into_iter().chain([Some(503); 4]).collect::<Vec<_>>());

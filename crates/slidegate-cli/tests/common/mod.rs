@@ -336,3 +336,18 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
         thread::sleep(Duration::from_millis(25));
     }
 }
+
+// ---------------------------------------------------------------- many clients
+
+/// A connection to `addr` from the loopback address `from`: Linux routes all
+/// of 127/8 to `lo`, so each address is a client of its own to slidegate.
+pub fn connect_from(from: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        let stream = socket.connect(addr).await.unwrap().into_std().unwrap();
+        stream.set_nonblocking(false).unwrap();
+        stream
+    })
+}

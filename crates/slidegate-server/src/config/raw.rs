@@ -40,6 +40,9 @@ pub(super) struct RawServer {
     pub(super) check_token_env: Option<Spanned<String>>,
     pub(super) body_timeout: Option<Spanned<Parsed<Delay>>>,
     pub(super) max_upstream_connections: Option<Spanned<u32>>,
+    pub(super) min_body_rate: Option<Spanned<u32>>,
+    pub(super) body_rate_grace: Option<Spanned<Parsed<Delay>>>,
+    pub(super) max_upstream_connections_per_client: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -631,3 +631,46 @@ fn query_breadth_and_format_suffix_are_read_and_bad_ones_located() {
     assert_eq!((l, c), (5, 17));
     assert!(m.contains("expected a boolean"), "{m}");
 }
+
+#[test]
+fn the_body_rate_and_the_per_client_share_of_the_pool_are_read_and_checked() {
+    let c = parse("[server]\n").unwrap();
+    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (500, Delay::from_secs(10)));
+    assert_eq!(c.server.upstream_connections_per_client(), 64);
+    let c = parse("[server]\nmax_upstream_connections = 50\n").unwrap();
+    assert_eq!(c.server.upstream_connections_per_client(), 3);
+    let c = parse("[server]\nmax_upstream_connections = 4\n").unwrap();
+    assert_eq!(c.server.upstream_connections_per_client(), 1);
+    let c = parse(
+        "[server]\nmin_body_rate = 0\nbody_rate_grace = \"2s\"\nmax_upstream_connections_per_client = 1024\n",
+    )
+    .unwrap();
+    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (0, Delay::from_secs(2)));
+    assert_eq!(c.server.upstream_connections_per_client(), 1024);
+
+    let (l, col, m) = err("[server]\nbody_rate_grace = \"0s\"\n");
+    assert_eq!((l, col), (2, 19));
+    assert!(m.starts_with("body_rate_grace must be longer than 0"), "{m}");
+    for bad in ["0", "51"] {
+        let (l, col, m) = err(&format!(
+            "[server]\nmax_upstream_connections = 50\nmax_upstream_connections_per_client = {bad}\n"
+        ));
+        assert_eq!((l, col), (3, 39), "{bad}");
+        assert_eq!(
+            m,
+            "max_upstream_connections_per_client must be 1 to max_upstream_connections (50): \
+             expected a small share of the pool, such as 3"
+        );
+    }
+    // The key order does not matter: the pool is read first.
+    assert!(err("[server]\nmax_upstream_connections_per_client = 5\nmax_upstream_connections = 4\n")
+        .2
+        .starts_with("max_upstream_connections_per_client must be 1 to max_upstream_connections (4)"));
+    // Hostile values: negative, fractional, text, out of range.
+    for bad in ["-1", "1.5", "\"fast\"", "4294967296"] {
+        assert_eq!(err(&format!("[server]\nmin_body_rate = {bad}\n")).0, 2, "{bad}");
+        assert_eq!(err(&format!("[server]\nmax_upstream_connections_per_client = {bad}\n")).0, 2, "{bad}");
+    }
+    assert_eq!(err("[server]\nbody_rate_grace = \"soon\"\n").0, 2);
+    assert_eq!(err("[server]\nbody_rate_grace = 10\n").0, 2);
+}

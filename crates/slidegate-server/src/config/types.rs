@@ -59,12 +59,28 @@ pub struct ServerConfig {
     /// request needing one more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`]
     /// for one to close, then gets 503.
     pub max_upstream_connections: usize,
+    /// The average rate, in bytes per second, below which a request body is
+    /// abandoned with 408 once it has taken `body_rate_grace`; 0: no minimum.
+    pub min_body_rate: u32,
+    /// How long a request body may take before `min_body_rate` applies.
+    pub body_rate_grace: Delay,
+    /// Requests one client (its address, as the limits group it) may have
+    /// forwarded at once, waiting for or holding an upstream connection; one
+    /// more gets 429. `None`: [`ServerConfig::upstream_connections_per_client`]'s default.
+    pub max_upstream_connections_per_client: Option<usize>,
 }
 
 impl ServerConfig {
     /// How long a request waits for an upstream slot when
     /// `max_upstream_connections` are busy, before it is answered 503.
     pub const UPSTREAM_QUEUE_WAIT: Delay = Delay::from_secs(1);
+
+    /// The upstream connections one client may hold at once: as configured,
+    /// or by default a sixteenth of `max_upstream_connections` (at least 1),
+    /// so that fewer than sixteen clients cannot take the whole pool.
+    pub fn upstream_connections_per_client(&self) -> usize {
+        self.max_upstream_connections_per_client.unwrap_or(self.max_upstream_connections / 16).max(1)
+    }
 }
 
 impl Default for ServerConfig {
@@ -80,6 +96,9 @@ impl Default for ServerConfig {
             check_token: None,
             body_timeout: Delay::from_secs(30),
             max_upstream_connections: 1024,
+            min_body_rate: 500,
+            body_rate_grace: Delay::from_secs(10),
+            max_upstream_connections_per_client: None,
         }
     }
 }

@@ -14,16 +14,20 @@
 //! - `worker`: one thread's connections and the routing of each request.
 //! - `admin`: the admin endpoints (served by the workers, whichever
 //!   listener took the connection).
-//! - `proxy` and `upstream`: forwarding to the upstream.
+//! - `proxy` and `upstream`: forwarding to the upstream; `client_holds`:
+//!   each client's share of the upstream connections; `slots`: the pool's
+//!   slots, handed to the clients holding least first.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
 mod admin;
 mod body;
+mod client_holds;
 mod error;
 mod offenders;
 mod proxy;
 mod server;
+mod slots;
 mod sweeper;
 mod upstream;
 mod worker;

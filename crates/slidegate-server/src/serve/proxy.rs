@@ -129,12 +129,15 @@ pub(crate) async fn forward(
     *request.uri_mut() = target;
     *request.version_mut() = http::Version::HTTP_11;
     if !request.headers().contains_key(header::HOST) {
+        // Only HTTP/1.0 comes without Host (`worker::refuse` answers an
+        // HTTP/1.1 request without one 400); forwarded as HTTP/1.1, it needs one.
         if let Ok(host) = HeaderValue::from_str(proxy.upstream.authority().as_str()) {
             request.headers_mut().insert(header::HOST, host);
         }
     }
+    let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
     append_forwarded_for(request.headers_mut(), peer_value);
-    match proxy.upstream.send(request).await {
+    match proxy.upstream.send(request, client).await {
         Ok(response) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
@@ -153,7 +156,8 @@ pub(crate) async fn forward(
             }
             response
         }
-        // 400/408 when the client's body failed, 503 when saturated, 502 otherwise.
+        // 400/408 when the client's body failed, 429 over the client's
+        // share, 503 when saturated, 502 otherwise.
         Err(err) => err.response(uri.path()),
     }
 }

@@ -7,26 +7,37 @@
 //! connection with it (HTTP/1.1 cannot reuse it).
 //!
 //! Open upstream connections, idle or busy, are bounded over all threads by
-//! one semaphore (`[server] max_upstream_connections`): each connection holds
-//! a permit until its socket closes, and a request that needs a new
-//! connection when none is left waits briefly, then is answered 503. Each
-//! request body is wrapped in a [`RequestBody`], whose idle timeout closes
-//! the connection (and frees its permit) of a client that stops sending.
+//! one set of [`Slots`] (`[server] max_upstream_connections`): each
+//! connection holds a slot until its socket closes, and a request that needs
+//! a new connection when none is left waits briefly (served before others if
+//! its client holds fewer), then is answered 503. Each
+//! request body is wrapped in a [`RequestBody`], whose idle timeout and
+//! minimum rate close the connection (and free its permit) of a client that
+//! stops sending or trickles.
+//!
+//! So that a few clients cannot take the whole pool, each client (its
+//! address as the limits group it: after trusted proxies, IPv6 by prefix)
+//! may have at most `max_upstream_connections_per_client` requests
+//! forwarded at once, counted from before the wait for a connection until
+//! the response body ends ([`ClientHolds`]); one more is answered 429 at once.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use std::net::IpAddr;
+
 use http::uri::Authority;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use slidegate_http::headers;
-use tokio::sync::Semaphore;
+use slidegate_http::{headers, IdentityExtractor};
 
-use super::body::{ClientFault, FaultCell, RequestBody};
+use super::body::{BodyPace, ClientFault, FaultCell, RequestBody};
+use super::client_holds::{ClientHold, ClientHolds, ClientKey};
+use super::slots::Slots;
 use super::{boxed, ServeBody};
 
 /// How long a new upstream connection may take.
@@ -48,6 +59,12 @@ pub(crate) enum UpstreamError {
     /// The client's body failed: malformed, or silent too long.
     #[error("the client's request body failed: {0:?}")]
     Client(ClientFault),
+    /// The client's body arrived slower than the minimum rate (bytes/s).
+    #[error("the client's request body arrived slower than {0} bytes/s")]
+    TooSlow(u32),
+    /// The client already has this many requests forwarded, its share.
+    #[error("the client already has {0} requests forwarded")]
+    ClientBusy(usize),
 }
 
 impl UpstreamError {
@@ -58,24 +75,49 @@ impl UpstreamError {
         let (status, detail) = match self {
             UpstreamError::Client(ClientFault::Malformed) => {
                 tracing::debug!(err = %self, "client request body failed");
-                (http::StatusCode::BAD_REQUEST, "the request body is malformed")
+                (http::StatusCode::BAD_REQUEST, "the request body is malformed".into())
             }
-            UpstreamError::Client(ClientFault::Timeout) => {
+            // `send` reports a body too slow as `TooSlow`, with the rate.
+            UpstreamError::Client(ClientFault::Timeout | ClientFault::TooSlow) => {
                 tracing::debug!(err = %self, "client request body timed out");
-                (http::StatusCode::REQUEST_TIMEOUT, "the request body stopped arriving")
+                (http::StatusCode::REQUEST_TIMEOUT, "the request body stopped arriving".into())
+            }
+            UpstreamError::TooSlow(rate) => {
+                tracing::debug!(err = %self, "client request body too slow");
+                (
+                    http::StatusCode::REQUEST_TIMEOUT,
+                    format!("the request body arrived slower than min_body_rate ({rate} bytes/s)"),
+                )
+            }
+            UpstreamError::ClientBusy(held) => {
+                // Per request of a client over its share: debug, or an
+                // attacker writes the log.
+                tracing::debug!(err = %self, "client over its share of the upstream: request refused");
+                let plural = if *held == 1 { "" } else { "s" };
+                (
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "this client already has {held} request{plural} in flight to the upstream \
+                         (max_upstream_connections_per_client); retry when one has finished"
+                    ),
+                )
             }
             UpstreamError::Busy(_) => {
                 tracing::warn!(err = %self, "upstream saturated: request refused");
-                (http::StatusCode::SERVICE_UNAVAILABLE, "the upstream is saturated; retry later")
+                (http::StatusCode::SERVICE_UNAVAILABLE, "the upstream is saturated; retry later".into())
             }
             UpstreamError::Connect(_) | UpstreamError::Http(_) => {
                 tracing::warn!(err = %self, "upstream request failed");
-                (http::StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+                (http::StatusCode::BAD_GATEWAY, "the upstream could not be reached".into())
             }
         };
         let title = status.canonical_reason().unwrap_or("Error");
-        let mut response = boxed(headers::problem(status, "about:blank", title, detail, Some(path)));
-        response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        let mut response = boxed(headers::problem(status, "about:blank", title, &detail, Some(path)));
+        let headers = response.headers_mut();
+        headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        if matches!(self, UpstreamError::ClientBusy(_)) {
+            headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        }
         response
     }
 }
@@ -83,11 +125,13 @@ impl UpstreamError {
 /// What bounds one upstream's use: shared by every worker thread's pool.
 #[derive(Clone)]
 pub(crate) struct UpstreamLimits {
-    /// How long a request body may stay silent.
-    pub(crate) body_timeout: std::time::Duration,
-    /// One permit per open upstream connection.
-    pub(crate) slots: Arc<Semaphore>,
-    /// The number of permits `slots` started with.
+    /// How slowly a request body may arrive.
+    pub(crate) pace: BodyPace,
+    /// The requests each client has forwarded, against its share.
+    pub(crate) clients: Arc<ClientHolds>,
+    /// One slot per open upstream connection.
+    pub(crate) slots: Arc<Slots>,
+    /// The number of slots.
     pub(crate) max: usize,
     /// Idle connections one worker thread keeps: few enough that the idle
     /// connections of all threads hold at most half the permits, so one
@@ -100,10 +144,15 @@ pub(crate) struct UpstreamLimits {
 impl UpstreamLimits {
     /// The limits of `[server]`.
     pub(crate) fn new(server: &crate::config::ServerConfig, threads: usize) -> Self {
-        let max = server.max_upstream_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let max = server.max_upstream_connections.max(1);
         Self {
-            body_timeout: server.body_timeout.get(),
-            slots: Arc::new(Semaphore::new(max)),
+            pace: BodyPace {
+                idle: server.body_timeout.get(),
+                bytes_per_second: server.min_body_rate,
+                grace: server.body_rate_grace.get(),
+            },
+            clients: Arc::new(ClientHolds::new(server.upstream_connections_per_client())),
+            slots: Slots::new(max),
             max,
             max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
             queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
@@ -132,27 +181,47 @@ impl Upstream {
         &self.authority
     }
 
-    /// Sends `request` (origin-form URI) on a pooled or new connection.
+    /// Who `send` counts a request against: the client address of a request
+    /// from `peer` with `headers`, grouped and hashed as the limits do.
+    pub(crate) fn client(
+        &self,
+        identity: &IdentityExtractor,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> ClientKey {
+        self.limits.clients.key(identity, peer, headers)
+    }
+
+    /// Sends `request` (origin-form URI) for `client` on a pooled or new
+    /// connection, unless the client already has its share forwarded.
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<Incoming>,
+        client: ClientKey,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        let hold = self.limits.clients.hold(client).map_err(UpstreamError::ClientBusy)?;
         let fault = Arc::new(FaultCell::default());
-        let request =
-            request.map(|body| RequestBody::new(body, self.limits.body_timeout, Arc::clone(&fault)));
-        let mut sender = self.checkout().await?;
+        let request = request.map(|body| RequestBody::new(body, self.limits.pace, Arc::clone(&fault)));
+        let mut sender = self.checkout(hold.held()).await?;
         let response = match sender.send_request(request).await {
             Ok(response) => response,
             // hyper reports the client's body failing as its own error: say whose it was.
-            Err(err) => return Err(fault.get().map_or(UpstreamError::Http(err), UpstreamError::Client)),
+            Err(err) => {
+                return Err(match fault.get() {
+                    None => UpstreamError::Http(err),
+                    Some(ClientFault::TooSlow) => UpstreamError::TooSlow(self.limits.pace.bytes_per_second),
+                    Some(fault) => UpstreamError::Client(fault),
+                })
+            }
         };
         let pool = Arc::clone(self);
-        Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool }))
+        Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool, hold: Some(hold) }))
     }
 
     /// A pooled connection, or a new one once a slot is free: each open
-    /// connection holds one of `max_upstream_connections` slots until it closes.
-    async fn checkout(&self) -> Result<SendRequest<RequestBody>, UpstreamError> {
+    /// connection holds one of `max_upstream_connections` slots until it
+    /// closes. `held`: the requests the client has forwarded, this one included.
+    async fn checkout(&self, held: usize) -> Result<SendRequest<RequestBody>, UpstreamError> {
         loop {
             let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let Some(mut sender) = pooled else { break };
@@ -161,11 +230,8 @@ impl Upstream {
                 return Ok(sender);
             }
         }
-        let slots = Arc::clone(&self.limits.slots);
-        let permit = match tokio::time::timeout(self.limits.queue_wait, slots.acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            // Timed out, or the semaphore closed (it never is).
-            _ => return Err(UpstreamError::Busy(self.limits.max)),
+        let Some(slot) = self.limits.slots.acquire(held, self.limits.queue_wait).await else {
+            return Err(UpstreamError::Busy(self.limits.max));
         };
         let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
@@ -178,13 +244,16 @@ impl Upstream {
                 tracing::debug!(%err, "upstream connection ended with an error");
             }
             // The socket is closed by now: its slot is free.
-            drop(permit);
+            drop(slot);
         });
         Ok(sender)
     }
 
     fn release(&self, sender: SendRequest<RequestBody>) {
-        if sender.is_closed() {
+        // With a request waiting for a slot, closing the connection (dropping
+        // its sender) serves that request; kept idle, it would serve only a
+        // later one on this thread.
+        if sender.is_closed() || self.limits.slots.awaited() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -195,14 +264,19 @@ impl Upstream {
 }
 
 /// A response body from the upstream that returns its connection to the pool at its end.
+///
+/// The client's hold on its share ends with the body too: at its end, or
+/// when it is dropped.
 pub(crate) struct PooledBody {
     body: Incoming,
     sender: Option<SendRequest<RequestBody>>,
     pool: Arc<Upstream>,
+    hold: Option<ClientHold>,
 }
 
 impl PooledBody {
     fn finish(&mut self) {
+        self.hold = None;
         if let Some(sender) = self.sender.take() {
             self.pool.release(sender);
         }
@@ -222,7 +296,10 @@ impl Body for PooledBody {
         match &frame {
             Poll::Ready(None) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.finish(),
-            Poll::Ready(Some(Err(_))) => drop(this.sender.take()),
+            Poll::Ready(Some(Err(_))) => {
+                this.hold = None;
+                drop(this.sender.take());
+            }
             _ => {}
         }
         frame

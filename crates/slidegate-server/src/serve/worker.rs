@@ -122,7 +122,27 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
         // server behind believes is anybody's guess.
         return Some(problem(StatusCode::BAD_REQUEST, "more than one Host header", &path));
     }
+    if request.version() == http::Version::HTTP_11 && !request.headers().contains_key(header::HOST) {
+        // RFC 9112 §3.2: a server must answer 400 to an HTTP/1.1 request
+        // without Host, absolute-form included (its client must send both).
+        // HTTP/1.0 has no such rule: the proxy gives it the upstream's.
+        return Some(problem(
+            StatusCode::BAD_REQUEST,
+            "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
+            &path,
+        ));
+    }
     if let Some(authority) = request.uri().authority() {
+        if authority.as_str().contains('@') {
+            // `http://user:pass@host/`: RFC 9110 §4.2.4 deprecates user
+            // information in http URIs; forwarded as Host, the upstream
+            // would read a host named `user:pass@host`.
+            return Some(problem(
+                StatusCode::BAD_REQUEST,
+                "the request target carries user information (user@host): refused",
+                &path,
+            ));
+        }
         // RFC 9112 §3.2.2: with an absolute-form target the target's
         // authority is the host; a `Host` saying otherwise is ignored and
         // replaced, so the upstream sees the host the request was decided for.

@@ -54,6 +54,34 @@ impl Validator<'_> {
             }
             server.max_upstream_connections = usize::try_from(*m.get_ref()).unwrap_or(usize::MAX);
         }
+        if let Some(rate) = raw.min_body_rate {
+            server.min_body_rate = *rate.get_ref();
+        }
+        if let Some(t) = raw.body_rate_grace {
+            if t.get_ref().0.get().is_zero() {
+                return Err(self.err(
+                    t.span(),
+                    "body_rate_grace must be longer than 0: expected a duration such as \"10s\" \
+                     (no body has arrived at its first instant)",
+                ));
+            }
+            server.body_rate_grace = t.into_inner().0;
+        }
+        if let Some(c) = raw.max_upstream_connections_per_client {
+            let max = server.max_upstream_connections;
+            let per_client = usize::try_from(*c.get_ref()).unwrap_or(usize::MAX);
+            if per_client == 0 || per_client > max {
+                return Err(self.err(
+                    c.span(),
+                    format!(
+                        "max_upstream_connections_per_client must be 1 to max_upstream_connections ({max}): \
+                         expected a small share of the pool, such as {}",
+                        (max / 16).max(1)
+                    ),
+                ));
+            }
+            server.max_upstream_connections_per_client = Some(per_client);
+        }
         if let Some(grace) = raw.shutdown_grace {
             server.shutdown_grace = grace.0;
         }

@@ -1,0 +1,191 @@
+//! [`ClientHolds`]: the requests each client has forwarded to the upstream
+//! right now, each client held to a share of the upstream pool.
+//!
+//! A client is its address as the limits group it (the client IP after
+//! trusted proxies, an IPv6 address by its `ipv6_prefix` network), kept
+//! only as a keyed hash made as the limits make theirs ([`IdentityHasher`]),
+//! under a secret of this process's own: no address is stored, and the
+//! hasher is read, never written, by the threads sharing it. The
+//! API key plays no part: keys are not verified, and a client sending a new
+//! one with each request would otherwise have a share per request.
+//!
+//! Memory is bounded without a sweeper: an entry exists only while its
+//! count is above zero, and each count is a request being forwarded, so
+//! there are never more entries than open client connections.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::HeaderMap;
+use slidegate::{Digest, IdentityHasher, Source};
+use slidegate_http::IdentityExtractor;
+
+/// Independent locks, so that worker threads forwarding for different
+/// clients rarely wait on one another.
+const SHARDS: usize = 16;
+
+/// One client, as [`ClientHolds`] counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ClientKey(Digest);
+
+/// The requests each client has forwarded, shared by every worker thread.
+#[derive(Debug)]
+pub(crate) struct ClientHolds {
+    /// Requests one client may have forwarded at once.
+    share: usize,
+    shards: [Mutex<HashMap<ClientKey, usize>>; SHARDS],
+    /// Hashes the addresses under a secret drawn when the process starts.
+    hasher: IdentityHasher,
+}
+
+impl ClientHolds {
+    /// Holds each client to `share` requests at once (at least 1).
+    pub(crate) fn new(share: usize) -> Self {
+        Self {
+            share: share.max(1),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            hasher: IdentityHasher::new(&process_secret()),
+        }
+    }
+
+    /// The client of a request from `peer` with `headers`, grouped by the
+    /// limits' `identity` (trusted proxies, IPv6 prefix).
+    pub(crate) fn key(&self, identity: &IdentityExtractor, peer: IpAddr, headers: &HeaderMap) -> ClientKey {
+        let ip = identity.client_ip(peer, headers);
+        ClientKey(self.hasher.digest(Source::Ip, &identity.ip_bytes(ip)))
+    }
+
+    /// One more request for `client`, held until the [`ClientHold`] is
+    /// dropped; or, when the client already has its share, that share.
+    pub(crate) fn hold(self: &Arc<Self>, client: ClientKey) -> Result<ClientHold, usize> {
+        let mut shard = self.shard(client);
+        let held = shard.entry(client).or_insert(0);
+        if *held >= self.share {
+            return Err(*held);
+        }
+        *held += 1;
+        let held = *held;
+        drop(shard);
+        Ok(ClientHold { holds: Arc::clone(self), client, held })
+    }
+
+    /// How many requests `client` has forwarded now.
+    #[cfg(test)]
+    fn held(&self, client: ClientKey) -> usize {
+        self.shard(client).get(&client).copied().unwrap_or(0)
+    }
+
+    /// The clients with a request forwarded now.
+    #[cfg(test)]
+    fn clients(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).sum()
+    }
+
+    fn shard(&self, client: ClientKey) -> std::sync::MutexGuard<'_, HashMap<ClientKey, usize>> {
+        // The digest is a keyed hash: its bytes are uniform, and a client
+        // cannot choose its shard.
+        self.shards[usize::from(client.0 .0[0]) % SHARDS].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// 128 bits from the operating system's randomness, through the keys std
+/// draws for its hash maps: the counts live in this process only, so no
+/// other process needs the secret.
+fn process_secret() -> [u8; 16] {
+    use std::hash::{BuildHasher, RandomState};
+    let state = RandomState::new();
+    let mut secret = [0u8; 16];
+    secret[..8].copy_from_slice(&state.hash_one(0u8).to_le_bytes());
+    secret[8..].copy_from_slice(&state.hash_one(1u8).to_le_bytes());
+    secret
+}
+
+/// A request of one client being forwarded; dropping it ends the hold.
+#[derive(Debug)]
+pub(crate) struct ClientHold {
+    holds: Arc<ClientHolds>,
+    client: ClientKey,
+    /// The client's requests forwarded when this one was taken, itself included.
+    held: usize,
+}
+
+impl ClientHold {
+    /// The client's requests forwarded when this hold was taken, itself included.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+}
+
+impl Drop for ClientHold {
+    fn drop(&mut self) {
+        let mut shard = self.holds.shard(self.client);
+        if let Some(held) = shard.get_mut(&self.client) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                shard.remove(&self.client);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv6Addr};
+
+    use http::HeaderMap;
+    use slidegate_http::IdentityExtractor;
+
+    use super::*;
+
+    fn key(holds: &ClientHolds, extractor: &IdentityExtractor, ip: &str) -> ClientKey {
+        holds.key(extractor, ip.parse::<IpAddr>().unwrap(), &HeaderMap::new())
+    }
+
+    #[test]
+    fn a_client_holds_at_most_its_share_and_the_entry_goes_at_zero() {
+        let holds = Arc::new(ClientHolds::new(2));
+        let extractor = IdentityExtractor::new(b"secret");
+        let a = key(&holds, &extractor, "192.0.2.1");
+        let b = key(&holds, &extractor, "192.0.2.2");
+        let first = holds.hold(a).unwrap();
+        let second = holds.hold(a).unwrap();
+        assert_eq!((first.held(), second.held()), (1, 2));
+        assert_eq!(holds.hold(a).unwrap_err(), 2);
+        // Another client is not affected.
+        let other = holds.hold(b).unwrap();
+        assert_eq!((holds.held(a), holds.held(b), holds.clients()), (2, 1, 2));
+        drop(first);
+        let third = holds.hold(a).unwrap();
+        drop((second, third, other));
+        assert_eq!((holds.held(a), holds.clients()), (0, 0));
+    }
+
+    #[test]
+    fn clients_are_grouped_as_the_limits_group_them() {
+        let holds = ClientHolds::new(1);
+        let extractor = IdentityExtractor::new(b"secret")
+            .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+            .ipv6_prefix(64);
+        // One /64 is one client.
+        assert_eq!(key(&holds, &extractor, "2001:db8::1"), key(&holds, &extractor, "2001:db8::ffff:2"));
+        assert_ne!(key(&holds, &extractor, "2001:db8::1"), key(&holds, &extractor, "2001:db8:0:1::1"));
+        // An IPv4-mapped address is the IPv4 client.
+        let mapped = IpAddr::V6(Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0xc000, 0x0201]));
+        assert_eq!(holds.key(&extractor, mapped, &HeaderMap::new()), key(&holds, &extractor, "192.0.2.1"));
+        // Behind a trusted proxy, the forwarded address is the client.
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", "198.51.100.9".parse().unwrap());
+        let proxied = holds.key(&extractor, "10.1.2.3".parse().unwrap(), &headers);
+        assert_eq!(proxied, key(&holds, &extractor, "198.51.100.9"));
+        // From an untrusted peer the header is ignored.
+        let direct = holds.key(&extractor, "192.0.2.7".parse().unwrap(), &headers);
+        assert_eq!(direct, key(&holds, &extractor, "192.0.2.7"));
+        // The key is a keyed hash under the process's secret: another
+        // process, another key; the limits' secret plays no part.
+        let other = IdentityExtractor::new(b"other secret").ipv6_prefix(64);
+        assert_eq!(key(&holds, &extractor, "192.0.2.1"), key(&holds, &other, "192.0.2.1"));
+        let elsewhere = ClientHolds::new(1);
+        assert_ne!(key(&holds, &extractor, "192.0.2.1"), key(&elsewhere, &extractor, "192.0.2.1"));
+    }
+}
