@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use slidegate_http::headers;
+use slidegate_http::headers::{self, RateHeaders};
+use slidegate_http::{PendingCharge, RateLimiter, Verdict};
 
-use super::upstream::{Upstream, UpstreamLimits};
+use super::upstream::{PooledBody, Upstream, UpstreamError, UpstreamLimits};
 use super::{boxed, ServeBody, State};
 
 /// The one upstream, as one worker thread reaches it.
@@ -110,7 +111,7 @@ pub(crate) async fn forward(
              which of several keys the upstream uses is its choice, not slidegate's",
         );
     }
-    let verdict = limiter
+    let mut verdict = limiter
         .check_request(request.method(), request.uri().path(), request.headers(), Some(peer.ip()))
         .await;
     if let Some(v) = &verdict {
@@ -134,27 +135,70 @@ pub(crate) async fn forward(
         }
     }
     append_forwarded_for(request.headers_mut(), peer_value);
-    match proxy.upstream.send(request).await {
-        Ok(response) => {
+    let exchange = match verdict.as_mut().and_then(Verdict::take_pending) {
+        None => proxy.upstream.send(request).await.map(|response| (response, None)),
+        Some(pending) => exchange_charged(&proxy.upstream, limiter, request, pending).await,
+    };
+    match exchange {
+        Ok((response, charged)) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
             *response.version_mut() = http::Version::HTTP_11;
             strip_hop_by_hop(response.headers_mut());
-            // A rule counting responses charges now, before the client sees
-            // the answer, so its next request sees the charge.
-            let charged = match verdict.as_ref().and_then(|v| v.pending()) {
-                Some(pending) => {
-                    limiter.charge_response(pending, response.status(), response.headers()).await
-                }
-                None => None,
-            };
-            if let Some(v) = charged.as_ref().filter(|c| c.allowed()).or(verdict.as_ref()) {
-                headers::apply(response.headers_mut(), v, limiter.legacy_headers());
+            if let Some(name) = verdict.as_ref().and_then(Verdict::cost_header) {
+                // The upstream's word to slidegate, not the client's business.
+                response.headers_mut().remove(name);
+            }
+            match (charged, &verdict) {
+                (Some(charged), _) => charged.insert_into(response.headers_mut()),
+                (None, Some(v)) => headers::apply(response.headers_mut(), v, limiter.legacy_headers()),
+                (None, None) => {}
             }
             response
         }
         // 400/408 when the client's body failed, 503 when saturated, 502 otherwise.
         Err(err) => err.response(uri.path()),
+    }
+}
+
+/// Sends a request whose rule charges after the response, and charges what
+/// the response says, in a task of its own: hyper drops the handler's future
+/// when the client hangs up, and with it anything still to do, while the
+/// upstream, which already has the request, does the work all the same.
+/// The task is not cancelled with the client's connection, so the charge is
+/// made whether or not anyone waits for the answer; the request's place among
+/// its identity's requests in flight (`max_in_flight`, held by `pending`) is
+/// given back when the charge is made.
+///
+/// Why not reserve the rule's cost before forwarding and settle after: no
+/// store can give permits back (a charge is final in every algorithm), so a
+/// reservation would charge every request the most it could cost, and refuse
+/// requests that would fit once priced. Charging from a task charges exactly
+/// what the upstream said, for the price of one task per such request.
+///
+/// Returns the response with the rate limit headers of the charge (`None`
+/// when nothing was charged, or the charge was denied: the peek's headers
+/// then stand).
+async fn exchange_charged(
+    upstream: &Arc<Upstream>,
+    limiter: &RateLimiter<crate::store::AnyStore>,
+    request: Request<Incoming>,
+    pending: PendingCharge,
+) -> Result<(Response<PooledBody>, Option<RateHeaders>), UpstreamError> {
+    let upstream = Arc::clone(upstream);
+    let limiter = limiter.clone();
+    let task = tokio::spawn(async move {
+        let response = upstream.send(request).await?;
+        let charged = limiter.charge_response(&pending, response.status(), response.headers()).await;
+        let headers = charged.filter(Verdict::allowed).map(|v| RateHeaders::of(&v, limiter.legacy_headers()));
+        Ok((response, headers))
+    });
+    match task.await {
+        Ok(exchange) => exchange,
+        // A panic in the task is the handler's, as it would be without one.
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Cancelled: the runtime is shutting down.
+        Err(_) => Err(UpstreamError::Connect(std::io::Error::other("the worker is shutting down"))),
     }
 }
 
