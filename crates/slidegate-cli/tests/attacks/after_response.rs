@@ -170,9 +170,11 @@ fn hung_up_requests_pay_what_the_upstream_did(store: &str) {
     hang_up(gate.addr, "/api/search/slow/1", "k", HANG_UP);
     wait_for("the upstream to answer", Duration::from_secs(5), || upstream.hits() == 1);
     wait_for_search_left(&gate, "k", 5);
-    // 40 more at once: at most `max_in_flight` (8 by default) reach the
-    // upstream, and what they cost exhausts the limit.
-    hang_up_all(gate.addr, "/api/search/slow/", "k", 40);
+    // 40 more at once, held at the upstream until every client has hung up
+    // (so no place in flight frees early): at most `max_in_flight` (8 by
+    // default) reach the upstream, and what they cost exhausts the limit.
+    hang_up_all(gate.addr, "/api/search/held/", "k", 40);
+    upstream.release();
     wait_for_search_left(&gate, "k", 0);
     let reached = upstream.hits() - 1;
     assert_eq!(reached, 8, "8 of 40 reached the upstream");
