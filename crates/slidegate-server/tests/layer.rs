@@ -463,3 +463,49 @@ async fn the_inner_services_cost_header_is_not_passed_to_the_client() {
     let (status, headers) = call(&app, "/api/priced/free", CLIENT).await;
     assert_eq!((status, headers.get("x-ratelimit-cost")), (StatusCode::OK, None));
 }
+
+/// In shadow mode a request over `max_in_flight` is let through, counted as
+/// a shadow denial, and still charged when its answer comes; an enforced
+/// rule's refusal is counted as a denial, not as the peek that allowed it.
+#[tokio::test]
+async fn max_in_flight_refusals_are_counted_and_shadow_rules_let_them_through() {
+    let rules = |shadow: bool| {
+        format!(
+            "[[rules]]\nname = \"s\"\npath = \"/s\"\nshadow = {shadow}\n\
+             limits = [{{ limit = 10, window = \"60s\", algorithm = \"sliding_log\" }}]\n\
+             cost_header = \"x-cost\"\nmax_cost = 5\nmax_in_flight = 1\n"
+        )
+    };
+    let peer = Some("192.0.2.1".parse().unwrap());
+    let mut priced = HeaderMap::new();
+    priced.insert("x-cost", "3".parse().unwrap());
+    for shadow in [false, true] {
+        let config = Config::parse(&rules(shadow), "s.toml").unwrap();
+        let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
+        let mut first = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert!(first.allowed() && first.over_in_flight().is_none());
+        let first = first.take_pending().unwrap();
+        let mut second = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert_eq!((second.allowed(), second.blocks(), second.over_in_flight()), (false, !shadow, Some(1)));
+        let counters = limiter.metrics().rule(0);
+        let (allowed, denied, shadow_denied) = (
+            counters.allowed.load(Ordering::Relaxed),
+            counters.denied.load(Ordering::Relaxed),
+            counters.shadow_denied.load(Ordering::Relaxed),
+        );
+        assert_eq!((allowed, denied, shadow_denied), (1, u64::from(!shadow), u64::from(shadow)));
+        // Enforced: nothing to charge. Shadow: charged like any other.
+        let second = second.take_pending();
+        assert_eq!(second.is_some(), shadow);
+        let charged = limiter.charge_response(&first, StatusCode::OK, &priced).await.unwrap();
+        assert_eq!(charged.policies[0].decision.remaining, 7);
+        if let Some(second) = second {
+            let charged = limiter.charge_response(&second, StatusCode::OK, &priced).await.unwrap();
+            assert_eq!(charged.policies[0].decision.remaining, 4);
+        }
+        // Both places are free again.
+        drop(first);
+        let mut third = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert!(third.allowed() && third.take_pending().is_some(), "shadow {shadow}");
+    }
+}
