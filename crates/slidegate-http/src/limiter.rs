@@ -497,10 +497,10 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// The charge must be made whether or not the client is still there: a
     /// client that hangs up before the answer has had the upstream do the
     /// work all the same. A server that drops a request's future when its
-    /// client goes (hyper does) runs the exchange with the upstream and this
-    /// call in a task of its own (`slidegate serve` does); the tower layer
-    /// charges [`RateLimiter::charge_abandoned`] instead when it is dropped
-    /// before the inner service answers.
+    /// client goes (hyper does) must finish the exchange with the upstream
+    /// and this call elsewhere (`slidegate serve` moves them to a task of
+    /// their own); the tower layer, whose inner service's answer goes with
+    /// the dropped future, charges [`RateLimiter::charge_abandoned`] instead.
     pub async fn charge_response(
         &self,
         pending: &PendingCharge,
