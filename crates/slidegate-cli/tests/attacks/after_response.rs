@@ -197,6 +197,17 @@ fn hung_up_requests_pay_what_the_upstream_did_on_redis() {
     hung_up_requests_pay_what_the_upstream_did(&redis_store(&redis));
 }
 
+/// `n` requests of API key `k`, each from its own thread, held at the
+/// upstream (until [`SlowUpstream::release`]) once this returns.
+fn hold(gate: &Slidegate, upstream: &SlowUpstream, n: usize) -> Vec<thread::JoinHandle<Reply>> {
+    let addr = gate.addr;
+    let held = (0..n)
+        .map(|i| thread::spawn(move || get(addr, &format!("/api/search/held/{i}"), &[("x-api-key", "k")])))
+        .collect();
+    wait_for(&format!("{n} requests held at the upstream"), Duration::from_secs(5), || upstream.hits() == n);
+    held
+}
+
 /// K + 1 requests of one identity at once on a rule charged after the
 /// response: exactly K reach the upstream, the other gets 429 with the
 /// usual headers; once they are answered, the identity may send again.
@@ -204,11 +215,7 @@ fn hung_up_requests_pay_what_the_upstream_did_on_redis() {
 fn at_most_max_in_flight_requests_of_one_identity_reach_the_upstream() {
     let upstream = SlowUpstream::start();
     let gate = gate(&upstream, "", "max_in_flight = 3", 100);
-    let addr = gate.addr;
-    let held: Vec<_> = (0..3)
-        .map(|i| thread::spawn(move || get(addr, &format!("/api/search/held/{i}"), &[("x-api-key", "k")])))
-        .collect();
-    wait_for("3 requests held at the upstream", Duration::from_secs(5), || upstream.hits() == 3);
+    let held = hold(&gate, &upstream, 3);
     let refused = gate.get("/api/search/held/4", &[("x-api-key", "k")]);
     assert_eq!(refused.status, 429, "{refused:?}");
     assert_eq!(upstream.hits(), 3, "the fourth never reached the upstream");
@@ -237,11 +244,7 @@ fn at_most_max_in_flight_requests_of_one_identity_reach_the_upstream() {
 fn the_default_in_flight_bound_of_a_rule_charged_after_the_response_is_8() {
     let upstream = SlowUpstream::start();
     let gate = gate(&upstream, "", "", 100);
-    let addr = gate.addr;
-    let held: Vec<_> = (0..8)
-        .map(|i| thread::spawn(move || get(addr, &format!("/api/search/held/{i}"), &[("x-api-key", "k")])))
-        .collect();
-    wait_for("8 requests held at the upstream", Duration::from_secs(5), || upstream.hits() == 8);
+    let held = hold(&gate, &upstream, 8);
     let ninth = gate.get("/api/search/held/9", &[("x-api-key", "k")]);
     assert_eq!((ninth.status, upstream.hits()), (429, 8));
     upstream.release();
