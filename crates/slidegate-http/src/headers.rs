@@ -259,13 +259,19 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
         apply(response.headers_mut(), verdict, legacy);
         return response;
     }
-    let detail = format!(
-        "policy {:?} allows {} requests per {}; retry in {} s",
-        decisive.name,
-        decisive.quota.permits(),
-        window_text(decisive.quota.window()),
-        wait
-    );
+    let detail = match verdict.over_in_flight {
+        Some(max) => format!(
+            "at most {max} requests of one client may be in flight under rule {:?}; retry in {wait} s",
+            verdict.rule
+        ),
+        None => format!(
+            "policy {:?} allows {} requests per {}; retry in {} s",
+            decisive.name,
+            decisive.quota.permits(),
+            window_text(decisive.quota.window()),
+            wait
+        ),
+    };
     let mut response = problem_with(Problem {
         kind: QUOTA_EXCEEDED_TYPE,
         title: "Request cannot be satisfied as assigned quota has been exceeded",
@@ -326,6 +332,8 @@ mod tests {
             pending: None,
             blocked: false,
             policy_value: None,
+            cost_header: None,
+            over_in_flight: None,
         }
     }
 
@@ -445,6 +453,8 @@ mod tests {
             pending: None,
             blocked: false,
             policy_value: None,
+            cost_header: None,
+            over_in_flight: None,
         };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -22,6 +22,17 @@
 //!   own terms: `grpc-status` 14, `UNAVAILABLE`, the code gRPC's
 //!   HTTP-to-status mapping gives a 429 or a 503, with the rate limit headers
 //!   as metadata. The test of the example checks it with a tonic client.
+//!
+//! A rule charged after the response (`cost_header`, `count_status`) is
+//! charged when the inner service answers, and its cost header is removed
+//! from the response. When the server drops the response future first (hyper
+//! does when the client hangs up), the inner service's future is dropped
+//! with it and its answer never comes: the request is then charged the most
+//! its answer could have cost ([`RateLimiter::charge_abandoned`]), in a task
+//! spawned on the current tokio runtime, so hanging up never costs less than
+//! waiting. A charge under way when the future is dropped is finished the
+//! same way. Without a tokio runtime at that moment the charge is lost
+//! (logged): serve the layer from tokio, as axum, hyper-util and tonic do.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,6 +50,7 @@ use tower_service::Service;
 
 use crate::headers::{self, RateHeaders};
 use crate::limiter::RateLimiter;
+use crate::verdict::{PendingCharge, Verdict};
 
 /// The socket peer of a request, as a request extension: the address
 /// [`RateLimit`] counts anonymous clients by (after the trusted-proxy
@@ -180,10 +192,11 @@ where
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let check = async move {
             let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
-            let verdict = limiter.check_request(request.method(), target, request.headers(), peer).await;
+            let mut verdict = limiter.check_request(request.method(), target, request.headers(), peer).await;
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
-            let pending = verdict.as_ref().and_then(|v| v.pending()).cloned();
+            let pending = verdict.as_mut().and_then(Verdict::take_pending);
+            let cost_header = verdict.as_ref().and_then(Verdict::cost_header).cloned();
             let added = match verdict {
                 Some(verdict) if verdict.blocks() => {
                     let response =
@@ -198,19 +211,8 @@ where
             };
             // A rule counting responses charges when the inner service has
             // answered: the charge runs on its own clone of the limiter.
-            let charge: Option<ChargeFn> = pending.map(|pending| {
-                let limiter = limiter.clone();
-                let charge: ChargeFn = Box::new(move |status, headers| {
-                    Box::pin(async move {
-                        match limiter.charge_response(&pending, status, &headers).await {
-                            Some(v) if v.allowed() => RateHeaders::of(&v, limiter.legacy_headers()),
-                            _ => RateHeaders::default(),
-                        }
-                    })
-                });
-                charge
-            });
-            Checked::Allowed { future: inner.call(request), headers: added, charge }
+            let charge = pending.map(|pending| AfterResponse::new(limiter.clone(), pending));
+            Checked::Allowed { future: inner.call(request), headers: added, cost_header, charge }
         };
         ResponseFuture { state: State::Checking { check: Box::pin(check) } }
     }
@@ -249,16 +251,97 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// What the check decided: answer here, or the inner service's call and the
-/// headers to add to its response.
+/// headers to add to its response (and the cost header to take out of it).
 enum Checked<F> {
     Blocked(Response<Full<Bytes>>),
-    Allowed { future: F, headers: RateHeaders, charge: Option<ChargeFn> },
+    Allowed {
+        future: F,
+        headers: RateHeaders,
+        cost_header: Option<HeaderName>,
+        charge: Option<AfterResponse>,
+    },
 }
 
-/// The charge after the response: given its status and headers, the rate
-/// limit headers of the charge's decision (empty when nothing was charged).
-type ChargeFn = Box<dyn FnOnce(StatusCode, HeaderMap) -> ChargeFuture + Send>;
+/// The charge after the response: given its status and headers (`None`: the
+/// answer will never come), the rate limit headers of the charge's decision
+/// (empty when nothing was charged).
+type ChargeFn = Box<dyn FnOnce(Option<(StatusCode, HeaderMap)>) -> ChargeFuture + Send>;
 type ChargeFuture = Pin<Box<dyn Future<Output = RateHeaders> + Send>>;
+
+/// A charge owed after the response, made even if the response future is
+/// dropped before the inner service answers: then as abandoned, in a task.
+struct AfterResponse {
+    charge: Option<ChargeFn>,
+}
+
+impl AfterResponse {
+    fn new<S: Store + 'static>(limiter: RateLimiter<S>, pending: PendingCharge) -> Self {
+        let charge: ChargeFn = Box::new(move |answer| {
+            Box::pin(async move {
+                let charged = match &answer {
+                    Some((status, headers)) => limiter.charge_response(&pending, *status, headers).await,
+                    None => limiter.charge_abandoned(&pending).await,
+                };
+                match charged {
+                    Some(v) if v.allowed() => RateHeaders::of(&v, limiter.legacy_headers()),
+                    _ => RateHeaders::default(),
+                }
+            })
+        });
+        Self { charge: Some(charge) }
+    }
+
+    /// The charge for the inner service's answer.
+    fn settle(mut self, status: StatusCode, headers: HeaderMap) -> Charging {
+        Charging { future: self.charge.take().map(|charge| charge(Some((status, headers)))) }
+    }
+
+    /// No charge: the inner service failed, which is no answer the client
+    /// walked away from.
+    fn cancel(mut self) {
+        self.charge = None;
+    }
+}
+
+impl Drop for AfterResponse {
+    fn drop(&mut self) {
+        if let Some(charge) = self.charge.take() {
+            finish_detached(charge(None));
+        }
+    }
+}
+
+/// A charge under way, finished in a task if dropped before it is done.
+struct Charging {
+    future: Option<ChargeFuture>,
+}
+
+impl Charging {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RateHeaders> {
+        let Some(future) = self.future.as_mut() else { return Poll::Ready(RateHeaders::default()) };
+        let headers = ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(headers)
+    }
+}
+
+impl Drop for Charging {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            finish_detached(future);
+        }
+    }
+}
+
+/// Runs a charge to its end in a task of the current tokio runtime.
+fn finish_detached(charge: ChargeFuture) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(charge)),
+        Err(_) => tracing::warn!(
+            "a request charged after its response was dropped outside a tokio runtime: its charge is lost"
+        ),
+    }
+}
 
 /// The check, boxed: the store's `decide` is an `async fn` of the [`Store`]
 /// trait, whose future has no name a field could hold.
@@ -277,8 +360,8 @@ pin_project! {
     #[project = StateProj]
     enum State<F: Future> {
         Checking { check: CheckFuture<F> },
-        Forwarding { #[pin] future: F, headers: RateHeaders, charge: Option<ChargeFn> },
-        Charging { charge: ChargeFuture, response: Option<F::Output>, headers: RateHeaders },
+        Forwarding { #[pin] future: F, headers: RateHeaders, cost_header: Option<HeaderName>, charge: Option<AfterResponse> },
+        Charging { charge: Charging, response: Option<F::Output>, headers: RateHeaders },
     }
 }
 
@@ -294,14 +377,26 @@ where
             match state.as_mut().project() {
                 StateProj::Checking { check } => match ready!(check.as_mut().poll(cx)) {
                     Checked::Blocked(response) => return Poll::Ready(Ok(response.map(Either::Right))),
-                    Checked::Allowed { future, headers, charge } => {
-                        state.set(State::Forwarding { future, headers, charge })
+                    Checked::Allowed { future, headers, cost_header, charge } => {
+                        state.set(State::Forwarding { future, headers, cost_header, charge })
                     }
                 },
-                StateProj::Forwarding { future, headers, charge } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(charge) = charge.take() {
-                        let charge = charge(response.status(), response.headers().clone());
+                StateProj::Forwarding { future, headers, cost_header, charge } => {
+                    let mut response = match ready!(future.poll(cx)) {
+                        Ok(response) => response,
+                        Err(err) => {
+                            if let Some(charge) = charge.take() {
+                                charge.cancel();
+                            }
+                            return Poll::Ready(Err(err));
+                        }
+                    };
+                    let charge =
+                        charge.take().map(|c| c.settle(response.status(), response.headers().clone()));
+                    if let Some(name) = cost_header.take() {
+                        response.headers_mut().remove(name);
+                    }
+                    if let Some(charge) = charge {
                         let headers = std::mem::take(headers);
                         state.set(State::Charging { charge, response: Some(Ok(response)), headers });
                         continue;
@@ -311,7 +406,7 @@ where
                     return Poll::Ready(Ok(response.map(Either::Left)));
                 }
                 StateProj::Charging { charge, response, headers } => {
-                    let charged = ready!(charge.as_mut().poll(cx));
+                    let charged = ready!(charge.poll(cx));
                     let Some(Ok(mut response)) = response.take() else {
                         panic!("ResponseFuture polled after completion");
                     };

@@ -53,6 +53,7 @@ mod fallback;
 mod guard;
 pub mod headers;
 mod identity;
+mod in_flight;
 mod layer;
 mod limiter;
 mod metrics;

@@ -32,6 +32,7 @@ use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
 use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
+use crate::in_flight::InFlight;
 use crate::metrics::{Metrics, RuleCounters};
 use crate::offenders::{Event, Offenders};
 use crate::rules::RuleMatcher;
@@ -95,6 +96,8 @@ struct Rule {
     /// The breadth limit's policy name: `<rule>-breadth`.
     breadth_name: String,
     response_cost: crate::ResponseCost,
+    /// With `response_cost`: requests of one identity in flight at once.
+    max_in_flight: u32,
     penalty: Option<Penalty>,
 }
 
@@ -118,6 +121,7 @@ impl Rule {
             breadth: r.breadth.clone(),
             breadth_name: format!("{}-breadth", r.name),
             response_cost: r.response_cost.clone(),
+            max_in_flight: r.max_in_flight,
             penalty: r.penalty,
         }
     }
@@ -163,6 +167,8 @@ struct Inner<S> {
     legacy_headers: bool,
     /// The identities refused most lately, in bounded memory.
     offenders: Offenders,
+    /// Requests in flight per identity under rules charged after the response.
+    in_flight: Arc<InFlight>,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -367,6 +373,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 metrics,
                 legacy_headers,
                 offenders: Offenders::new(),
+                in_flight: Arc::default(),
             }),
         })
     }
@@ -425,10 +432,20 @@ impl<S: Store + 'static> RateLimiter<S> {
             None => None,
         };
         let mut verdict = if rule.response_cost.is_deferred() {
-            let mut verdict = self.decide(index, &identity, set, 0, Mode::Peek).await;
-            if verdict.source == DecisionSource::Store || verdict.source == DecisionSource::Fallback {
-                verdict.pending = Some(PendingCharge { index, identity, anonymous });
+            let mut verdict = self.ask(index, &identity, set, 0, Mode::Peek).await;
+            if matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback) && !verdict.blocks()
+            {
+                let slot = self.inner.in_flight.enter(&identity, rule.max_in_flight);
+                if slot.is_none() {
+                    deny_in_flight(&mut verdict, rule.max_in_flight);
+                }
+                // In shadow mode a request over the bound goes on, and is charged.
+                if slot.is_some() || !verdict.blocks() {
+                    verdict.pending =
+                        Some(PendingCharge { index, identity: identity.clone(), anonymous, _slot: slot });
+                }
             }
+            self.count(index, &identity, &verdict, Mode::Peek);
             verdict
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
@@ -503,6 +520,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             pending: None,
             blocked: false,
             policy_value: None,
+            cost_header: None,
+            over_in_flight: None,
         })
     }
 
@@ -513,6 +532,14 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// fits, a second one charges what is left, so an expensive answer
     /// exhausts the limit rather than going free. Returns the decision of the
     /// charge (for the response's headers), `None` when nothing was charged.
+    ///
+    /// The charge must be made whether or not the client is still there: a
+    /// client that hangs up before the answer has had the upstream do the
+    /// work all the same. A server that drops a request's future when its
+    /// client goes (hyper does) must finish the exchange with the upstream
+    /// and this call elsewhere (`slidegate serve` moves them to a task of
+    /// their own); the tower layer, whose inner service's answer goes with
+    /// the dropped future, charges [`RateLimiter::charge_abandoned`] instead.
     pub async fn charge_response(
         &self,
         pending: &PendingCharge,
@@ -520,10 +547,28 @@ impl<S: Store + 'static> RateLimiter<S> {
         headers: &HeaderMap,
     ) -> Option<Verdict<'_>> {
         let rule = self.inner.rules.get(pending.index)?;
+        self.charge(pending, rule.response_cost.cost(status, headers, rule.max_cost)).await
+    }
+
+    /// Charges a request whose response will never be seen (its client hung
+    /// up and the service answering it was dropped): the most its response
+    /// could have cost — `max_cost` for a rule with a `cost_header`, 1 for
+    /// one counting statuses — so hanging up never costs less than waiting
+    /// for the answer. Returns what [`RateLimiter::charge_response`] does.
+    pub async fn charge_abandoned(&self, pending: &PendingCharge) -> Option<Verdict<'_>> {
+        let rule = self.inner.rules.get(pending.index)?;
+        let cost = if rule.response_cost.cost_header.is_some() { rule.max_cost } else { 1 };
+        self.charge(pending, cost).await
+    }
+
+    /// Charges `cost` for a pending charge: clamped to the smallest limit,
+    /// and what is left when the whole no longer fits.
+    async fn charge(&self, pending: &PendingCharge, cost: u64) -> Option<Verdict<'_>> {
+        let rule = self.inner.rules.get(pending.index)?;
         let set = rule.sets.pick(pending.anonymous);
         // Never more than the smallest limit holds: the store would refuse it.
         let most = set.charges.iter().map(|c| c.limit.quota.permits() / c.cost.max(1)).min().unwrap_or(0);
-        let cost = rule.response_cost.cost(status, headers, rule.max_cost).min(most);
+        let cost = cost.min(most);
         if cost == 0 {
             return None;
         }
@@ -586,8 +631,22 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(self.decide(index, &identity, set, cost, Mode::Charge).await)
     }
 
-    /// One request to the layered store, as a verdict.
+    /// One request to the layered store, as a verdict, counted.
     async fn decide<'s>(
+        &'s self,
+        index: usize,
+        identity: &Identity,
+        set: &'s PolicySet,
+        cost: u64,
+        mode: Mode,
+    ) -> Verdict<'s> {
+        let verdict = self.ask(index, identity, set, cost, mode).await;
+        self.count(index, identity, &verdict, mode);
+        verdict
+    }
+
+    /// One request to the layered store, as a verdict not yet counted.
+    async fn ask<'s>(
         &'s self,
         index: usize,
         identity: &Identity,
@@ -655,7 +714,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 decision,
             })
             .collect();
-        let verdict = Verdict {
+        Verdict {
             rule: &rule.name,
             policies,
             source,
@@ -663,9 +722,9 @@ impl<S: Store + 'static> RateLimiter<S> {
             pending: None,
             blocked,
             policy_value: set.policy_value.as_ref(),
-        };
-        self.count(index, identity, &verdict, mode);
-        verdict
+            cost_header: rule.response_cost.cost_header.as_ref(),
+            over_in_flight: None,
+        }
     }
 
     /// Counts a verdict in the rule's metrics and the top offenders.
@@ -702,6 +761,17 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.record_offence(index, identity, Event::Denied);
         }
     }
+}
+
+/// Turns an allowing peek into the refusal of a request over the rule's
+/// `max_in_flight`: every policy denied, with what the store said is left,
+/// and a wait of a second (the time a slot frees is the upstream's).
+fn deny_in_flight(verdict: &mut Verdict<'_>, max_in_flight: u32) {
+    for policy in &mut verdict.policies {
+        policy.decision.allowed = false;
+        policy.decision.retry_after = Some(Duration::from_secs(1));
+    }
+    verdict.over_in_flight = Some(max_in_flight);
 }
 
 /// Denials for a request the store rejected as impossible.

@@ -6,10 +6,12 @@
 //! Denials still happen before the upstream is called: before forwarding,
 //! the limiter peeks (cost 0, which writes nothing) and denies when a limit
 //! has no permit left; after the response it charges, with one store call,
-//! what [`ResponseCost::cost`] says. Between the peek and the charge other
-//! requests of the identity may pass the peek too: concurrent requests can
-//! overshoot a limit by at most their number, the price of deciding on
-//! something only the answer knows.
+//! what [`ResponseCost::cost`] says, whether or not the client is still
+//! there. Between the peek and the charge other requests of the identity
+//! may pass the peek too, the price of deciding on something only the answer
+//! knows: so at most the rule's `max_in_flight` of them may be in flight at
+//! once (`in_flight.rs`), and they overshoot a limit by at most
+//! `max_in_flight × max_cost`.
 
 use http::{HeaderMap, HeaderName, StatusCode};
 

@@ -31,8 +31,9 @@ pub enum DecisionSource {
 /// The outcome of checking one request against the rule it matched.
 ///
 /// It borrows the names from the [`RateLimiter`](crate::RateLimiter): no reference count is
-/// touched per request.
-#[derive(Debug, Clone)]
+/// touched per request. Not `Clone`: its pending charge holds the request's
+/// place among those in flight.
+#[derive(Debug)]
 pub struct Verdict<'a> {
     /// The rule's name.
     pub rule: &'a str,
@@ -51,14 +52,29 @@ pub struct Verdict<'a> {
     /// `RateLimit-Policy` listing exactly `policies`, rendered once per rule
     /// by the limiter; `None` when the list differs (a breadth policy added).
     pub(crate) policy_value: Option<&'a http::HeaderValue>,
+    /// The rule's `cost_header`: the upstream's word to the limiter, removed
+    /// from the response before the client sees it.
+    pub(crate) cost_header: Option<&'a http::HeaderName>,
+    /// Set when the request was refused because its identity already had
+    /// this many requests in flight under the rule (`max_in_flight`): every
+    /// policy then reads as denied for a second, with what the store said is
+    /// left.
+    pub(crate) over_in_flight: Option<u32>,
 }
 
 /// A charge decided after the response: who, under which rule's limits.
-#[derive(Debug, Clone)]
+///
+/// It holds the request's place among its identity's requests in flight
+/// (`max_in_flight`) until it is dropped: keep it until the charge is made,
+/// and make the charge even when the client has gone (see
+/// [`RateLimiter::charge_response`](crate::RateLimiter::charge_response)).
+#[derive(Debug)]
 pub struct PendingCharge {
     pub(crate) index: usize,
     pub(crate) identity: Identity,
     pub(crate) anonymous: bool,
+    /// `None` only in shadow mode, for a request over the bound that is let through.
+    pub(crate) _slot: Option<crate::in_flight::InFlightSlot>,
 }
 
 impl<'a> Verdict<'a> {
@@ -66,6 +82,25 @@ impl<'a> Verdict<'a> {
     /// responses (`count_status`) or price them (`cost_header`).
     pub fn pending(&self) -> Option<&PendingCharge> {
         self.pending.as_ref()
+    }
+
+    /// The charge owed after the upstream answers, taken out of the verdict
+    /// (to be made by a task that outlives the request; see
+    /// [`RateLimiter::charge_response`](crate::RateLimiter::charge_response)).
+    pub fn take_pending(&mut self) -> Option<PendingCharge> {
+        self.pending.take()
+    }
+
+    /// The response header the upstream prices a request in, for a rule
+    /// with `cost_header`: remove it from the response the client gets.
+    pub fn cost_header(&self) -> Option<&'a http::HeaderName> {
+        self.cost_header
+    }
+
+    /// The rule's `max_in_flight`, when the request was refused because its
+    /// identity already had that many requests in flight under the rule.
+    pub fn over_in_flight(&self) -> Option<u32> {
+        self.over_in_flight
     }
 
     /// Whether every limit allowed (true for fail-open, false for fail-closed).

@@ -316,3 +316,196 @@ fn a_breadth_rule_on_a_store_without_sketches_is_refused() {
     // The embedded store keeps them.
     assert!(RateLimiter::from_config(&config.limiter, MemoryStore::new()).is_ok());
 }
+
+// ------------------------------------------------ charged after the response
+
+const PRICED: &str = r#"
+[[rules]]
+name = "priced"
+path = "/api/priced/*"
+limits = [{ limit = 10, window = "60s", algorithm = "sliding_log" }]
+cost_header = "x-ratelimit-cost"
+max_cost = 4
+max_in_flight = 2
+
+[[rules]]
+name = "probes"
+path = "/api/probe/*"
+limits = [{ limit = 10, window = "60s", algorithm = "sliding_log" }]
+count_status = [404]
+"#;
+
+/// `/api/priced/slow` and `/api/probe/slow` never answer (their client can
+/// only hang up), counting the calls that reached them in `reached`;
+/// `/api/priced/free` costs 0, `/api/priced/fast` says 5 (clamped to 4);
+/// `/api/probe/found` is a 200 (free), every other probe a 404.
+fn priced_app(reached: &Arc<AtomicUsize>) -> Router {
+    let config = Config::parse(PRICED, "priced.toml").unwrap();
+    let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
+    let slow = |reached: Arc<AtomicUsize>| {
+        get(move || async move {
+            reached.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<&'static str>().await
+        })
+    };
+    Router::new()
+        .route("/api/priced/slow", slow(Arc::clone(reached)))
+        .route("/api/probe/slow", slow(Arc::clone(reached)))
+        .route("/api/probe/found", get(|| async { "found" }))
+        .route("/api/priced/free", get(|| async { ([("x-ratelimit-cost", "0")], "cached") }))
+        .route("/api/priced/fast", get(|| async { ([("x-ratelimit-cost", "5")], "results") }))
+        .layer(RateLimitLayer::new(limiter))
+        .layer(middleware::map_request(peer_addr))
+}
+
+const CLIENT: &str = "203.0.113.9:5000";
+
+/// A request whose client hangs up after 20 ms, before any answer.
+async fn hang_up(app: &Router, path: &str) {
+    let mut request = Request::builder().uri(path).body(Body::empty()).unwrap();
+    request.extensions_mut().insert(ConnectInfo(CLIENT.parse::<SocketAddr>().unwrap()));
+    let answer = tokio::time::timeout(Duration::from_millis(20), app.clone().oneshot(request)).await;
+    assert!(answer.is_err(), "the slow route answered");
+}
+
+/// The `r=` of a response's `RateLimit`.
+fn left(headers: &HeaderMap) -> Option<u64> {
+    let value = headers.get("ratelimit")?.to_str().ok()?;
+    value.split(';').find_map(|p| p.strip_prefix("r=")).and_then(|r| r.parse().ok())
+}
+
+/// Waits (a bounded number of short sleeps) until `path`, which costs
+/// nothing, shows `expected` left: a hung-up request is charged in a task.
+async fn wait_for_left(app: &Router, path: &str, expected: u64) {
+    let mut seen = None;
+    for _ in 0..500 {
+        seen = left(&call(app, path, CLIENT).await.1);
+        if seen == Some(expected) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("{path}: {seen:?} left, expected {expected}");
+}
+
+/// Before: nothing was charged (10 left): the charge waited for an answer
+/// that the dropped future would never give.
+#[tokio::test]
+async fn a_hung_up_request_is_charged_the_most_its_answer_could_cost() {
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = priced_app(&reached);
+    wait_for_left(&app, "/api/priced/free", 10).await;
+    hang_up(&app, "/api/priced/slow").await;
+    assert_eq!(reached.load(Ordering::SeqCst), 1);
+    // max_cost, not what a finished answer might have said.
+    wait_for_left(&app, "/api/priced/free", 6).await;
+    // A rule counting statuses: the answer might have been a 404, so 1.
+    let (status, headers) = call(&app, "/api/probe/none", CLIENT).await;
+    assert_eq!((status, left(&headers)), (StatusCode::NOT_FOUND, Some(9)), "no route: a 404, counted");
+    hang_up(&app, "/api/probe/slow").await;
+    wait_for_left(&app, "/api/probe/found", 8).await;
+    assert_eq!(reached.load(Ordering::SeqCst), 2);
+}
+
+/// `max_in_flight = 2`: a third request of the identity while two are in
+/// flight gets 429 and never reaches the inner service; when one ends,
+/// the identity may send again. Before: `max_in_flight` was an unknown key.
+#[tokio::test]
+async fn at_most_max_in_flight_requests_of_one_identity_reach_the_inner_service() {
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = priced_app(&reached);
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { call(&app, "/api/priced/slow", CLIENT).await })
+        })
+        .collect();
+    for _ in 0..500 {
+        if reached.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 2);
+    let mut request = Request::builder().uri("/api/priced/slow").body(Body::empty()).unwrap();
+    request.extensions_mut().insert(ConnectInfo(CLIENT.parse::<SocketAddr>().unwrap()));
+    let refused = tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(request))
+        .await
+        .expect("an answer: the third request must not reach the inner service")
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["ratelimit"], "\"priced\";r=10;t=0");
+    let body = axum::body::to_bytes(refused.into_body(), 4096).await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("at most 2 requests of one client may be in flight under rule \\\"priced\\\""),
+        "{body}"
+    );
+    assert_eq!(reached.load(Ordering::SeqCst), 2, "the third never reached the inner service");
+    // Another client is not held back.
+    assert_eq!(call(&app, "/api/priced/fast", "203.0.113.10:5000").await.0, StatusCode::OK);
+    // One hangs up: it is charged 4, and its place is free again.
+    held[0].abort();
+    wait_for_left(&app, "/api/priced/free", 6).await;
+    held[1].abort();
+    wait_for_left(&app, "/api/priced/free", 2).await;
+}
+
+/// Before: the client received `x-ratelimit-cost: 5`.
+#[tokio::test]
+async fn the_inner_services_cost_header_is_not_passed_to_the_client() {
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = priced_app(&reached);
+    let (status, headers) = call(&app, "/api/priced/fast", CLIENT).await;
+    assert_eq!((status, left(&headers)), (StatusCode::OK, Some(6)), "charged 5, clamped to max_cost 4");
+    assert_eq!(headers.get("x-ratelimit-cost"), None);
+    let (status, headers) = call(&app, "/api/priced/free", CLIENT).await;
+    assert_eq!((status, headers.get("x-ratelimit-cost")), (StatusCode::OK, None));
+}
+
+/// In shadow mode a request over `max_in_flight` is let through, counted as
+/// a shadow denial, and still charged when its answer comes; an enforced
+/// rule's refusal is counted as a denial, not as the peek that allowed it.
+#[tokio::test]
+async fn max_in_flight_refusals_are_counted_and_shadow_rules_let_them_through() {
+    let rules = |shadow: bool| {
+        format!(
+            "[[rules]]\nname = \"s\"\npath = \"/s\"\nshadow = {shadow}\n\
+             limits = [{{ limit = 10, window = \"60s\", algorithm = \"sliding_log\" }}]\n\
+             cost_header = \"x-cost\"\nmax_cost = 5\nmax_in_flight = 1\n"
+        )
+    };
+    let peer = Some("192.0.2.1".parse().unwrap());
+    let mut priced = HeaderMap::new();
+    priced.insert("x-cost", "3".parse().unwrap());
+    for shadow in [false, true] {
+        let config = Config::parse(&rules(shadow), "s.toml").unwrap();
+        let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
+        let mut first = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert!(first.allowed() && first.over_in_flight().is_none());
+        let first = first.take_pending().unwrap();
+        let mut second = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert_eq!((second.allowed(), second.blocks(), second.over_in_flight()), (false, !shadow, Some(1)));
+        let counters = limiter.metrics().rule(0);
+        let (allowed, denied, shadow_denied) = (
+            counters.allowed.load(Ordering::Relaxed),
+            counters.denied.load(Ordering::Relaxed),
+            counters.shadow_denied.load(Ordering::Relaxed),
+        );
+        assert_eq!((allowed, denied, shadow_denied), (1, u64::from(!shadow), u64::from(shadow)));
+        // Enforced: nothing to charge. Shadow: charged like any other.
+        let second = second.take_pending();
+        assert_eq!(second.is_some(), shadow);
+        let charged = limiter.charge_response(&first, StatusCode::OK, &priced).await.unwrap();
+        assert_eq!(charged.policies[0].decision.remaining, 7);
+        if let Some(second) = second {
+            let charged = limiter.charge_response(&second, StatusCode::OK, &priced).await.unwrap();
+            assert_eq!(charged.policies[0].decision.remaining, 4);
+        }
+        // Both places are free again.
+        drop(first);
+        let mut third = limiter.check_request(&Method::GET, "/s", &HeaderMap::new(), peer).await.unwrap();
+        assert!(third.allowed() && third.take_pending().is_some(), "shadow {shadow}");
+    }
+}

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod after_response;
 mod breaker;
 mod crawl;
 mod identity;

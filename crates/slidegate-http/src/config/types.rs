@@ -136,6 +136,10 @@ pub struct RuleConfig {
     pub breadth: Option<crate::BreadthConfig>,
     /// Charge after the response: by status, or by a header's cost.
     pub response_cost: crate::ResponseCost,
+    /// How many requests of one identity may be in flight at once when the
+    /// rule charges after the response (`response_cost`); one more is
+    /// refused with 429. Rules charged before forwarding ignore it.
+    pub max_in_flight: u32,
     /// The penalty box: identities denied too often are blocked for a while.
     pub penalty: Option<slidegate::Penalty>,
 }
@@ -167,9 +171,16 @@ impl RuleConfig {
             max_cost: Self::DEFAULT_MAX_COST,
             breadth: None,
             response_cost: crate::ResponseCost::default(),
+            max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             penalty: None,
         }
     }
+
+    /// `max_in_flight` unless the rule says otherwise: above the 6
+    /// connections a browser opens to one host, so a page's requests never
+    /// meet it, while one identity's requests charged after the response can
+    /// overshoot a limit by at most 8 × `max_cost` (per instance).
+    pub const DEFAULT_MAX_IN_FLIGHT: u32 = 8;
 
     /// `max_cost` unless the rule says otherwise: a `/v1/check` call charges
     /// what one proxied request charges, no more.

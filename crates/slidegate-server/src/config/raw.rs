@@ -116,6 +116,7 @@ pub(super) struct RawRule {
     pub(super) breadth: Option<Spanned<RawBreadth>>,
     pub(super) count_status: Option<Spanned<Vec<Spanned<u16>>>>,
     pub(super) cost_header: Option<Spanned<String>>,
+    pub(super) max_in_flight: Option<Spanned<u32>>,
     pub(super) penalty: Option<Spanned<RawPenalty>>,
 }
 

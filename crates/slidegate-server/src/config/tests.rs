@@ -674,3 +674,34 @@ fn the_body_rate_and_the_per_client_share_of_the_pool_are_read_and_checked() {
     assert_eq!(err("[server]\nbody_rate_grace = \"soon\"\n").0, 2);
     assert_eq!(err("[server]\nbody_rate_grace = 10\n").0, 2);
 }
+
+#[test]
+fn max_in_flight_is_read_where_a_rule_charges_after_the_response_and_bad_values_are_located() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"s\"\npath = \"/s\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n\
+             cost_header = \"x-cost\"\n{extra}"
+        )
+    };
+    assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].max_in_flight, 8, "the default");
+    assert_eq!(parse(&rule("max_in_flight = 3\n")).unwrap().limiter.rules[0].max_in_flight, 3);
+    assert_eq!(
+        parse(&rule("max_in_flight = 4294967295\n")).unwrap().limiter.rules[0].max_in_flight,
+        u32::MAX
+    );
+    let (l, c, m) = err(&rule("max_in_flight = 0\n"));
+    assert_eq!((l, c, m.as_str()), (6, 17, "max_in_flight must be at least 1, got 0"));
+    // Values a u32 cannot hold, and other types: serde's errors, located.
+    for bad in ["-1", "4294967296", "\"8\"", "1.5", "[8]", "true"] {
+        let e = parse(&rule(&format!("max_in_flight = {bad}\n"))).unwrap_err();
+        assert_eq!(e.location().map(|(line, _)| line), Some(6), "{bad}: {e}");
+    }
+    // On a rule charged before forwarding it would mean nothing.
+    let plain = "[[rules]]\nname = \"p\"\npath = \"/p\"\nlimits = [{ limit = 10, window = \"1s\" }]\nmax_in_flight = 3\n";
+    let (l, c, m) = err(plain);
+    assert_eq!((l, c), (5, 17));
+    assert!(m.starts_with("max_in_flight bounds requests charged after the response"), "{m}");
+    let counted = "[[rules]]\nname = \"p\"\npath = \"/p\"\nlimits = [{ limit = 10, window = \"1s\" }]\n\
+                   count_status = [404]\nmax_in_flight = 2\n";
+    assert_eq!(parse(counted).unwrap().limiter.rules[0].max_in_flight, 2);
+}

@@ -57,6 +57,9 @@ impl Validator<'_> {
                 ));
             }
         }
+        if let Some(m) = raw.max_in_flight {
+            rule.max_in_flight = self.max_in_flight(m, &rule.response_cost)?;
+        }
         if let Some(p) = raw.penalty {
             rule.penalty = Some(self.penalty(p)?);
         }
@@ -132,6 +135,22 @@ impl Validator<'_> {
             })?);
         }
         Ok(cost)
+    }
+
+    /// `max_in_flight`: only where the rule charges after the response (the
+    /// others charge before forwarding, and are never ahead of their count).
+    fn max_in_flight(&self, max: Spanned<u32>, cost: &ResponseCost) -> Result<u32, ConfigError> {
+        if !cost.is_deferred() {
+            return Err(self.err(
+                max.span(),
+                "max_in_flight bounds requests charged after the response: it needs `cost_header` or \
+                 `count_status` on the rule",
+            ));
+        }
+        if *max.get_ref() == 0 {
+            return Err(self.err(max.span(), "max_in_flight must be at least 1, got 0"));
+        }
+        Ok(*max.get_ref())
     }
 
     fn breadth(&self, raw: RawBreadth, pattern: &str) -> Result<BreadthConfig, ConfigError> {
