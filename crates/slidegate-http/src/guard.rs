@@ -116,6 +116,14 @@ impl<S: Store + 'static> Guarded<S> {
                 Ok(value)
             }
             Some(Err(err)) if !err.is_unavailable() => Err(err),
+            // The store's own deadline (or the one carried into it) may end
+            // a call before this timer does: a miss all the same.
+            Some(Err(err)) if err.is_timeout() => {
+                counters.timeouts.fetch_add(1, Relaxed);
+                tracing::warn!(%err, "rate limit store timed out");
+                self.failed();
+                Err(err)
+            }
             Some(Err(err)) => {
                 counters.errors.fetch_add(1, Relaxed);
                 tracing::warn!(%err, "rate limit store failed");

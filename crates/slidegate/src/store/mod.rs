@@ -85,6 +85,18 @@ impl StoreError {
         }
     }
 
+    /// Whether the call missed a deadline: the store's own, the caller's
+    /// carried into the store (refused there, unrun), or a Redis client's
+    /// response timeout. Every such miss is a timeout, whoever noticed it.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::TimedOut(_) => true,
+            #[cfg(feature = "redis")]
+            StoreError::Redis(e) => e.is_timeout(),
+            _ => false,
+        }
+    }
+
     /// Whether the failed call may still have been decided, and charged, by
     /// the store: `false` only when it provably never reached it (an invalid
     /// request, or no connection). A timeout or a connection lost mid-call
