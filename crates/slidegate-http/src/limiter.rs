@@ -570,7 +570,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.scaled(cost);
             &scaled
         };
-        let request = Request { identity, charges, penalty: rule.penalty.as_ref() };
+        let request = Request { identity, charges, penalty: rule.penalty.as_ref(), deadline: None };
         // Only a rule whose failure policy is the fallback limiter asks
         // through it; the others see the store's failure and apply their own.
         let answer = match rule.on_error {
