@@ -119,8 +119,9 @@ limits = [{{ limit = 50, window = "1h" }}]
     let stop = std::sync::atomic::AtomicBool::new(false);
     let admitted = std::thread::scope(|s| {
         let stall = s.spawn(|| {
-            // Stopped, then in bursts: 40 ms running, 100 ms stopped.
-            std::thread::sleep(Duration::from_millis(100));
+            // Stopped for the first three waves, then in bursts: 40 ms
+            // running, 100 ms stopped.
+            std::thread::sleep(Duration::from_millis(180));
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 redis.resume();
                 std::thread::sleep(Duration::from_millis(40));
@@ -157,4 +158,37 @@ limits = [{{ limit = 50, window = "1h" }}]
     assert!(ok <= 50 + 2 * 25, "admitted {ok}: above the limit plus the fallback's bound");
     assert_eq!(fail_open, 0.0, "nothing fails open by default");
     assert!(fallback > 0.0, "the stall reached the fallback limiters");
+}
+
+/// Requests whose store calls timed out while Redis was stopped are not
+/// charged when it resumes: each call carries the limiter's deadline into
+/// the script, which refuses it once past. Before, SIGSTOP, two timed-out
+/// requests and SIGCONT charged the identity 2 (the rest of its quota), and
+/// its next request was refused.
+#[test]
+fn requests_that_failed_during_a_stop_are_not_charged_when_redis_resumes() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    // search: 2 a minute; one used.
+    let first = sg.get("/api/search", &[]);
+    assert_eq!(first.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    let port = redis.port();
+    let ran = || {
+        let stats = slidegate_test_redis::CommandStats::of_port(port);
+        stats.calls("evalsha") + stats.calls("eval")
+    };
+    let before = ran();
+
+    redis.pause();
+    for _ in 0..2 {
+        assert_eq!(sg.get("/api/search", &[]).status, 200, "on_error = \"allow\"");
+    }
+    redis.resume();
+    wait_for("Redis to run the stalled calls", Duration::from_secs(10), || ran() >= before + 2);
+    assert_eq!(sg.metric("slidegate_store_timeouts_total"), 2.0);
+
+    let after = sg.get("/api/search", &[]);
+    assert_eq!(after.status, 200, "the stalled calls charged the identity: {after:?}");
+    assert_eq!(after.header("ratelimit"), Some("\"search-60s\";r=0;t=60, \"search-1h\";r=98;t=3600"));
 }
