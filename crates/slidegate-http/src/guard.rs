@@ -7,6 +7,10 @@
 //! background probe writes to the store as decisions do until it answers,
 //! then closes it, so the guard also recovers when no traffic arrives.
 //!
+//! Each decision carries the deadline into the store ([`Request::deadline`]):
+//! a store that honours it (Redis) refuses a call it reaches too late, so a
+//! call counted here as failed charges nothing.
+//!
 //! A store that answers without waiting (the embedded one) is polled once
 //! before any timer is armed: the deadline costs only the calls that wait.
 
@@ -116,6 +120,14 @@ impl<S: Store + 'static> Guarded<S> {
                 Ok(value)
             }
             Some(Err(err)) if !err.is_unavailable() => Err(err),
+            // The store's own deadline (or the one carried into it) may end
+            // a call before this timer does: a miss all the same.
+            Some(Err(err)) if err.is_timeout() => {
+                counters.timeouts.fetch_add(1, Relaxed);
+                tracing::warn!(%err, "rate limit store timed out");
+                self.failed();
+                Err(err)
+            }
             Some(Err(err)) => {
                 counters.errors.fetch_add(1, Relaxed);
                 tracing::warn!(%err, "rate limit store failed");
@@ -147,6 +159,10 @@ impl<S: Store + 'static> Guarded<S> {
 
 impl<S: Store + 'static> Store for Guarded<S> {
     async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        // The store learns when this guard gives up, so that a call it
+        // reaches later is refused unrun rather than charged after the
+        // caller counted it failed.
+        let request = request.with_deadline(Instant::now() + self.shared.timeout);
         self.guarded(self.shared.store.decide(request)).await
     }
 

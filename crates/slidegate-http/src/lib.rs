@@ -6,8 +6,8 @@
 //!   TOML file.)
 //! - [`RateLimiter`]: rules, identities ([`IdentityExtractor`]: API key or
 //!   client IP, kept only as keyed hashes), a store behind a deadline, a
-//!   circuit breaker ([`BreakerPolicy`]) and an optional fallback limiter
-//!   ([`StoreGuard`]), and [`Metrics`].
+//!   circuit breaker ([`BreakerPolicy`]) and a fallback limiter deciding
+//!   while the store fails ([`OnError`], [`StoreGuard`]), and [`Metrics`].
 //! - [`RateLimitLayer`]: the tower middleware for axum, hyper and tonic.
 //! - [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11),
 //!   `X-RateLimit-*`, 429 with `Retry-After` and an RFC 9457 problem body.

@@ -133,7 +133,9 @@ impl Rule {
                 counters.fail_open.fetch_add(1, Relaxed);
                 DecisionSource::FailOpen
             }
-            OnError::Deny => {
+            // The fallback limiter answers every failure of the store; a
+            // failure reaching here is the fallback's own: closed.
+            OnError::Deny | OnError::Fallback => {
                 counters.fail_closed.fetch_add(1, Relaxed);
                 DecisionSource::FailClosed
             }
@@ -311,7 +313,8 @@ impl<S> RateLimiter<S> {
         self.inner.offenders.record(rule, identity, event);
     }
 
-    /// The embedded fallback store, when `[store] fallback` is on: a caller
+    /// The embedded fallback store, unless every rule's `on_error` is
+    /// `allow` or `deny`: a caller
     /// sweeps it as it sweeps an embedded store, to give memory back.
     pub fn fallback_store(&self) -> Option<&MemoryStore> {
         self.inner.store.fallback_store()
@@ -363,7 +366,9 @@ impl<S: Store + 'static> RateLimiter<S> {
         let ticks = Ticks::start();
         let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
         let cached = DenyCached::new(guarded, guard.deny_cache, Arc::clone(&metrics), ticks);
-        let store = Fallback::new(cached, guard.fallback, guard.instances, ticks);
+        // The default failure policy: off only when every rule opted out.
+        let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);
+        let store = Fallback::new(cached, !opted_out, guard.instances, ticks);
         Ok(Self {
             inner: Arc::new(Inner {
                 rules,
@@ -663,8 +668,14 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.scaled(cost);
             &scaled
         };
-        let request = Request { identity, charges, penalty: rule.penalty.as_ref() };
-        let (mut decisions, source, blocked) = match self.inner.store.decide(request).await {
+        let request = Request { identity, charges, penalty: rule.penalty.as_ref(), deadline: None };
+        // Only a rule whose failure policy is the fallback limiter asks
+        // through it; the others see the store's failure and apply their own.
+        let answer = match rule.on_error {
+            OnError::Fallback => self.inner.store.decide(request).await,
+            OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
+        };
+        let (mut decisions, source, blocked) = match answer {
             Ok(outcome) => {
                 let source = match outcome.origin {
                     Origin::Fallback => {

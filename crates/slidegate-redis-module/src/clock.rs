@@ -28,6 +28,19 @@ impl Clock {
         Ok(Self { now: client_now.unwrap_or(server_now), server_now, client_time: client_now.is_some() })
     }
 
+    /// Refuses a call the server reached after the caller's `deadline`
+    /// (ms on the server's clock): the caller counted it as failed, so it
+    /// must write nothing. The error carries the server's time, which the
+    /// caller learns its clock offset from (as the scripts' prelude).
+    pub fn check_deadline(&self, deadline: Option<u64>) -> Result<(), RedisError> {
+        match deadline {
+            Some(deadline) if self.server_now > deadline => {
+                Err(RedisError::String(format!("EXPIRED {}", self.server_now)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The absolute expiry, on the server's clock, of a state idle at
     /// `idle_at` on the decision's clock: as the script's PXAT (server time),
     /// or its PX from now (client time, with slack).

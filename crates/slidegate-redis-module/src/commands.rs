@@ -33,9 +33,10 @@ fn decide_one(
     name: *mut raw::RedisModuleString,
     args: &[u8],
 ) -> Result<Reply, RedisError> {
-    let (client_now, limits) = split_args(args, 1)?;
-    let a = parse_limit(limits)?;
-    let clock = Clock::read(client_now)?;
+    let split = split_args(args, 1)?;
+    let a = parse_limit(split.limits)?;
+    let clock = Clock::read(split.client_now)?;
+    clock.check_deadline(split.deadline)?;
     let mut key = OpenKey::open(ctx, name);
     let (decision, write) = decide(key.value()?, clock.now, &a)?;
     if let Some(write) = write {
@@ -54,9 +55,10 @@ fn decide_all(
     names: &[*mut raw::RedisModuleString],
     args: &[u8],
 ) -> Result<Reply, RedisError> {
-    let (client_now, limits) = split_args(args, names.len())?;
-    let limits = limits.chunks_exact(LIMIT_BYTES).map(parse_limit).collect::<Result<Vec<_>, _>>()?;
-    let clock = Clock::read(client_now)?;
+    let split = split_args(args, names.len())?;
+    let limits = split.limits.chunks_exact(LIMIT_BYTES).map(parse_limit).collect::<Result<Vec<_>, _>>()?;
+    let clock = Clock::read(split.client_now)?;
+    clock.check_deadline(split.deadline)?;
     let mut checked = Vec::with_capacity(names.len());
     for (&name, a) in names.iter().zip(&limits) {
         let key = OpenKey::open(ctx, name);

@@ -15,8 +15,11 @@
 //! `<args>` is `decide_all.lua`'s `ARGV[1]`: little-endian doubles, now in ms
 //! since the epoch (or -1 for the server's clock), then per key the
 //! algorithm's number (its place in `Algorithm::ALL`, from 1), limit, window
-//! in ms and cost. The reply is the scripts' 32 bytes per key: allowed
-//! (1|0), remaining, reset_after ms, retry_after ms (-1 when allowed).
+//! in ms and cost, then optionally the caller's deadline in ms on the
+//! server's clock (told by the length). The reply is the scripts' 32 bytes
+//! per key: allowed (1|0), remaining, reset_after ms, retry_after ms (-1
+//! when allowed); a call the server reaches after its deadline writes
+//! nothing and answers the error `EXPIRED <server ms>`, as the scripts do.
 //! `DECIDE_ALL` decides every limit before it writes any, and writes none
 //! if one denies (the others then report a cost-0 peek), as the script and
 //! the memory store do. Both commands declare their keys (the first; the
@@ -66,7 +69,7 @@ mod entry {
 
     redis_module::redis_module! {
         name: "slidegate",
-        version: 2,
+        version: 3,
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
         init: register_commands,

@@ -29,17 +29,34 @@ pub fn whole(x: f64) -> Option<u64> {
 /// Bytes of one limit's arguments: four doubles.
 pub const LIMIT_BYTES: usize = 32;
 
-/// Splits the arguments of `count` limits into the time (`None`: the
-/// server's clock) and the limits' bytes.
-pub fn split_args(bytes: &[u8], count: usize) -> Result<(Option<u64>, &[u8]), RedisError> {
+/// The arguments of `count` limits, split.
+pub struct Split<'a> {
+    /// The decision's time (`None`: the server's clock).
+    pub client_now: Option<u64>,
+    /// The limits' bytes.
+    pub limits: &'a [u8],
+    /// The caller's deadline on the server's clock, when it sent one.
+    pub deadline: Option<u64>,
+}
+
+/// Splits the arguments of `count` limits: the time, the limits' bytes and,
+/// when the arguments are one double longer, the deadline.
+pub fn split_args(bytes: &[u8], count: usize) -> Result<Split<'_>, RedisError> {
     let bad = || RedisError::Str("ERR slidegate: malformed arguments");
-    if bytes.len() != 8 + LIMIT_BYTES * count {
+    let plain = 8 + LIMIT_BYTES * count;
+    let (bytes, deadline) = if bytes.len() == plain + 8 {
+        let (args, deadline) = bytes.split_at(plain);
+        (args, Some(whole(le_double(deadline)).ok_or_else(bad)?))
+    } else {
+        (bytes, None)
+    };
+    if bytes.len() != plain {
         return Err(bad());
     }
     let (now, limits) = bytes.split_at(8);
     let now = le_double(now);
     let client_now = if now == NOW_FROM_REDIS { None } else { Some(whole(now).ok_or_else(bad)?) };
-    Ok((client_now, limits))
+    Ok(Split { client_now, limits, deadline })
 }
 
 fn le_double(bytes: &[u8]) -> f64 {
@@ -85,4 +102,38 @@ pub fn decision_bytes(d: &Decision) -> [u8; DECISION_BYTES] {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doubles(values: &[f64]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn the_deadline_is_the_optional_last_double() {
+        let limit = [1.0, 10.0, 60_000.0, 1.0];
+        let plain = doubles(&[[-1.0].as_slice(), &limit].concat());
+        let split = split_args(&plain, 1).expect("valid");
+        assert_eq!((split.client_now, split.deadline, split.limits.len()), (None, None, LIMIT_BYTES));
+        let timed = doubles(&[[5.0].as_slice(), &limit, &limit, &[1_700_000_000_050.0]].concat());
+        let split = split_args(&timed, 2).expect("valid");
+        assert_eq!((split.client_now, split.deadline), (Some(5), Some(1_700_000_000_050)));
+        assert_eq!(split.limits.len(), 2 * LIMIT_BYTES);
+    }
+
+    #[test]
+    fn a_hostile_deadline_or_length_is_malformed() {
+        let limit = [1.0, 10.0, 60_000.0, 1.0];
+        for deadline in [-1.0, 0.5, f64::NAN, f64::INFINITY, 1e300] {
+            let args = doubles(&[[-1.0].as_slice(), &limit, &[deadline]].concat());
+            assert!(split_args(&args, 1).is_err(), "deadline {deadline}");
+        }
+        let args = doubles(&[[-1.0].as_slice(), &limit, &[1.0, 2.0]].concat());
+        assert!(split_args(&args, 1).is_err(), "two doubles too many");
+        assert!(split_args(&args[..20], 1).is_err(), "short");
+        assert!(split_args(&[], 0).is_err(), "empty");
+    }
 }

@@ -135,7 +135,7 @@ async fn search(limiter: &RateLimiter<Shared>) -> slidegate_http::Verdict<'_> {
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_costs_the_deadline_until_the_breaker_opens_then_nothing() {
     let store = Arc::new(Switchable::default());
-    let limiter = limiter(&store, "timeout_ms = 50");
+    let limiter = limiter(&store, "timeout_ms = 50\non_error = \"allow\"");
     store.hang.store(true, Ordering::SeqCst);
     let start = tokio::time::Instant::now();
     assert_eq!(search(&limiter).await.source, DecisionSource::FailOpen);
@@ -286,7 +286,7 @@ async fn the_fallback_shares_the_quota_among_instances() {
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_closes_on_the_first_successful_trial() {
     let store = Arc::new(Switchable::default());
-    let limiter = limiter(&store, "breaker_trial_interval_ms = 20");
+    let limiter = limiter(&store, "breaker_trial_interval_ms = 20\non_error = \"allow\"");
     store.down.store(true, Ordering::SeqCst);
     search(&limiter).await;
     search(&limiter).await;

@@ -69,7 +69,7 @@ fn stall(redis: &RedisServer, millis: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_80ms_stall_at_600_decisions_a_second_costs_only_its_own_timeouts() {
     let redis = RedisServer::spawn();
-    let limiter = limiter(&redis, "").await;
+    let limiter = limiter(&redis, "on_error = \"allow\"").await;
     // Load the script and open the connection before the clock starts.
     for i in 0..20 {
         limiter.check_key("api", &format!("warm{i}"), 1, false).await.unwrap();
@@ -119,7 +119,7 @@ async fn one_80ms_stall_at_600_decisions_a_second_costs_only_its_own_timeouts() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_memory_redis_keeps_the_breaker_open_until_memory_is_freed() {
     let redis = RedisServer::spawn();
-    let limiter = limiter(&redis, "probe_interval_ms = 50").await;
+    let limiter = limiter(&redis, "probe_interval_ms = 50\non_error = \"allow\"").await;
     assert!(limiter.check_key("api", "before", 1, false).await.unwrap().allowed());
     // Fill past a 1 MB maxmemory: writes fail with OOM, reads still work.
     assert_eq!(redis_command(&redis, "CONFIG SET maxmemory-policy noeviction"), "+OK");

@@ -58,3 +58,137 @@ fn recovery_figures() {
         eprintln!("outage {secs} s: first store decision {took:?} after Redis returned");
     }
 }
+
+/// Every call that misses its deadline is a timeout in the metrics, whoever
+/// noticed the miss first (the limiter's timer or the store's own deadline).
+/// Before, a stalled Redis logged "the store did not answer within 50ms"
+/// while `slidegate_store_timeouts_total` stayed 0: the calls were counted
+/// as errors, and an alert on timeouts never fired.
+#[test]
+fn a_stalled_store_counts_every_missed_deadline_as_a_timeout() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    assert!(sg.get("/api/search", &[]).header("ratelimit").is_some(), "limiting on Redis before the stall");
+
+    redis.pause();
+    // Two: the breaker (3 consecutive failures) stays closed, so both calls
+    // reach the store and wait out the 50 ms deadline.
+    for _ in 0..2 {
+        assert_eq!(sg.get("/api/search", &[]).status, 200, "on_error = \"allow\"");
+    }
+    redis.resume();
+    assert_eq!(sg.metric("slidegate_store_timeouts_total"), 2.0);
+    assert_eq!(sg.metric("slidegate_store_errors_total"), 0.0);
+    assert_eq!(sg.metric("slidegate_breaker_opened_total"), 0.0);
+}
+
+/// Two instances sharing one Redis, 200 concurrent requests of one API key
+/// against a limit of 50 an hour, while Redis is stopped and resumed in
+/// bursts. Before, the default `on_error = "allow"` let every request that
+/// met a stalled store through (149–200 admitted). Now the default is the
+/// fallback limiter, seeded with the store's answers and sharing the quota
+/// among `instances`: in one window the store admits at most the limit and
+/// each instance's fallback at most `⌊limit / instances⌋`, so at most 100.
+#[test]
+fn a_stalled_store_does_not_open_the_gate_by_default() {
+    const REQUESTS: usize = 200;
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let config = format!(
+        r#"{head}
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[[rules]]
+name = "api"
+path = "/api/*"
+limits = [{{ limit = 50, window = "1h" }}]
+"#,
+        head = config_head(
+            upstream.addr,
+            "admin_on_public = true",
+            &format!("[store]\nurl = \"{}\"\ntimeout_ms = 50\ninstances = 2\n", redis.url()),
+        ),
+    );
+    let instances = [Slidegate::start(&config), Slidegate::start(&config)];
+    let key = [("x-api-key", "burst-key")];
+
+    redis.pause();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let admitted = std::thread::scope(|s| {
+        let stall = s.spawn(|| {
+            // Stopped for the first three waves, then in bursts: 40 ms
+            // running, 100 ms stopped.
+            std::thread::sleep(Duration::from_millis(180));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                redis.resume();
+                std::thread::sleep(Duration::from_millis(40));
+                redis.pause();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            redis.resume();
+        });
+        // Four waves of 50 concurrent requests, 70 ms apart, so that some
+        // meet Redis stopped and some running.
+        let mut clients = Vec::new();
+        for wave in 0..4 {
+            if wave > 0 {
+                std::thread::sleep(Duration::from_millis(70));
+            }
+            clients.extend((0..REQUESTS / 4).map(|i| {
+                let addr = instances[i % 2].addr;
+                s.spawn(move || get(addr, "/api/items", &key).status)
+            }));
+        }
+        let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stall.join().unwrap();
+        statuses
+    });
+    let ok = admitted.iter().filter(|s| **s == 200).count();
+    let refused = admitted.iter().filter(|s| **s == 429).count();
+    assert_eq!(ok + refused, REQUESTS, "every request decided: {admitted:?}");
+    let fallback: f64 =
+        instances.iter().map(|sg| sg.metric("slidegate_requests_fallback_total{rule=\"api\"}")).sum();
+    let fail_open: f64 =
+        instances.iter().map(|sg| sg.metric("slidegate_requests_fail_open_total{rule=\"api\"}")).sum();
+    eprintln!("admitted {ok} of {REQUESTS}; {fallback} decided by the fallback limiters");
+    assert!(ok <= 50 + 2 * 25, "admitted {ok}: above the limit plus the fallback's bound");
+    assert_eq!(fail_open, 0.0, "nothing fails open by default");
+    assert!(fallback > 0.0, "the stall reached the fallback limiters");
+}
+
+/// Requests whose store calls timed out while Redis was stopped are not
+/// charged when it resumes: each call carries the limiter's deadline into
+/// the script, which refuses it once past. Before, SIGSTOP, two timed-out
+/// requests and SIGCONT charged the identity 2 (the rest of its quota), and
+/// its next request was refused.
+#[test]
+fn requests_that_failed_during_a_stop_are_not_charged_when_redis_resumes() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    // search: 2 a minute; one used.
+    let first = sg.get("/api/search", &[]);
+    assert_eq!(first.header("ratelimit"), Some("\"search-60s\";r=1;t=60, \"search-1h\";r=99;t=3600"));
+    let port = redis.port();
+    let ran = || {
+        let stats = slidegate_test_redis::CommandStats::of_port(port);
+        stats.calls("evalsha") + stats.calls("eval")
+    };
+    let before = ran();
+
+    redis.pause();
+    for _ in 0..2 {
+        assert_eq!(sg.get("/api/search", &[]).status, 200, "on_error = \"allow\"");
+    }
+    redis.resume();
+    wait_for("Redis to run the stalled calls", Duration::from_secs(10), || ran() >= before + 2);
+    assert_eq!(sg.metric("slidegate_store_timeouts_total"), 2.0);
+
+    let after = sg.get("/api/search", &[]);
+    assert_eq!(after.status, 200, "the stalled calls charged the identity: {after:?}");
+    assert_eq!(after.header("ratelimit"), Some("\"search-60s\";r=0;t=60, \"search-1h\";r=98;t=3600"));
+}

@@ -47,11 +47,19 @@ pub struct LimiterConfig {
 }
 
 /// What to do with a request when the store failed or timed out.
+///
+/// The default keeps limiting: a store outage or slowdown never means
+/// unlimited unless a rule asks for it with [`OnError::Allow`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
-    /// Fail open: let the request through (logged and counted).
+    /// Decide with the embedded fallback limiter, seeded with the store's
+    /// last answers, each instance enforcing `limit / instances`
+    /// ([`StoreGuard::instances`]; bound in docs/serve.md, "Circuit breaker
+    /// and fallback").
     #[default]
+    Fallback,
+    /// Fail open: let the request through (logged and counted).
     Allow,
     /// Fail closed: answer 503.
     Deny,
@@ -145,7 +153,8 @@ pub struct RuleConfig {
 }
 
 impl RuleConfig {
-    /// A rule named `name` for every method on `path`, failing open, not in shadow mode.
+    /// A rule named `name` for every method on `path`, deciding with the
+    /// fallback limiter while the store fails, not in shadow mode.
     ///
     /// ```
     /// use slidegate::{Algorithm, Limit, Quota};
@@ -236,7 +245,7 @@ impl LimitConfig {
 }
 
 /// How the limiter guards itself against its store: a deadline on each call,
-/// a circuit breaker, and optionally an embedded fallback limiter.
+/// a circuit breaker, and the embedded fallback limiter's share.
 ///
 /// Its [`Default`] is the one set of defaults; `slidegate serve` reads its
 /// `[store]` keys into it, each over the default.
@@ -249,9 +258,8 @@ pub struct StoreGuard {
     pub probe_interval: Delay,
     /// When the breaker opens and how it tries the store again.
     pub breaker: BreakerPolicy,
-    /// Whether an embedded fallback limiter decides while the store is unavailable.
-    pub fallback: bool,
-    /// Instances sharing the store: the fallback limiter enforces `limit / instances`.
+    /// Instances sharing the store: the fallback limiter (rules with
+    /// [`OnError::Fallback`], the default) enforces `limit / instances`.
     pub instances: u32,
     /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
     pub deny_cache: usize,
@@ -263,7 +271,6 @@ impl Default for StoreGuard {
             timeout: Delay::from_millis(50),
             probe_interval: Delay::from_millis(500),
             breaker: BreakerPolicy::default(),
-            fallback: false,
             instances: 1,
             deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
         }

@@ -54,9 +54,11 @@ pub(super) struct RawStore {
     pub(super) on_error: Option<OnError>,
     pub(super) breaker_failures: Option<Spanned<u32>>,
     pub(super) probe_interval_ms: Option<Millis>,
-    /// Also read as `insurance`.
+    /// Replaced by `on_error = "fallback"`; read (also as `insurance`) so
+    /// that an old file loads where its meaning is the same, or gets a
+    /// located error saying what to write.
     #[serde(alias = "insurance")]
-    pub(super) fallback: Option<bool>,
+    pub(super) fallback: Option<Spanned<bool>>,
     pub(super) breaker_window_ms: Option<Millis>,
     pub(super) breaker_min_calls: Option<Spanned<u32>>,
     pub(super) breaker_failure_rate: Option<Spanned<u8>>,

@@ -41,7 +41,7 @@ fn the_example_config_parses_as_written() {
     assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
     assert_eq!(c.store.redis, Some(RedisTarget::Single(example_redis_url().to_owned())));
     assert_eq!(c.limiter.guard.timeout, Delay::from_millis(50));
-    assert_eq!(c.store.on_error, OnError::Allow);
+    assert_eq!(c.store.on_error, OnError::Fallback);
     assert_eq!(c.limiter.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
     assert_eq!(c.limiter.identity.secret.as_deref(), Some(&b"test-secret"[..]));
     assert_eq!(c.limiter.identity.trusted_proxies, vec!["127.0.0.1/32".parse::<IpNet>().unwrap()]);
@@ -141,10 +141,11 @@ fn the_store_keys_default_and_insurance_reads_as_fallback() {
     let c = parse("").unwrap();
     assert_eq!(c.limiter.guard, StoreGuard::default());
     assert_eq!(c.server.shutdown_grace, Delay::from_secs(10));
+    assert_eq!(c.store.on_error, OnError::Fallback, "a failing store never means unlimited by default");
     let c = parse("[store]\nfallback = true\n").unwrap();
-    assert!(c.limiter.guard.fallback);
+    assert_eq!(c.store.on_error, OnError::Fallback);
     let c = parse("[store]\ninsurance = true\n").unwrap();
-    assert!(c.limiter.guard.fallback);
+    assert_eq!(c.store.on_error, OnError::Fallback);
     let c = parse("[server]\nshutdown_grace = \"250ms\"\n").unwrap();
     assert_eq!(c.server.shutdown_grace, Delay::from_millis(250));
     let (l, c, m) = err("[server]\nshutdown_grace = \"soon\"\n");
@@ -704,4 +705,39 @@ fn max_in_flight_is_read_where_a_rule_charges_after_the_response_and_bad_values_
     let counted = "[[rules]]\nname = \"p\"\npath = \"/p\"\nlimits = [{ limit = 10, window = \"1s\" }]\n\
                    count_status = [404]\nmax_in_flight = 2\n";
     assert_eq!(parse(counted).unwrap().limiter.rules[0].max_in_flight, 2);
+}
+
+#[test]
+fn on_error_is_one_option_and_old_fallback_keys_load_or_say_what_to_write() {
+    for (value, want) in [("fallback", OnError::Fallback), ("allow", OnError::Allow), ("deny", OnError::Deny)]
+    {
+        let c = parse(&format!("[store]\non_error = \"{value}\"\n")).unwrap();
+        assert_eq!(c.store.on_error, want);
+    }
+    // Old files whose meaning is unchanged load as they were.
+    let c = parse("[store]\non_error = \"allow\"\nfallback = false\n").unwrap();
+    assert_eq!(c.store.on_error, OnError::Allow);
+    let c = parse("[store]\non_error = \"deny\"\ninsurance = false\n").unwrap();
+    assert_eq!(c.store.on_error, OnError::Deny);
+    let c = parse("[store]\nfallback = true\non_error = \"fallback\"\n").unwrap();
+    assert_eq!(c.store.on_error, OnError::Fallback);
+    // `fallback = false` alone meant fail open: no longer implied.
+    let (l, c, m) = err("[store]\nfallback = false\n");
+    assert_eq!((l, c), (2, 12));
+    assert!(m.contains("write `on_error = \"allow\"`") && m.contains("`on_error = \"deny\"`"), "{m}");
+    // Two options that disagree: the one that no longer exists is refused.
+    let (l, c, m) = err("[store]\non_error = \"deny\"\nfallback = true\n");
+    assert_eq!((l, c), (3, 12));
+    assert!(m.contains("delete `fallback`"), "{m}");
+    // Hostile values: located, with the choices.
+    for bad in ["\"open\"", "\"\"", "\"Allow\"", "true", "1"] {
+        let (l, _, m) = err(&format!("[store]\non_error = {bad}\n"));
+        assert_eq!(l, 2, "{bad}: {m}");
+    }
+    let (_, _, m) = err("[store]\non_error = \"open\"\n");
+    assert!(m.contains("fallback") && m.contains("allow") && m.contains("deny"), "{m}");
+    let (l, _, m) = err("[[rules]]\nname = \"r\"\npath = \"/x\"\nlimits = [{ limit = 1, window = \"1s\" }]\non_error = \"opn\"\n");
+    assert_eq!(l, 5, "{m}");
+    let c = parse("[store]\non_error = \"allow\"\n[[rules]]\nname = \"r\"\npath = \"/x\"\nlimits = [{ limit = 1, window = \"1s\" }]\non_error = \"fallback\"\n").unwrap();
+    assert_eq!(c.limiter.rules[0].on_error, OnError::Fallback);
 }

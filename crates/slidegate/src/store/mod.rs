@@ -10,7 +10,7 @@ pub mod memory;
 pub mod redis;
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -54,6 +54,10 @@ pub enum StoreError {
     /// not have been made (and charged): see [`Store`] on failures.
     #[error("the store did not answer within {0:?}")]
     TimedOut(std::time::Duration),
+    /// The store reached the call after its [`Request::deadline`] and
+    /// refused it: nothing was decided, nothing charged.
+    #[error("the store reached the call after its deadline, and refused it (nothing was charged)")]
+    Expired,
     /// Redis answered with something the script never returns.
     #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
@@ -78,10 +82,25 @@ impl StoreError {
             | StoreError::SlidingLogTooLarge { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
-            StoreError::NotConnected(_) | StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
+            StoreError::NotConnected(_)
+            | StoreError::UnexpectedReply(_)
+            | StoreError::TimedOut(_)
+            | StoreError::Expired => true,
             // A clock this far off is the host's fault, not the request's,
             // but no store could decide: fail-open policies apply.
             StoreError::TimeOutOfRange { .. } => true,
+        }
+    }
+
+    /// Whether the call missed a deadline: the store's own, the caller's
+    /// carried into the store (refused there, unrun), or a Redis client's
+    /// response timeout. Every such miss is a timeout, whoever noticed it.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::TimedOut(_) | StoreError::Expired => true,
+            #[cfg(feature = "redis")]
+            StoreError::Redis(e) => e.is_timeout(),
+            _ => false,
         }
     }
 
@@ -96,6 +115,7 @@ impl StoreError {
             | StoreError::DuplicateLimit(_)
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotConnected(_)
+            | StoreError::Expired
             | StoreError::TimeOutOfRange { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(e) => !e.is_connection_refusal(),
@@ -132,17 +152,30 @@ pub struct Request<'a> {
     /// deciding its limits, and a denial counts toward the next block,
     /// atomically with the decision.
     pub penalty: Option<&'a Penalty>,
+    /// When the caller stops waiting for the answer. A store that can
+    /// carries it along and refuses to decide after it
+    /// ([`StoreError::Expired`]), so that a call the caller counted as failed
+    /// charges nothing; the Redis store does (see its docs for the bound).
+    /// `None`: the store's own deadline only.
+    pub deadline: Option<Instant>,
 }
 
 impl<'a> Request<'a> {
     /// `charges` for `identity`, without a penalty.
     pub fn new(identity: &'a Identity, charges: &'a [Charge]) -> Self {
-        Self { identity, charges, penalty: None }
+        Self { identity, charges, penalty: None, deadline: None }
     }
 
     /// The same request under `penalty`.
     pub fn with_penalty(self, penalty: &'a Penalty) -> Self {
         Self { penalty: Some(penalty), ..self }
+    }
+
+    /// The same request, given up at `deadline` (or at the one it already
+    /// had, if earlier).
+    pub fn with_deadline(self, deadline: Instant) -> Self {
+        let deadline = self.deadline.map_or(deadline, |d| d.min(deadline));
+        Self { deadline: Some(deadline), ..self }
     }
 }
 
@@ -299,11 +332,13 @@ impl Outcome {
 /// which [`StoreError::may_have_charged`] is `false`) never reached the store:
 /// nothing was charged. A decision that fails after it was sent — a timeout,
 /// a connection lost while waiting for the reply — may have run in the store
-/// and charged its cost even though the caller saw an error. So across an
-/// outage an identity is charged at most the cost of its own calls that
-/// failed that way, on top of the calls it saw decided; never more, and never
-/// twice for one call (a retry after `NOSCRIPT` re-sends only a call that
-/// provably did not run).
+/// and charged its cost even though the caller saw an error — unless the
+/// store honours the request's [`Request::deadline`], as the Redis store
+/// does: a call it reaches after the deadline is refused unrun. Without
+/// that, across an outage an identity is charged at most the cost of its own
+/// calls that failed that way, on top of the calls it saw decided; never
+/// more, and never twice for one call (a retry after `NOSCRIPT` re-sends only
+/// a call that provably did not run).
 pub trait Store: Send + Sync {
     /// Decides `request`: all its charges or none, under its penalty if set.
     ///

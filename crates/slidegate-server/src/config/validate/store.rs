@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use slidegate::{Engine, RedisTarget};
-use slidegate_http::config::Delay;
+use slidegate_http::config::{Delay, OnError};
 use slidegate_http::StoreGuard;
 use toml::Spanned;
 
@@ -43,12 +43,41 @@ impl Validator<'_> {
             }
             store.prefix = Some(prefix.into_inner());
         }
+        if let Some(fallback) = raw.fallback.take() {
+            self.legacy_fallback(fallback, raw.on_error)?;
+        }
         if let Some(on_error) = raw.on_error {
             store.on_error = on_error;
         }
         store.redis = self.redis_target(raw)?;
         self.redis_login(raw, &mut store)?;
         Ok(store)
+    }
+
+    /// The former `fallback = true|false` beside `on_error`: one option now,
+    /// `on_error = "fallback" | "allow" | "deny"`. An old file loads where
+    /// its meaning is unchanged (`fallback = true` with no `on_error`, or
+    /// `"fallback"`; `fallback = false` with `"allow"` or `"deny"`), and
+    /// otherwise fails at the key with what to write instead.
+    fn legacy_fallback(&self, fallback: Spanned<bool>, on_error: Option<OnError>) -> Result<(), ConfigError> {
+        let span = fallback.span();
+        match (*fallback.get_ref(), on_error) {
+            (true, None | Some(OnError::Fallback)) | (false, Some(OnError::Allow | OnError::Deny)) => Ok(()),
+            (true, Some(other)) => Err(self.err(
+                span,
+                format!(
+                    "`fallback = true` and `on_error = \"{}\"` disagree: the fallback limiter is now \
+                     `on_error = \"fallback\"` (the default); delete `fallback` and keep the `on_error` you mean",
+                    on_error_name(other)
+                ),
+            )),
+            (false, _) => Err(self.err(
+                span,
+                "`fallback` was replaced by `on_error`: a store failure is now decided by the fallback limiter \
+                 (`on_error = \"fallback\"`, the default); for what `fallback = false` did, write \
+                 `on_error = \"allow\"` (let requests through) or `on_error = \"deny\"` (503) instead",
+            )),
+        }
     }
 
     /// `url`, `cluster` or `sentinel` with `master_name`: at most one of them.
@@ -234,9 +263,6 @@ impl Validator<'_> {
         let trial = raw.breaker_trial_interval_ms;
         self.set_millis(&mut guard.breaker.trial_interval, "breaker_trial_interval_ms", trial, 1)?;
         self.set_count(&mut guard.instances, "instances", raw.instances)?;
-        if let Some(fallback) = raw.fallback {
-            guard.fallback = fallback;
-        }
         if let Some(n) = raw.deny_cache {
             // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
             guard.deny_cache = *n.get_ref() as usize;
@@ -274,5 +300,14 @@ impl Validator<'_> {
             }
             None => Ok(()),
         }
+    }
+}
+
+/// `on_error`'s value as a file spells it.
+fn on_error_name(on_error: OnError) -> &'static str {
+    match on_error {
+        OnError::Fallback => "fallback",
+        OnError::Allow => "allow",
+        OnError::Deny => "deny",
     }
 }

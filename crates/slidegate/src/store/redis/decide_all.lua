@@ -3,14 +3,21 @@
 -- ARGV[1]  little-endian doubles: now in ms since the epoch or -1 to take
 --          Redis TIME, then four per limit i, in KEYS order: algorithm
 --          number (its place in the `algorithms` table below, from 1),
---          limit, window in ms, cost (0 ≤ cost ≤ limit)
+--          limit, window in ms, cost (0 ≤ cost ≤ limit); then, optionally,
+--          the caller's deadline in ms on Redis's clock (see the prelude),
+--          told by the length: 16 + 32 n bytes rather than 8 + 32 n
 -- Reply    four little-endian doubles per limit, in order: allowed (1|0),
---          remaining, reset_after ms, retry_after ms (-1 when allowed)
+--          remaining, reset_after ms, retry_after ms (-1 when allowed).
+--          Past the deadline: the error EXPIRED <Redis ms>, nothing written.
 -- Every limit is checked before any is charged. If one denies, nothing is
 -- written and the limits that had room report their state without this
 -- request (a cost-0 peek).
 local args = ARGV[1]
 local now, next_arg = struct.unpack('<d', args)
+local deadline = -1
+if #args % 32 == 16 then
+  deadline = struct.unpack('<d', args, #args - 7)
+end
 --! include prelude.lua
 --! algorithms
 

@@ -14,6 +14,9 @@
 -- ARGV[3]  the limit (distinct values per window)
 -- ARGV[4]  the value
 -- ARGV[5]  TTL slack in ms (10000 in client time, 0 with Redis TIME)
+-- ARGV[6]  optional: the caller's deadline in ms on Redis's clock; a call
+--          reached after it writes nothing and answers the error
+--          EXPIRED <Redis ms> (as the prelude of the other scripts)
 -- Reply:   { allowed (0/1), estimate after this request, ms to the window's end }
 --
 -- Windows are aligned to multiples of window_ms since the epoch, kept in
@@ -22,10 +25,17 @@
 -- slack), set in the write that creates them.
 local call = redis.call
 local now = tonumber(ARGV[1])
-if now < 0 then
+local server_now = -1
+if now < 0 or ARGV[6] then
   local t = call('TIME')
   local us = tonumber(t[2])
-  now = tonumber(t[1]) * 1000 + (us - math.fmod(us, 1000)) / 1000
+  server_now = tonumber(t[1]) * 1000 + (us - math.fmod(us, 1000)) / 1000
+end
+if now < 0 then
+  now = server_now
+end
+if ARGV[6] and server_now > tonumber(ARGV[6]) then
+  return redis.error_reply(string.format('EXPIRED %d', server_now))
 end
 local window_ms = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])

@@ -10,7 +10,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{Cmd, Value};
 
 use super::wire::{self, DecideAllArgs};
-use super::{Connection, RedisStore};
+use super::{CallDeadline, Connection, RedisStore};
 use crate::store::{Charge, Decisions, StoreError};
 use crate::{Algorithm, Identity};
 
@@ -171,14 +171,18 @@ impl RedisStore {
         identity: &Identity,
         charges: &[Charge],
         now_ms: Option<u64>,
+        deadline: CallDeadline,
     ) -> Result<Decisions, StoreError> {
+        let deadline_ms = deadline.server_ms;
         let key_len = self.prefix.len() + identity.scope().len() + 64;
         if let [charge] = charges {
             let mut cmd = Cmd::with_capacity(3, 128 + key_len);
-            cmd.arg(MODULE_DECIDE)
-                .arg(self.state_key(identity, &charge.limit))
-                .arg(DecideAllArgs { now_ms, charges });
-            let reply = self.send(&cmd).await?;
+            cmd.arg(MODULE_DECIDE).arg(self.state_key(identity, &charge.limit)).arg(DecideAllArgs {
+                now_ms,
+                charges,
+                deadline_ms,
+            });
+            let reply = self.send(&cmd, deadline).await?;
             return wire::single_decision(&reply, charge.limit.quota.permits()).map(Decisions::one);
         }
         let mut cmd = Cmd::with_capacity(2 + charges.len(), 64 + charges.len() * key_len);
@@ -186,16 +190,17 @@ impl RedisStore {
         for charge in charges {
             cmd.arg(self.state_key(identity, &charge.limit));
         }
-        cmd.arg(DecideAllArgs { now_ms, charges });
-        let reply = self.send(&cmd).await?;
+        cmd.arg(DecideAllArgs { now_ms, charges, deadline_ms });
+        let reply = self.send(&cmd, deadline).await?;
         wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Decisions::from)
     }
 
     /// After the module answered "unknown command" under [`Engine::Auto`]
-    /// (a `MODULE UNLOAD`, a failover to a node without it): nothing ran,
-    /// so Lua decides, until the next probe.
+    /// (a `MODULE UNLOAD`, a failover to a node without it), or refused the
+    /// arguments as a build older than the deadline argument does: nothing
+    /// ran, so Lua decides, until the next probe.
     pub(super) fn module_gone(&self, err: &StoreError) -> bool {
-        let gone = self.engine == Engine::Auto && is_unknown_command(err);
+        let gone = self.engine == Engine::Auto && (is_unknown_command(err) || is_older_module(err));
         if gone {
             self.module.present.store(false, Ordering::Relaxed);
         }
@@ -215,6 +220,13 @@ fn module_probe() -> Cmd {
 /// asked, nil for a command the server does not know.
 fn has_module(reply: &Value) -> bool {
     matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil)))
+}
+
+/// Whether the module refused the arguments before running anything, as a
+/// build that knows no deadline argument answers a call carrying one.
+fn is_older_module(err: &StoreError) -> bool {
+    matches!(err, StoreError::Redis(e) if e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| d.starts_with("slidegate: malformed arguments")))
 }
 
 /// Whether Redis refused a command it does not know (nothing ran).

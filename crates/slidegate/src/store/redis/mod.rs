@@ -8,9 +8,15 @@
 //!   again. A `NOSCRIPT` means the script did not run, so nothing is charged
 //!   twice.
 //! - Every call runs under a deadline ([`RedisOptions::with_timeout`], 250 ms
-//!   by default). While the connection is known to be lost, calls fail at
-//!   once with [`StoreError::NotConnected`] and one background task
-//!   reconnects with a short, capped back-off (see `link.rs`).
+//!   by default, or the [`Request::deadline`] when earlier). While the
+//!   connection is known to be lost, calls fail at once with
+//!   [`StoreError::NotConnected`] and one background task reconnects with a
+//!   short, capped back-off (see `link.rs`).
+//! - The deadline travels with the call, on the server's clock (the offset
+//!   learned from `TIME` samples, `server_clock.rs`, which states the
+//!   bound): a script or module command that Redis reaches after it refuses
+//!   the call before touching a key ([`StoreError::Expired`]), so a call
+//!   that timed out here charges nothing when a stalled Redis catches up.
 //! - Time comes from Redis `TIME` inside the script by default
 //!   ([`TimeSource::Server`]), so app servers with skewed clocks agree.
 //! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`,
@@ -52,12 +58,13 @@ mod key;
 mod link;
 mod options;
 mod scripts;
+mod server_clock;
 mod target;
 mod wire;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClientBuilder;
@@ -70,6 +77,7 @@ use self::key::{PenaltyKey, StateKey};
 use self::link::Link;
 pub use self::options::{RedisOptions, TimeSource};
 use self::scripts::Lua;
+use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
@@ -116,6 +124,17 @@ pub struct RedisStore {
     time: TimeSource,
     engine: Engine,
     module: Arc<ModuleProbe>,
+    /// The server's clock as seen from here, to send each call's deadline.
+    clock: Arc<ServerClock>,
+}
+
+/// When one call is given up: here, and on the server's clock (`None`
+/// before the offset is known).
+#[derive(Debug, Clone, Copy)]
+struct CallDeadline {
+    local: Instant,
+    budget: Duration,
+    server_ms: Option<u64>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -189,6 +208,7 @@ impl RedisStore {
             time: TimeSource::Server,
             engine: options.engine,
             module: Arc::default(),
+            clock: Arc::default(),
         };
         // Loading now saves the first call of each script its fallback; a
         // Redis that answers a connect but not this is as good as down.
@@ -211,6 +231,7 @@ impl RedisStore {
             Ok(loaded) => loaded?,
             Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
         }
+        store.sample_time_now().await;
         Ok(store)
     }
 
@@ -250,14 +271,17 @@ impl RedisStore {
             Ok(conn) => conn?,
             Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
         };
-        Ok(Self {
+        let store = Self {
             conn: Connection::Cluster(conn),
             timeout: options.timeout,
             prefix: DEFAULT_PREFIX.into(),
             time: TimeSource::Server,
             engine: options.engine,
             module: Arc::default(),
-        })
+            clock: Arc::default(),
+        };
+        store.sample_time_now().await;
+        Ok(store)
     }
 
     /// A store on an existing `ConnectionManager`, whose own timeouts and
@@ -274,6 +298,7 @@ impl RedisStore {
             time: TimeSource::Server,
             engine: Engine::Auto,
             module: Arc::default(),
+            clock: Arc::default(),
         }
     }
 
@@ -360,12 +385,13 @@ impl RedisStore {
         }
     }
 
-    /// Runs `lua` on `keys` and `args` under the store's deadline.
+    /// Runs `lua` on `keys` and `args` until `deadline`.
     async fn eval<K: ToRedisArgs + Sync, A: ToRedisArgs + Sync>(
         &self,
         lua: &Lua,
         keys: &[K],
         args: &A,
+        deadline: CallDeadline,
     ) -> Result<Value, StoreError> {
         // `redis::ScriptInvocation` does the same, but copies every key and
         // argument into a Vec of its own; a `Cmd` writes them into one buffer.
@@ -399,14 +425,11 @@ impl RedisStore {
                 Connection::Cluster(cluster) => Ok(run(&mut cluster.clone(), &cmd, fallback).await?),
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(reply) => reply,
-            Err(_) => Err(StoreError::TimedOut(self.timeout)),
-        }
+        self.settle(tokio::time::timeout_at(deadline.local.into(), call).await, deadline)
     }
 
-    /// Sends `cmd` under the store's deadline.
-    async fn send(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+    /// Sends `cmd` until `deadline`.
+    async fn send(&self, cmd: &Cmd, deadline: CallDeadline) -> Result<Value, StoreError> {
         let call = async {
             match &self.conn {
                 Connection::Link(link) => {
@@ -421,9 +444,65 @@ impl RedisStore {
                 Connection::Cluster(cluster) => Ok(cmd.query_async(&mut cluster.clone()).await?),
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
+        self.settle(tokio::time::timeout_at(deadline.local.into(), call).await, deadline)
+    }
+
+    /// A call's answer: its reply, a timeout at the deadline, or the
+    /// server's refusal of a call it reached too late, whose time it learns.
+    fn settle(
+        &self,
+        answer: Result<Result<Value, StoreError>, tokio::time::error::Elapsed>,
+        deadline: CallDeadline,
+    ) -> Result<Value, StoreError> {
+        match answer {
+            Ok(Err(StoreError::Redis(err))) => match wire::expired(&err) {
+                Some(server_ms) => {
+                    self.clock.learn(server_ms, Instant::now());
+                    Err(StoreError::Expired)
+                }
+                None => Err(StoreError::Redis(err)),
+            },
             Ok(reply) => reply,
-            Err(_) => Err(StoreError::TimedOut(self.timeout)),
+            Err(_) => Err(StoreError::TimedOut(deadline.budget)),
+        }
+    }
+
+    /// The deadline of a call starting now: the store's own, or the
+    /// caller's when earlier; on the server's clock too when its offset is
+    /// known. Asks the server's time in the background when a sample is due.
+    fn deadline(&self, requested: Option<Instant>) -> CallDeadline {
+        let now = Instant::now();
+        let own = now + self.timeout;
+        let local = requested.map_or(own, |d| d.min(own));
+        if self.clock.claim_sample(now) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let store = self.clone();
+                runtime.spawn(async move { store.sample_time().await });
+            }
+        }
+        CallDeadline {
+            local,
+            budget: local.saturating_duration_since(now),
+            server_ms: self.clock.server_deadline(local),
+        }
+    }
+
+    /// Samples the server's time now if a sample is due (when connecting).
+    async fn sample_time_now(&self) {
+        if self.clock.claim_sample(Instant::now()) {
+            self.sample_time().await;
+        }
+    }
+
+    /// Asks the server's `TIME` and learns the clock offset from the answer
+    /// (see `server_clock.rs`). A failure teaches nothing.
+    async fn sample_time(&self) {
+        let deadline =
+            CallDeadline { local: Instant::now() + self.timeout, budget: self.timeout, server_ms: None };
+        let Ok(reply) = self.send(&redis::cmd("TIME"), deadline).await else { return };
+        let received = Instant::now();
+        if let Ok((secs, micros)) = redis::from_redis_value::<(u64, u64)>(reply) {
+            self.clock.learn(secs.saturating_mul(1000).saturating_add(micros / 1000), received);
         }
     }
 }
@@ -448,27 +527,29 @@ async fn run<C: ConnectionLike + Send>(
 
 impl Store for RedisStore {
     async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
-        let Request { identity, charges, penalty } = request;
+        let Request { identity, charges, penalty, deadline } = request;
         validate(charges)?;
         let now_ms = self.client_now()?;
+        let deadline = self.deadline(deadline);
         if let Some(penalty) = penalty {
-            return self.decide_penalized(identity, charges, penalty, now_ms).await;
+            return self.decide_penalized(identity, charges, penalty, now_ms, deadline).await;
         }
         if self.use_module(charges.iter().map(|c| c.limit.algorithm)).await? {
-            match self.decide_by_module(identity, charges, now_ms).await {
+            match self.decide_by_module(identity, charges, now_ms, deadline).await {
                 Err(err) if self.module_gone(&err) => {}
                 decided => return decided.map(Outcome::decided),
             }
         }
+        let deadline_ms = deadline.server_ms;
         if let [charge] = charges {
-            let args = DecideArgs { now_ms, limit: charge.limit, cost: charge.cost };
+            let args = DecideArgs { now_ms, limit: charge.limit, cost: charge.cost, deadline_ms };
             let key = self.state_key(identity, &charge.limit);
-            let reply = self.eval(scripts::decide(charge.limit.algorithm), &[key], &args).await?;
+            let reply = self.eval(scripts::decide(charge.limit.algorithm), &[key], &args, deadline).await?;
             return wire::single_decision(&reply, charge.limit.quota.permits()).map(Outcome::decided);
         }
         let keys: Vec<StateKey<'_>> = charges.iter().map(|c| self.state_key(identity, &c.limit)).collect();
-        let args = DecideAllArgs { now_ms, charges };
-        let reply = self.eval(scripts::decide_all(), &keys, &args).await?;
+        let args = DecideAllArgs { now_ms, charges, deadline_ms };
+        let reply = self.eval(scripts::decide_all(), &keys, &args, deadline).await?;
         wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Outcome::decided)
     }
 
@@ -485,14 +566,18 @@ impl DistinctStore for RedisStore {
         value: &[u8],
     ) -> Result<Decision, StoreError> {
         let now = self.client_now()?;
+        let deadline = self.deadline(None);
         let sketch = self.distinct_key(identity, quota);
         let keys = [format!("{sketch}:w"), format!("{sketch}:tmp"), sketch];
         let slack: u64 = if now.is_some() { 10_000 } else { 0 };
         let now_arg: i64 = now.map_or(-1, |n| n as i64);
-        let args = (now_arg, quota.window_ms(), quota.permits(), value, slack);
         // The script wants the sketch first.
         let ordered = [&keys[2], &keys[0], &keys[1]];
-        let reply = self.eval(scripts::distinct(), &ordered, &args).await?;
+        let args = (now_arg, quota.window_ms(), quota.permits(), value, slack);
+        let reply = match deadline.server_ms {
+            Some(ms) => self.eval(scripts::distinct(), &ordered, &(args, ms), deadline).await?,
+            None => self.eval(scripts::distinct(), &ordered, &args, deadline).await?,
+        };
         let (allowed, count, reset_after): (i64, u64, u64) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::UnexpectedReply(format!("distinct: {e}")))?;
         let reset_after = Duration::from_millis(reset_after);
@@ -517,12 +602,14 @@ impl RedisStore {
         charges: &[Charge],
         penalty: &Penalty,
         now_ms: Option<u64>,
+        deadline: CallDeadline,
     ) -> Result<Outcome, StoreError> {
         let mut keys: Vec<String> =
             charges.iter().map(|c| self.state_key(identity, &c.limit).to_string()).collect();
         keys.push(PenaltyKey { prefix: &self.prefix, identity }.to_string());
-        let args = (DecideAllArgs { now_ms, charges }, wire::PenaltyArgs(penalty));
-        let reply = self.eval(scripts::penalty(), &keys, &args).await?;
+        let args =
+            (DecideAllArgs { now_ms, charges, deadline_ms: deadline.server_ms }, wire::PenaltyArgs(penalty));
+        let reply = self.eval(scripts::penalty(), &keys, &args, deadline).await?;
         wire::penalized(&reply, charges.iter().map(|c| c.limit.quota.permits()))
     }
 

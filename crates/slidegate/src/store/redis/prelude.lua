@@ -36,6 +36,23 @@ if not client_time then
   now = t[1] * 1000 + (us - us % 1000) / 1000
 end
 
+-- The caller's deadline (ms on Redis's clock; -1: none), set by the main
+-- script from ARGV[1]. A call Redis reaches after it (queued behind a stall,
+-- a stopped server) was counted as failed by the caller: it must charge
+-- nothing, so it is refused before any read or write, with the server's
+-- time, which the caller learns its clock offset from.
+if deadline >= 0 then
+  local server_now = now
+  if client_time then
+    local t = call('TIME')
+    local us = t[2] + 0
+    server_now = t[1] * 1000 + (us - us % 1000) / 1000
+  end
+  if server_now > deadline then
+    return redis.error_reply(format('EXPIRED %d', server_now))
+  end
+end
+
 -- In client time a key's TTL runs on Redis's clock from the write, while the
 -- state ages on the client's clock; the slack keeps a key alive while a slow
 -- (or manual) client clock still needs it. An idle key changes no decision,

@@ -24,11 +24,13 @@ fn now_arg(now_ms: Option<u64>) -> f64 {
     now_ms.map_or(NOW_FROM_REDIS, |ms| ms as f64)
 }
 
-/// ARGV[1] of `decide.lua`: now (or -1), limit, window in ms, cost.
+/// ARGV[1] of `decide.lua`: now (or -1), limit, window in ms, cost, then
+/// the deadline on the server's clock when there is one.
 pub(super) struct DecideArgs {
     pub(super) now_ms: Option<u64>,
     pub(super) limit: Limit,
     pub(super) cost: u64,
+    pub(super) deadline_ms: Option<u64>,
 }
 
 impl ToRedisArgs for DecideArgs {
@@ -41,22 +43,27 @@ impl ToRedisArgs for DecideArgs {
             self.limit.quota.permits() as f64,
             self.limit.quota.window_ms() as f64,
             self.cost as f64,
+            self.deadline_ms.map_or(0.0, |ms| ms as f64),
         ];
-        let mut bytes = [0u8; 32];
+        let mut bytes = [0u8; 40];
         for (chunk, v) in bytes.chunks_exact_mut(8).zip(values) {
             chunk.copy_from_slice(&v.to_le_bytes());
         }
-        out.write_arg(&bytes);
+        let len = if self.deadline_ms.is_some() { 40 } else { 32 };
+        out.write_arg(&bytes[..len]);
     }
 }
 
 impl ToSingleRedisArg for DecideArgs {}
 
 /// ARGV[1] of `decide_all.lua`: now (or -1), then per limit its algorithm
-/// number ([`scripts::number`]), limit, window in ms and cost.
+/// number ([`scripts::number`]), limit, window in ms and cost, then the
+/// deadline on the server's clock when there is one (the scripts and the
+/// module tell it by the length: 16 + 32 n bytes rather than 8 + 32 n).
 pub(super) struct DecideAllArgs<'a> {
     pub(super) now_ms: Option<u64>,
     pub(super) charges: &'a [Charge],
+    pub(super) deadline_ms: Option<u64>,
 }
 
 impl ToRedisArgs for DecideAllArgs<'_> {
@@ -64,7 +71,7 @@ impl ToRedisArgs for DecideAllArgs<'_> {
     where
         W: ?Sized + RedisWrite,
     {
-        let mut bytes = Vec::with_capacity(8 + 32 * self.charges.len());
+        let mut bytes = Vec::with_capacity(16 + 32 * self.charges.len());
         bytes.extend_from_slice(&now_arg(self.now_ms).to_le_bytes());
         for &Charge { limit, cost } in self.charges {
             for v in [
@@ -76,11 +83,27 @@ impl ToRedisArgs for DecideAllArgs<'_> {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }
         }
+        if let Some(ms) = self.deadline_ms {
+            bytes.extend_from_slice(&(ms as f64).to_le_bytes());
+        }
         out.write_arg(&bytes);
     }
 }
 
 impl ToSingleRedisArg for DecideAllArgs<'_> {}
+
+/// The error code of a call the server reached after its deadline:
+/// `EXPIRED <server ms>`, from the scripts and the module alike.
+const EXPIRED: &str = "EXPIRED";
+
+/// The server's time in a refusal of a call past its deadline, or `None`
+/// when `err` is not one.
+pub(super) fn expired(err: &redis::RedisError) -> Option<u64> {
+    if err.code() != Some(EXPIRED) {
+        return None;
+    }
+    Some(err.detail().and_then(|d| d.trim().parse().ok()).unwrap_or(0))
+}
 
 /// The decisions in a script's reply, one per limit in `limits`.
 pub(super) fn decisions(
@@ -285,13 +308,17 @@ mod tests {
     #[test]
     fn arguments_are_little_endian_doubles() {
         let limit = Limit::new(Algorithm::Gcra, crate::Quota::per_minute(100).expect("valid"));
-        let args = DecideArgs { now_ms: Some(1_700_000_000_123), limit, cost: 3 }.to_redis_args();
-        let expected: Vec<u8> =
-            [1_700_000_000_123.0f64, 100.0, 60_000.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(args, [expected]);
-        let all = DecideAllArgs { now_ms: None, charges: &[Charge::new(limit, 2)] }.to_redis_args();
-        let expected: Vec<u8> =
-            [-1.0f64, 5.0, 100.0, 60_000.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(all, [expected]);
+        let doubles = |values: &[f64]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let args =
+            DecideArgs { now_ms: Some(1_700_000_000_123), limit, cost: 3, deadline_ms: None }.to_redis_args();
+        assert_eq!(args, [doubles(&[1_700_000_000_123.0, 100.0, 60_000.0, 3.0])]);
+        let args =
+            DecideArgs { now_ms: None, limit, cost: 3, deadline_ms: Some(1_700_000_000_173) }.to_redis_args();
+        assert_eq!(args, [doubles(&[-1.0, 100.0, 60_000.0, 3.0, 1_700_000_000_173.0])]);
+        let charges = [Charge::new(limit, 2)];
+        let all = DecideAllArgs { now_ms: None, charges: &charges, deadline_ms: None }.to_redis_args();
+        assert_eq!(all, [doubles(&[-1.0, 5.0, 100.0, 60_000.0, 2.0])]);
+        let all = DecideAllArgs { now_ms: None, charges: &charges, deadline_ms: Some(7) }.to_redis_args();
+        assert_eq!(all, [doubles(&[-1.0, 5.0, 100.0, 60_000.0, 2.0, 7.0])]);
     }
 }
