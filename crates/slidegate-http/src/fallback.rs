@@ -114,7 +114,39 @@ impl<S: Store> Store for Fallback<S> {
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        self.inner.distinct()
+        let inner = self.inner.distinct()?;
+        Some(FallbackDistinct { inner, seeded: self.seeded.as_ref() })
+    }
+}
+
+/// Crawl breadth through the fallback: while the store fails, the fallback
+/// limiter's own sketches admit `distinct / instances` values per window on
+/// each instance (from none: a sketch cannot be seeded from a count), so an
+/// outage never lifts a breadth limit either.
+struct FallbackDistinct<'a, D> {
+    inner: D,
+    seeded: Option<&'a Seeded>,
+}
+
+impl<D: DistinctStore> DistinctStore for FallbackDistinct<'_, D> {
+    async fn decide_distinct(
+        &self,
+        identity: &Identity,
+        quota: &Quota,
+        value: &[u8],
+    ) -> Result<Decision, StoreError> {
+        match self.inner.decide_distinct(identity, quota, value).await {
+            Err(err) if err.is_unavailable() => {
+                let (Some(seeded), Some(local)) = (self.seeded, self.seeded.and_then(|s| s.store.distinct()))
+                else {
+                    return Err(err);
+                };
+                let share = Quota::new((quota.permits() / seeded.instances).max(1), quota.window())
+                    .map_err(|_| err)?;
+                local.decide_distinct(identity, &share, value).await
+            }
+            answer => answer,
+        }
     }
 }
 

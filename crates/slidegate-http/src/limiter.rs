@@ -480,9 +480,9 @@ impl<S: Store + 'static> RateLimiter<S> {
 
     /// The breadth decision for a request whose path read as `reading` when
     /// it matched the rule, with `query`: `Ok(Some(policy))` to report with
-    /// the rate limits, `Ok(None)` when the store failed (breadth then steps
-    /// aside and the rate limits decide as configured), `Err(verdict)` a
-    /// denial. Every request has a value (see [`crate::BreadthOf::value`]).
+    /// the rate limits, `Ok(None)` when the store failed and the rule's
+    /// failure policy is not the fallback (breadth then steps aside and the
+    /// rate limits apply it), `Err(verdict)` a denial. Every request has a value (see [`crate::BreadthOf::value`]).
     async fn decide_breadth<'s>(
         &'s self,
         index: usize,
@@ -500,11 +500,22 @@ impl<S: Store + 'static> RateLimiter<S> {
         } else {
             &value
         };
-        // `new` refused a breadth rule on a store without sketches.
-        let Some(distinct) = self.inner.store.distinct() else {
-            return Ok(None);
+        // As for the rate limits, only a rule whose failure policy is the
+        // fallback limiter asks through it. Otherwise breadth steps aside
+        // when the store fails, and the rate limits apply `on_error` (a
+        // `deny` rule fails closed there). `new` refused a breadth rule on a
+        // store without sketches.
+        let answer = match rule.on_error {
+            OnError::Fallback => match self.inner.store.distinct() {
+                Some(distinct) => distinct.decide_distinct(identity, &breadth.quota, value).await,
+                None => return Ok(None),
+            },
+            OnError::Allow | OnError::Deny => match self.inner.store.get_ref().distinct() {
+                Some(distinct) => distinct.decide_distinct(identity, &breadth.quota, value).await,
+                None => return Ok(None),
+            },
         };
-        let Ok(decision) = distinct.decide_distinct(identity, &breadth.quota, value).await else {
+        let Ok(decision) = answer else {
             return Ok(None);
         };
         let policy = PolicyResult { name: &rule.breadth_name, quota: breadth.quota, decision };

@@ -298,3 +298,44 @@ fn ids_in_the_query_are_counted_on_redis() {
     assert_eq!(walk(&gate, fresh, 3, |_| "/items?id=".to_owned()), Vec::<u32>::new());
     assert_eq!(walk(&gate, fresh, 3, |_| "/items?id=&id=".to_owned()), Vec::<u32>::new());
 }
+
+/// Redis down: breadth no longer steps aside under the default failure
+/// policy. The fallback's own sketches admit `distinct / instances` new ids
+/// per window (here 20 of 60), where the walk used to get all 60; a rule
+/// with `on_error = "allow"` still steps aside, as documented.
+#[test]
+fn a_store_outage_does_not_lift_crawl_breadth() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let rule = |name: &str, extra: &str| {
+        format!(
+            "[[rules]]\nname = \"{name}\"\npath = \"/api/{name}/{{id}}\"\nlimits = [{{ limit = 100000, window = \"60s\" }}]\n\
+             breadth = {{ distinct = 20, window = \"10m\", of = \"param:id\" }}\n{extra}\n"
+        )
+    };
+    let config = format!(
+        "{head}\n[identity]\nip_hash_secret_env = \"{SECRET_ENV}\"\n\n{videos}{open}",
+        head = config_head(
+            upstream.addr,
+            "",
+            &format!("[store]\nurl = \"{}\"\ntimeout_ms = 200\n", redis.url())
+        ),
+        videos = rule("videos", ""),
+        open = rule("open", "on_error = \"allow\""),
+    );
+    let gate = Slidegate::start(&config);
+    // Five ids of each while Redis answers: in its sketch, not the fallback's.
+    for id in 0..5 {
+        assert_eq!(gate.get(&format!("/api/videos/{id}"), &[]).status, 200);
+        assert_eq!(gate.get(&format!("/api/open/{id}"), &[]).status, 200);
+    }
+    redis.kill();
+    let walk = |name: &str| -> usize {
+        (100..160).filter(|id| gate.get(&format!("/api/{name}/{id}"), &[]).status == 200).count()
+    };
+    let admitted = walk("videos");
+    // HyperLogLog at 20 values: a new id whose register already holds its
+    // rank is taken for one seen now and then, so 20 or a few fewer.
+    assert!((17..=20).contains(&admitted), "{admitted} of 60 new ids admitted while Redis was down");
+    assert_eq!(walk("open"), 60, "on_error = \"allow\" steps aside");
+}
