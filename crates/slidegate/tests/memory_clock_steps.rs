@@ -89,14 +89,15 @@ enum Step {
     Sweep { step_ms: i64 },
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// Calls for `identities` identities; sweeps among them when `sweeps`.
+fn step(identities: usize, sweeps: bool) -> impl Strategy<Value = Step> {
     prop_oneof![
-        8 => (clock_step(), 0..12usize, 0..3usize, 0..5u8, 1..4u8).prop_map(
+        8 => (clock_step(), 0..identities, 0..3usize, 0..5u8, 1..4u8).prop_map(
             |(step_ms, identity, limit, cost, repeat)| Step::Decide { step_ms, identity, limit, cost, repeat }
         ),
-        2 => (clock_step(), 0..12usize, [0..5u8, 0..5u8, 0..5u8])
+        2 => (clock_step(), 0..identities, [0..5u8, 0..5u8, 0..5u8])
             .prop_map(|(step_ms, identity, costs)| Step::DecideAll { step_ms, identity, costs }),
-        1 => clock_step().prop_map(|step_ms| Step::Sweep { step_ms }),
+        u32::from(sweeps) => clock_step().prop_map(|step_ms| Step::Sweep { step_ms }),
     ]
 }
 
@@ -107,25 +108,30 @@ fn cost(limit: &Limit, index: u8) -> u64 {
 }
 
 /// Every state as the algorithms keep it, unpacked: what the store must
-/// agree with. The store may forget a state whenever it is idle at the
-/// time the clock reads (`MemoryStore::evict_idle`, and sweeps as tables
-/// grow or re-reference their packed states), and a forgotten state would
-/// count again had the clock stepped back before its window ended. So each
-/// identity has the set of states it may have, one per limit: every call
-/// must be decided as for one of them, and keeps those it was decided as.
+/// agree with. The store forgets a state that is idle at the time the
+/// clock reads when it sweeps (`MemoryStore::evict_idle`) or a table grows,
+/// and a forgotten state would count again had the clock stepped back
+/// before its window ended. So each identity has the set of states it may
+/// have, one per limit: every call must be decided as for one of them, and
+/// keeps those it was decided as. Without sweeps or growth, there is one.
 struct Reference {
     limits: [Limit; 3],
     candidates: Vec<Vec<[IdentityState; 3]>>,
+    /// Whether the store may forget idle states: it sweeps, or its tables grow.
+    forgets: bool,
 }
 
 impl Reference {
-    fn new(limits: [Limit; 3], identities: usize) -> Self {
+    fn new(limits: [Limit; 3], identities: usize, forgets: bool) -> Self {
         let fresh = limits.map(|l| IdentityState::new(l.algorithm));
-        Self { limits, candidates: vec![vec![fresh]; identities] }
+        Self { limits, candidates: vec![vec![fresh]; identities], forgets }
     }
 
     /// The clock reads `now`: a state idle then may be forgotten.
     fn forgettable_at(&mut self, now: u64) {
+        if !self.forgets {
+            return;
+        }
         for candidates in &mut self.candidates {
             for l in 0..3 {
                 let forgotten: Vec<[IdentityState; 3]> = candidates
@@ -206,16 +212,32 @@ fn decide_all(
 /// limit) decides exactly as the algorithms do on unpacked states.
 #[test]
 fn packed_states_decide_as_unpacked_ones_whatever_the_clock_does() {
+    // Tables grow past 6 identities (and sweep as they grow) and are swept.
+    replay_traces(12, true);
+}
+
+/// As above, with tables that never grow nor sweep: the store forgets
+/// nothing, as Redis on a client clock forgets nothing while the test's real
+/// time stands still (`memory_and_cluster_decide_identically`).
+#[test]
+fn packed_states_are_never_forgotten_but_by_a_sweep() {
+    replay_traces(6, false);
+}
+
+/// Replays random traces for `identities` identities, with sweeps if
+/// `sweeps`, through a one-shard store and the [`Reference`].
+fn replay_traces(identities: usize, sweeps: bool) {
     let mut config = Config::with_cases(256);
     config.source_file = Some(file!());
     let mut runner = TestRunner::new(config);
-    let trace = proptest::collection::vec(step(), 1..160);
+    let trace = proptest::collection::vec(step(identities, sweeps), 1..160);
     let result = runner.run(&trace, |trace| {
         let limits = narrow_limits();
-        let identities: Vec<Identity> = (0..12).map(|i| Identity::named("t", &format!("i{i}"))).collect();
+        let ids: Vec<Identity> = (0..identities).map(|i| Identity::named("t", &format!("i{i}"))).collect();
         let clock = ManualClock::new(1_700_000_000_000);
         let store = MemoryStore::with_clock(clock.clone()).with_shards(1);
-        let mut reference = Reference::new(limits, identities.len());
+        // A table holds 6 states before it first grows (8 slots, at most 80% used).
+        let mut reference = Reference::new(limits, identities, sweeps || identities > 6);
         for (n, step) in trace.iter().enumerate() {
             let step_ms = match step {
                 Step::Decide { step_ms, .. } | Step::DecideAll { step_ms, .. } | Step::Sweep { step_ms } => {
@@ -230,7 +252,7 @@ fn packed_states_decide_as_unpacked_ones_whatever_the_clock_does() {
                 Step::Decide { identity, limit, cost: c, repeat, .. } => {
                     let (l, c) = (limits[limit], cost(&limits[limit], c));
                     for _ in 0..repeat {
-                        let got = store.decide_one_sync(&identities[identity], &l, c).expect("decided");
+                        let got = store.decide_one_sync(&ids[identity], &l, c).expect("decided");
                         reference
                             .check(identity, &[got], |states| vec![states[limit].decide(now, c, &l.quota)])
                             .map_err(at)?;
@@ -240,7 +262,7 @@ fn packed_states_decide_as_unpacked_ones_whatever_the_clock_does() {
                     let costs: Vec<u64> = limits.iter().zip(costs).map(|(l, c)| cost(l, c)).collect();
                     let pairs: Vec<(Limit, u64)> =
                         limits.iter().copied().zip(costs.iter().copied()).collect();
-                    let got = store.decide_all_sync(&identities[identity], &pairs).expect("decided");
+                    let got = store.decide_all_sync(&ids[identity], &pairs).expect("decided");
                     reference
                         .check(identity, &got, |states| decide_all(states, &limits, &costs, now))
                         .map_err(at)?;

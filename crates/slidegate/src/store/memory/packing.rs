@@ -11,26 +11,34 @@
 //! Unpacking restores the full window number as the one nearest to a
 //! reference window `R` (the table's last sweep), which is exact for the
 //! windows `R − 2^(k−1) < window ≤ R + 2^(k−1)` ([`Packing::restores`]).
-//! The table keeps every state it holds in that range, whatever the clock
-//! does, so the algorithm always runs on the state as written and decisions
-//! are identical to the unpacked ones:
+//! The invariant: a packed table holds only states in that range, whatever
+//! the clock does, so the algorithm always runs on the state as written and
+//! decisions are identical to the unpacked ones. It holds because:
 //!
-//! - It decides only at times whose window is within `B = 2^(k−2)` windows
-//!   of `R` (its [`Reach`], [`Packing::reach`]). Such a decision writes
-//!   either the current window, in range, or leaves a state's window as it
-//!   was: a state written later than the clock now reads is decided as at
-//!   the start of its own window (`algorithm::skew_ms`) and keeps it.
-//! - A sweep at a later time takes its own window as the new `R`: every
-//!   state that survives it counts in that window or the one before, or was
-//!   already ahead of the old `R` by at most `2^(k−1)`, so it is ahead of
-//!   the new `R` by less. A sweep at an earlier time keeps `R`.
-//! - Before a decision outside its reach, the table restores every state
-//!   relative to the old `R` and re-references them to the window of the
-//!   decision. Forward, they all fit (as for a sweep); after the clock
-//!   stepped back more than `B` windows, states written before the step may
-//!   lie too far ahead of the new `R`. The table then keeps its states
-//!   unpacked (`tables.rs`) until a decision outside the reach of that
-//!   moment, or a sweep, finds that every state fits again.
+//! - The table decides only at times whose window is within `B = 2^(k−2)`
+//!   windows of `R` (its [`Reach`], [`Packing::reach`]; one comparison per
+//!   decision). Such a decision writes either the current window, in range,
+//!   or leaves a state's window as it was: a state written later than the
+//!   clock now reads is decided as at the start of its own window
+//!   (`algorithm::skew_ms`) and keeps it.
+//! - A sweep (as the table grows, or `evict_idle`) at a later time takes its
+//!   own window as the new `R`: every state that survives it counts in that
+//!   window or the one before, or was ahead of the old `R` by at most
+//!   `2^(k−1)`, so it is ahead of the new `R` by less. A sweep at an
+//!   earlier time keeps `R`.
+//! - Before a decision outside its reach, forward or back, the table
+//!   restores every state relative to the old `R` and repacks them relative
+//!   to the window of the decision if they all fit. It forgets none: a
+//!   plain table would not, and a state idle now counts again if the clock
+//!   steps back before its window ends. When one does not fit — a state
+//!   written before the clock stepped back more than `B` windows, or one
+//!   left more than `2^(k−1)` windows behind by a jump forward — the table
+//!   keeps its states plain (`tables.rs`) until a decision outside the
+//!   reach of that moment, or a sweep, finds that they all fit again.
+//!
+//! So a packed table forgets a state exactly where a plain one does, when
+//! it grows or is swept. The lock-free handles (`hot.rs`) only decide for
+//! a state the table holds, before the end of its reach.
 
 use std::marker::PhantomData;
 
@@ -75,8 +83,8 @@ impl Reach {
     /// Every time a store decides at (they end before `u64::MAX`).
     const ALWAYS: Self = Self { from_ms: 0, span_ms: u64::MAX };
 
-    /// Whether the table may decide at `now_ms`: one comparison, as the
-    /// horizon check it replaces.
+    /// Whether the table may decide at `now_ms`: one subtraction and one
+    /// comparison on every decision, either way out of the reach.
     #[inline(always)]
     pub(crate) fn covers(&self, now_ms: u64) -> bool {
         now_ms.wrapping_sub(self.from_ms) < self.span_ms

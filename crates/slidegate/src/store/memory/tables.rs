@@ -261,29 +261,24 @@ impl<T: PackedStates> PackedTable<T> {
     }
 
     /// Re-references every state to `now`, whose window the table then
-    /// reaches, packed if every state still fits and plain otherwise.
+    /// reaches: packed if every state fits, plain otherwise.
+    ///
+    /// Forgets nothing: a table forgets idle states only where a plain one
+    /// would, when it grows or is swept, so that a state idle now still
+    /// counts as written if the clock steps back before its window ends.
     fn rereference(&mut self, now: u64) {
         let (packing, states) = match self {
             Self::Plain(_) => return,
-            // Forward, every state fits (see `packing.rs`): a sweep does it in place.
-            Self::Packed(t) if now >= t.swept().at_ms => return t.rebuild(now, 0),
             Self::Packed(t) => (*t.packing(), t.take_states()),
             Self::Unpacked(u) => (u.packing, u.table.states()),
         };
-        *self = Self::repacked(packing, now, states);
-    }
-
-    /// `states`, re-referenced to `now` without the idle ones.
-    fn repacked(packing: T::Packing, now: u64, mut states: Vec<(u64, packing::State<T::Packing>)>) -> Self {
-        let quota = *packing.quota();
-        states.retain(|(_, s)| !AlgorithmOf::<T>::is_idle(s, now, &quota));
         let reference = packing.reference(now);
-        if states.iter().all(|&(_, s)| packing.restores(s, reference)) {
+        *self = if states.iter().all(|&(_, s)| packing.restores(s, reference)) {
             Self::Packed(T::with_states(packing, now, &states))
         } else {
-            let table = Keyed::with_states(Plain::of(quota), now, &states);
+            let table = Keyed::with_states(Plain::of(*packing.quota()), now, &states);
             Self::Unpacked(Unpacked { table, packing, reach: packing.reach(now) })
-        }
+        };
     }
 }
 
@@ -307,8 +302,11 @@ impl<T: PackedStates> LimitTable for PackedTable<T> {
         match self {
             Self::Packed(t) => t.rebuild(now, 0),
             Self::Plain(t) => t.rebuild(now, 0),
-            // Sweeping is a moment to try packing again.
-            Self::Unpacked(_) => self.rereference(now),
+            // With the idle states gone, the rest may fit again.
+            Self::Unpacked(u) => {
+                u.table.rebuild(now, 0);
+                self.rereference(now);
+            }
         }
     }
     fn len(&self) -> usize {
@@ -370,11 +368,11 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert_eq!(peek(&mut table, 1, back).1, ms(120_000), "ahead, as written");
         // Forward 20,000 windows, past the reach: the state ahead fits again,
-        // the other one is idle and forgotten.
+        // and so does the other one, idle but not forgotten.
         let later = back + 60_000;
         assert_eq!(peek(&mut table, 1, later), (permits - 1, ms(60_000)));
         assert!(matches!(table, PackedTable::Packed(_)));
-        assert_eq!(table.len(), 1);
+        assert_eq!(table.len(), 2);
         // A short step back keeps the reference: everything still fits.
         assert!(table.decide(5, later - 3_000, 1, true).allowed);
         assert!(matches!(table, PackedTable::Packed(_)));
@@ -393,15 +391,27 @@ mod tests {
     }
 
     #[test]
-    fn forward_time_never_unpacks() {
+    fn forward_time_keeps_idle_states_as_a_plain_table_would() {
         let quota = Quota::new(10_000_000, Duration::from_millis(3)).unwrap();
         let mut table = PackedTable::<CounterTable>::new(quota, T0);
-        let mut now = T0;
-        for jump in [0, 1, 49_151, 49_152, 98_304, 196_608, 1 << 40] {
-            now += jump;
-            assert!(table.decide(now, now, 1, true).allowed);
-            assert!(matches!(table, PackedTable::Packed(_)), "after {jump} ms");
-        }
+        assert!(table.decide(1, T0, 1, true).allowed);
+        // Past the reach: re-referenced, state 1 idle but kept, and it fits.
+        let on = T0 + 3 * ((1 << 14) + 1);
+        assert!(table.decide(3, on, 1, true).allowed);
+        assert!(matches!(table, PackedTable::Packed(_)));
+        assert_eq!(table.len(), 2);
+        // Past it again, more than 2^15 windows after state 1: kept plain.
+        let further = on + 3 * ((1 << 14) + 1);
+        assert!(table.decide(5, further, 1, true).allowed);
+        assert!(matches!(table, PackedTable::Unpacked(_)));
+        // A step back to state 1's window finds it as written.
+        assert_eq!(peek(&mut table, 1, T0), (9_999_999, Duration::from_millis(4)));
+        assert_eq!(peek(&mut table, 5, T0).1, Duration::from_millis(further - T0 + 4));
+        // A sweep forgets the idle states; what is left fits.
+        table.shrink(further);
+        assert!(matches!(table, PackedTable::Packed(_)));
+        assert_eq!(table.len(), 1);
+        assert_eq!(peek(&mut table, 5, further).1, Duration::from_millis(4));
     }
 
     #[test]
