@@ -24,9 +24,9 @@
 //!
 //! Idle identities — whose state no longer changes any decision — are swept
 //! out as tables grow, and [`MemoryStore::evict_idle`] sweeps and shrinks
-//! everything. A table that stops growing is otherwise only swept when one of
-//! its identities is decided again after a long horizon (2^14 windows and
-//! more), so a long-running process should call
+//! everything. A table that stops growing is otherwise never swept (a state
+//! idle now counts again if the clock steps back before its window ends),
+//! so a long-running process should call
 //! [`MemoryStore::evict_idle_step`] from a timer: it sweeps a bounded number
 //! of shards per call, round-robin, and gives memory back after a burst
 //! without ever holding more than one shard's lock for one shard's work.

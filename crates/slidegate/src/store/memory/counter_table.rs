@@ -4,44 +4,67 @@
 use std::sync::Arc;
 
 use super::hot;
-use super::packing::{PackedCounter, Packing, Plain};
+use super::packing::{PackedCounter, Packing};
 use super::shared_slots::SharedSlots;
-use super::tables::{Keyed, LimitTable, PlainTable};
-use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
+use super::tables::{PackedStates, Swept};
+use crate::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
 use crate::algorithm::Definition;
-use crate::{Decision, Quota};
+use crate::Decision;
 
 /// The sliding window counter's packed states, in a table whose states a
 /// thread holding a handle may also update without the shard's lock (see
-/// `hot.rs` and `shared_slots.rs`). Decides exactly as [`Keyed`] does.
+/// `hot.rs` and `shared_slots.rs`). Decides exactly as
+/// [`Keyed`](super::tables::Keyed) does.
 pub(super) struct CounterTable {
     packing: PackedCounter,
     slots: SharedSlots,
-    /// As in [`Keyed`].
-    swept_ms: u64,
-    reference: u64,
+    /// As in [`Keyed`](super::tables::Keyed).
+    swept: Swept,
     /// `(id, slot, state)` of the state a multi-limit decision holds frozen
-    /// ([`LimitTable::hold`]): decisions under the lock use this copy.
+    /// ([`LimitTable::hold`](super::tables::LimitTable::hold)): decisions
+    /// under the lock use this copy.
     held: Option<(u64, usize, u64)>,
 }
 
-impl CounterTable {
+impl PackedStates for CounterTable {
+    type Packing = PackedCounter;
+
     fn new(packing: PackedCounter, now: u64) -> Self {
-        Self {
-            packing,
-            slots: SharedSlots::new(),
-            swept_ms: now,
-            reference: packing.reference(now),
-            held: None,
+        Self { packing, slots: SharedSlots::new(), swept: Swept::at(&packing, now), held: None }
+    }
+
+    fn with_states(
+        packing: PackedCounter,
+        now: u64,
+        states: &[(u64, sliding_window_counter::State)],
+    ) -> Self {
+        let mut table = Self::new(packing, now);
+        table.slots.rebuild(|_| false, states.len());
+        for &(id, state) in states {
+            table.slots.insert_new(id, packing.pack(state));
         }
+        table
+    }
+
+    /// The old array's states are frozen for good: handles on it go stale.
+    fn take_states(&mut self) -> Vec<(u64, sliding_window_counter::State)> {
+        self.release();
+        let (packing, reference) = (self.packing, self.swept.reference);
+        self.slots.take().into_iter().map(|(id, p)| (id, packing.unpack(p, reference))).collect()
+    }
+
+    fn packing(&self) -> &PackedCounter {
+        &self.packing
+    }
+
+    #[inline(always)]
+    fn swept(&self) -> &Swept {
+        &self.swept
     }
 
     #[inline]
     fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
-            self.rebuild(now, 0);
-        }
-        let (packing, reference) = (self.packing, self.reference);
+        let (packing, reference) = (self.packing, self.swept.reference);
         let quota = *packing.quota();
         if let Some(index) = self.slots.find(id) {
             if let Some((_, held, packed)) = &mut self.held {
@@ -74,30 +97,26 @@ impl CounterTable {
         decision
     }
 
-    /// As [`Keyed::rebuild`]; a state held frozen is put back first and
-    /// held again in the new array.
+    /// As [`Keyed::rebuild`](super::tables::Keyed::rebuild); a state held
+    /// frozen is put back first and held again in the new array.
     fn rebuild(&mut self, now: u64, room: usize) {
         let held = self.held.map(|(id, _, _)| id);
         self.release();
-        let (packing, reference) = (self.packing, self.reference);
+        let (packing, reference) = (self.packing, self.swept.reference);
         self.slots.rebuild(
             |p| !SlidingWindowCounter::is_idle(&packing.unpack(p, reference), now, packing.quota()),
             room,
         );
-        self.swept_ms = now;
-        self.reference = packing.reference(now);
+        self.swept = self.swept.after_sweep(&packing, now);
         if let Some(id) = held {
-            self.hold(id, now);
+            self.hold(id);
         }
     }
 
-    fn hold(&mut self, id: u64, now: u64) {
+    fn hold(&mut self, id: u64) {
         // One identity at a time. A hold still in place was left by a panic
         // between `hold` and `release`: ending it keeps a poisoned shard sound.
         self.release();
-        if now.saturating_sub(self.swept_ms) >= self.packing.horizon_ms() {
-            self.rebuild(now, 0);
-        }
         if let Some(index) = self.slots.find(id) {
             self.held = Some((id, index, self.slots.freeze(index)));
         }
@@ -115,60 +134,12 @@ impl CounterTable {
             slots: Arc::clone(self.slots.array()),
             index,
             packing: self.packing,
-            reference: self.reference,
-            sweep_due_ms: self.swept_ms.saturating_add(self.packing.horizon_ms()),
+            reference: self.swept.reference,
+            sweep_due_ms: self.swept.reach.until_ms(),
         })
     }
-}
 
-/// The sliding window counter's table: packed with handles (see
-/// [`CounterTable`]) when the limit leaves room, plain otherwise (limits of
-/// 2^24 and more).
-pub(super) enum CounterTables {
-    Packed(CounterTable),
-    Plain(PlainTable<SlidingWindowCounter>),
-}
-
-impl LimitTable for CounterTables {
-    fn new(quota: Quota, now: u64) -> Self {
-        match PackedCounter::new(quota) {
-            Some(packing) => Self::Packed(CounterTable::new(packing, now)),
-            None => Self::Plain(Keyed::new(Plain::of(quota), now)),
-        }
-    }
-    #[inline]
-    fn decide(&mut self, id: u64, now: u64, cost: u64, commit: bool) -> Decision {
-        match self {
-            Self::Packed(t) => t.decide(id, now, cost, commit),
-            Self::Plain(t) => Keyed::decide(t, id, now, cost, commit),
-        }
-    }
-    fn shrink(&mut self, now: u64) {
-        match self {
-            Self::Packed(t) => t.rebuild(now, 0),
-            Self::Plain(t) => t.rebuild(now, 0),
-        }
-    }
     fn len(&self) -> usize {
-        match self {
-            Self::Packed(t) => t.slots.len(),
-            Self::Plain(t) => Keyed::len(t),
-        }
-    }
-    fn hold(&mut self, id: u64, now: u64) {
-        if let Self::Packed(t) = self {
-            t.hold(id, now);
-        }
-    }
-    fn release(&mut self) {
-        if let Self::Packed(t) = self {
-            t.release();
-        }
-    }
-    fn handle(&self, id: u64) -> Option<hot::Handle> {
-        match self {
-            Self::Packed(t) => t.handle(id),
-            Self::Plain(_) => None,
-        }
+        self.slots.len()
     }
 }

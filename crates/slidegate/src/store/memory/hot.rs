@@ -39,8 +39,10 @@ pub(crate) struct Handle {
     pub(super) packing: PackedCounter,
     /// The table's [`Packing::reference`] when the handle was taken.
     pub(super) reference: u64,
-    /// From this time on the table must sweep before deciding
-    /// ([`Packing::horizon_ms`]), so the handle may not be used.
+    /// From this time on the table must sweep before deciding (the end of
+    /// its [`Packing::reach`]), so the handle may not be used. Earlier
+    /// times need no check: the state is one the table holds, and a
+    /// decision before its window leaves the window as it is (`packing.rs`).
     pub(super) sweep_due_ms: u64,
 }
 

@@ -2,11 +2,11 @@
 //! ([`Kept`]), and the per-limit [`Table`] that dispatches to it, generated
 //! from `for_each_algorithm!`.
 
-use super::counter_table::CounterTables;
+use super::counter_table::CounterTable;
 use super::hot;
 use super::logs::Logs;
 use super::packing::PackedFixed;
-use super::tables::{LimitTable, PackedTable, PlainTable};
+use super::tables::{Keyed, LimitTable, PackedTable, PlainTable};
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_log::SlidingLog;
@@ -26,11 +26,11 @@ pub(super) trait Kept: Definition {
 }
 
 impl Kept for SlidingWindowCounter {
-    type Table = CounterTables;
+    type Table = PackedTable<CounterTable>;
 }
 
 impl Kept for FixedWindow {
-    type Table = PackedTable<PackedFixed>;
+    type Table = PackedTable<Keyed<PackedFixed>>;
 }
 
 impl Kept for SlidingLog {

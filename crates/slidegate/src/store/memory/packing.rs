@@ -9,13 +9,36 @@
 //! the bits the limit needs, and the window number is kept modulo `2^k`.
 //!
 //! Unpacking restores the full window number as the one nearest to a
-//! reference time, which is exact while the state's window is less than
-//! `2^(k−1)` windows from it. The table makes that hold by taking its last
-//! sweep as the reference and sweeping again before a decision more than
-//! `2^(k−2)` windows later ([`Packing::horizon_ms`]): every state it holds
-//! was written between one window before the last sweep (a survivor) and one
-//! horizon after it. The algorithm then runs on the restored state, so
-//! decisions are identical to the unpacked ones.
+//! reference window `R` (the table's last sweep), which is exact for the
+//! windows `R − 2^(k−1) < window ≤ R + 2^(k−1)` ([`Packing::restores`]).
+//! The invariant: a packed table holds only states in that range, whatever
+//! the clock does, so the algorithm always runs on the state as written and
+//! decisions are identical to the unpacked ones. It holds because:
+//!
+//! - The table decides only at times whose window is within `B = 2^(k−2)`
+//!   windows of `R` (its [`Reach`], [`Packing::reach`]; one comparison per
+//!   decision). Such a decision writes either the current window, in range,
+//!   or leaves a state's window as it was: a state written later than the
+//!   clock now reads is decided as at the start of its own window
+//!   (`algorithm::skew_ms`) and keeps it.
+//! - A sweep (as the table grows, or `evict_idle`) at a later time takes its
+//!   own window as the new `R`: every state that survives it counts in that
+//!   window or the one before, or was ahead of the old `R` by at most
+//!   `2^(k−1)`, so it is ahead of the new `R` by less. A sweep at an
+//!   earlier time keeps `R`.
+//! - Before a decision outside its reach, forward or back, the table
+//!   restores every state relative to the old `R` and repacks them relative
+//!   to the window of the decision if they all fit. It forgets none: a
+//!   plain table would not, and a state idle now counts again if the clock
+//!   steps back before its window ends. When one does not fit — a state
+//!   written before the clock stepped back more than `B` windows, or one
+//!   left more than `2^(k−1)` windows behind by a jump forward — the table
+//!   keeps its states plain (`tables.rs`) until a decision outside the
+//!   reach of that moment, or a sweep, finds that they all fit again.
+//!
+//! So a packed table forgets a state exactly where a plain one does, when
+//! it grows or is swept. The lock-free handles (`hot.rs`) only decide for
+//! a state the table holds, before the end of its reach.
 
 use std::marker::PhantomData;
 
@@ -40,8 +63,37 @@ pub(crate) trait Packing: Copy {
     fn reference(&self, at_ms: u64) -> u64;
     /// The state `packed` holds, for a state written near the time `reference` describes.
     fn unpack(&self, packed: Self::Packed, reference: u64) -> State<Self>;
-    /// The table must sweep idle states at least this often for [`Packing::unpack`] to be exact.
-    fn horizon_ms(&self) -> u64;
+    /// The times at which a table referenced at `at_ms` may decide (see the module doc).
+    fn reach(&self, at_ms: u64) -> Reach;
+    /// Whether [`Packing::unpack`] restores `state` exactly relative to `reference`.
+    fn restores(&self, state: State<Self>, reference: u64) -> bool {
+        self.unpack(self.pack(state), reference) == state
+    }
+}
+
+/// The times from `from_ms` for `span_ms` milliseconds: those at which a
+/// table may decide without re-referencing its packed states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reach {
+    from_ms: u64,
+    span_ms: u64,
+}
+
+impl Reach {
+    /// Every time a store decides at (they end before `u64::MAX`).
+    const ALWAYS: Self = Self { from_ms: 0, span_ms: u64::MAX };
+
+    /// Whether the table may decide at `now_ms`: one subtraction and one
+    /// comparison on every decision, either way out of the reach.
+    #[inline(always)]
+    pub(crate) fn covers(&self, now_ms: u64) -> bool {
+        now_ms.wrapping_sub(self.from_ms) < self.span_ms
+    }
+
+    /// The first time after the reach, when the table must sweep first.
+    pub(crate) fn until_ms(&self) -> u64 {
+        self.from_ms.saturating_add(self.span_ms)
+    }
 }
 
 /// The state type a packing packs.
@@ -89,8 +141,8 @@ impl<A: Definition<State: Copy>> Packing for Plain<A> {
     fn unpack(&self, packed: A::State, _reference: u64) -> A::State {
         packed
     }
-    fn horizon_ms(&self) -> u64 {
-        u64::MAX
+    fn reach(&self, _at_ms: u64) -> Reach {
+        Reach::ALWAYS
     }
 }
 
@@ -122,8 +174,13 @@ impl WindowBits {
         current.wrapping_sub(behind)
     }
 
-    fn horizon_ms(&self) -> u64 {
-        (1u64 << (self.bits - 2)).saturating_mul(self.window_ms)
+    /// `B = 2^(k−2)` windows either side of the window of `at_ms`, ending
+    /// `B` windows after `at_ms` itself.
+    fn reach(&self, at_ms: u64) -> Reach {
+        let b = 1u64 << (self.bits - 2);
+        let from_ms = (at_ms / self.window_ms).saturating_sub(b).saturating_mul(self.window_ms);
+        let until_ms = at_ms.saturating_add(b.saturating_mul(self.window_ms));
+        Reach { from_ms, span_ms: until_ms - from_ms }
     }
 }
 
@@ -175,8 +232,8 @@ impl Packing for PackedCounter {
             prev: packed & counter,
         }
     }
-    fn horizon_ms(&self) -> u64 {
-        self.window.horizon_ms()
+    fn reach(&self, at_ms: u64) -> Reach {
+        self.window.reach(at_ms)
     }
 }
 
@@ -220,8 +277,8 @@ impl Packing for PackedFixed {
             count: packed & (u64::MAX >> (64 - b)),
         }
     }
-    fn horizon_ms(&self) -> u64 {
-        self.window.horizon_ms()
+    fn reach(&self, at_ms: u64) -> Reach {
+        self.window.reach(at_ms)
     }
 }
 
@@ -255,7 +312,24 @@ mod tests {
             }
             assert_eq!(wb.restore(wb.truncate(current + 3), current), current + 3);
         }
-        assert_eq!(wb.horizon_ms(), 16_384);
+        let reach = wb.reach(100_000);
+        assert_eq!((reach.from_ms, reach.until_ms()), (100_000 - 16_384, 100_000 + 16_384));
+        assert!(!reach.covers(100_000 - 16_385) && reach.covers(100_000 - 16_384));
+        assert!(reach.covers(100_000 + 16_383) && !reach.covers(100_000 + 16_384));
+        assert_eq!(wb.reach(5).from_ms, 0, "no reach before time 0");
+        let wide = WindowBits { window_ms: 1000, bits: 63 }.reach(1_700_000_000_000);
+        assert_eq!((wide.from_ms, wide.until_ms()), (0, u64::MAX), "saturates");
+    }
+
+    #[test]
+    fn restores_exactly_within_half_the_modulus() {
+        let q = Quota::new(10_000_000, Duration::from_millis(3)).unwrap();
+        let p = PackedCounter::new(q).unwrap();
+        assert_eq!(p.window.bits, 16);
+        let r = 1_000_000;
+        let at = |window| sliding_window_counter::State { window, cur: 1, prev: 0 };
+        assert!(p.restores(at(r + (1 << 15)), r) && !p.restores(at(r + (1 << 15) + 1), r));
+        assert!(p.restores(at(r - (1 << 15) + 1), r) && !p.restores(at(r - (1 << 15)), r));
     }
 
     #[test]

@@ -144,6 +144,21 @@ impl SharedSlots {
         update(&self.slots[index].state, decide)
     }
 
+    /// Every `(id, state)`, each state frozen for good as it is read (as by
+    /// [`SharedSlots::rebuild`]); the table is left empty.
+    pub(super) fn take(&mut self) -> Vec<(u64, u64)> {
+        let states = self
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let id = slot.id.load(Ordering::Relaxed);
+                (id != EMPTY).then(|| (id, slot.state.swap(FROZEN, Ordering::AcqRel)))
+            })
+            .collect();
+        *self = Self::new();
+        states
+    }
+
     /// Rebuilds the table with the states `keep` accepts, sized for them
     /// plus `room` more at 53% load (an empty table frees its memory).
     /// Every state of the old array is frozen for good as it is read, so a
@@ -229,6 +244,14 @@ mod tests {
         assert_eq!(t.state(i).load(Ordering::Relaxed), FROZEN);
         t.thaw(i, 7);
         assert_eq!(t.state(i).load(Ordering::Relaxed), 7);
+        let old = Arc::clone(t.array());
+        let taken = t.take();
+        assert_eq!(taken.len(), 5_000);
+        assert!(taken.contains(&(ids[0], 7)) && taken.contains(&(ids[2], 2)));
+        assert_eq!((t.len(), t.slots.len()), (0, 0), "taking every state empties the table");
+        assert!(old
+            .iter()
+            .all(|s| s.id.load(Ordering::Relaxed) == EMPTY || s.state().load(Ordering::Relaxed) == FROZEN));
         t.rebuild(|_| false, 0);
         assert_eq!((t.len(), t.slots.len()), (0, 0), "an empty table frees its memory");
     }

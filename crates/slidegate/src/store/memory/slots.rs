@@ -98,6 +98,11 @@ impl<V: Copy + Default> Slots<V> {
         }
     }
 
+    /// Every stored `(id, value)`.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+        self.slots.iter().filter(|(id, _)| *id != EMPTY).copied()
+    }
+
     /// Every stored value.
     #[cfg(test)]
     fn values(&self) -> impl Iterator<Item = &V> {
