@@ -19,9 +19,8 @@ static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
 
 const SHARDS: usize = 16;
 
-/// Without a sweep, a table that stops growing keeps its idle states until
-/// one of its identities comes back after 2^14 windows or more: a burst of
-/// identities that never return would hold its memory for good. Stepping
+/// Without a sweep, a table that stops growing keeps its idle states: a
+/// burst of identities that never return would hold its memory for good. Stepping
 /// the sweep one shard at a time returns all of it, shard by shard, and no
 /// step sweeps more than its one shard.
 #[test]

@@ -1,8 +1,8 @@
 //! The embedded store's sweeper: gives memory back on a timer.
 //!
 //! A table of the embedded store forgets idle identities only when it grows
-//! or when one of them comes back after 2^14 windows or more; after a burst
-//! of identities that never return, nothing would ever free their memory.
+//! (or is swept); after a burst of identities that never return, nothing
+//! would ever free their memory.
 //! The sweeper calls [`MemoryStore::evict_idle_step`] every [`INTERVAL`] for
 //! [`SHARDS_PER_TICK`] shard: with the store's 64 shards, every idle state
 //! is gone at most 16 s after it went idle.
