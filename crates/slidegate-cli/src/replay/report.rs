@@ -80,13 +80,17 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
         ),
         _ => outln!("replayed {} lines: no request in them", replay.lines),
     }
+    let late = if replay.out_of_order > 0 {
+        format!(" (decided up to {} late)", format_span(replay.max_behind_ms))
+    } else {
+        String::new()
+    };
     outln!(
-        "  {} requests, {} matching no rule (not limited), {} malformed, {} out of order (decided up to {} late)",
+        "  {} requests, {} matching no rule (not limited), {} malformed, {} out of order{late}",
         replay.requests,
         replay.unmatched,
         replay.malformed,
         replay.out_of_order,
-        format_span(replay.max_behind_ms)
     );
     outln!();
     let width = replay.rules().iter().map(|r| r.name.len()).max().unwrap_or(0).max(4);

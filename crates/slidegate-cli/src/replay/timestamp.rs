@@ -109,9 +109,18 @@ pub fn format_span(ms: u64) -> String {
     match s {
         0..60 if !ms.is_multiple_of(1000) => format!("{:.1} s", ms as f64 / 1000.0),
         0..60 => format!("{s} s"),
-        60..3600 => format!("{} min {} s", s / 60, s % 60),
-        3600..86_400 => format!("{} h {} min", s / 3600, s / 60 % 60),
-        _ => format!("{} d {} h", s / 86_400, s / 3600 % 24),
+        60..3600 => two(s / 60, "min", s % 60, "s"),
+        3600..86_400 => two(s / 3600, "h", s / 60 % 60, "min"),
+        _ => two(s / 86_400, "d", s / 3600 % 24, "h"),
+    }
+}
+
+/// `3 h 20 min`, or `3 h` when the smaller part is 0.
+fn two(big: u64, big_unit: &str, small: u64, small_unit: &str) -> String {
+    if small == 0 {
+        format!("{big} {big_unit}")
+    } else {
+        format!("{big} {big_unit} {small} {small_unit}")
     }
 }
 
@@ -289,5 +298,7 @@ mod tests {
         assert_eq!(format_span(9_000), "9 s");
         assert_eq!(format_span(1_500), "1.5 s");
         assert_eq!(format_span(725_000), "12 min 5 s");
+        assert_eq!(format_span(60_000), "1 min");
+        assert_eq!(format_span(2 * 86_400_000 + 3_600_000), "2 d 1 h");
     }
 }
