@@ -51,10 +51,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// Identities listed per rule, the most refused first.
-    #[arg(long, default_value_t = 10, value_parser = crate::args::count(0..=10_000))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = crate::args::count(0..=10_000))]
     top: usize,
     /// Malformed lines listed with their line numbers (all are counted).
-    #[arg(long, default_value_t = 10, value_parser = crate::args::count(0..=100_000))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = crate::args::count(0..=100_000))]
     show_malformed: usize,
 }
 

@@ -478,3 +478,39 @@ fn a_log_on_stdin_is_read_with_a_dash() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(counts(rule(&report, "api")), (20, 10, 10, 0));
 }
+
+#[test]
+fn a_shadow_rule_reports_what_it_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "slidegate.toml",
+        r#"
+[[rules]]
+name = "api"
+path = "/api/*"
+shadow = true
+limits = [{ limit = 10, window = "60s" }]
+"#,
+    );
+    let log: String = (0..30).map(|s| combined("203.0.113.7", s, "/api/a", 200)).collect();
+    let log = write(dir.path(), "access.log", log);
+    let report = replay_json(&config, &[&log], &[]);
+    assert_eq!(counts(rule(&report, "api")), (30, 10, 20, 0), "{report}");
+    assert_eq!(rule(&report, "api")["shadow"], true);
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "slidegate.toml", CONFIG);
+    let log = write(dir.path(), "a.log", combined("203.0.113.7", 0, "/api/a", 200));
+    let (config, log) = (config.to_str().unwrap(), log.to_str().unwrap());
+    for (flag, value) in
+        [("--top", "-1"), ("--top", "10001"), ("--show-malformed", "x"), ("--show-malformed", "100001")]
+    {
+        let out = slidegate(&["replay", "--config", config, &format!("{flag}={value}"), log]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        assert!(stderr(&out).contains(&format!("invalid value '{value}' for '{flag}")), "{}", stderr(&out));
+    }
+}

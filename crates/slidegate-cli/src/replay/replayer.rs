@@ -267,7 +267,7 @@ anonymous = [{ limit = 1, window = "60s" }]
             }
         }
         let mut theirs: Vec<(usize, String)> =
-            limiter.offenders().top(1, 10).iter().map(|o| (o.rule, o.identity.short_hex())).collect();
+            limiter.offenders().top(5, 10).iter().map(|o| (o.rule, o.identity.short_hex())).collect();
         ours.sort();
         theirs.sort();
         assert_eq!(ours.len(), 5);

@@ -139,7 +139,7 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
             );
         }
     }
-    if replay.malformed > 0 {
+    if !replay.first_malformed.is_empty() {
         outln!();
         outln!("malformed lines (the first {} of {}):", replay.first_malformed.len(), replay.malformed);
         for m in &replay.first_malformed {
