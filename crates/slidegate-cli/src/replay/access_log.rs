@@ -40,6 +40,8 @@ pub struct Entry {
 /// Reads one line (without its line ending).
 pub fn parse(line: &[u8]) -> Result<Entry, String> {
     let line = std::str::from_utf8(line).map_err(|e| format!("not UTF-8 text (byte {})", e.valid_up_to()))?;
+    // A byte order mark, as some Windows tools begin a file with.
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line);
     if line.starts_with('{') {
         parse_json(line)
     } else {
@@ -232,6 +234,15 @@ mod tests {
             let err = parse(line).unwrap_err();
             assert!(err.contains(why), "{:?}: {err}", String::from_utf8_lossy(line));
         }
+        let deep = format!("{{\"a\":{}", "[".repeat(100_000));
+        assert!(
+            parse(deep.as_bytes()).unwrap_err().contains("JSON"),
+            "nesting is bounded, not a stack overflow"
+        );
+        let e = parse(
+            b"\xef\xbb\xbf{\"time\":1796119200,\"method\":\"GET\",\"path\":\"/a\",\"ip\":\"10.0.0.1\"}",
+        );
+        assert_eq!(e.map(|e| e.time_ms), Ok(T), "a byte order mark is skipped");
         let long = format!("{} - - [x]", "9".repeat(1000));
         assert!(parse(long.as_bytes()).unwrap_err().len() < 100, "a bad value is clipped");
         let secret = br#"{"time": 1796119200, "method": "GET", "path": "/a", "ip": "10.0.0.1", "api_key": "sk_\u0001secret"}"#;
