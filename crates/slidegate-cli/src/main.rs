@@ -24,6 +24,7 @@ mod redis_info;
 mod redis_keys;
 mod redis_nodes;
 mod reference_script;
+mod replay;
 mod serve;
 
 use std::process::ExitCode;
@@ -50,6 +51,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Validate a configuration file.
     CheckConfig(serve::CheckConfigArgs),
+    /// Replay recorded access logs through a configuration's rules, on a simulated clock.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Accuracy(args) => accuracy::run(args),
         Command::Serve(args) => serve::run(args),
         Command::CheckConfig(args) => serve::check_config(args),
+        Command::Replay(args) => replay::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,7 +1,7 @@
-//! SVG charts for `demo --plot` and `accuracy --plot`, written by hand.
+//! SVG charts for `demo --plot`, `accuracy --plot` and `replay --svg`, written by hand.
 //!
-//! Two chart kinds are all the commands need — cumulative admissions as step
-//! lines, and grouped bars — so a few dozen lines of SVG text serve better
+//! Three chart kinds are all the commands need — cumulative admissions as step
+//! lines, grouped bars, and counts over time — so a few dozen lines of SVG text serve better
 //! than a plotting crate (no fonts, no extra build time on small machines).
 
 use std::fmt::Write as _;
@@ -123,6 +123,36 @@ pub fn grouped_bars_svg(
     );
     for (s, (name, _)) in series.iter().enumerate() {
         svg.legend(s, COLOURS[s % COLOURS.len()], name);
+    }
+    svg.write(path)
+}
+
+/// Writes a line chart of counts over time: one line per series, point `i`
+/// of each at `i × step` on the x axis (a bucket's start, in the unit the
+/// label names). The legend gives each series' total.
+pub fn counts_over_time_svg(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    step: f64,
+    series: &[(&str, Vec<u64>)],
+) -> io::Result<()> {
+    let points = series.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let y_max = series.iter().flat_map(|(_, v)| v.iter().copied()).max().unwrap_or(0).max(1);
+    let mut svg = Svg::new(title);
+    let x = Axis::new(0.0, (points.saturating_sub(1) as f64 * step).max(step), LEFT, WIDTH - RIGHT);
+    let y = Axis::new(0.0, y_max as f64, HEIGHT - BOTTOM, TOP);
+    svg.axes(&x, &y, x_label, y_label);
+    for (i, (name, values)) in series.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let mut d = String::new();
+        for (j, &n) in values.iter().enumerate() {
+            let (px, py) = (x.at(j as f64 * step), y.at(n as f64));
+            let _ = write!(d, "{}{px:.1},{py:.1}", if j == 0 { "M" } else { " L" });
+        }
+        let _ = write!(svg.body, r#"<path d="{d}" fill="none" stroke="{colour}" stroke-width="2"/>"#);
+        svg.legend(i, colour, &format!("{name}: {}", values.iter().sum::<u64>()));
     }
     svg.write(path)
 }
@@ -277,6 +307,18 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("fixed_window: 200") && svg.contains("sliding_window_counter: 100"));
         assert_eq!(svg.matches("stroke-dasharray").count(), 2, "boundaries at 100 and 200");
+    }
+
+    #[test]
+    fn a_counts_chart_has_one_line_per_series_with_its_total() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("refused.svg");
+        let series = [("api", vec![0, 3, 5]), ("login & co", vec![1, 0, 0])];
+        counts_over_time_svg(&path, "t", "minutes", "n", 5.0, &series).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(svg.matches("<path ").count(), 2);
+        assert!(svg.contains("api: 8") && svg.contains("login &amp; co: 1"));
+        counts_over_time_svg(&path, "t", "minutes", "n", 5.0, &[("empty", vec![])]).unwrap();
     }
 
     #[test]

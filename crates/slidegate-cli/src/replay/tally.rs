@@ -1,0 +1,184 @@
+//! What a replay counts: per rule and per identity, requests allowed,
+//! denied and blocked, and the refusals over time in a bounded number of
+//! buckets. Exact counts; one entry per (rule, identity) seen.
+
+use std::collections::HashMap;
+
+use slidegate_http::offenders::IdentityHash;
+
+/// The buckets a timeline keeps at most: when a log spans more, buckets
+/// widen to the next width of [`WIDTHS_MS`], adding up neighbours.
+pub const MAX_BUCKETS: usize = 120;
+
+/// Bucket widths, each a multiple of the one before, so widening sums whole
+/// buckets: 1 s, 5 s, 10 s, 30 s, 1 min, 5 min, 10 min, 30 min, 1 h, 6 h, 12 h, 1 d, 7 d, 28 d.
+const WIDTHS_MS: [u64; 14] = [
+    1_000,
+    5_000,
+    10_000,
+    30_000,
+    60_000,
+    300_000,
+    600_000,
+    1_800_000,
+    3_600_000,
+    21_600_000,
+    43_200_000,
+    86_400_000,
+    604_800_000,
+    2_419_200_000,
+];
+
+/// What happened to some requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub allowed: u64,
+    /// Refused by a limit (in shadow mode: would have been).
+    pub denied: u64,
+    /// Refused because the identity was in the penalty box (the denial that
+    /// started a block included).
+    pub blocked: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, outcome: Outcome) {
+        self.requests += 1;
+        match outcome {
+            Outcome::Allowed => self.allowed += 1,
+            Outcome::Denied => self.denied += 1,
+            Outcome::Blocked => self.blocked += 1,
+        }
+    }
+
+    /// Denied or blocked.
+    pub fn refused(&self) -> u64 {
+        self.denied + self.blocked
+    }
+}
+
+/// One request's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Denied,
+    Blocked,
+}
+
+/// One rule's counts.
+#[derive(Debug, Default)]
+pub struct RuleTally {
+    pub counts: Counts,
+    pub identities: HashMap<IdentityHash, Counts>,
+}
+
+impl RuleTally {
+    /// The `n` identities refused most (at least once), most refused first;
+    /// ties by requests, then by hash, so the order is the same every run
+    /// with the same secret.
+    pub fn heaviest(&self, n: usize) -> Vec<(IdentityHash, Counts)> {
+        let mut refused: Vec<(IdentityHash, Counts)> =
+            self.identities.iter().filter(|(_, c)| c.refused() > 0).map(|(h, c)| (*h, *c)).collect();
+        refused.sort_by(|(ha, a), (hb, b)| {
+            (b.refused(), b.requests)
+                .cmp(&(a.refused(), a.requests))
+                .then_with(|| ha.short_hex().cmp(&hb.short_hex()))
+        });
+        refused.truncate(n);
+        refused
+    }
+}
+
+/// Refusals per rule per bucket of time, from the first request's time on.
+#[derive(Debug)]
+pub struct Timeline {
+    start_ms: Option<u64>,
+    width: usize,
+    /// Per rule, refusals per bucket; every series as long as the timeline.
+    series: Vec<Vec<u64>>,
+    len: usize,
+}
+
+impl Timeline {
+    pub fn new(rules: usize) -> Self {
+        Self { start_ms: None, width: 0, series: vec![Vec::new(); rules], len: 0 }
+    }
+
+    /// Extends the timeline to `now_ms` (times never go back: the replay's
+    /// clock does not).
+    pub fn reach(&mut self, now_ms: u64) {
+        let start = *self.start_ms.get_or_insert(now_ms);
+        loop {
+            let needed = ((now_ms - start) / WIDTHS_MS[self.width]) as usize + 1;
+            if needed <= MAX_BUCKETS || self.width + 1 == WIDTHS_MS.len() {
+                if needed > self.len {
+                    self.len = needed;
+                    for s in &mut self.series {
+                        s.resize(needed, 0);
+                    }
+                }
+                return;
+            }
+            self.widen();
+        }
+    }
+
+    /// Counts a refusal under `rule` at `now_ms`, reached already.
+    pub fn refuse(&mut self, rule: usize, now_ms: u64) {
+        let start = self.start_ms.unwrap_or(now_ms);
+        let i = ((now_ms.saturating_sub(start)) / WIDTHS_MS[self.width]) as usize;
+        if let Some(bucket) = self.series.get_mut(rule).and_then(|s| s.get_mut(i)) {
+            *bucket += 1;
+        }
+    }
+
+    fn widen(&mut self) {
+        let factor = (WIDTHS_MS[self.width + 1] / WIDTHS_MS[self.width]) as usize;
+        self.width += 1;
+        for s in &mut self.series {
+            *s = s.chunks(factor).map(|c| c.iter().sum()).collect();
+        }
+        self.len = self.len.div_ceil(factor);
+    }
+
+    pub fn start_ms(&self) -> u64 {
+        self.start_ms.unwrap_or(0)
+    }
+
+    pub fn bucket_ms(&self) -> u64 {
+        WIDTHS_MS[self.width]
+    }
+
+    /// Refusals per bucket of rule number `rule`.
+    pub fn series(&self, rule: usize) -> &[u64] {
+        self.series.get(rule).map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_widens_its_buckets_and_keeps_every_refusal() {
+        let mut t = Timeline::new(2);
+        let start = 1_000_000;
+        for s in 0..600 {
+            let now = start + s * 1000;
+            t.reach(now);
+            t.refuse(0, now);
+            if s % 2 == 0 {
+                t.refuse(1, now);
+            }
+        }
+        assert_eq!(t.bucket_ms(), 5_000, "600 s in 120 buckets of 5 s");
+        assert_eq!(t.series(0).len(), 120);
+        assert_eq!(t.series(0).iter().sum::<u64>(), 600);
+        assert_eq!(t.series(1).iter().sum::<u64>(), 300);
+        assert!(t.series(0).iter().all(|&n| n == 5));
+        // A year later: the widest buckets still hold it.
+        t.reach(start + 365 * 86_400_000);
+        assert!(t.series(0).len() <= MAX_BUCKETS);
+        assert_eq!(t.series(0).iter().sum::<u64>(), 600);
+    }
+}
