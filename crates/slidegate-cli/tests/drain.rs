@@ -589,3 +589,31 @@ fn without_a_drain_delay_sigterm_stops_at_once() {
     let log = sg.log.lock().unwrap().clone();
     assert!(log.contains("drain delay over") && log.contains("shutdown complete"), "{log}");
 }
+
+/// The grace bounds the shutdown: a request still at the upstream when it
+/// ends is cut, a charge still pending is not made, each counted in a
+/// warning, and the process still exits 0.
+#[test]
+fn what_outlasts_the_grace_is_cut_and_counted() {
+    let redis = RedisServer::spawn();
+    let upstream = DrainUpstream::start();
+    let mut sg =
+        Slidegate::start(&drain_config(&upstream, &redis, "threads = 1\nshutdown_grace = \"500ms\""));
+    let addr = sg.addr;
+    hang_up(addr, "/api/search/held/1", "k");
+    let slow = thread::spawn(move || send(addr, "/api/slow/1"));
+    wait_for("both at the upstream", Duration::from_secs(5), || {
+        DrainUpstream::count(&upstream.held) == 1 && DrainUpstream::count(&upstream.slow) == 1
+    });
+    let status = sg.terminate();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(slow.join().unwrap(), Outcome::Cut);
+    let log = sg.log.lock().unwrap().clone();
+    let line =
+        |says: &str| log.lines().find(|l| l.contains(says)).unwrap_or_else(|| panic!("no {says:?}:\n{log}"));
+    assert!(line("open connections closed unfinished").ends_with("connections=1"), "{log}");
+    assert!(line("were not made").contains("charges=1 settled=0"), "{log}");
+    assert!(log.contains("shutdown complete"), "{log}");
+    DrainUpstream::release(&upstream.slow_gate);
+    DrainUpstream::release(&upstream.held_gate);
+}
