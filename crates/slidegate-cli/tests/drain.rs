@@ -431,7 +431,7 @@ fn sigterm_drains_then_stops_and_loses_no_request() {
     let config = drain_config(
         &upstream,
         &redis,
-        "admin_listen = \"127.0.0.1:0\"\ndrain_delay = \"3s\"\nshutdown_grace = \"30s\"",
+        "admin_listen = \"127.0.0.1:0\"\ndrain_delay = \"5s\"\nshutdown_grace = \"30s\"",
     );
     let mut sg = Slidegate::start(&config);
     let (addr, admin) = (sg.addr, sg.admin_addr());
