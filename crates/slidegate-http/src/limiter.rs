@@ -264,6 +264,13 @@ impl<S> RateLimiter<S> {
         self.inner.rules.iter().map(|r| r.name.as_str()).collect()
     }
 
+    /// The rules with `on_error = "deny"`, in order: those that refuse every
+    /// request they match while the store is unreachable (the others decide
+    /// without it).
+    pub fn rules_denying_without_store(&self) -> Vec<&str> {
+        self.inner.rules.iter().filter(|r| r.on_error == OnError::Deny).map(|r| r.name.as_str()).collect()
+    }
+
     /// The metrics, for rendering.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics

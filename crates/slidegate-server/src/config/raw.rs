@@ -35,6 +35,7 @@ pub(super) struct RawServer {
     pub(super) admin_prefix: Option<Spanned<String>>,
     pub(super) admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
     pub(super) shutdown_grace: Option<Parsed<Delay>>,
+    pub(super) drain_delay: Option<Spanned<Parsed<Delay>>>,
     pub(super) threads: Option<Spanned<u16>>,
     pub(super) admin_on_public: Option<Spanned<bool>>,
     pub(super) check_token_env: Option<Spanned<String>>,

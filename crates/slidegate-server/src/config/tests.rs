@@ -741,3 +741,21 @@ fn on_error_is_one_option_and_old_fallback_keys_load_or_say_what_to_write() {
     let c = parse("[store]\non_error = \"allow\"\n[[rules]]\nname = \"r\"\npath = \"/x\"\nlimits = [{ limit = 1, window = \"1s\" }]\non_error = \"fallback\"\n").unwrap();
     assert_eq!(c.limiter.rules[0].on_error, OnError::Fallback);
 }
+
+#[test]
+fn drain_delay_defaults_to_none_and_bad_values_are_located() {
+    assert_eq!(parse("").unwrap().server.drain_delay, Delay::from_secs(0));
+    let c = parse("[server]\ndrain_delay = \"5s\"\n").unwrap();
+    assert_eq!(c.server.drain_delay, Delay::from_secs(5));
+    assert_eq!(parse("[server]\ndrain_delay = \"0s\"\n").unwrap().server.drain_delay, Delay::from_secs(0));
+    assert_eq!(parse("[server]\ndrain_delay = \"5m\"\n").unwrap().server.drain_delay, Delay::from_secs(300));
+    for bad in ["\"soon\"", "\"-5s\"", "\"5\"", "\"\"", "\"5 s\"", "5", "true", "\"99999999999999999999d\""] {
+        let (l, c, m) = err(&format!("[server]\ndrain_delay = {bad}\n"));
+        assert_eq!((l, c), (2, 15), "{bad}: {m}");
+    }
+    let (_, _, m) = err("[server]\ndrain_delay = \"soon\"\n");
+    assert!(m.starts_with("invalid duration \"soon\""), "{m}");
+    let (l, c, m) = err("[server]\ndrain_delay = \"301s\"\n");
+    assert_eq!((l, c), (2, 15));
+    assert!(m.contains("drain_delay must be at most 300s") && m.contains("\"5s\""), "{m}");
+}

@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub admin_listen: Option<SocketAddr>,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Delay,
+    /// How long after `SIGTERM` new connections are still accepted, with
+    /// `/readyz` answering 503, so a load balancer can stop sending first.
+    pub drain_delay: Delay,
     /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
     pub threads: Option<usize>,
     /// Whether the admin endpoints are served on the public listener (under
@@ -91,6 +94,7 @@ impl Default for ServerConfig {
             admin_prefix: String::new(),
             admin_listen: None,
             shutdown_grace: Delay::from_secs(10),
+            drain_delay: Delay::from_secs(0),
             threads: None,
             admin_on_public: false,
             check_token: None,

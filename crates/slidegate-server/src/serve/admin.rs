@@ -1,4 +1,5 @@
 //! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
+//! `GET /readyz` (see `readiness`),
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
 //! served on the public listener or on their own.
 
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use slidegate_http::headers::{self, ceil_secs};
 use slidegate_http::DecisionSource;
 
+use super::readiness::Answer;
 use super::{boxed, full, ServeBody, State};
 
 /// The largest `/v1/check` body read.
@@ -23,6 +25,7 @@ pub(crate) enum Endpoint {
     Check,
     Metrics,
     Health,
+    Ready,
     Offenders,
     OffendersPage,
 }
@@ -33,6 +36,7 @@ impl Endpoint {
             "/v1/check" => Some(Endpoint::Check),
             "/metrics" => Some(Endpoint::Metrics),
             "/healthz" => Some(Endpoint::Health),
+            "/readyz" => Some(Endpoint::Ready),
             "/v1/offenders" => Some(Endpoint::Offenders),
             "/offenders" => Some(Endpoint::OffendersPage),
             _ => None,
@@ -42,18 +46,22 @@ impl Endpoint {
     fn method(self) -> Method {
         match self {
             Endpoint::Check => Method::POST,
-            Endpoint::Metrics | Endpoint::Health | Endpoint::Offenders | Endpoint::OffendersPage => {
-                Method::GET
-            }
+            Endpoint::Metrics
+            | Endpoint::Health
+            | Endpoint::Ready
+            | Endpoint::Offenders
+            | Endpoint::OffendersPage => Method::GET,
         }
     }
 
     fn allow(self) -> HeaderValue {
         match self {
             Endpoint::Check => HeaderValue::from_static("POST"),
-            Endpoint::Metrics | Endpoint::Health | Endpoint::Offenders | Endpoint::OffendersPage => {
-                HeaderValue::from_static("GET, HEAD")
-            }
+            Endpoint::Metrics
+            | Endpoint::Health
+            | Endpoint::Ready
+            | Endpoint::Offenders
+            | Endpoint::OffendersPage => HeaderValue::from_static("GET, HEAD"),
         }
     }
 }
@@ -74,7 +82,7 @@ pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>)
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/v1/offenders or {0}/offenders",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders or {0}/offenders",
             state.admin_prefix
         ),
         Some(path),
@@ -131,6 +139,12 @@ pub(crate) async fn handle(
     }
     match endpoint {
         Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
+        Endpoint::Ready => match state.readiness.answer(&state.limiter).await {
+            Answer::Ready(body) => text(StatusCode::OK, "text/plain; charset=utf-8", body),
+            Answer::NotReady(detail) => {
+                bad_request(StatusCode::SERVICE_UNAVAILABLE, request.uri().path(), &detail)
+            }
+        },
         Endpoint::Metrics => {
             let mut body = state.limiter.render_metrics();
             store_states(state, &mut body);

@@ -2,9 +2,9 @@
 //! JSON decision API, Prometheus metrics and a health check.
 //!
 //! Requests under `[server] admin_prefix` go to the admin endpoints
-//! (`/v1/check`, `/metrics`, `/healthz`); every other request is decided by
-//! the rules and, unless denied, forwarded to the upstream with both bodies
-//! streamed. The admin endpoints are served only where the config says:
+//! (`/v1/check`, `/metrics`, `/healthz`, `/readyz`, ...); every other
+//! request is decided by the rules and, unless denied, forwarded to the
+//! upstream with both bodies streamed. The admin endpoints are served only where the config says:
 //! on their own address (`[server] admin_listen`) or, with
 //! `admin_on_public = true`, on the public listener; by default nowhere, and
 //! the public listener forwards every path.
@@ -13,7 +13,8 @@
 //!   caller's shutdown future completes (the binary passes a signal).
 //! - `worker`: one thread's connections and the routing of each request.
 //! - `admin`: the admin endpoints (served by the workers, whichever
-//!   listener took the connection).
+//!   listener took the connection); `readiness`: what `/readyz` answers,
+//!   and the drain that begins a shutdown.
 //! - `proxy` and `upstream`: forwarding to the upstream; `client_holds`:
 //!   each client's share of the upstream connections; `slots`: the pool's
 //!   slots, handed to the clients holding least first.
@@ -26,6 +27,7 @@ mod client_holds;
 mod error;
 mod offenders;
 mod proxy;
+mod readiness;
 mod server;
 mod slots;
 mod sweeper;
@@ -52,4 +54,9 @@ pub(crate) struct State {
     pub(crate) admin_here: bool,
     /// The bearer token `/v1/check` requires, if any.
     pub(crate) check_token: Option<String>,
+    /// Whether the instance should get traffic (`/readyz`); shared by all.
+    pub(crate) readiness: std::sync::Arc<readiness::Readiness>,
+    /// This thread's charges of requests whose clients left (run in tasks
+    /// of their own): awaited before the thread ends.
+    pub(crate) settling: tokio_util::task::TaskTracker,
 }

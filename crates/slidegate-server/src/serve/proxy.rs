@@ -145,7 +145,9 @@ pub(crate) async fn forward(
     append_forwarded_for(request.headers_mut(), peer_value);
     let exchange = match verdict.as_mut().and_then(Verdict::take_pending) {
         None => proxy.upstream.send(request, client).await.map(|response| (response, None)),
-        Some(pending) => exchange_charged(&proxy.upstream, limiter, request, client, pending).await,
+        Some(pending) => {
+            exchange_charged(&proxy.upstream, limiter, &state.settling, request, client, pending).await
+        }
     };
     match exchange {
         Ok((response, charged)) => {
@@ -178,6 +180,8 @@ pub(crate) async fn forward(
 /// [`FinishOnDrop`] hands to a task of its own if it is dropped before its
 /// end; the request's place among its identity's requests in flight
 /// (`max_in_flight`, held by `pending`) is given back when the charge is made.
+/// `settling` tracks the exchange: a shutdown awaits it (within
+/// `shutdown_grace`) before the worker's runtime, and its tasks, end.
 ///
 /// Why not reserve the rule's cost before forwarding and settle after: no
 /// store can give permits back (a charge is final in every algorithm), so a
@@ -195,18 +199,19 @@ pub(crate) async fn forward(
 async fn exchange_charged(
     upstream: &Arc<Upstream>,
     limiter: &RateLimiter<crate::store::AnyStore>,
+    settling: &tokio_util::task::TaskTracker,
     request: Request<Incoming>,
     client: ClientKey,
     pending: PendingCharge,
 ) -> Result<(Response<PooledBody>, Option<RateHeaders>), UpstreamError> {
     let upstream = Arc::clone(upstream);
     let limiter = limiter.clone();
-    FinishOnDrop::new(async move {
+    FinishOnDrop::new(settling.track_future(async move {
         let response = upstream.send(request, client).await?;
         let charged = limiter.charge_response(&pending, response.status(), response.headers()).await;
         let headers = charged.filter(Verdict::allowed).map(|v| RateHeaders::of(&v, limiter.legacy_headers()));
         Ok((response, headers))
-    })
+    }))
     .await
 }
 

@@ -12,8 +12,9 @@ use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
 use super::error::ServeError;
+use super::readiness::{self, Readiness};
 use super::upstream::UpstreamLimits;
-use super::worker::{worker, Accepted, Listener};
+use super::worker::{worker, Accepted, Listener, WorkerEnd};
 use super::{proxy, sweeper, State};
 use crate::config::Config;
 use crate::store::{AnyStore, LazyRedis};
@@ -46,6 +47,8 @@ pub struct Server {
     check_token: Option<String>,
     limits: UpstreamLimits,
     grace: Delay,
+    drain_delay: Delay,
+    readiness: Arc<Readiness>,
 }
 
 impl Server {
@@ -83,6 +86,8 @@ impl Server {
             check_token: config.server.check_token.clone(),
             limits: UpstreamLimits::new(&config.server, threads),
             grace: config.server.shutdown_grace,
+            drain_delay: config.server.drain_delay,
+            readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
         })
     }
 
@@ -97,9 +102,10 @@ impl Server {
         self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes, then stops accepting (on both
-    /// listeners) and waits up to the configured grace period for open
-    /// connections to finish.
+    /// Serves until `shutdown` completes; then drains: `/readyz` answers
+    /// 503 at once, both listeners keep accepting for `drain_delay`, then
+    /// stop, and open connections, and the charges of requests whose clients
+    /// left, are given up to `shutdown_grace` to finish.
     ///
     /// The caller decides what stops the server: a signal in the binary, a
     /// channel in a test.
@@ -118,18 +124,23 @@ impl Server {
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here,
                 check_token: self.check_token.clone(),
+                readiness: Arc::clone(&self.readiness),
+                settling: tokio_util::task::TaskTracker::new(),
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
-                    Err(err) => return tracing::error!(%err, "cannot start a worker runtime"),
+                    Err(err) => {
+                        tracing::error!(%err, "cannot start a worker runtime");
+                        return WorkerEnd::default();
+                    }
                 };
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
                     let state = State { proxy: proxy::Proxy::new(&upstream, limits), ..state };
-                    worker(connections, Arc::new(state), grace).await;
-                });
+                    worker(connections, Arc::new(state), grace).await
+                })
             });
             match thread {
                 Ok(handle) => {
@@ -139,7 +150,8 @@ impl Server {
                 Err(err) => tracing::error!(%err, "cannot start a worker thread"),
             }
         }
-        let mut shutdown = std::pin::pin!(shutdown);
+        let readiness = Arc::clone(&self.readiness);
+        let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
         let mut next = 0;
         while !workers.is_empty() {
             let (accepted, listener) = tokio::select! {
@@ -158,27 +170,91 @@ impl Server {
             };
             let _ = stream.set_nodelay(true);
             let Ok(stream) = stream.into_std() else { continue };
-            next = (next + 1) % workers.len();
-            if workers[next].send((stream, peer, listener)).is_err() {
-                tracing::error!("a worker thread stopped");
-                workers.remove(next);
-            }
+            deal(&mut workers, &mut next, (stream, peer, listener));
         }
-        drop(self.listener);
-        drop(self.admin_listener);
+        tracing::info!(
+            grace_ms = self.grace.as_millis(),
+            "drain delay over: no new connections; finishing open ones within the shutdown grace"
+        );
+        // Connections the kernel completed before the close are served, not reset by it.
+        for (stream, peer) in queued(self.listener) {
+            deal(&mut workers, &mut next, (stream, peer, Listener::Public));
+        }
+        for (stream, peer) in self.admin_listener.map(queued).unwrap_or_default() {
+            deal(&mut workers, &mut next, (stream, peer, Listener::Admin));
+        }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
-        tracing::info!("shutting down: waiting for open connections");
-        let _ = tokio::task::spawn_blocking(move || {
-            for thread in threads {
-                let _ = thread.join();
-            }
+        let ends = tokio::task::spawn_blocking(move || {
+            threads.into_iter().filter_map(|thread| thread.join().ok()).collect::<Vec<WorkerEnd>>()
         })
-        .await;
+        .await
+        .unwrap_or_default();
+        log_end(&ends);
     }
+}
+
+/// Hands a connection to the next worker, forgetting a worker that stopped.
+fn deal(
+    workers: &mut Vec<tokio::sync::mpsc::UnboundedSender<Accepted>>,
+    next: &mut usize,
+    accepted: Accepted,
+) {
+    if workers.is_empty() {
+        return;
+    }
+    *next = (*next + 1) % workers.len();
+    if workers[*next].send(accepted).is_err() {
+        tracing::error!("a worker thread stopped");
+        workers.remove(*next);
+    }
+}
+
+/// The connections `listener` has completed but not yet accepted, as it
+/// closes: a close resets them, and their clients may have sent a request.
+fn queued(listener: TcpListener) -> Vec<(std::net::TcpStream, SocketAddr)> {
+    // Non-blocking (tokio's mode, kept): `WouldBlock` once the queue is empty.
+    let Ok(listener) = listener.into_std() else { return Vec::new() };
+    let mut queued = Vec::new();
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                // A worker registers it with its runtime: non-blocking.
+                if stream.set_nonblocking(true).is_ok() {
+                    queued.push((stream, peer));
+                }
+            }
+            // One client gave up while queued; the others are still there.
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            Err(_) => return queued,
+        }
+    }
+}
+
+/// The last steps of a shutdown, logged once every worker has ended.
+fn log_end(ends: &[WorkerEnd]) {
+    let cut: usize = ends.iter().map(|e| e.connections_cut).sum();
+    let settled: usize = ends.iter().map(|e| e.charges_settled).sum();
+    let unsettled: usize = ends.iter().map(|e| e.charges_unsettled).sum();
+    if cut == 0 {
+        tracing::info!("open connections finished");
+    } else {
+        tracing::warn!(connections = cut, "shutdown grace over: open connections closed unfinished");
+    }
+    if unsettled == 0 {
+        tracing::info!(charges = settled, "pending store work settled");
+    } else {
+        tracing::warn!(
+            charges = unsettled,
+            settled,
+            "shutdown grace over: charges of requests whose clients left were not made"
+        );
+    }
+    tracing::info!("shutdown complete");
 }
 
 /// The next connection on `listener`; never, without one.

@@ -29,14 +29,28 @@ pub(super) enum Listener {
     Admin,
 }
 
+/// How a worker's shutdown ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct WorkerEnd {
+    /// Connections still open when the grace period ended, closed unfinished.
+    pub(super) connections_cut: usize,
+    /// Charges of requests whose clients left, made during the shutdown.
+    pub(super) charges_settled: usize,
+    /// Such charges still pending when the grace period ended: not made.
+    pub(super) charges_unsettled: usize,
+}
+
 /// Serves the connections it is dealt until the acceptor closes the channel,
-/// then waits up to `grace` for them to finish.
+/// then waits up to `grace` for them to finish, and for the charges of
+/// requests whose clients left (`State::settling`): the runtime's tasks
+/// end with the thread.
 pub(super) async fn worker(
     mut connections: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     state: Arc<State>,
     grace: Delay,
-) {
+) -> WorkerEnd {
     let graceful = GracefulShutdown::new();
+    let open = tokio_util::task::TaskTracker::new();
     // hyper arms a 30 s header-read timer per request (slowloris protection).
     // tokio wakes its driver through an eventfd whenever a new timer is due
     // before every other one — with no other timer, that is every request.
@@ -62,26 +76,42 @@ pub(super) async fn worker(
             let state = Arc::clone(&state);
             let peer_value = peer_value.clone();
             async move {
-                Ok::<_, Infallible>(match listener {
+                let mut response = match listener {
                     Listener::Public => handle(&state, request, peer, &peer_value).await,
                     Listener::Admin => admin::handle_only_admin(&state, request).await,
-                })
+                };
+                if state.readiness.is_draining() {
+                    // Keep-alive clients reconnect: elsewhere, once the
+                    // load balancer has taken this instance out.
+                    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(response)
             }
         });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        open.spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(%err, %peer, "connection ended with an error");
             }
         });
     }
     heartbeat.abort();
-    tokio::select! {
-        () = graceful.shutdown() => tracing::debug!("all connections of this worker closed"),
-        () = tokio::time::sleep(grace.get()) => tracing::warn!("grace period over: closing the remaining connections"),
+    // A grace too long to add (a `Delay` built in code) is as good as none.
+    let now = tokio::time::Instant::now();
+    let deadline = now.checked_add(grace.get()).unwrap_or(now + Duration::from_secs(100 * 365 * 86_400));
+    let finished = tokio::time::timeout_at(deadline, graceful.shutdown()).await.is_ok();
+    let connections_cut = if finished { 0 } else { open.len() };
+    state.settling.close();
+    let pending = state.settling.len();
+    let settled = tokio::time::timeout_at(deadline, state.settling.wait()).await.is_ok();
+    let charges_unsettled = if settled { 0 } else { state.settling.len() };
+    WorkerEnd {
+        connections_cut,
+        charges_settled: pending.saturating_sub(charges_unsettled),
+        charges_unsettled,
     }
 }
 

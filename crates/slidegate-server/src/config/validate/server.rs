@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use http::Uri;
+use slidegate_http::config::Delay;
 use toml::Spanned;
 
 use super::super::error::ConfigError;
@@ -10,6 +11,9 @@ use super::super::raw::RawServer;
 use super::super::types::ServerConfig;
 use super::super::values::Parsed;
 use super::Validator;
+
+/// The longest `drain_delay`.
+const MAX_DRAIN_DELAY: Delay = Delay::from_secs(300);
 
 impl Validator<'_> {
     pub(super) fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
@@ -85,6 +89,9 @@ impl Validator<'_> {
         if let Some(grace) = raw.shutdown_grace {
             server.shutdown_grace = grace.0;
         }
+        if let Some(delay) = raw.drain_delay {
+            server.drain_delay = self.drain_delay(delay)?;
+        }
         if let Some(t) = raw.threads {
             if *t.get_ref() == 0 {
                 return Err(self.err(t.span(), "threads must be at least 1"));
@@ -117,6 +124,24 @@ impl Validator<'_> {
             return Err(invalid("expected no path, only http://host:port"));
         }
         Ok(uri)
+    }
+
+    /// `drain_delay`: up to [`MAX_DRAIN_DELAY`]. It covers the time a load
+    /// balancer takes to stop sending new connections, seconds; a longer one
+    /// would hold every stop (and a rolling update) for nothing.
+    fn drain_delay(&self, d: Spanned<Parsed<Delay>>) -> Result<Delay, ConfigError> {
+        let delay = d.get_ref().0;
+        if delay > MAX_DRAIN_DELAY {
+            return Err(self.err(
+                d.span(),
+                format!(
+                    "drain_delay must be at most {}s: it covers the time a load balancer takes to \
+                     stop sending new connections; expected a duration such as \"5s\"",
+                    MAX_DRAIN_DELAY.get().as_secs()
+                ),
+            ));
+        }
+        Ok(delay)
     }
 
     /// `admin_prefix`: empty, or a path without a trailing slash.
