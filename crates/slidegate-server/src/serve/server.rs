@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use tokio::net::TcpListener;
 use super::error::ServeError;
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener};
-use super::{proxy, sweeper, State};
+use super::{proxy, sweeper, Reloader, State};
 use crate::config::Config;
 use crate::store::{AnyStore, LazyRedis};
 
@@ -46,6 +47,9 @@ pub struct Server {
     check_token: Option<String>,
     limits: UpstreamLimits,
     grace: Delay,
+    reloader: Reloader,
+    /// What the reloader starts from.
+    config: Config,
 }
 
 impl Server {
@@ -76,14 +80,30 @@ impl Server {
             listener,
             admin_listener,
             threads,
-            limiter,
             upstream,
             admin_prefix: config.server.admin_prefix.clone(),
             admin_on_public: config.server.admin_on_public,
             check_token: config.server.check_token.clone(),
             limits: UpstreamLimits::new(&config.server, threads),
             grace: config.server.shutdown_grace,
+            reloader: Reloader::new(None, config.clone(), limiter.clone()),
+            config: config.clone(),
+            limiter,
         })
+    }
+
+    /// Reloads from `path` (the file `config` was read from) when asked:
+    /// `POST /admin/reload`, or whoever holds [`Server::reloader`]. Without
+    /// it, a reload answers that there is no file.
+    #[must_use]
+    pub fn reload_from(mut self, path: impl Into<PathBuf>) -> Self {
+        self.reloader = Reloader::new(Some(path.into()), self.config.clone(), self.limiter.clone());
+        self
+    }
+
+    /// The handle that reloads this server's configuration (for a signal).
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
     }
 
     /// The address actually bound (useful with port 0).
@@ -113,7 +133,8 @@ impl Server {
         for i in 0..self.threads {
             let (hand, connections) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
             let state = State {
-                limiter: self.limiter.clone(),
+                current: self.reloader.worker(),
+                reloader: self.reloader.clone(),
                 proxy: None,
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here,
