@@ -301,3 +301,74 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
 fn differs<T: Debug>(a: &T, b: &T) -> bool {
     format!("{a:?}") != format!("{b:?}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, "reload.toml").unwrap()
+    }
+
+    const RULES: &str = r#"
+[[rules]]
+name = "search"
+path = "/search"
+limits = [{ limit = 10, window = "1s", name = "burst" }, { limit = 500, window = "1h", name = "hour" }]
+
+[[rules]]
+name = "feed"
+path = "/feed"
+anonymous = [{ limit = 5, window = "1m" }]
+authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
+"#;
+
+    #[test]
+    fn only_limits_whose_algorithm_or_quota_changed_restart() {
+        let old = config(RULES);
+        let new = config(
+            &RULES
+                .replace("limit = 500, window = \"1h\"", "limit = 600, window = \"1h\"")
+                .replace("limit = 10,", "limit = 10, cost = 2,")
+                .replace("name = \"feed\"", "name = \"news\""),
+        );
+        let changed = changes(&old, &new);
+        assert_eq!(changed.rules_added, ["news"]);
+        assert_eq!(changed.rules_removed, ["feed"]);
+        assert_eq!(changed.rules_changed, ["search"]);
+        // A cost is not a limit: a renamed rule is a new one, not a restart.
+        assert_eq!(changed.limits_restarted, ["search/hour"]);
+        assert!(changes(&old, &old).rules_changed.is_empty());
+    }
+
+    #[test]
+    fn another_identity_secret_restarts_every_limit() {
+        let old = config(RULES);
+        let keyed = |secret: &str| {
+            let text = format!("[identity]\nip_hash_secret_env = \"S\"\n{RULES}");
+            Config::parse_with_env(&text, "reload.toml", &|_| Some(secret.to_owned())).unwrap()
+        };
+        let restarted = changes(&old, &keyed("a-secret-long-enough-for-anyone-1")).limits_restarted;
+        assert_eq!(restarted, ["search/burst", "search/hour", "feed/feed-key", "feed/feed"]);
+        assert!(changes(
+            &keyed("a-secret-long-enough-for-anyone-1"),
+            &keyed("a-secret-long-enough-for-anyone-1")
+        )
+        .limits_restarted
+        .is_empty());
+        // No secret in the file: the running one is kept.
+        assert!(changes(&keyed("a-secret-long-enough-for-anyone-1"), &old).limits_restarted.is_empty());
+    }
+
+    #[test]
+    fn the_keys_a_process_was_built_around_need_a_restart() {
+        let old = config("[server]\nlisten = \"127.0.0.1:8080\"\n");
+        let new = config(
+            "[server]\nlisten = \"127.0.0.1:8081\"\nthreads = 2\n[store]\ntimeout_ms = 20\non_error = \"deny\"\n",
+        );
+        assert_eq!(restart_required(&old, &new), ["server.listen", "server.threads", "store"]);
+        // `on_error` alone is each rule's default: applied with the rules.
+        let deny = config("[server]\nlisten = \"127.0.0.1:8080\"\n[store]\non_error = \"deny\"\n");
+        assert!(restart_required(&old, &deny).is_empty());
+    }
+}
