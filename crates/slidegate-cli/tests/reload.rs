@@ -158,7 +158,9 @@ fn sighup_reloads_instead_of_ending_the_process() {
     });
     assert!(sg.child.try_wait().unwrap().is_none(), "still running after SIGUSR1");
     assert!(sg.terminate().success());
-    assert!(sg.log.lock().unwrap().contains("shutdown signal received (SIGTERM)"));
+    wait_for("SIGTERM's log line", Duration::from_secs(10), || {
+        sg.log.lock().unwrap().contains("shutdown signal received (SIGTERM)")
+    });
 }
 
 /// A block of the penalty box and a denial the deny cache holds both outlive
@@ -226,7 +228,7 @@ fn a_reload_keeps_what_needs_a_restart_and_says_so() {
         answer.body.ends_with(r#""restart_required":["server.listen","server.threads","store"]}"#),
         "{answer:?}"
     );
-    assert!(sg.log.lock().unwrap().contains("needs a restart"));
+    wait_for("the warning", Duration::from_secs(10), || sg.log.lock().unwrap().contains("needs a restart"));
     assert_eq!(remaining(&key(&sg, "/changed")), 9, "the rules applied");
 }
 
