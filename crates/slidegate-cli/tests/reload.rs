@@ -135,6 +135,13 @@ fn a_broken_config_leaves_the_running_one_in_place() {
     assert_eq!(remaining(&key(&sg, "/changed")), 1);
     assert_eq!(remaining(&key(&sg, "/changed")), 0);
     assert_eq!(key(&sg, "/changed").status, 429);
+    // A file gone is no configuration either.
+    std::fs::remove_file(&path).unwrap();
+    let gone = reload(&sg, &[]);
+    assert_eq!(gone.status, 422, "{gone:?}");
+    assert!(gone.body.contains(&format!("{}: cannot read the configuration", path.display())), "{gone:?}");
+    assert_eq!(key(&sg, "/changed").status, 429);
+    assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"error\"}"), 3.0);
 }
 
 /// `SIGHUP` used to end the process (exit 129, nothing logged); it reloads.
