@@ -170,6 +170,20 @@ fn sighup_reloads_instead_of_ending_the_process() {
     });
 }
 
+/// SIGQUIT's default action ends a process with a core dump and no word; it
+/// stops `serve` as SIGTERM does, saying so.
+#[test]
+fn sigquit_stops_gracefully_with_a_log_line() {
+    let upstream = Upstream::start();
+    let mut sg = Slidegate::start(&two_rules(&upstream, "", 3));
+    signal(&sg, "QUIT");
+    let status = sg.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    wait_for("SIGQUIT's log line", Duration::from_secs(10), || {
+        sg.log.lock().unwrap().contains("shutdown signal received (SIGQUIT)")
+    });
+}
+
 /// A block of the penalty box and a denial the deny cache holds both outlive
 /// a reload that leaves their rule alone.
 #[test]
