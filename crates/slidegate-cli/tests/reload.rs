@@ -186,15 +186,19 @@ fn sigquit_stops_gracefully_with_a_log_line() {
 
 /// A block of the penalty box and a denial the deny cache holds both outlive
 /// a reload that leaves their rule alone.
-#[test]
-fn a_penalty_block_and_a_cached_denial_survive_a_reload() {
+fn penalty_and_cache_survive(store: &str) {
     let upstream = Upstream::start();
+    let secret = if store.contains("url") {
+        format!("ip_hash_secret_env = \"{SECRET_ENV}\"\n")
+    } else {
+        String::new()
+    };
     let config = |extra: &str| {
         format!(
             r#"{head}
 [identity]
 api_key_header = "x-api-key"
-
+{secret}
 [[rules]]
 name = "trending"
 path = "/trending"
@@ -206,7 +210,7 @@ name = "cached"
 path = "/cached"
 limits = [{{ limit = 1, window = "1m", algorithm = "fixed_window" }}]
 {extra}"#,
-            head = config_head(upstream.addr, "admin_on_public = true", ""),
+            head = config_head(upstream.addr, "admin_on_public = true", store),
         )
     };
     let sg = Slidegate::start(&config(""));
@@ -232,6 +236,17 @@ limits = [{{ limit = 1, window = "1m", algorithm = "fixed_window" }}]
     // The block and the denial, both answered from the kept cache.
     assert_eq!(sg.metric("slidegate_deny_cache_hits_total"), hits + 2.0);
     assert_eq!(upstream.hits(), 3);
+}
+
+#[test]
+fn a_penalty_block_and_a_cached_denial_survive_a_reload_on_the_embedded_store() {
+    penalty_and_cache_survive("");
+}
+
+#[test]
+fn a_penalty_block_and_a_cached_denial_survive_a_reload_on_redis() {
+    let redis = RedisServer::spawn();
+    penalty_and_cache_survive(&format!("[store]\nurl = \"{}\"\n", redis.url()));
 }
 
 /// Listener addresses, threads and the store are kept until a restart; the
