@@ -2,15 +2,15 @@
 //! and hand over to `slidegate_server::serve`.
 //!
 //! What only a process does — installing the log subscriber, turning signals
-//! into a shutdown — is done here; the library's [`Server`] takes the
-//! shutdown as a future from its caller.
+//! into a shutdown or a reload — is done here; the library's [`Server`] takes
+//! the shutdown as a future from its caller, and reloads through its
+//! [`Reloader`].
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use slidegate_http::config::{LimitConfig, RuleLimits};
-use slidegate_server::{Config, ConfigError, Server};
+use slidegate_server::{Config, ConfigError, Reloader, Server};
 
 /// Arguments of `slidegate serve`.
 #[derive(clap::Args)]
@@ -46,9 +46,11 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
     init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        // Installed before the address is announced: a SIGTERM from then on stops gracefully.
-        let shutdown = shutdown_signal();
-        let server = Server::bind(&config).await?;
+        // Installed before the address is announced: a SIGTERM from then on
+        // stops gracefully, a SIGHUP reloads.
+        let signals = Signals::install();
+        let server = Server::bind(&config).await?.reload_from(&args.config);
+        let shutdown = signals.until_shutdown(server.reloader());
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.describe();
         if let Some(admin) = server.admin_addr() {
@@ -108,41 +110,114 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Completes on SIGTERM or Ctrl-C (SIGINT).
-///
-/// The handlers are installed when this is called, not when the future is
-/// first polled, so a signal that arrives while the server is busy is not lost
-/// to the default action. Call it inside the runtime.
-fn shutdown_signal() -> impl Future<Output = ()> {
+/// The signals `serve` acts on. Each one whose default action would end the
+/// process is handled, so none ends it without a line in the log: SIGTERM,
+/// SIGINT and SIGQUIT stop it gracefully, SIGHUP reloads the configuration,
+/// SIGUSR1 and SIGUSR2 are logged and ignored. (SIGKILL cannot be caught;
+/// SIGPIPE is ignored by the Rust runtime.)
+struct Signals {
     #[cfg(unix)]
-    let (mut term, mut int) = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
-    };
-    async move {
+    handlers: Vec<(&'static str, Action, tokio::signal::unix::Signal)>,
+}
+
+/// What a signal does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(unix), allow(dead_code))]
+enum Action {
+    Stop,
+    Reload,
+    Ignore,
+}
+
+impl Signals {
+    /// Installs the handlers now, not when the future is first polled, so
+    /// that a signal arriving while the server is busy starting is not lost
+    /// to the default action. Call it inside the runtime.
+    fn install() -> Self {
         #[cfg(unix)]
         {
-            let term = async {
-                match term.as_mut() {
-                    Some(s) => drop(s.recv().await),
-                    None => std::future::pending().await,
+            use tokio::signal::unix::{signal, SignalKind};
+            let wanted = [
+                ("SIGTERM", Action::Stop, SignalKind::terminate()),
+                ("SIGINT", Action::Stop, SignalKind::interrupt()),
+                ("SIGQUIT", Action::Stop, SignalKind::quit()),
+                ("SIGHUP", Action::Reload, SignalKind::hangup()),
+                ("SIGUSR1", Action::Ignore, SignalKind::user_defined1()),
+                ("SIGUSR2", Action::Ignore, SignalKind::user_defined2()),
+            ];
+            let mut handlers = Vec::new();
+            for (name, action, kind) in wanted {
+                match signal(kind) {
+                    Ok(handler) => handlers.push((name, action, handler)),
+                    Err(err) => tracing::warn!(%err, "cannot handle {name}: it keeps its default action"),
                 }
-            };
-            let int = async {
-                match int.as_mut() {
-                    Some(s) => drop(s.recv().await),
-                    None => std::future::pending().await,
+            }
+            Signals { handlers }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Completes on the first signal that stops the server; meanwhile
+    /// reloads the configuration on each SIGHUP.
+    async fn until_shutdown(self, reloader: Reloader) {
+        #[cfg(unix)]
+        {
+            let mut handlers = self.handlers;
+            loop {
+                let received = next_signal(&mut handlers).await;
+                let Some((name, action)) = received else {
+                    // Every handler is gone: nothing left to wait for.
+                    return std::future::pending().await;
+                };
+                match action {
+                    Action::Stop => {
+                        tracing::info!("shutdown signal received ({name}): finishing open connections");
+                        return;
+                    }
+                    Action::Reload => {
+                        tracing::info!("{name} received: reloading the configuration");
+                        let reloader = reloader.clone();
+                        // Logged and counted by the reloader, whatever the outcome.
+                        let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                    }
+                    Action::Ignore => tracing::info!(
+                        "{name} received: ignored (SIGHUP reloads the configuration, SIGTERM stops)"
+                    ),
                 }
-            };
-            tokio::select! {
-                () = term => {},
-                () = int => {},
             }
         }
         #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutdown signal received");
+        {
+            let _ = reloader;
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutdown signal received (Ctrl-C): finishing open connections");
+        }
     }
+}
+
+/// The next signal any of `handlers` receives, by name and action; `None`
+/// when none can receive any more.
+#[cfg(unix)]
+async fn next_signal(
+    handlers: &mut [(&'static str, Action, tokio::signal::unix::Signal)],
+) -> Option<(&'static str, Action)> {
+    std::future::poll_fn(|cx| {
+        let mut open = false;
+        for (name, action, handler) in handlers.iter_mut() {
+            match handler.poll_recv(cx) {
+                std::task::Poll::Ready(Some(())) => return std::task::Poll::Ready(Some((*name, *action))),
+                std::task::Poll::Ready(None) => {}
+                std::task::Poll::Pending => open = true,
+            }
+        }
+        if open {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(None)
+        }
+    })
+    .await
 }
 
 /// Installs a log subscriber writing to stderr at the level in

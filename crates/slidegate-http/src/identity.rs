@@ -95,6 +95,13 @@ impl IdentityExtractor {
         Self::new(&secret)
     }
 
+    /// An extractor keyed as this one, every other setting at its default:
+    /// what a reloaded configuration without a secret builds on, so that its
+    /// identities, and the counters kept under them, stay the same.
+    pub(crate) fn keyed_alike(&self) -> Self {
+        Self { hasher: self.hasher.clone(), ..Self::new(&[]) }
+    }
+
     /// Reads API keys from `header`.
     pub fn api_key_header(mut self, header: HeaderName) -> Self {
         self.api_key_header = Some(header);

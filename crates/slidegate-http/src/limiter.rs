@@ -27,7 +27,9 @@ use slidegate::{
 };
 
 use crate::clock::Ticks;
-use crate::config::{IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits, StoreGuard};
+use crate::config::{
+    IdentityConfig, IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits, StoreGuard,
+};
 use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
 use crate::guard::Guarded;
@@ -160,15 +162,19 @@ enum Mode {
 /// the fallback.
 type Layered<S> = Fallback<DenyCached<Guarded<S>>>;
 
+/// A limiter: what one configuration says (rules, identity, headers), and
+/// what outlives it, shared with the limiters [`RateLimiter::reconfigure`]
+/// builds from this one (the layered store, whose deny cache, breaker and
+/// fallback seeds are state, the requests in flight, the counters).
 struct Inner<S> {
     rules: Vec<Rule>,
     matcher: RuleMatcher,
     identity: IdentityExtractor,
-    store: Layered<S>,
+    store: Arc<Layered<S>>,
     metrics: Arc<Metrics>,
     legacy_headers: bool,
     /// The identities refused most lately, in bounded memory.
-    offenders: Offenders,
+    offenders: Arc<Offenders>,
     /// Requests in flight per identity under rules charged after the response.
     in_flight: Arc<InFlight>,
 }
@@ -212,6 +218,14 @@ pub enum LimiterError {
     /// sketches ([`Store::distinct`] answers `None`).
     #[error("rule {rule:?} limits crawl breadth (`breadth`), which this store cannot count: it keeps no distinct-value sketches")]
     BreadthUnsupported {
+        /// The rule's name.
+        rule: String,
+    },
+    /// A reconfigured rule falls back to the embedded limiter when the store
+    /// fails (`on_error = "fallback"`, the default), and the running limiter
+    /// was built without one (every rule of its configuration opted out).
+    #[error("rule {rule:?} needs the fallback limiter (on_error = \"fallback\"), which the running limiter was started without (every rule opted out): restart to add it, or set its on_error")]
+    FallbackOff {
         /// The rule's name.
         rule: String,
     },
@@ -334,21 +348,53 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// # Errors
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
-        let identity = {
-            let base = match &config.identity.secret {
-                Some(secret) => IdentityExtractor::new(secret),
-                None => IdentityExtractor::with_random_secret(),
-            };
-            let base = base
-                .trusted_proxies(config.identity.trusted_proxies.clone())
-                .forwarded_header(config.identity.forwarded_header)
-                .ipv6_prefix(config.identity.ipv6_prefix);
-            match &config.identity.api_key_header {
-                Some(h) => base.api_key_header(h.clone()),
-                None => base,
-            }
-        };
+        let identity = extractor(&config.identity, None);
         Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
+    }
+
+    /// A limiter for `config`'s rules, identity and headers over this one's
+    /// store and layers: what a reloaded configuration runs on, while
+    /// requests already decided by this one finish with it.
+    ///
+    /// Kept from this limiter: the store and its connection, the deny cache,
+    /// the breaker, the fallback limiter and its seeds, the requests in
+    /// flight, the store's metrics and those of every rule kept by name, the
+    /// top offenders while the rules keep their places (they are recorded by
+    /// rule number), and the identity secret unless `config` names one. So
+    /// every limit whose rule name, algorithm and quota are unchanged goes on
+    /// with its counters, cached denials and penalty blocks; a changed limit
+    /// starts from zero (the stores keep each limit's state apart). `config.guard` is not read:
+    /// the layers it configures are this limiter's.
+    ///
+    /// # Errors
+    /// [`LimiterError`] when a rule needs what the store or the running
+    /// layers cannot do.
+    pub fn reconfigure(&self, config: &LimiterConfig) -> Result<Self, LimiterError> {
+        check_store(&config.rules, self.store())?;
+        if self.fallback_store().is_none() {
+            if let Some(rule) = config.rules.iter().find(|r| r.on_error == OnError::Fallback) {
+                return Err(LimiterError::FallbackOff { rule: rule.name.clone() });
+            }
+        }
+        let identity = extractor(&config.identity, Some(&self.inner.identity));
+        let rules: Vec<Rule> = config.rules.iter().map(Rule::new).collect();
+        let metrics = Arc::new(self.inner.metrics.carried_over(rules.iter().map(|r| r.name.clone())));
+        let places_kept = rules.len() >= self.inner.rules.len()
+            && self.inner.rules.iter().zip(&rules).all(|(old, new)| old.name == new.name);
+        let offenders =
+            if places_kept { Arc::clone(&self.inner.offenders) } else { Arc::new(Offenders::new()) };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                matcher: matcher(&config.rules),
+                rules,
+                identity,
+                store: Arc::clone(&self.inner.store),
+                metrics,
+                legacy_headers: config.headers.legacy,
+                offenders,
+                in_flight: Arc::clone(&self.inner.in_flight),
+            }),
+        })
     }
 
     /// A limiter from its parts: `store` behind the layers `guard` configures.
@@ -362,12 +408,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         guard: StoreGuard,
         legacy_headers: bool,
     ) -> Result<Self, LimiterError> {
-        if let Some(rule) = rules.iter().find(|r| r.breadth.is_some()) {
-            if store.distinct().is_none() {
-                return Err(LimiterError::BreadthUnsupported { rule: rule.name.clone() });
-            }
-        }
-        let matcher = RuleMatcher::new(rules.iter().map(|r| (r.methods.clone(), r.path.clone())).collect());
+        check_store(rules, &store)?;
+        let matcher = matcher(rules);
         let rules: Vec<Rule> = rules.iter().map(Rule::new).collect();
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
@@ -381,10 +423,10 @@ impl<S: Store + 'static> RateLimiter<S> {
                 rules,
                 matcher,
                 identity,
-                store,
+                store: Arc::new(store),
                 metrics,
                 legacy_headers,
-                offenders: Offenders::new(),
+                offenders: Arc::default(),
                 in_flight: Arc::default(),
             }),
         })
@@ -792,6 +834,40 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 }
 
+/// The identity extractor `config` describes; without a secret, keyed as
+/// `running` is (a reloaded configuration keeps its identities) or by a
+/// random one.
+fn extractor(config: &IdentityConfig, running: Option<&IdentityExtractor>) -> IdentityExtractor {
+    let base = match (&config.secret, running) {
+        (Some(secret), _) => IdentityExtractor::new(secret),
+        (None, Some(running)) => running.keyed_alike(),
+        (None, None) => IdentityExtractor::with_random_secret(),
+    };
+    let base = base
+        .trusted_proxies(config.trusted_proxies.clone())
+        .forwarded_header(config.forwarded_header)
+        .ipv6_prefix(config.ipv6_prefix);
+    match &config.api_key_header {
+        Some(h) => base.api_key_header(h.clone()),
+        None => base,
+    }
+}
+
+/// The rule matcher of `rules`, in order.
+fn matcher(rules: &[RuleConfig]) -> RuleMatcher {
+    RuleMatcher::new(rules.iter().map(|r| (r.methods.clone(), r.path.clone())).collect())
+}
+
+/// Refuses rules that need what `store` cannot do.
+fn check_store(rules: &[RuleConfig], store: &impl Store) -> Result<(), LimiterError> {
+    match rules.iter().find(|r| r.breadth.is_some()) {
+        Some(rule) if store.distinct().is_none() => {
+            Err(LimiterError::BreadthUnsupported { rule: rule.name.clone() })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Turns an allowing peek into the refusal of a request over the rule's
 /// `max_in_flight`: every policy denied, with what the store said is left,
 /// and a wait of a second (the time a slot frees is the upstream's).
@@ -815,4 +891,59 @@ fn invalid_denial(charges: &[Charge]) -> Vec<Decision> {
             retry_after: (c.cost > c.limit.quota.permits()).then(|| c.limit.quota.window()),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use slidegate::{Algorithm, Limit, Quota};
+
+    use super::*;
+    use crate::rules::PathPattern;
+
+    fn config(limits: &[(&str, u64)]) -> LimiterConfig {
+        let mut config = LimiterConfig::default();
+        for (name, permits) in limits {
+            let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(*permits).unwrap());
+            let limits = vec![LimitConfig::new(*name, limit, 1).unwrap()];
+            let path: PathPattern = format!("/{name}").parse().unwrap();
+            let shared = RuleLimits::Shared { identity: IdentityKind::ApiKey, limits };
+            config.rules.push(RuleConfig::new(*name, path, shared));
+        }
+        config
+    }
+
+    async fn remaining(limiter: &RateLimiter<MemoryStore>, rule: &str) -> u64 {
+        let verdict = limiter.check_key(rule, "user-1", 1, false).await.unwrap();
+        verdict.decisive().unwrap().decision.remaining
+    }
+
+    /// The random secret, the store and the counters of unchanged limits
+    /// carry over; a changed limit starts from zero; the old limiter, still
+    /// held by requests in flight, decides on the same state.
+    #[tokio::test]
+    async fn a_reconfigured_limiter_keeps_the_store_and_the_secret() {
+        let old =
+            RateLimiter::from_config(&config(&[("kept", 5), ("changed", 3)]), MemoryStore::new()).unwrap();
+        assert_eq!(remaining(&old, "kept").await, 4);
+        assert_eq!(remaining(&old, "changed").await, 2);
+        let new = old.reconfigure(&config(&[("kept", 5), ("changed", 10), ("added", 2)])).unwrap();
+        assert_eq!(new.rule_names(), ["kept", "changed", "added"]);
+        assert_eq!(remaining(&new, "kept").await, 3);
+        assert_eq!(remaining(&new, "changed").await, 9);
+        assert_eq!(remaining(&old, "kept").await, 2, "one store under both");
+        assert!(std::ptr::eq(old.store(), new.store()));
+        assert!(std::ptr::eq(old.offenders(), new.offenders()), "the rules kept their places");
+        let moved = new.reconfigure(&config(&[("added", 2), ("kept", 5)])).unwrap();
+        assert!(!std::ptr::eq(new.offenders(), moved.offenders()), "offenders are kept by rule number");
+        assert_eq!(remaining(&moved, "kept").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_rule_needing_the_fallback_is_refused_when_the_limiter_runs_without() {
+        let mut opted_out = config(&[("a", 5)]);
+        opted_out.rules[0].on_error = OnError::Deny;
+        let limiter = RateLimiter::from_config(&opted_out, MemoryStore::new()).unwrap();
+        let err = limiter.reconfigure(&config(&[("a", 5)])).unwrap_err();
+        assert!(matches!(err, LimiterError::FallbackOff { ref rule } if rule == "a"), "{err}");
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Upper bounds of the store latency histogram, in microseconds.
@@ -81,17 +82,19 @@ impl StoreCounters {
     }
 }
 
-#[derive(Debug)]
-struct Shard {
-    rules: Box<[RuleCounters]>,
-    store: StoreCounters,
-}
-
 /// Every metric of one limiter, sharded by thread and summed when rendered.
+///
+/// Each rule's counters and the store's are shared, not owned: a limiter
+/// rebuilt for a reloaded configuration ([`Metrics::carried_over`]) counts
+/// on in the same counters for every rule it keeps by name, and for the
+/// store, whose layers it keeps.
 #[derive(Debug)]
 pub struct Metrics {
     rule_names: Vec<String>,
-    shards: Box<[Shard]>,
+    /// Per rule, one set of counters per shard.
+    rules: Vec<Arc<[RuleCounters]>>,
+    /// One set per shard.
+    store: Arc<[StoreCounters]>,
 }
 
 /// The shard of the calling thread.
@@ -107,27 +110,38 @@ impl Metrics {
     /// Metrics for rules named `rules`, in rule order.
     pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
         let rule_names: Vec<String> = rules.into_iter().collect();
-        let shards = (0..SHARDS)
-            .map(|_| Shard {
-                rules: rule_names.iter().map(|_| RuleCounters::default()).collect(),
-                store: StoreCounters::default(),
+        let rules = rule_names.iter().map(|_| shards()).collect();
+        Self { rule_names, rules, store: shards() }
+    }
+
+    /// Metrics for the rules named `rules` that go on counting where these
+    /// left off: the store's counters, and those of each rule whose name
+    /// was already here; a new name starts at zero, a name gone is no
+    /// longer rendered.
+    pub fn carried_over(&self, rules: impl IntoIterator<Item = String>) -> Self {
+        let rule_names: Vec<String> = rules.into_iter().collect();
+        let rules = rule_names
+            .iter()
+            .map(|name| match self.rule_names.iter().position(|old| old == name) {
+                Some(old) => Arc::clone(&self.rules[old]),
+                None => shards(),
             })
             .collect();
-        Self { rule_names, shards }
+        Self { rule_names, rules, store: Arc::clone(&self.store) }
     }
 
     /// The calling thread's counters of rule number `index`.
     pub fn rule(&self, index: usize) -> &RuleCounters {
-        &self.shards[shard_index()].rules[index]
+        &self.rules[index][shard_index()]
     }
 
     /// The calling thread's store counters.
     pub fn store(&self) -> &StoreCounters {
-        &self.shards[shard_index()].store
+        &self.store[shard_index()]
     }
 
-    fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
-        self.shards.iter().map(|s| f(s).load(Relaxed)).sum()
+    fn sum<T>(shards: &[T], f: impl Fn(&T) -> &AtomicU64) -> u64 {
+        shards.iter().map(|s| f(s).load(Relaxed)).sum()
     }
 
     /// The Prometheus text exposition of every metric; `breaker_open` is the
@@ -178,7 +192,7 @@ impl Metrics {
         for (name, help, field) in per_rule {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for (i, rule) in self.rule_names.iter().enumerate() {
-                let value = self.sum(|s| field(&s.rules[i]));
+                let value = Self::sum(&self.rules[i], field);
                 let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
         }
@@ -207,7 +221,7 @@ impl Metrics {
             ),
         ];
         for (name, help, field) in global {
-            let value = self.sum(|s| field(&s.store));
+            let value = Self::sum(&self.store, field);
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         }
         let _ = writeln!(
@@ -220,15 +234,20 @@ impl Metrics {
         let _ = writeln!(out, "# HELP {name} Latency of store calls that answered.\n# TYPE {name} histogram");
         let mut cumulative = 0;
         for (i, bound) in BUCKETS_US.iter().enumerate() {
-            cumulative += self.sum(|s| &s.store.latency_buckets[i]);
+            cumulative += Self::sum(&self.store, |s| &s.latency_buckets[i]);
             let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
         }
-        let count = self.sum(|s| &s.store.latency_count);
+        let count = Self::sum(&self.store, |s| &s.latency_count);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum(|s| &s.store.latency_sum_us) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_sum {}", Self::sum(&self.store, |s| &s.latency_sum_us) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {count}");
         out
     }
+}
+
+/// One set of counters per shard.
+fn shards<T: Default>() -> Arc<[T]> {
+    (0..SHARDS).map(|_| T::default()).collect()
 }
 
 fn escape(label: &str) -> String {
@@ -266,5 +285,21 @@ mod tests {
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("slidegate_store_latency_seconds_sum 3.00038\n"));
         assert!(text.contains("slidegate_store_latency_seconds_count 3\n"));
+    }
+
+    #[test]
+    fn carried_over_metrics_share_the_store_and_the_rules_kept_by_name() {
+        let old = Metrics::new(["search".to_owned(), "trending".to_owned()]);
+        old.rule(0).denied.fetch_add(3, Relaxed);
+        old.rule(1).denied.fetch_add(4, Relaxed);
+        old.store().calls.fetch_add(7, Relaxed);
+        let new = old.carried_over(["new".to_owned(), "search".to_owned()]);
+        // A request still in flight under the old rules counts in the same place.
+        old.rule(0).denied.fetch_add(1, Relaxed);
+        let text = new.render(false);
+        assert!(text.contains("slidegate_requests_denied_total{rule=\"search\"} 4\n"), "{text}");
+        assert!(text.contains("slidegate_requests_denied_total{rule=\"new\"} 0\n"), "{text}");
+        assert!(!text.contains("trending"), "{text}");
+        assert!(text.contains("slidegate_store_calls_total 7\n"), "{text}");
     }
 }

@@ -49,5 +49,5 @@ mod store;
 pub mod guide {}
 
 pub use config::{Config, ConfigError, Password, ServerConfig, StoreConfig};
-pub use serve::{ServeBody, ServeError, Server};
+pub use serve::{ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server};
 pub use store::{AnyStore, LazyRedis};

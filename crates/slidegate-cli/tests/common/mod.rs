@@ -351,3 +351,21 @@ pub fn connect_from(from: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
         stream
     })
 }
+
+// ---------------------------------------------------------------- reload
+
+impl Slidegate {
+    /// The configuration file the process was started with: a test rewrites
+    /// it and reloads.
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("slidegate.toml")
+    }
+
+    /// One metric, read from the admin endpoints at `addr`.
+    pub fn metric_at(&self, addr: SocketAddr, name: &str) -> f64 {
+        let reply = get(addr, "/metrics", &[]);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let line = reply.body.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')));
+        line.unwrap_or_else(|| panic!("no metric {name}")).parse().unwrap()
+    }
+}

@@ -1,7 +1,7 @@
 //! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
 //! `GET /readyz` (see `readiness`),
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
-//! served on the public listener or on their own.
+//! `POST /admin/reload`, served on the public listener or on their own.
 
 use std::borrow::Cow;
 
@@ -28,6 +28,7 @@ pub(crate) enum Endpoint {
     Ready,
     Offenders,
     OffendersPage,
+    Reload,
 }
 
 impl Endpoint {
@@ -39,13 +40,14 @@ impl Endpoint {
             "/readyz" => Some(Endpoint::Ready),
             "/v1/offenders" => Some(Endpoint::Offenders),
             "/offenders" => Some(Endpoint::OffendersPage),
+            "/admin/reload" => Some(Endpoint::Reload),
             _ => None,
         }
     }
 
     fn method(self) -> Method {
         match self {
-            Endpoint::Check => Method::POST,
+            Endpoint::Check | Endpoint::Reload => Method::POST,
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -56,7 +58,7 @@ impl Endpoint {
 
     fn allow(self) -> HeaderValue {
         match self {
-            Endpoint::Check => HeaderValue::from_static("POST"),
+            Endpoint::Check | Endpoint::Reload => HeaderValue::from_static("POST"),
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -82,7 +84,7 @@ pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>)
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders or {0}/offenders",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders or {0}/admin/reload",
             state.admin_prefix
         ),
         Some(path),
@@ -139,15 +141,16 @@ pub(crate) async fn handle(
     }
     match endpoint {
         Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
-        Endpoint::Ready => match state.readiness.answer(&state.limiter).await {
+        Endpoint::Ready => match state.readiness.answer(&state.limiter()).await {
             Answer::Ready(body) => text(StatusCode::OK, "text/plain; charset=utf-8", body),
             Answer::NotReady(detail) => {
                 bad_request(StatusCode::SERVICE_UNAVAILABLE, request.uri().path(), &detail)
             }
         },
         Endpoint::Metrics => {
-            let mut body = state.limiter.render_metrics();
+            let mut body = state.limiter().render_metrics();
             store_states(state, &mut body);
+            state.reloader.render_metrics(&mut body);
             text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
         Endpoint::Offenders | Endpoint::OffendersPage => {
@@ -161,20 +164,55 @@ pub(crate) async fn handle(
                 super::offenders::page(state, query)
             }
         }
-        Endpoint::Check => {
+        Endpoint::Check | Endpoint::Reload => {
             if let Some(token) = &state.check_token {
                 if !bearer_matches(request.headers(), token) {
+                    let name = if endpoint == Endpoint::Check { "/v1/check" } else { "/admin/reload" };
                     let mut response = bad_request(
                         StatusCode::UNAUTHORIZED,
                         request.uri().path(),
-                        "/v1/check requires the bearer token: expected Authorization: Bearer <token>",
+                        &format!("{name} requires the bearer token: expected Authorization: Bearer <token>"),
                     );
                     response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                     return response;
                 }
             }
-            check(state, request).await
+            if endpoint == Endpoint::Check {
+                check(state, request).await
+            } else {
+                reload(state, request).await
+            }
         }
+    }
+}
+
+/// `POST /admin/reload`: reloads the file `serve` was started with. 200 and
+/// what changed, or 422 and why nothing did. The request carries nothing: a
+/// configuration sent over the wire would be a second way in.
+async fn reload(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
+    use hyper::body::Body as _;
+    let path = request.uri().path().to_owned();
+    if !request.body().is_end_stream() {
+        return bad_request(
+            StatusCode::BAD_REQUEST,
+            &path,
+            "POST /admin/reload takes no body: the configuration is read from the file serve was started with",
+        );
+    }
+    let reloader = state.reloader.clone();
+    // Reading and validating a file blocks: off this worker's runtime.
+    let answer = match tokio::task::spawn_blocking(move || reloader.reload()).await {
+        Ok(answer) => answer,
+        Err(err) => return bad_request(StatusCode::INTERNAL_SERVER_ERROR, &path, &err.to_string()),
+    };
+    match answer {
+        Ok(reloaded) => {
+            let bytes = serde_json::to_vec(&reloaded).unwrap_or_default();
+            let mut response = Response::new(full(Bytes::from(bytes)));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(err) => bad_request(StatusCode::UNPROCESSABLE_ENTITY, &path, &err.to_string()),
     }
 }
 
@@ -185,11 +223,12 @@ pub(crate) async fn handle(
 /// keys; its `INFO keyspace` counts them.
 fn store_states(state: &State, body: &mut String) {
     use std::fmt::Write as _;
-    let embedded = match state.limiter.store() {
+    let limiter = state.limiter();
+    let embedded = match limiter.store() {
         crate::store::AnyStore::Memory(store) => Some(store.len()),
         crate::store::AnyStore::Redis(_) => None,
     };
-    let fallback = state.limiter.fallback_store().map(slidegate::MemoryStore::len);
+    let fallback = limiter.fallback_store().map(slidegate::MemoryStore::len);
     if embedded.is_none() && fallback.is_none() {
         return;
     }
@@ -255,13 +294,13 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             return bad_request(StatusCode::BAD_REQUEST, &path, &detail);
         }
     };
-    let verdict =
-        match state.limiter.check_key(&parsed.rule, &parsed.key, parsed.cost, parsed.anonymous).await {
-            Ok(verdict) => verdict,
-            // The message names the caller's own input only: listing every
-            // rule would map the configuration for whoever asks.
-            Err(err) => return bad_request(StatusCode::BAD_REQUEST, &path, &err.to_string()),
-        };
+    let limiter = state.limiter();
+    let verdict = match limiter.check_key(&parsed.rule, &parsed.key, parsed.cost, parsed.anonymous).await {
+        Ok(verdict) => verdict,
+        // The message names the caller's own input only: listing every
+        // rule would map the configuration for whoever asks.
+        Err(err) => return bad_request(StatusCode::BAD_REQUEST, &path, &err.to_string()),
+    };
     let answer = match verdict.decisive() {
         Some(p) => CheckResponse {
             allowed: verdict.allowed(),
@@ -285,7 +324,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
     };
     let bytes = serde_json::to_vec(&answer).unwrap_or_default();
     let mut response = Response::new(full(Bytes::from(bytes)));
-    let legacy = state.limiter.legacy_headers();
+    let legacy = limiter.legacy_headers();
     headers::apply(response.headers_mut(), &verdict, legacy);
     if !verdict.allowed() {
         // The caller relays the denial: it gets the wait as the 429 would carry it.

@@ -19,6 +19,8 @@
 //!   each client's share of the upstream connections; `slots`: the pool's
 //!   slots, handed to the clients holding least first.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
+//! - `reload`: [`Reloader`] reloads the configuration file while serving
+//!   (`SIGHUP` in the binary, `POST /admin/reload`).
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
 mod admin;
@@ -28,6 +30,7 @@ mod error;
 mod offenders;
 mod proxy;
 mod readiness;
+mod reload;
 mod server;
 mod slots;
 mod sweeper;
@@ -37,7 +40,10 @@ mod worker;
 pub use body::ServeBody;
 pub(crate) use body::{boxed, full};
 pub use error::ServeError;
+pub use reload::{ReloadError, Reloaded, Reloader};
 pub use server::Server;
+
+use std::sync::Arc;
 
 use slidegate_http::RateLimiter;
 
@@ -45,7 +51,9 @@ use crate::store::AnyStore;
 
 /// What one worker thread (or the admin listener) serves with.
 pub(crate) struct State {
-    pub(crate) limiter: RateLimiter<AnyStore>,
+    /// The limiter requests are decided by, replaced by a reload.
+    pub(crate) current: Arc<reload::Current>,
+    pub(crate) reloader: Reloader,
     /// Set once the thread's runtime runs.
     pub(crate) proxy: Option<proxy::Proxy>,
     pub(crate) admin_prefix: String,
@@ -59,4 +67,12 @@ pub(crate) struct State {
     /// This thread's charges of requests whose clients left (run in tasks
     /// of their own): awaited before the thread ends.
     pub(crate) settling: tokio_util::task::TaskTracker,
+}
+
+impl State {
+    /// The limiter to decide a request by: the one current when the request
+    /// came, kept by it to its end, whatever a reload does meanwhile.
+    pub(crate) fn limiter(&self) -> Arc<RateLimiter<AnyStore>> {
+        self.current.get()
+    }
 }

@@ -92,8 +92,9 @@ struct Answer {
 }
 
 fn network_rows(state: &State, query: Query) -> Vec<NetworkRow> {
-    let names = state.limiter.rule_names();
-    let offenders = state.limiter.offenders();
+    let limiter = state.limiter();
+    let names = limiter.rule_names();
+    let offenders = limiter.offenders();
     offenders
         .top_networks(query.minutes, query.limit)
         .into_iter()
@@ -108,12 +109,13 @@ fn network_rows(state: &State, query: Query) -> Vec<NetworkRow> {
 
 /// The top list and whether it ranks anything.
 fn ranked_rows(state: &State, query: Query) -> (bool, Vec<Row>) {
-    let top = state.limiter.offenders().top(query.minutes, query.limit);
+    let top = state.limiter().offenders().top(query.minutes, query.limit);
     (Offenders::ranked(&top), rows(state, top))
 }
 
 fn rows(state: &State, top: Vec<Offender>) -> Vec<Row> {
-    let names = state.limiter.rule_names();
+    let limiter = state.limiter();
+    let names = limiter.rule_names();
     let now = SystemTime::now();
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     top.into_iter()

@@ -99,7 +99,8 @@ pub(crate) async fn forward(
     peer: SocketAddr,
     peer_value: &HeaderValue,
 ) -> Response<ServeBody> {
-    let limiter = &state.limiter;
+    let limiter = state.limiter();
+    let limiter = &*limiter;
     // Decide on the headers the upstream will receive: a header the client
     // names in `Connection` (its API key, say) is removed before forwarding,
     // so counting the request under it would let a random key per request

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use super::error::ServeError;
 use super::readiness::{self, Readiness};
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener, WorkerEnd};
-use super::{proxy, sweeper, State};
+use super::{proxy, sweeper, Reloader, State};
 use crate::config::Config;
 use crate::store::{AnyStore, LazyRedis};
 
@@ -49,6 +50,9 @@ pub struct Server {
     grace: Delay,
     drain_delay: Delay,
     readiness: Arc<Readiness>,
+    reloader: Reloader,
+    /// What the reloader starts from.
+    config: Config,
 }
 
 impl Server {
@@ -79,7 +83,6 @@ impl Server {
             listener,
             admin_listener,
             threads,
-            limiter,
             upstream,
             admin_prefix: config.server.admin_prefix.clone(),
             admin_on_public: config.server.admin_on_public,
@@ -88,7 +91,24 @@ impl Server {
             grace: config.server.shutdown_grace,
             drain_delay: config.server.drain_delay,
             readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
+            reloader: Reloader::new(None, config.clone(), limiter.clone()),
+            config: config.clone(),
+            limiter,
         })
+    }
+
+    /// Reloads from `path` (the file `config` was read from) when asked:
+    /// `POST /admin/reload`, or whoever holds [`Server::reloader`]. Without
+    /// it, a reload answers that there is no file.
+    #[must_use]
+    pub fn reload_from(mut self, path: impl Into<PathBuf>) -> Self {
+        self.reloader = Reloader::new(Some(path.into()), self.config.clone(), self.limiter.clone());
+        self
+    }
+
+    /// The handle that reloads this server's configuration (for a signal).
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
     }
 
     /// The address actually bound (useful with port 0).
@@ -119,7 +139,8 @@ impl Server {
         for i in 0..self.threads {
             let (hand, connections) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
             let state = State {
-                limiter: self.limiter.clone(),
+                current: self.reloader.worker(),
+                reloader: self.reloader.clone(),
                 proxy: None,
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here,

@@ -1,0 +1,374 @@
+//! Reloading the configuration while serving: `SIGHUP` (the binary's) and
+//! `POST /admin/reload` both call [`Reloader::reload`].
+//!
+//! A reload reads the file `serve` was started with, validates it as
+//! `check-config` does, and builds a limiter for its rules, identity and
+//! headers over the running one's store and layers
+//! ([`RateLimiter::reconfigure`]); only then is the new limiter handed to
+//! every worker, each of which takes it for its next request. A request
+//! already decided keeps the limiter it was decided by until it ends
+//! (charges after the response included), so no request sees half of each.
+//! Anything wrong changes nothing.
+//!
+//! What the running process was built around is kept until a restart:
+//! `[server]` (the listeners, threads, upstream and its pool, the admin
+//! surface and its token) and `[store]` (the store, its connection and the
+//! guard's layers). A reload that changes them applies the rest and names
+//! them in [`Reloaded::restart_required`].
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+use slidegate_http::config::{LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::RateLimiter;
+
+use crate::config::Config;
+use crate::store::AnyStore;
+
+/// One worker's limiter: what its next request is decided by.
+///
+/// Each worker holds its own `Arc` of the limiter, so a request's clone of
+/// it touches a reference count no other thread writes (the limiter's own
+/// `Arc` is shared by every worker: cloning it per request would bounce its
+/// cache line between cores). The lock is held only to clone or replace it.
+pub(crate) struct Current(Mutex<Arc<RateLimiter<AnyStore>>>);
+
+impl Current {
+    fn new(limiter: &RateLimiter<AnyStore>) -> Self {
+        Self(Mutex::new(Arc::new(limiter.clone())))
+    }
+
+    /// The limiter to decide the next request by.
+    pub(crate) fn get(&self) -> Arc<RateLimiter<AnyStore>> {
+        Arc::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn set(&self, limiter: &RateLimiter<AnyStore>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(limiter.clone());
+    }
+}
+
+/// Reloads the configuration of a running server. Cheap to clone.
+#[derive(Clone)]
+pub struct Reloader {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    /// The file to read; `None` for a server built from a configuration in
+    /// memory, which has nothing to reload.
+    path: Option<PathBuf>,
+    /// Held for the whole of a reload: one at a time.
+    running: Mutex<Running>,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+}
+
+/// What the server runs with now.
+struct Running {
+    config: Config,
+    limiter: RateLimiter<AnyStore>,
+    workers: Vec<Arc<Current>>,
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct Reloaded {
+    /// Always `true`: the new configuration is the one running.
+    pub reloaded: bool,
+    /// Rules the file has and the running configuration had not.
+    pub rules_added: Vec<String>,
+    /// Rules the running configuration had and the file has not.
+    pub rules_removed: Vec<String>,
+    /// Rules of both whose settings differ.
+    pub rules_changed: Vec<String>,
+    /// Limits (`rule/policy`) whose algorithm or quota changed: their
+    /// counters start from zero, since each limit's state is kept apart.
+    pub limits_restarted: Vec<String>,
+    /// Settings the file changes that the running process keeps until a
+    /// restart (`server.listen`, `store`, …).
+    pub restart_required: Vec<String>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The server was not started from a file.
+    #[error("this server was not started from a configuration file: there is nothing to reload")]
+    NoFile,
+    /// The file does not validate (the message is `check-config`'s, located).
+    #[error("the configuration was not reloaded: {0}")]
+    Invalid(String),
+}
+
+impl Reloader {
+    pub(super) fn new(path: Option<PathBuf>, config: Config, limiter: RateLimiter<AnyStore>) -> Self {
+        let running = Running { config, limiter, workers: Vec::new() };
+        Self {
+            inner: Arc::new(Shared {
+                path,
+                running: Mutex::new(running),
+                reloads_ok: AtomicU64::new(0),
+                reloads_failed: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A worker's handle on the current limiter, replaced on every reload.
+    pub(super) fn worker(&self) -> Arc<Current> {
+        let mut running = self.lock();
+        let current = Arc::new(Current::new(&running.limiter));
+        running.workers.push(Arc::clone(&current));
+        current
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+        // A panic mid-reload left the previous configuration in place.
+        self.inner.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads, validates and applies the configuration file; logs and counts
+    /// the outcome. Blocking (it reads a file): call it off a busy runtime
+    /// thread when it can wait.
+    ///
+    /// # Errors
+    /// [`ReloadError`] when nothing changed.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let answer = self.try_reload();
+        match &answer {
+            Ok(reloaded) => {
+                self.inner.reloads_ok.fetch_add(1, Relaxed);
+                tracing::info!(
+                    added = ?reloaded.rules_added,
+                    removed = ?reloaded.rules_removed,
+                    changed = ?reloaded.rules_changed,
+                    limits_restarted = ?reloaded.limits_restarted,
+                    "configuration reloaded"
+                );
+                if !reloaded.restart_required.is_empty() {
+                    tracing::warn!(
+                        settings = ?reloaded.restart_required,
+                        "the file changes settings the running process keeps: each needs a restart"
+                    );
+                }
+            }
+            Err(err) => {
+                self.inner.reloads_failed.fetch_add(1, Relaxed);
+                tracing::error!(%err, "configuration reload failed; the running configuration stays");
+            }
+        }
+        answer
+    }
+
+    fn try_reload(&self) -> Result<Reloaded, ReloadError> {
+        let path = self.inner.path.as_ref().ok_or(ReloadError::NoFile)?;
+        // The error's first line is its location and message; the rest is
+        // the source excerpt, for a terminal.
+        let first_line =
+            |err: &dyn std::fmt::Display| err.to_string().lines().next().unwrap_or_default().to_owned();
+        let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(first_line(&err)))?;
+        let mut running = self.lock();
+        let restart_required = restart_required(&running.config, &file);
+        let mut applied = file;
+        applied.server = running.config.server.clone();
+        applied.store = running.config.store.clone();
+        applied.limiter.guard = running.config.limiter.guard.clone();
+        let limiter = running
+            .limiter
+            .reconfigure(&applied.limiter)
+            .map_err(|err| ReloadError::Invalid(format!("{}: {err}", path.display())))?;
+        let reloaded = Reloaded { restart_required, ..changes(&running.config, &applied) };
+        for worker in &running.workers {
+            worker.set(&limiter);
+        }
+        running.config = applied;
+        running.limiter = limiter;
+        Ok(reloaded)
+    }
+
+    /// `slidegate_config_reloads_total`, as Prometheus text.
+    pub(super) fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = write!(
+            out,
+            "# HELP slidegate_config_reloads_total Configuration reloads, by outcome (error: nothing changed).\n\
+             # TYPE slidegate_config_reloads_total counter\n\
+             slidegate_config_reloads_total{{result=\"ok\"}} {}\n\
+             slidegate_config_reloads_total{{result=\"error\"}} {}\n",
+            self.inner.reloads_ok.load(Relaxed),
+            self.inner.reloads_failed.load(Relaxed),
+        );
+    }
+}
+
+/// The rules and limits `new` changes from `old`.
+fn changes(old: &Config, new: &Config) -> Reloaded {
+    let (old_rules, new_rules) = (&old.limiter.rules, &new.limiter.rules);
+    let find = |rules: &[RuleConfig], name: &str| rules.iter().position(|r| r.name == name);
+    let names = |rules: &[RuleConfig], other: &[RuleConfig]| -> Vec<String> {
+        rules.iter().filter(|r| find(other, &r.name).is_none()).map(|r| r.name.clone()).collect()
+    };
+    // The secret keys every identity: another one restarts every counter.
+    let secret_changed =
+        new.limiter.identity.secret.is_some() && new.limiter.identity.secret != old.limiter.identity.secret;
+    let mut rules_changed = Vec::new();
+    let mut limits_restarted = Vec::new();
+    for rule in new_rules {
+        let Some(before) = find(old_rules, &rule.name).map(|i| &old_rules[i]) else { continue };
+        // Every part of a rule is plain data: its debug form is its whole value.
+        if differs(before, rule) {
+            rules_changed.push(rule.name.clone());
+        }
+        let kept = limits(before);
+        for limit in limits(rule) {
+            let same = kept.iter().any(|k| k.name == limit.name && k.limit == limit.limit);
+            let was_there = kept.iter().any(|k| k.name == limit.name);
+            if secret_changed || (was_there && !same) {
+                let name = format!("{}/{}", rule.name, limit.name);
+                if !limits_restarted.contains(&name) {
+                    limits_restarted.push(name);
+                }
+            }
+        }
+    }
+    Reloaded {
+        reloaded: true,
+        rules_added: names(new_rules, old_rules),
+        rules_removed: names(old_rules, new_rules),
+        rules_changed,
+        limits_restarted,
+        restart_required: Vec::new(),
+    }
+}
+
+/// Every limit of a rule, in either of its sets.
+fn limits(rule: &RuleConfig) -> Vec<&LimitConfig> {
+    match &rule.limits {
+        RuleLimits::Shared { limits, .. } => limits.iter().collect(),
+        RuleLimits::Split { authenticated, anonymous } => authenticated.iter().chain(anonymous).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The settings `new` changes that the process keeps until a restart.
+fn restart_required(old: &Config, new: &Config) -> Vec<String> {
+    let (a, b) = (&old.server, &new.server);
+    let server = [
+        ("server.listen", differs(&a.listen, &b.listen)),
+        ("server.threads", differs(&a.threads, &b.threads)),
+        ("server.upstream", differs(&a.upstream, &b.upstream)),
+        ("server.admin_listen", differs(&a.admin_listen, &b.admin_listen)),
+        ("server.admin_on_public", differs(&a.admin_on_public, &b.admin_on_public)),
+        ("server.admin_prefix", differs(&a.admin_prefix, &b.admin_prefix)),
+        ("server.check_token_env", a.check_token != b.check_token),
+        ("server.shutdown_grace", differs(&a.shutdown_grace, &b.shutdown_grace)),
+        ("server.body_timeout", differs(&a.body_timeout, &b.body_timeout)),
+        ("server.min_body_rate", differs(&a.min_body_rate, &b.min_body_rate)),
+        ("server.body_rate_grace", differs(&a.body_rate_grace, &b.body_rate_grace)),
+        (
+            "server.max_upstream_connections",
+            differs(&a.max_upstream_connections, &b.max_upstream_connections),
+        ),
+        (
+            "server.max_upstream_connections_per_client",
+            differs(&a.max_upstream_connections_per_client, &b.max_upstream_connections_per_client),
+        ),
+    ];
+    let (a, b) = (&old.store, &new.store);
+    // `[store] on_error` is each rule's default, applied with the rules.
+    let store = differs(&a.redis, &b.redis)
+        || differs(&a.prefix, &b.prefix)
+        || differs(&a.username, &b.username)
+        || a.password != b.password
+        || differs(&a.tls_ca, &b.tls_ca)
+        || differs(&a.engine, &b.engine)
+        || old.limiter.guard != new.limiter.guard;
+    let mut keys: Vec<String> =
+        server.iter().filter(|(_, changed)| *changed).map(|(key, _)| (*key).to_owned()).collect();
+    if store {
+        keys.push("store".to_owned());
+    }
+    keys
+}
+
+/// Whether two values differ, for types that are plain data without
+/// `PartialEq`: their debug forms are compared.
+fn differs<T: Debug>(a: &T, b: &T) -> bool {
+    format!("{a:?}") != format!("{b:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, "reload.toml").unwrap()
+    }
+
+    const RULES: &str = r#"
+[[rules]]
+name = "search"
+path = "/search"
+limits = [{ limit = 10, window = "1s", name = "burst" }, { limit = 500, window = "1h", name = "hour" }]
+
+[[rules]]
+name = "feed"
+path = "/feed"
+anonymous = [{ limit = 5, window = "1m" }]
+authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
+"#;
+
+    #[test]
+    fn only_limits_whose_algorithm_or_quota_changed_restart() {
+        let old = config(RULES);
+        let new = config(
+            &RULES
+                .replace("limit = 500, window = \"1h\"", "limit = 600, window = \"1h\"")
+                .replace("limit = 10,", "limit = 10, cost = 2,")
+                .replace("name = \"feed\"", "name = \"news\""),
+        );
+        let changed = changes(&old, &new);
+        assert_eq!(changed.rules_added, ["news"]);
+        assert_eq!(changed.rules_removed, ["feed"]);
+        assert_eq!(changed.rules_changed, ["search"]);
+        // A cost is not a limit: a renamed rule is a new one, not a restart.
+        assert_eq!(changed.limits_restarted, ["search/hour"]);
+        assert!(changes(&old, &old).rules_changed.is_empty());
+    }
+
+    #[test]
+    fn another_identity_secret_restarts_every_limit() {
+        let old = config(RULES);
+        let keyed = |secret: &str| {
+            let text = format!("[identity]\nip_hash_secret_env = \"S\"\n{RULES}");
+            Config::parse_with_env(&text, "reload.toml", &|_| Some(secret.to_owned())).unwrap()
+        };
+        let restarted = changes(&old, &keyed("a-secret-long-enough-for-anyone-1")).limits_restarted;
+        assert_eq!(restarted, ["search/burst", "search/hour", "feed/feed-key", "feed/feed"]);
+        assert!(changes(
+            &keyed("a-secret-long-enough-for-anyone-1"),
+            &keyed("a-secret-long-enough-for-anyone-1")
+        )
+        .limits_restarted
+        .is_empty());
+        // No secret in the file: the running one is kept.
+        assert!(changes(&keyed("a-secret-long-enough-for-anyone-1"), &old).limits_restarted.is_empty());
+    }
+
+    #[test]
+    fn the_keys_a_process_was_built_around_need_a_restart() {
+        let old = config("[server]\nlisten = \"127.0.0.1:8080\"\n");
+        let new = config(
+            "[server]\nlisten = \"127.0.0.1:8081\"\nthreads = 2\n[store]\ntimeout_ms = 20\non_error = \"deny\"\n",
+        );
+        assert_eq!(restart_required(&old, &new), ["server.listen", "server.threads", "store"]);
+        // `on_error` alone is each rule's default: applied with the rules.
+        let deny = config("[server]\nlisten = \"127.0.0.1:8080\"\n[store]\non_error = \"deny\"\n");
+        assert!(restart_required(&old, &deny).is_empty());
+    }
+}
