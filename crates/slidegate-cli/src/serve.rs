@@ -43,7 +43,10 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    init_logging();
+    if let Err(message) = init_logging(config.server.log_format) {
+        eprintln!("slidegate: {message}");
+        return Ok(ExitCode::from(crate::EX_USAGE));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         // Installed before the address is announced: a SIGTERM from then on stops gracefully.
@@ -146,15 +149,34 @@ fn shutdown_signal() -> impl Future<Output = ()> {
 }
 
 /// Installs a log subscriber writing to stderr at the level in
-/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`; default `info`).
-fn init_logging() {
-    let level = std::env::var("SLIDEGATE_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
-        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_target(false)
-        .try_init();
+/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`, `off`, or
+/// 0–5 for off to trace, any case; default `info`), as text or one JSON
+/// object a line (`[server] log_format`).
+///
+/// # Errors
+/// A `SLIDEGATE_LOG` that is no level: the message to print. A typo such as
+/// `SLIDEGATE_LOG=dbug` must not leave the operator at `info` unawares.
+fn init_logging(format: slidegate_server::LogFormat) -> Result<(), String> {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match std::env::var("SLIDEGATE_LOG") {
+        Err(std::env::VarError::NotPresent) => LevelFilter::INFO,
+        Ok(value) => value.parse::<LevelFilter>().map_err(|_| {
+            format!(
+                "SLIDEGATE_LOG={value:?} is not a log level: expected error, warn, info, debug, trace or off"
+            )
+        })?,
+        Err(std::env::VarError::NotUnicode(value)) => {
+            return Err(format!(
+                "SLIDEGATE_LOG={value:?} is not a log level: expected error, warn, info, debug, trace or off"
+            ))
+        }
+    };
+    let builder =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level).with_target(false);
+    // Another subscriber already installed (a test harness) is kept.
+    let _ = match format {
+        slidegate_server::LogFormat::Json => builder.json().try_init(),
+        _ => builder.try_init(),
+    };
+    Ok(())
 }

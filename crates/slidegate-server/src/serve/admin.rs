@@ -134,6 +134,9 @@ pub(crate) async fn handle(
         Endpoint::Metrics => {
             let mut body = state.limiter.render_metrics();
             store_states(state, &mut body);
+            if let Some(log) = &state.access_log {
+                super::access_log::render_metrics(log, &mut body);
+            }
             text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
         Endpoint::Offenders | Endpoint::OffendersPage => {

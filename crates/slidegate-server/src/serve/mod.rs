@@ -18,8 +18,10 @@
 //!   each client's share of the upstream connections; `slots`: the pool's
 //!   slots, handed to the clients holding least first.
 //! - `sweeper`: gives the embedded store's memory back on a timer.
+//! - `access_log`: one JSON line per decision, written by a thread of its own.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
+mod access_log;
 mod admin;
 mod body;
 mod client_holds;
@@ -52,4 +54,6 @@ pub(crate) struct State {
     pub(crate) admin_here: bool,
     /// The bearer token `/v1/check` requires, if any.
     pub(crate) check_token: Option<String>,
+    /// `[access_log]`, when configured.
+    pub(crate) access_log: Option<access_log::AccessLog>,
 }

@@ -11,6 +11,7 @@ use slidegate_http::config::Delay;
 use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
+use super::access_log::{self, AccessLog};
 use super::error::ServeError;
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener};
@@ -46,6 +47,7 @@ pub struct Server {
     check_token: Option<String>,
     limits: UpstreamLimits,
     grace: Delay,
+    access_log: Option<(AccessLog, access_log::Writer)>,
 }
 
 impl Server {
@@ -66,6 +68,16 @@ impl Server {
             .max(1);
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+        let access_log = match &config.access_log {
+            None => None,
+            Some(log) => Some(AccessLog::start(log).map_err(|source| ServeError::AccessLog {
+                path: match &log.path {
+                    crate::config::AccessLogPath::File(path) => path.clone(),
+                    crate::config::AccessLogPath::Stdout => "-".into(),
+                },
+                source,
+            })?),
+        };
         let admin_listener = match config.server.admin_listen {
             None => None,
             Some(addr) => {
@@ -83,6 +95,7 @@ impl Server {
             check_token: config.server.check_token.clone(),
             limits: UpstreamLimits::new(&config.server, threads),
             grace: config.server.shutdown_grace,
+            access_log,
         })
     }
 
@@ -118,6 +131,7 @@ impl Server {
                 admin_prefix: self.admin_prefix.clone(),
                 admin_here,
                 check_token: self.check_token.clone(),
+                access_log: self.access_log.as_ref().map(|(log, _)| log.clone()),
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
@@ -172,9 +186,14 @@ impl Server {
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         tracing::info!("shutting down: waiting for open connections");
+        let access_log = self.access_log.map(|(_, writer)| writer);
         let _ = tokio::task::spawn_blocking(move || {
             for thread in threads {
                 let _ = thread.join();
+            }
+            // The workers' handles are gone with them: what is left is written.
+            if let Some(writer) = access_log {
+                writer.finish();
             }
         })
         .await;
