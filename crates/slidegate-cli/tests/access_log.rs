@@ -5,8 +5,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::*;
 use serde_json::Value;
@@ -172,25 +173,50 @@ fn sampling_is_an_exact_share_of_the_allowed_requests() {
     assert_eq!(lines.len(), 101);
 }
 
+/// Runs `serve` with `SLIDEGATE_LOG=level`: its exit code and stderr if it
+/// exits, `None` (and the process killed) once it announces it is listening.
+fn serve_with_log_level(config: &Path, level: &str) -> Option<(Option<i32>, String)> {
+    let mut child = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("SLIDEGATE_LOG", level)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.starts_with("slidegate: listening on ") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    Some((child.wait().unwrap().code(), stderr))
+}
+
 #[test]
-fn an_unknown_slidegate_log_exits_64_and_known_levels_still_start() {
+fn an_unknown_slidegate_log_exits_64_and_known_levels_still_serve() {
     let upstream = Upstream::start();
     let (_dir, path) = write_config(&config_head(upstream.addr, "", ""));
-    for bogus in ["bogus", "slidegate=debug", "inf o", "6"] {
-        let out = Command::new(binary())
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("SLIDEGATE_LOG", bogus)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(64), "{bogus:?}");
-        let stderr = String::from_utf8(out.stderr).unwrap();
+    for bogus in ["bogus", "slidegate=debug", "inf o", "6", "info,warn"] {
+        let (code, stderr) = serve_with_log_level(&path, bogus)
+            .unwrap_or_else(|| panic!("SLIDEGATE_LOG={bogus:?}: serve started"));
+        assert_eq!(code, Some(64), "{bogus:?}");
         assert_eq!(
             stderr,
             format!(
                 "slidegate: SLIDEGATE_LOG={bogus:?} is not a log level: expected error, warn, info, debug, trace or off\n"
             )
         );
+    }
+    // What was a level stays one: these serve.
+    for level in ["DEBUG", "off", "3", ""] {
+        assert_eq!(serve_with_log_level(&path, level), None, "SLIDEGATE_LOG={level:?}");
     }
 }
 
