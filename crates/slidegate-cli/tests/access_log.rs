@@ -268,3 +268,68 @@ fn a_bad_log_format_or_access_log_is_a_located_error() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains(&format!("cannot open the access log {}", dir.path().display())), "{stderr}");
 }
+
+#[test]
+fn while_the_store_is_down_each_failure_policy_logs_what_answered() {
+    let mut redis = RedisServer::spawn();
+    redis.kill();
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.jsonl");
+    let store = format!("[store]\nurl = \"{}\"\ntimeout_ms = 50\n", redis.url());
+    let text = format!(
+        r#"{head}
+[identity]
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[access_log]
+path = "{log}"
+
+[[rules]]
+name = "open"
+path = "/open"
+on_error = "allow"
+limits = [{{ limit = 5, window = "60s" }}]
+
+[[rules]]
+name = "closed"
+path = "/closed"
+on_error = "deny"
+limits = [{{ limit = 5, window = "60s" }}]
+
+[[rules]]
+name = "fb"
+path = "/fb"
+limits = [{{ name = "fb-60s", limit = 5, window = "60s", algorithm = "sliding_log" }}]
+"#,
+        head = config_head(upstream.addr, "", &store),
+        log = log.display(),
+    );
+    let mut sg = Slidegate::start(&text);
+    assert_eq!(sg.get("/open", &[]).status, 200);
+    assert_eq!(sg.get("/closed", &[]).status, 503);
+    assert_eq!(sg.get("/fb", &[]).status, 200);
+    assert!(sg.terminate().success());
+    let lines = lines(&std::fs::read(&log).unwrap());
+    let got: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["rule"].as_str().unwrap(),
+                l["outcome"].as_str().unwrap(),
+                l["source"].as_str().unwrap(),
+                l["policy"].as_str(),
+                l["remaining"].as_u64(),
+                l["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("open", "fail_open", "none", None, None, 200),
+            ("closed", "fail_closed", "none", None, None, 503),
+            ("fb", "allowed", "fallback", Some("fb-60s"), Some(4), 200),
+        ]
+    );
+}
