@@ -215,11 +215,12 @@ impl AccessLog {
         path: &str,
         started: Instant,
     ) -> Option<Entry> {
-        let decide = started.elapsed();
         let outcome = Outcome::of(verdict);
         if outcome == Outcome::Allowed && !self.samples_allowed() {
             return None;
         }
+        // Read after sampling: a request left out reads the clock once only.
+        let decide = started.elapsed();
         let decisive = verdict.decisive();
         Some(Entry {
             record: Record {
