@@ -72,8 +72,8 @@ declare -A PID PORT
 for label in off sample-0.01 sample-1; do
     case $label in
         off) table="" ;;
-        sample-0.01) table=$'[access_log]\npath = "'"$WORK"'/s001.jsonl"\nsample_allowed = 0.01' ;;
-        sample-1) table=$'[access_log]\npath = "'"$WORK"'/s1.jsonl"\nsample_allowed = 1' ;;
+        sample-0.01) table=$(printf '[access_log]\npath = "%s/s001.jsonl"\nsample_allowed = 0.01' "$WORK") ;;
+        sample-1) table=$(printf '[access_log]\npath = "%s/s1.jsonl"\nsample_allowed = 1' "$WORK") ;;
     esac
     PORT[$label]=$(free_port)
     sg_conf "${PORT[$label]}" "$table" > "$WORK/$label.toml"
@@ -81,7 +81,7 @@ for label in off sample-0.01 sample-1; do
 done
 for port in $UPSTREAM "${PORT[@]}"; do
     for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
-    curl -sf -o /dev/null "http://127.0.0.1:$port/" || { echo "nothing answers on $port" >&2; exit 1; }
+    curl -sf -o /dev/null "http://127.0.0.1:$port/" || { echo "nothing answers on $port" >&2; tail -n 5 "$WORK"/*.log >&2; exit 1; }
 done
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }   # user + system, clock ticks
