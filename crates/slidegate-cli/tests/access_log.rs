@@ -333,3 +333,39 @@ limits = [{{ name = "fb-60s", limit = 5, window = "60s", algorithm = "sliding_lo
         ]
     );
 }
+
+#[test]
+fn path_dash_writes_the_lines_to_standard_output() {
+    let upstream = Upstream::start();
+    let text = format!(
+        "{}\n[access_log]\npath = \"-\"\n\n[[rules]]\nname = \"all\"\npath = \"/*\"\nlimits = [{{ limit = 1, window = \"60s\", algorithm = \"sliding_log\" }}]\n",
+        config_head(upstream.addr, "", "")
+    );
+    let (_dir, path) = write_config(&text);
+    let mut child = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let addr = loop {
+        let mut line = String::new();
+        assert_ne!(stderr.read_line(&mut line).unwrap(), 0, "slidegate exited before listening");
+        if let Some(rest) = line.strip_prefix("slidegate: listening on ") {
+            break rest.split(',').next().unwrap().parse().unwrap();
+        }
+    };
+    assert_eq!(get(addr, "/a?x=1", &[]).status, 200);
+    assert_eq!(get(addr, "/b", &[]).status, 429);
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines = lines(&out.stdout);
+    let got: Vec<_> =
+        lines.iter().map(|l| (l["path"].as_str().unwrap(), l["outcome"].as_str().unwrap())).collect();
+    assert_eq!(got, [("/a", "allowed"), ("/b", "denied")]);
+}
