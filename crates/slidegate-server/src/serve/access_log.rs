@@ -273,11 +273,31 @@ impl AccessLog {
         self.shared.dropped.load(Relaxed)
     }
 
-    /// Has the writer reopen the file before its next line (after a
-    /// rotation that moved it away); nothing for standard output.
-    #[cfg_attr(not(test), allow(dead_code))] // For the binary's SIGHUP, once it reopens logs.
-    pub(crate) fn reopen(&self) {
+    /// What reopens the file (see [`AccessLogReopen`]).
+    pub(crate) fn reopener(&self) -> AccessLogReopen {
+        AccessLogReopen { shared: Arc::clone(&self.shared) }
+    }
+}
+
+/// Has the access log's writer reopen its file, for a rotation that moves
+/// the file away (`logrotate` without `copytruncate`): call
+/// [`AccessLogReopen::reopen`] after the move, on SIGHUP say.
+#[derive(Clone)]
+pub struct AccessLogReopen {
+    shared: Arc<Shared>,
+}
+
+impl AccessLogReopen {
+    /// The writer reopens the file (creating it) before its next line; the
+    /// lines before go to the file it had open. Nothing for standard output.
+    pub fn reopen(&self) {
         self.shared.reopen.store(true, Relaxed);
+    }
+}
+
+impl std::fmt::Debug for AccessLogReopen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AccessLogReopen")
     }
 }
 
@@ -614,7 +634,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::fs::rename(&path, dir.path().join("access.jsonl.1")).unwrap();
-        log.reopen();
+        log.reopener().reopen();
         log.write(Entry { record: record() }, http::StatusCode::OK);
         drop(log);
         writer.finish();

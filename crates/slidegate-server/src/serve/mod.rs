@@ -34,6 +34,7 @@ mod sweeper;
 mod upstream;
 mod worker;
 
+pub use access_log::AccessLogReopen;
 pub use body::ServeBody;
 pub(crate) use body::{boxed, full};
 pub use error::ServeError;

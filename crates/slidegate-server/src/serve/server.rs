@@ -110,6 +110,12 @@ impl Server {
         self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// What has the access log reopen its file (after a rotation moved it),
+    /// when `[access_log]` names one; take it before [`Server::run`].
+    pub fn access_log_reopen(&self) -> Option<super::AccessLogReopen> {
+        self.access_log.as_ref().map(|(log, _)| log.reopener())
+    }
+
     /// Serves until `shutdown` completes, then stops accepting (on both
     /// listeners) and waits up to the configured grace period for open
     /// connections to finish.
