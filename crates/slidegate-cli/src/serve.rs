@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use slidegate_http::config::{LimitConfig, RuleLimits};
-use slidegate_server::{Config, ConfigError, Reloader, Server};
+use slidegate_server::{AccessLogReopen, Config, ConfigError, Reloader, Server};
 
 /// Arguments of `slidegate serve`.
 #[derive(clap::Args)]
@@ -43,14 +43,17 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    init_logging();
+    if let Err(message) = init_logging(config.server.log_format) {
+        eprintln!("slidegate: {message}");
+        return Ok(ExitCode::from(crate::EX_USAGE));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         // Installed before the address is announced: a SIGTERM from then on
         // stops gracefully, a SIGHUP reloads.
         let signals = Signals::install();
         let server = Server::bind(&config).await?.reload_from(&args.config);
-        let shutdown = signals.until_shutdown(server.reloader());
+        let shutdown = signals.until_shutdown(server.reloader(), server.access_log_reopen());
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.describe();
         if let Some(admin) = server.admin_addr() {
@@ -159,8 +162,9 @@ impl Signals {
     }
 
     /// Completes on the first signal that stops the server; meanwhile
-    /// reloads the configuration on each SIGHUP.
-    async fn until_shutdown(self, reloader: Reloader) {
+    /// reloads the configuration on each SIGHUP, and reopens the access log
+    /// (its file may have been rotated away).
+    async fn until_shutdown(self, reloader: Reloader, access_log: Option<AccessLogReopen>) {
         #[cfg(unix)]
         {
             let mut handlers = self.handlers;
@@ -177,6 +181,9 @@ impl Signals {
                     }
                     Action::Reload => {
                         tracing::info!("{name} received: reloading the configuration");
+                        if let Some(log) = &access_log {
+                            log.reopen();
+                        }
                         let reloader = reloader.clone();
                         // Logged and counted by the reloader, whatever the outcome.
                         let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
@@ -189,7 +196,7 @@ impl Signals {
         }
         #[cfg(not(unix))]
         {
-            let _ = reloader;
+            let _ = (reloader, access_log);
             let _ = tokio::signal::ctrl_c().await;
             tracing::info!("shutdown signal received (Ctrl-C): finishing open connections");
         }
@@ -221,15 +228,34 @@ async fn next_signal(
 }
 
 /// Installs a log subscriber writing to stderr at the level in
-/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`; default `info`).
-fn init_logging() {
-    let level = std::env::var("SLIDEGATE_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
-        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_target(false)
-        .try_init();
+/// `SLIDEGATE_LOG` (`error`, `warn`, `info`, `debug`, `trace`, `off`, or
+/// 0–5 for off to trace, any case; default `info`), as text or one JSON
+/// object a line (`[server] log_format`).
+///
+/// # Errors
+/// A `SLIDEGATE_LOG` that is no level: the message to print. A typo such as
+/// `SLIDEGATE_LOG=dbug` must not leave the operator at `info` unawares.
+fn init_logging(format: slidegate_server::LogFormat) -> Result<(), String> {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match std::env::var("SLIDEGATE_LOG") {
+        Err(std::env::VarError::NotPresent) => LevelFilter::INFO,
+        Ok(value) => value.parse::<LevelFilter>().map_err(|_| {
+            format!(
+                "SLIDEGATE_LOG={value:?} is not a log level: expected error, warn, info, debug, trace or off"
+            )
+        })?,
+        Err(std::env::VarError::NotUnicode(value)) => {
+            return Err(format!(
+                "SLIDEGATE_LOG={value:?} is not a log level: expected error, warn, info, debug, trace or off"
+            ))
+        }
+    };
+    let builder =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level).with_target(false);
+    // Another subscriber already installed (a test harness) is kept.
+    let _ = match format {
+        slidegate_server::LogFormat::Json => builder.json().try_init(),
+        _ => builder.try_init(),
+    };
+    Ok(())
 }

@@ -334,6 +334,8 @@ mod tests {
             policy_value: None,
             cost_header: None,
             over_in_flight: None,
+            identity: (&slidegate::Identity::named("search", "client")).into(),
+            cached: false,
         }
     }
 
@@ -455,6 +457,8 @@ mod tests {
             policy_value: None,
             cost_header: None,
             over_in_flight: None,
+            identity: (&slidegate::Identity::named("search", "client")).into(),
+            cached: false,
         };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -587,6 +587,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             policy_value: None,
             cost_header: None,
             over_in_flight: None,
+            identity: identity.into(),
+            cached: false,
         })
     }
 
@@ -735,6 +737,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             OnError::Fallback => self.inner.store.decide(request).await,
             OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
         };
+        let cached = matches!(&answer, Ok(outcome) if outcome.origin == Origin::Cache);
         let (mut decisions, source, blocked) = match answer {
             Ok(outcome) => {
                 let source = match outcome.origin {
@@ -795,6 +798,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             policy_value: set.policy_value.as_ref(),
             cost_header: rule.response_cost.cost_header.as_ref(),
             over_in_flight: None,
+            identity: identity.into(),
+            cached,
         }
     }
 

@@ -4,6 +4,8 @@
 
 use slidegate::{Decision, Identity, Quota};
 
+use crate::offenders::IdentityHash;
+
 /// One named limit of a rule and what it decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyResult<'a> {
@@ -60,6 +62,12 @@ pub struct Verdict<'a> {
     /// policy then reads as denied for a second, with what the store said is
     /// left.
     pub(crate) over_in_flight: Option<u32>,
+    /// Whom the request was counted as: the keyed hash, never the key or address.
+    pub(crate) identity: IdentityHash,
+    /// Whether the store's answer came from the in-process deny cache
+    /// (`source` then reads [`DecisionSource::Store`]: the cache answers
+    /// exactly as the store would).
+    pub(crate) cached: bool,
 }
 
 /// A charge decided after the response: who, under which rule's limits.
@@ -101,6 +109,18 @@ impl<'a> Verdict<'a> {
     /// identity already had that many requests in flight under the rule.
     pub fn over_in_flight(&self) -> Option<u32> {
         self.over_in_flight
+    }
+
+    /// Whom the request was counted as, as the top offenders page shows
+    /// it: a keyed hash and its kind, never the API key or the address.
+    pub fn identity_hash(&self) -> IdentityHash {
+        self.identity
+    }
+
+    /// Whether the in-process deny cache answered for the store (a denial
+    /// the store gave, repeated until its wait ends).
+    pub fn cached(&self) -> bool {
+        self.cached
     }
 
     /// Whether every limit allowed (true for fail-open, false for fail-closed).

@@ -48,6 +48,8 @@ mod store;
 #[doc = include_str!("../../../docs/serve.md")]
 pub mod guide {}
 
-pub use config::{Config, ConfigError, Password, ServerConfig, StoreConfig};
-pub use serve::{ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server};
+pub use config::{
+    AccessLogConfig, AccessLogPath, Config, ConfigError, LogFormat, Password, ServerConfig, StoreConfig,
+};
+pub use serve::{AccessLogReopen, ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server};
 pub use store::{AnyStore, LazyRedis};

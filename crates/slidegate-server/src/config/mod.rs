@@ -21,7 +21,7 @@ mod validate;
 mod values;
 
 pub use error::ConfigError;
-pub use types::{Config, Password, ServerConfig, StoreConfig};
+pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, ServerConfig, StoreConfig};
 
 #[cfg(test)]
 mod tests;

@@ -25,6 +25,14 @@ pub(super) struct RawConfig {
     pub(super) headers: RawHeaders,
     #[serde(default)]
     pub(super) rules: Vec<Spanned<RawRule>>,
+    pub(super) access_log: Option<Spanned<RawAccessLog>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAccessLog {
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) sample_allowed: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -44,6 +52,7 @@ pub(super) struct RawServer {
     pub(super) min_body_rate: Option<Spanned<u32>>,
     pub(super) body_rate_grace: Option<Spanned<Parsed<Delay>>>,
     pub(super) max_upstream_connections_per_client: Option<Spanned<u32>>,
+    pub(super) log_format: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

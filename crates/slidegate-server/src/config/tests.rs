@@ -759,3 +759,46 @@ fn drain_delay_defaults_to_none_and_bad_values_are_located() {
     assert_eq!((l, c), (2, 15));
     assert!(m.contains("drain_delay must be at most 300s") && m.contains("\"5s\""), "{m}");
 }
+
+#[test]
+fn access_log_and_log_format_parse_with_their_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!((c.access_log, c.server.log_format), (None, LogFormat::Text));
+    let c = parse("[server]\nlog_format = \"json\"\n[access_log]\npath = \"/var/log/a.jsonl\"\n").unwrap();
+    assert_eq!(c.server.log_format, LogFormat::Json);
+    let log = c.access_log.unwrap();
+    assert_eq!(log.path, AccessLogPath::File("/var/log/a.jsonl".into()));
+    assert_eq!(log.sample_allowed, 1.0);
+    let c = parse("[access_log]\npath = \"-\"\nsample_allowed = 0.01\n").unwrap();
+    assert_eq!(c.access_log.unwrap(), AccessLogConfig { path: AccessLogPath::Stdout, sample_allowed: 0.01 });
+    assert_eq!(
+        parse("[access_log]\npath = \"-\"\nsample_allowed = 0\n").unwrap().access_log.unwrap().sample_allowed,
+        0.0
+    );
+}
+
+#[test]
+fn bad_access_log_and_log_format_values_are_located() {
+    let (line, column, message) = err("[server]\nlisten = \"127.0.0.1:1\"\nlog_format = \"JSON \"\n");
+    assert_eq!((line, column), (3, 14));
+    assert_eq!(message, "unknown log_format \"JSON \": expected \"text\" or \"json\"");
+    let (line, column, message) = err("[server]\nlog_format = 1\n");
+    assert_eq!((line, column), (2, 14));
+    assert!(message.contains("expected a string"), "{message}");
+    for (value, col) in [("1.5", 18), ("-0.1", 18), ("nan", 18), ("inf", 18), ("0.0000001", 18)] {
+        let (line, column, message) = err(&format!("[access_log]\npath = \"-\"\nsample_allowed = {value}\n"));
+        assert_eq!((line, column), (3, col), "{value}");
+        assert!(message.starts_with("sample_allowed ") && message.contains("out of range"), "{message}");
+    }
+    let (line, column, message) = err("[server]\n\n[access_log]\nsample_allowed = 0.5\n");
+    assert_eq!((line, column), (3, 1));
+    assert!(message.starts_with("[access_log] has no path"), "{message}");
+    for bad in ["\"\"", "\"a\\u0000b\""] {
+        let (line, column, message) = err(&format!("[access_log]\npath = {bad}\n"));
+        assert_eq!((line, column), (2, 8), "{bad}");
+        assert!(message.starts_with("access_log path must be a file name"), "{message}");
+    }
+    let (line, column, message) = err("[access_log]\npath = \"-\"\nquery = true\n");
+    assert_eq!((line, column), (3, 1));
+    assert!(message.starts_with("unknown field `query`"), "{message}");
+}

@@ -26,6 +26,41 @@ pub struct Config {
     /// breaker, fallback and deny cache keys (its `guard`): what the limiter
     /// is built from.
     pub limiter: LimiterConfig,
+    /// `[access_log]`: one JSON line per decision; `None` (no table): off.
+    pub access_log: Option<AccessLogConfig>,
+}
+
+/// `[access_log]`: where decisions are logged, one JSON object a line, and
+/// which share of the allowed ones (denials are always logged).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct AccessLogConfig {
+    /// The file appended to (created if missing), or standard output.
+    pub path: AccessLogPath,
+    /// The share of allowed requests logged, 0 to 1: every request whose
+    /// running count of allowed requests crosses a multiple of
+    /// `1 / sample_allowed` (exact counts, no randomness).
+    pub sample_allowed: f64,
+}
+
+/// Where the access log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogPath {
+    /// `path = "-"`.
+    Stdout,
+    /// A file, opened for appending.
+    File(PathBuf),
+}
+
+/// `[server] log_format`: how the process log (stderr) is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `[server]`.
@@ -71,6 +106,8 @@ pub struct ServerConfig {
     /// forwarded at once, waiting for or holding an upstream connection; one
     /// more gets 429. `None`: [`ServerConfig::upstream_connections_per_client`]'s default.
     pub max_upstream_connections_per_client: Option<usize>,
+    /// How the process log is written (`log_format`): text or JSON lines.
+    pub log_format: LogFormat,
 }
 
 impl ServerConfig {
@@ -103,6 +140,7 @@ impl Default for ServerConfig {
             min_body_rate: 500,
             body_rate_grace: Delay::from_secs(10),
             max_upstream_connections_per_client: None,
+            log_format: LogFormat::Text,
         }
     }
 }

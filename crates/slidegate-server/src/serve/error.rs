@@ -17,6 +17,14 @@ pub enum ServeError {
     /// The config has no `[server] upstream`.
     #[error("[server] upstream is required by serve: the address requests are forwarded to")]
     NoUpstream,
+    /// The access log file could not be opened.
+    #[error("cannot open the access log {}: {source}", path.display())]
+    AccessLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
     /// A rule needs what the store cannot do.
     #[error(transparent)]
     Limiter(#[from] slidegate_http::LimiterError),

@@ -21,8 +21,10 @@
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `reload`: [`Reloader`] reloads the configuration file while serving
 //!   (`SIGHUP` in the binary, `POST /admin/reload`).
+//! - `access_log`: one JSON line per decision, written by a thread of its own.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
 
+mod access_log;
 mod admin;
 mod body;
 mod client_holds;
@@ -37,6 +39,7 @@ mod sweeper;
 mod upstream;
 mod worker;
 
+pub use access_log::AccessLogReopen;
 pub use body::ServeBody;
 pub(crate) use body::{boxed, full};
 pub use error::ServeError;
@@ -62,6 +65,8 @@ pub(crate) struct State {
     pub(crate) admin_here: bool,
     /// The bearer token `/v1/check` requires, if any.
     pub(crate) check_token: Option<String>,
+    /// `[access_log]`, when configured.
+    pub(crate) access_log: Option<access_log::AccessLog>,
     /// Whether the instance should get traffic (`/readyz`); shared by all.
     pub(crate) readiness: std::sync::Arc<readiness::Readiness>,
     /// This thread's charges of requests whose clients left (run in tasks

@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use slidegate_http::headers::{self, RateHeaders};
 use slidegate_http::{PendingCharge, RateLimiter, Verdict};
 
+use super::access_log;
 use super::client_holds::ClientKey;
 use super::upstream::{PooledBody, Upstream, UpstreamError, UpstreamLimits};
 use super::{boxed, ServeBody, State};
@@ -118,17 +119,24 @@ pub(crate) async fn forward(
         );
     }
     let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
+    let started = state.access_log.as_ref().map(|_| std::time::Instant::now());
     let mut verdict =
         limiter.check_request(request.method(), target, request.headers(), Some(peer.ip())).await;
+    let log = state.access_log.as_ref();
+    let entry = match (log, &verdict, started) {
+        (Some(log), Some(v), Some(started)) => log.entry(v, request.method(), request.uri().path(), started),
+        _ => None,
+    };
     if let Some(v) = &verdict {
         if v.blocks() {
-            return boxed(headers::blocked_response(v, limiter.legacy_headers(), request.uri().path()));
+            let response = headers::blocked_response(v, limiter.legacy_headers(), request.uri().path());
+            return access_log::logged(log, entry, boxed(response));
         }
     }
     // Kept for a 502: a Uri clone shares its bytes.
     let uri = request.uri().clone();
     let Some(proxy) = &state.proxy else {
-        return bad_gateway(uri.path(), "no upstream client");
+        return access_log::logged(log, entry, bad_gateway(uri.path(), "no upstream client"));
     };
     // Origin-form towards the upstream: the path and query only.
     let target =
@@ -150,7 +158,7 @@ pub(crate) async fn forward(
             exchange_charged(&proxy.upstream, limiter, &state.settling, request, client, pending).await
         }
     };
-    match exchange {
+    let response = match exchange {
         Ok((response, charged)) => {
             let mut response = response.map(|body| body.map_err(Into::into).boxed());
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
@@ -170,7 +178,8 @@ pub(crate) async fn forward(
         // 400/408 when the client's body failed, 429 over the client's
         // share, 503 when saturated, 502 otherwise.
         Err(err) => err.response(uri.path()),
-    }
+    };
+    access_log::logged(log, entry, response)
 }
 
 /// Sends a request whose rule charges after the response, and charges what

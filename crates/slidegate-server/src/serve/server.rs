@@ -12,6 +12,7 @@ use slidegate_http::config::Delay;
 use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
+use super::access_log::{self, AccessLog};
 use super::error::ServeError;
 use super::readiness::{self, Readiness};
 use super::upstream::UpstreamLimits;
@@ -53,6 +54,7 @@ pub struct Server {
     reloader: Reloader,
     /// What the reloader starts from.
     config: Config,
+    access_log: Option<(AccessLog, access_log::Writer)>,
 }
 
 impl Server {
@@ -73,6 +75,16 @@ impl Server {
             .max(1);
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+        let access_log = match &config.access_log {
+            None => None,
+            Some(log) => Some(AccessLog::start(log).map_err(|source| ServeError::AccessLog {
+                path: match &log.path {
+                    crate::config::AccessLogPath::File(path) => path.clone(),
+                    crate::config::AccessLogPath::Stdout => "-".into(),
+                },
+                source,
+            })?),
+        };
         let admin_listener = match config.server.admin_listen {
             None => None,
             Some(addr) => {
@@ -94,6 +106,7 @@ impl Server {
             reloader: Reloader::new(None, config.clone(), limiter.clone()),
             config: config.clone(),
             limiter,
+            access_log,
         })
     }
 
@@ -122,6 +135,12 @@ impl Server {
         self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// What has the access log reopen its file (after a rotation moved it),
+    /// when `[access_log]` names one; take it before [`Server::run`].
+    pub fn access_log_reopen(&self) -> Option<super::AccessLogReopen> {
+        self.access_log.as_ref().map(|(log, _)| log.reopener())
+    }
+
     /// Serves until `shutdown` completes; then drains: `/readyz` answers
     /// 503 at once, both listeners keep accepting for `drain_delay`, then
     /// stop, and open connections, and the charges of requests whose clients
@@ -147,6 +166,7 @@ impl Server {
                 check_token: self.check_token.clone(),
                 readiness: Arc::clone(&self.readiness),
                 settling: tokio_util::task::TaskTracker::new(),
+                access_log: self.access_log.as_ref().map(|(log, _)| log.clone()),
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
@@ -209,8 +229,15 @@ impl Server {
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
+        let access_log = self.access_log.map(|(_, writer)| writer);
         let ends = tokio::task::spawn_blocking(move || {
-            threads.into_iter().filter_map(|thread| thread.join().ok()).collect::<Vec<WorkerEnd>>()
+            let ends =
+                threads.into_iter().filter_map(|thread| thread.join().ok()).collect::<Vec<WorkerEnd>>();
+            // The workers' handles are gone with them: what is left is written.
+            if let Some(writer) = access_log {
+                writer.finish();
+            }
+            ends
         })
         .await
         .unwrap_or_default();

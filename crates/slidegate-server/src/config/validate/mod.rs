@@ -4,6 +4,7 @@
 //! part of the file: `server` (`[server]`), `store` (`[store]`: the Redis
 //! target, its login and the limiter's guard), `identity` and `rules`.
 
+mod access_log;
 mod identity;
 mod rules;
 mod server;
@@ -214,6 +215,7 @@ impl Validator<'_> {
         if let Some(legacy) = raw.headers.legacy {
             limiter.headers.legacy = legacy;
         }
-        Ok(Config { server, store, limiter })
+        let access_log = raw.access_log.map(|table| self.access_log(table)).transpose()?;
+        Ok(Config { server, store, limiter, access_log })
     }
 }

@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::super::error::ConfigError;
 use super::super::raw::RawServer;
-use super::super::types::ServerConfig;
+use super::super::types::{LogFormat, ServerConfig};
 use super::super::values::Parsed;
 use super::Validator;
 
@@ -18,6 +18,18 @@ const MAX_DRAIN_DELAY: Delay = Delay::from_secs(300);
 impl Validator<'_> {
     pub(super) fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
         let mut server = ServerConfig::default();
+        if let Some(format) = raw.log_format {
+            server.log_format = match format.get_ref().as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    return Err(self.err(
+                        format.span(),
+                        format!("unknown log_format {other:?}: expected \"text\" or \"json\""),
+                    ))
+                }
+            };
+        }
         if let Some(upstream) = raw.upstream {
             server.upstream = Some(self.upstream(upstream)?);
         }

@@ -1,0 +1,644 @@
+//! The access log (`[access_log]`): one JSON object a line per decision,
+//! written by a thread of its own so that no request ever waits for a disk.
+//!
+//! A worker that decides a request makes an [`Entry`] from the verdict (the
+//! rule, the keyed hash of the identity, the outcome) and, once the response
+//! head is ready, hands it with the status to a bounded channel. The writer
+//! thread takes what is waiting every 10 ms, formats, writes and flushes;
+//! when the channel is full (a disk slower than the traffic) the record is
+//! dropped and counted in `slidegate_access_log_dropped_total`, never
+//! waited for. When the server shuts down, after its workers have finished,
+//! the writer writes what is left and flushes.
+//!
+//! Sampling is deterministic: with `sample_allowed = p` the allowed request
+//! that brings the running count of allowed requests from `n - 1` to `n` is
+//! logged when `⌊n·p⌋` grows (in millionths), so exactly `⌊N·p⌋` of `N`
+//! allowed requests are logged — every 100th at 0.01 — over all workers.
+//! Every other outcome (a denial, a block, a failing store) is logged.
+//!
+//! Never written: the API key, the client address, the query string (it
+//! may carry tokens). The identity is the 16-hex-digit keyed hash the top
+//! offenders page shows.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::Method;
+use serde::Serialize;
+use slidegate_http::offenders::IdentityHash;
+use slidegate_http::{DecisionSource, Verdict};
+
+use crate::config::{AccessLogConfig, AccessLogPath};
+
+/// Records waiting for the writer: a few MB at most; a burst longer than
+/// the disk can absorb is dropped, not queued.
+pub(crate) const CAPACITY: usize = 16_384;
+
+/// How often the writer takes what is waiting (see [`write_lines`]).
+const POLL: Duration = Duration::from_millis(10);
+
+/// Sampling granularity: `sample_allowed` in millionths.
+const MILLION: u64 = 1_000_000;
+
+/// What the workers hold: the channel to the writer, the sampler and the
+/// drop counter. Cloned into each worker.
+#[derive(Clone)]
+pub(crate) struct AccessLog {
+    sender: SyncSender<Record>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// `sample_allowed` in millionths.
+    sample_ppm: u64,
+    /// Allowed requests seen, for sampling.
+    allowed: AtomicU64,
+    /// Records dropped because the channel was full.
+    dropped: AtomicU64,
+    /// Set by [`AccessLog::reopen`], read by the writer before its next line.
+    reopen: AtomicBool,
+}
+
+/// The writer thread; [`Writer::finish`] waits for it to write what is left.
+pub(crate) struct Writer {
+    thread: JoinHandle<()>,
+}
+
+/// What a decision logs, made when the verdict is known; the status comes
+/// with the response.
+pub(crate) struct Entry {
+    record: Record,
+}
+
+/// One line of the access log, before formatting.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Record {
+    pub(crate) time: SystemTime,
+    pub(crate) rule: String,
+    /// The decisive limit (the denying one with the longest wait, or the
+    /// one with the fewest permits left); `None` when nobody decided.
+    pub(crate) policy: Option<String>,
+    pub(crate) identity: IdentityHash,
+    pub(crate) outcome: Outcome,
+    pub(crate) remaining: Option<u64>,
+    /// How long the decision took: the store call and the limiter around it.
+    pub(crate) decide: Duration,
+    pub(crate) source: Source,
+    pub(crate) method: Method,
+    pub(crate) status: u16,
+    /// The path without the query.
+    pub(crate) path: String,
+}
+
+/// What became of the request, as the line says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Denied,
+    /// The identity is in the rule's penalty box.
+    Blocked,
+    /// Over the rule's `max_in_flight`.
+    InFlight,
+    ShadowDenied,
+    ShadowBlocked,
+    ShadowInFlight,
+    /// The store failed and the rule let the request through.
+    FailOpen,
+    /// The store failed and the rule refused the request.
+    FailClosed,
+}
+
+/// Who answered: the store, its deny cache, the fallback, or nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Store,
+    Cache,
+    Fallback,
+    None,
+}
+
+impl Outcome {
+    fn of(verdict: &Verdict<'_>) -> Self {
+        match verdict.source {
+            DecisionSource::FailOpen => return Outcome::FailOpen,
+            DecisionSource::FailClosed => return Outcome::FailClosed,
+            DecisionSource::Store | DecisionSource::Fallback => {}
+        }
+        if verdict.allowed() {
+            return Outcome::Allowed;
+        }
+        match (verdict.blocked, verdict.over_in_flight().is_some(), verdict.shadow) {
+            (true, _, false) => Outcome::Blocked,
+            (true, _, true) => Outcome::ShadowBlocked,
+            (false, true, false) => Outcome::InFlight,
+            (false, true, true) => Outcome::ShadowInFlight,
+            (false, false, false) => Outcome::Denied,
+            (false, false, true) => Outcome::ShadowDenied,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::Blocked => "blocked",
+            Outcome::InFlight => "in_flight",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::ShadowBlocked => "shadow_blocked",
+            Outcome::ShadowInFlight => "shadow_in_flight",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+        }
+    }
+}
+
+impl Source {
+    fn of(verdict: &Verdict<'_>) -> Self {
+        match verdict.source {
+            DecisionSource::Store if verdict.cached() => Source::Cache,
+            DecisionSource::Store => Source::Store,
+            DecisionSource::Fallback => Source::Fallback,
+            DecisionSource::FailOpen | DecisionSource::FailClosed => Source::None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::Cache => "cache",
+            Source::Fallback => "fallback",
+            Source::None => "none",
+        }
+    }
+}
+
+impl AccessLog {
+    /// Opens the log `config` names and starts its writer thread.
+    ///
+    /// # Errors
+    /// The file cannot be opened for appending.
+    pub(crate) fn start(config: &AccessLogConfig) -> io::Result<(Self, Writer)> {
+        Self::start_with(config, CAPACITY)
+    }
+
+    fn start_with(config: &AccessLogConfig, capacity: usize) -> io::Result<(Self, Writer)> {
+        let output = Output::open(&config.path)?;
+        let (log, receiver) = Self::channel(config, capacity);
+        let shared = Arc::clone(&log.shared);
+        let thread = std::thread::Builder::new()
+            .name("slidegate-access-log".into())
+            .spawn(move || write_lines(&receiver, output, &shared))?;
+        Ok((log, Writer { thread }))
+    }
+
+    /// The handle and the receiving end of its channel, with no writer yet.
+    fn channel(config: &AccessLogConfig, capacity: usize) -> (Self, Receiver<Record>) {
+        let (sender, receiver) = mpsc::sync_channel(capacity);
+        let shared = Arc::new(Shared {
+            sample_ppm: (config.sample_allowed * MILLION as f64).round() as u64,
+            allowed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            reopen: AtomicBool::new(false),
+        });
+        (Self { sender, shared }, receiver)
+    }
+
+    /// The entry of a decided request, or `None` when it is an allowed
+    /// request sampling leaves out. `started` is when the decision began;
+    /// `path` is the request's path, without its query.
+    pub(crate) fn entry(
+        &self,
+        verdict: &Verdict<'_>,
+        method: &Method,
+        path: &str,
+        started: Instant,
+    ) -> Option<Entry> {
+        let outcome = Outcome::of(verdict);
+        if outcome == Outcome::Allowed && !self.samples_allowed() {
+            return None;
+        }
+        // Read after sampling: a request left out reads the clock once only.
+        let decide = started.elapsed();
+        let decisive = verdict.decisive();
+        Some(Entry {
+            record: Record {
+                time: SystemTime::now(),
+                rule: verdict.rule.to_owned(),
+                policy: decisive.map(|p| p.name.to_owned()),
+                identity: verdict.identity_hash(),
+                outcome,
+                remaining: decisive.map(|p| p.decision.remaining),
+                decide,
+                source: Source::of(verdict),
+                method: method.clone(),
+                status: 0,
+                path: path.to_owned(),
+            },
+        })
+    }
+
+    /// Whether this allowed request is one of those logged: the running
+    /// count's share crosses a whole number (see the module docs).
+    fn samples_allowed(&self) -> bool {
+        match self.shared.sample_ppm {
+            0 => false,
+            MILLION.. => true,
+            ppm => {
+                let n = u128::from(self.shared.allowed.fetch_add(1, Relaxed)) + 1;
+                let ppm = u128::from(ppm);
+                (n * ppm) / u128::from(MILLION) > ((n - 1) * ppm) / u128::from(MILLION)
+            }
+        }
+    }
+
+    /// Logs `entry` with the status the client was sent; drops it (counted)
+    /// if the writer is behind.
+    pub(crate) fn write(&self, mut entry: Entry, status: http::StatusCode) {
+        entry.record.status = status.as_u16();
+        match self.sender.try_send(entry.record) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.shared.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Records dropped because the writer was behind.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Relaxed)
+    }
+
+    /// What reopens the file (see [`AccessLogReopen`]).
+    pub(crate) fn reopener(&self) -> AccessLogReopen {
+        AccessLogReopen { shared: Arc::clone(&self.shared) }
+    }
+}
+
+/// Has the access log's writer reopen its file, for a rotation that moves
+/// the file away (`logrotate` without `copytruncate`): call
+/// [`AccessLogReopen::reopen`] after the move, on SIGHUP say.
+#[derive(Clone)]
+pub struct AccessLogReopen {
+    shared: Arc<Shared>,
+}
+
+impl AccessLogReopen {
+    /// The writer reopens the file (creating it) before its next line; the
+    /// lines before go to the file it had open. Nothing for standard output.
+    pub fn reopen(&self) {
+        self.shared.reopen.store(true, Relaxed);
+    }
+}
+
+impl std::fmt::Debug for AccessLogReopen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AccessLogReopen")
+    }
+}
+
+impl Writer {
+    /// Waits for the writer to write and flush every record sent. Call it
+    /// once every [`AccessLog`] handle is dropped (the workers have ended),
+    /// or it waits for them.
+    pub(crate) fn finish(self) {
+        if self.thread.join().is_err() {
+            tracing::error!("the access log writer panicked");
+        }
+    }
+}
+
+/// `slidegate_access_log_dropped_total`, appended to `/metrics`.
+pub(crate) fn render_metrics(log: &AccessLog, body: &mut String) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        body,
+        "# HELP slidegate_access_log_dropped_total Access log lines dropped because the writer was behind.\n\
+         # TYPE slidegate_access_log_dropped_total counter\n\
+         slidegate_access_log_dropped_total {}\n",
+        log.dropped()
+    );
+}
+
+/// Logs `entry`, if any, with the status of `response`, and returns it.
+pub(crate) fn logged(
+    log: Option<&AccessLog>,
+    entry: Option<Entry>,
+    response: http::Response<super::ServeBody>,
+) -> http::Response<super::ServeBody> {
+    if let (Some(log), Some(entry)) = (log, entry) {
+        log.write(entry, response.status());
+    }
+    response
+}
+
+/// The writer thread: every [`POLL`], formats and writes the records
+/// waiting, then flushes, until every sender is gone and the channel empty.
+///
+/// It polls rather than blocks on the channel: a receiver blocked on it is
+/// woken by the next send with a system call on the worker's thread (a
+/// futex wake), and with that and a write per line, logging every request
+/// took 1.5× the CPU of a request without the log (BENCHMARKS.md, The
+/// access log); a sender that finds no one waiting makes no system call.
+/// The queue holds [`CAPACITY`] records, a [`POLL`] of lines at 1.6
+/// million a second.
+fn write_lines(receiver: &Receiver<Record>, mut output: Output, shared: &Shared) {
+    let mut line = Vec::with_capacity(512);
+    let mut failing = false;
+    loop {
+        let mut wrote = false;
+        loop {
+            let record = match receiver.try_recv() {
+                Ok(record) => record,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    report(output.flush(), &mut failing);
+                    return;
+                }
+            };
+            if shared.reopen.swap(false, Relaxed) {
+                report(output.reopen(), &mut failing);
+            }
+            line.clear();
+            record.write_json(&mut line);
+            report(output.write_all(&line), &mut failing);
+            wrote = true;
+        }
+        if wrote {
+            report(output.flush(), &mut failing);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Logs the first failure of a run of failed writes (a full disk would
+/// otherwise log once per line), and the recovery.
+fn report(result: io::Result<()>, failing: &mut bool) {
+    match (result, *failing) {
+        (Ok(()), true) => {
+            *failing = false;
+            tracing::info!("the access log is written again");
+        }
+        (Err(err), false) => {
+            *failing = true;
+            tracing::error!(%err, "cannot write the access log: lines are lost until it can");
+        }
+        _ => {}
+    }
+}
+
+/// Where the lines go.
+enum Output {
+    Stdout(BufWriter<io::Stdout>),
+    File { path: std::path::PathBuf, file: BufWriter<File> },
+}
+
+impl Output {
+    fn open(path: &AccessLogPath) -> io::Result<Self> {
+        Ok(match path {
+            AccessLogPath::Stdout => Output::Stdout(BufWriter::with_capacity(64 * 1024, io::stdout())),
+            AccessLogPath::File(path) => Output::File { path: path.clone(), file: append(path)? },
+        })
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        if let Output::File { path, file } = self {
+            file.flush()?;
+            *file = append(path)?;
+        }
+        Ok(())
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Output::Stdout(out) => out.write_all(bytes),
+            Output::File { file, .. } => file.write_all(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::Stdout(out) => out.flush(),
+            Output::File { file, .. } => file.flush(),
+        }
+    }
+}
+
+/// Opened for appending: every write lands at the end even after a
+/// `copytruncate` rotation emptied the file.
+fn append(path: &std::path::Path) -> io::Result<BufWriter<File>> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    Ok(BufWriter::with_capacity(64 * 1024, file))
+}
+
+/// The line as serialized: field order is the order written.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: &'a str,
+    rule: &'a str,
+    policy: Option<&'a str>,
+    identity: &'a str,
+    kind: &'static str,
+    outcome: &'static str,
+    remaining: Option<u64>,
+    decide_us: u64,
+    source: &'static str,
+    method: &'a str,
+    status: u16,
+    path: &'a str,
+}
+
+impl Record {
+    /// Appends the record as one JSON object and a newline.
+    pub(crate) fn write_json(&self, out: &mut Vec<u8>) {
+        let time = rfc3339_millis(self.time);
+        let identity = self.identity.short_hex();
+        let line = Line {
+            time: &time,
+            rule: &self.rule,
+            policy: self.policy.as_deref(),
+            identity: &identity,
+            kind: self.identity.kind().as_str(),
+            outcome: self.outcome.as_str(),
+            remaining: self.remaining,
+            decide_us: u64::try_from(self.decide.as_micros()).unwrap_or(u64::MAX),
+            source: self.source.as_str(),
+            method: self.method.as_str(),
+            status: self.status,
+            path: &self.path,
+        };
+        // Writing plain fields to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &line);
+        out.push(b'\n');
+    }
+}
+
+/// `time` as `2026-12-01T19:46:11.123Z` (UTC, milliseconds).
+fn rfc3339_millis(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days ≥ 0).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slidegate::{Identity, IdentityHasher};
+
+    fn identity() -> IdentityHash {
+        let identity: Identity =
+            IdentityHasher::new(b"s").identity("search", slidegate::Source::ApiKey, b"k-1");
+        (&identity).into()
+    }
+
+    fn record() -> Record {
+        Record {
+            time: UNIX_EPOCH + Duration::from_millis(1_764_618_371_123),
+            rule: "search".into(),
+            policy: Some("per_second".into()),
+            identity: identity(),
+            outcome: Outcome::Denied,
+            remaining: Some(0),
+            decide: Duration::from_micros(42),
+            source: Source::Cache,
+            method: Method::POST,
+            status: 429,
+            path: "/api/search".into(),
+        }
+    }
+
+    #[test]
+    fn a_record_is_one_json_line_with_every_field_in_order() {
+        let mut out = Vec::new();
+        record().write_json(&mut out);
+        let hex = identity().short_hex();
+        let expected = format!(
+            "{{\"time\":\"2025-12-01T19:46:11.123Z\",\"rule\":\"search\",\"policy\":\"per_second\",\
+             \"identity\":\"{hex}\",\"kind\":\"api_key\",\"outcome\":\"denied\",\"remaining\":0,\
+             \"decide_us\":42,\"source\":\"cache\",\"method\":\"POST\",\"status\":429,\
+             \"path\":\"/api/search\"}}\n"
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+        assert_eq!(hex.len(), 16);
+    }
+
+    #[test]
+    fn hostile_text_is_escaped_and_a_missing_decision_is_null() {
+        let mut out = Vec::new();
+        let record = Record {
+            path: "/a\"b\\c\n\u{1}é".into(),
+            method: Method::from_bytes(b"X-\"Q").unwrap_or(Method::GET),
+            policy: None,
+            remaining: None,
+            outcome: Outcome::FailOpen,
+            source: Source::None,
+            ..record()
+        };
+        record.write_json(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["path"], "/a\"b\\c\n\u{1}é");
+        assert_eq!(value["policy"], serde_json::Value::Null);
+        assert_eq!(value["remaining"], serde_json::Value::Null);
+        assert_eq!(value["outcome"], "fail_open");
+        assert_eq!(value["source"], "none");
+    }
+
+    #[test]
+    fn dates_are_utc_civil_dates() {
+        assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        // A leap day, and the last millisecond of a leap year.
+        assert_eq!(rfc3339_millis(UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_millis(UNIX_EPOCH + Duration::from_millis(1_735_689_599_999)),
+            "2024-12-31T23:59:59.999Z"
+        );
+    }
+
+    fn config(path: AccessLogPath, sample_allowed: f64) -> AccessLogConfig {
+        AccessLogConfig { path, sample_allowed }
+    }
+
+    #[test]
+    fn sampling_logs_exactly_the_share_of_allowed_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        for (rate, of_1000) in [(0.0, 0), (0.01, 10), (0.5, 500), (0.3, 300), (0.001, 1), (1.0, 1000)] {
+            let (log, writer) =
+                AccessLog::start(&config(AccessLogPath::File(dir.path().join("a.jsonl")), rate)).unwrap();
+            let logged = (0..1000).filter(|_| log.samples_allowed()).count();
+            assert_eq!(logged, of_1000, "sample_allowed = {rate}");
+            drop(log);
+            writer.finish();
+        }
+    }
+
+    #[test]
+    fn a_full_channel_drops_and_counts_and_what_it_held_is_written_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.jsonl");
+        let config = config(AccessLogPath::File(path.clone()), 1.0);
+        // No writer yet: the channel holds 2, the other 998 are dropped.
+        let (log, receiver) = AccessLog::channel(&config, 2);
+        for _ in 0..1000 {
+            log.write(Entry { record: record() }, http::StatusCode::TOO_MANY_REQUESTS);
+        }
+        assert_eq!(log.dropped(), 998);
+        let shared = Arc::clone(&log.shared);
+        drop(log);
+        write_lines(&receiver, Output::open(&config.path).unwrap(), &shared);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        let mut expected = Vec::new();
+        Record { status: 429, ..record() }.write_json(&mut expected);
+        assert_eq!(text.lines().next().map(|l| format!("{l}\n")).unwrap().as_bytes(), &expected[..]);
+    }
+
+    #[test]
+    fn reopen_writes_on_in_a_new_file_after_the_old_one_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.jsonl");
+        let config = config(AccessLogPath::File(path.clone()), 1.0);
+        let (log, writer) = AccessLog::start(&config).unwrap();
+        log.write(Entry { record: record() }, http::StatusCode::OK);
+        // Wait for the line: the writer flushes when the channel is empty.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read(&path).map_or(0, |b| b.len()) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::rename(&path, dir.path().join("access.jsonl.1")).unwrap();
+        log.reopener().reopen();
+        log.write(Entry { record: record() }, http::StatusCode::OK);
+        drop(log);
+        writer.finish();
+        assert_eq!(std::fs::read_to_string(dir.path().join("access.jsonl.1")).unwrap().lines().count(), 1);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
+    }
+}
