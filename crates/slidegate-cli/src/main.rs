@@ -19,6 +19,7 @@ mod bench;
 mod bench_attack;
 mod demo;
 mod heap;
+mod identity;
 mod plot;
 mod redis_info;
 mod redis_keys;
@@ -53,6 +54,8 @@ enum Command {
     CheckConfig(serve::CheckConfigArgs),
     /// Replay recorded access logs through a configuration's rules, on a simulated clock.
     Replay(replay::ReplayArgs),
+    /// Identities as serve keeps them: `identity hash` prints an API key's or an IP's hash.
+    Identity(identity::IdentityArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::CheckConfig(args) => serve::check_config(args),
         Command::Replay(args) => replay::run(args),
+        Command::Identity(args) => identity::run(args),
     };
     match result {
         Ok(code) => code,

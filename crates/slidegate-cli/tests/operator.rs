@@ -1,0 +1,119 @@
+//! What an operator reaches for, against the real binary: `identity hash`
+//! (the hash the offenders page shows, for a key or an address), the
+//! `--config` spelling shared by `serve` and `check-config`, the top-level
+//! help, shell completions and the man page.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+/// `slidegate ARGS` with the test secret set as `serve` has it.
+fn slidegate(args: &[&str]) -> Output {
+    Command::new(binary()).args(args).env(SECRET_ENV, "end-to-end-secret").output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `identity hash --config FILE FLAG VALUE`, which must succeed: its output.
+fn identity_hash(config: &Path, flag: &str, value: &str) -> String {
+    let out = slidegate(&["identity", "hash", "--config", config.to_str().unwrap(), flag, value]);
+    assert_eq!(out.status.code(), Some(0), "{flag} {value}: {}", stderr(&out));
+    let hash = stdout(&out).trim_end().to_owned();
+    assert!(hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash:?}");
+    hash
+}
+
+/// Denied through a real `serve`, a key and an address show on
+/// `/v1/offenders` under the very hashes `identity hash` prints for them.
+#[test]
+fn identity_hash_prints_what_the_offenders_page_shows() {
+    let upstream = Upstream::start();
+    let text =
+        config(&upstream, "", "").replace("admin_on_public = true\n", "admin_listen = \"127.0.0.1:0\"\n");
+    let sg = Slidegate::start(&text);
+    // "search" allows 2 a minute per identity: one denial each.
+    for _ in 0..3 {
+        sg.get("/api/search?q=k", &[("x-api-key", "scraper-key-alpha")]);
+        sg.get("/api/search?q=ip", &[]);
+    }
+    let reply = get(sg.admin_addr(), "/v1/offenders", &[]);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let shown = |kind: &str| -> Vec<String> {
+        let rows = json["offenders"].as_array().unwrap().iter();
+        rows.filter(|o| o["kind"] == kind).map(|o| o["identity"].as_str().unwrap().to_owned()).collect()
+    };
+    let config = sg.config_path();
+    assert_eq!(shown("api_key"), [identity_hash(&config, "--key", "scraper-key-alpha")]);
+    assert_eq!(shown("ip"), [identity_hash(&config, "--ip", "127.0.0.1")]);
+    // The IPv4-mapped form is the same client; another key is another hash.
+    assert_eq!(identity_hash(&config, "--ip", "::ffff:127.0.0.1"), shown("ip")[0]);
+    assert_ne!(identity_hash(&config, "--key", "scraper-key-bravo"), shown("api_key")[0]);
+}
+
+/// IPv6 clients are grouped by `ipv6_prefix`, as the limits count them.
+#[test]
+fn identity_hash_groups_ipv6_by_the_configured_prefix() {
+    let head = format!("[identity]\nip_hash_secret_env = \"{SECRET_ENV}\"\n");
+    let (_dir, grouped) = write_config(&head);
+    let (_dir2, exact) = write_config(&format!("{head}ipv6_prefix = 128\n"));
+    let (a, b, other) = ("2001:db8:1:2::1", "2001:db8:1:2:ffff::9", "2001:db8:1:3::1");
+    assert_eq!(identity_hash(&grouped, "--ip", a), identity_hash(&grouped, "--ip", b));
+    assert_ne!(identity_hash(&grouped, "--ip", a), identity_hash(&grouped, "--ip", other));
+    assert_ne!(identity_hash(&exact, "--ip", a), identity_hash(&exact, "--ip", b));
+}
+
+#[test]
+fn identity_hash_refuses_what_it_cannot_hash_truly() {
+    let keyed =
+        format!("[identity]\napi_key_header = \"x-api-key\"\nip_hash_secret_env = \"{SECRET_ENV}\"\n");
+    let (_d1, config) = write_config(&keyed);
+    let (_d2, unkeyed) = write_config("[identity]\napi_key_header = \"x-api-key\"\n");
+    let (_d3, no_header) = write_config(&format!("[identity]\nip_hash_secret_env = \"{SECRET_ENV}\"\n"));
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    for (args, said) in [
+        (vec!["--config", &path(&config), "--ip", "1.2.3"], "--ip \"1.2.3\" is not an IP address"),
+        (vec!["--config", &path(&config), "--ip", ""], "--ip \"\" is not an IP address"),
+        (vec!["--config", &path(&config), "--ip", "10.0.0.1/8"], "--ip \"10.0.0.1/8\" is not an IP address"),
+        (vec!["--config", &path(&config), "--key", ""], "--key is empty"),
+        (vec!["--config", &path(&config), "--key", "a,b"], "comma"),
+        (vec!["--config", &path(&config), "--key", "line\nbreak"], "cannot be an HTTP header value"),
+        (vec!["--config", &path(&unkeyed), "--key", "k"], "no [identity] ip_hash_secret_env"),
+        (vec!["--config", &path(&unkeyed), "--ip", "192.0.2.1"], "random secret"),
+        (vec!["--config", &path(&no_header), "--key", "k"], "no [identity] api_key_header"),
+        (vec!["--config", "/nonexistent/slidegate.toml", "--ip", "192.0.2.1"], "/nonexistent/slidegate.toml"),
+    ] {
+        let out = slidegate(&[&["identity", "hash"], &args[..]].concat());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(stdout(&out).is_empty() && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // The secret's variable unset: the config error, located.
+    let out = Command::new(binary())
+        .args(["identity", "hash", "--config", &path(&config), "--ip", "192.0.2.1"])
+        .env_remove(SECRET_ENV)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        stderr(&out).contains(&format!("slidegate.toml:3:22: environment variable {SECRET_ENV} is not set"))
+    );
+    // Exactly one of --key and --ip.
+    for args in [&["--ip", "192.0.2.1", "--key", "k"][..], &[]] {
+        let out = slidegate(&[&["identity", "hash", "--config", &path(&config)], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+}
