@@ -34,7 +34,7 @@ use clap::{Parser, Subcommand};
 
 /// slidegate: a sliding-window rate limiter, embedded or on Redis.
 #[derive(Parser)]
-#[command(name = "slidegate", version, about)]
+#[command(name = "slidegate", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

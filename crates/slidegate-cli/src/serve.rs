@@ -20,12 +20,17 @@ pub struct ServeArgs {
     config: PathBuf,
 }
 
-/// Arguments of `slidegate check-config`.
+/// Arguments of `slidegate check-config`: `--config FILE` as `serve` takes
+/// it, or the file alone (the first spelling, kept working).
 #[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("file_given").required(true).args(["config", "file"]))]
 pub struct CheckConfigArgs {
     /// The configuration file (TOML).
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The same, without `--config`.
     #[arg(value_name = "FILE")]
-    file: PathBuf,
+    file: Option<PathBuf>,
 }
 
 /// The configuration as `serve` needs it: `check-config` loads with this
@@ -72,11 +77,15 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
 
 /// Runs `slidegate check-config`.
 pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
-    let config = match load(&args.file) {
+    // The group requires exactly one of the two.
+    let Some(file) = args.config.or(args.file) else {
+        return Ok(ExitCode::from(crate::EX_USAGE));
+    };
+    let config = match load(&file) {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    outln!("{}: ok", args.file.display());
+    outln!("{}: ok", file.display());
     outln!(
         "  listen {}, upstream {}",
         config.server.listen,

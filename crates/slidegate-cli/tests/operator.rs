@@ -117,3 +117,65 @@ fn identity_hash_refuses_what_it_cannot_hash_truly() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// `--config FILE` is spelled the same on `serve`, `check-config` and
+/// `identity hash`; the positional form of `check-config` still works.
+#[test]
+fn check_config_takes_config_as_serve_does() {
+    let upstream = Upstream::start();
+    let (_dir, file) = write_config(&config(&upstream, "", ""));
+    let file = file.to_str().unwrap();
+    let flagged = slidegate(&["check-config", "--config", file]);
+    assert_eq!(flagged.status.code(), Some(0), "{}", stderr(&flagged));
+    assert!(stdout(&flagged).starts_with(&format!("{file}: ok\n")), "{}", stdout(&flagged));
+    let short = slidegate(&["check-config", "-c", file]);
+    let positional = slidegate(&["check-config", file]);
+    assert_eq!(positional.status.code(), Some(0), "{}", stderr(&positional));
+    assert_eq!((stdout(&short), stdout(&positional)), (stdout(&flagged), stdout(&flagged)));
+    // A broken file is refused alike whichever way it is named.
+    let (_dir, broken) = write_config("[server]\nlisten_on = 1\n");
+    let broken = broken.to_str().unwrap();
+    for args in [&["check-config", "--config", broken][..], &["check-config", broken]] {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        assert!(stderr(&out).contains("slidegate.toml:2:1: unknown field `listen_on`"), "{}", stderr(&out));
+    }
+    // Both, neither, or a flag without its value: a usage error naming the way.
+    for args in
+        [&["check-config", "--config", file, file][..], &["check-config"], &["check-config", "--config"]]
+    {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--config"), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// Every subcommand, as `slidegate --help` must list it: a name and a line.
+const SUBCOMMANDS: [&str; 8] =
+    ["demo", "bench", "accuracy", "serve", "check-config", "replay", "identity", "help"];
+
+#[test]
+fn top_level_help_lists_every_subcommand_with_a_line_each() {
+    let out = slidegate(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = stdout(&out);
+    // The tool's own description, not a stale list of some subcommands.
+    assert!(help.starts_with("slidegate: a sliding-window rate limiter"), "{help}");
+    let commands: Vec<(&str, &str)> = help
+        .split("Commands:\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.trim().split_once(' ').map(|(n, d)| (n, d.trim())).unwrap_or((l.trim(), "")))
+        .collect();
+    let names: Vec<&str> = commands.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, SUBCOMMANDS, "{help}");
+    for (name, line) in commands {
+        assert!(line.len() > 10, "{name} has no line of its own: {help}");
+        let sub = slidegate(&["help", name]);
+        assert_eq!(sub.status.code(), Some(0), "help {name}: {}", stderr(&sub));
+        assert!(stdout(&sub).contains(&format!("Usage: slidegate {name}")), "help {name}: {}", stdout(&sub));
+    }
+}
