@@ -18,6 +18,7 @@ mod args;
 mod bench;
 mod bench_attack;
 mod demo;
+mod docs;
 mod heap;
 mod identity;
 mod plot;
@@ -56,6 +57,10 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Identities as serve keeps them: `identity hash` prints an API key's or an IP's hash.
     Identity(identity::IdentityArgs),
+    /// Print shell completions (bash, zsh or fish), generated from these definitions.
+    Completions(docs::CompletionsArgs),
+    /// Print the man page (roff), generated from these definitions.
+    Man(docs::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +73,8 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => serve::check_config(args),
         Command::Replay(args) => replay::run(args),
         Command::Identity(args) => identity::run(args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
     };
     match result {
         Ok(code) => code,

@@ -152,8 +152,18 @@ fn check_config_takes_config_as_serve_does() {
 }
 
 /// Every subcommand, as `slidegate --help` must list it: a name and a line.
-const SUBCOMMANDS: [&str; 8] =
-    ["demo", "bench", "accuracy", "serve", "check-config", "replay", "identity", "help"];
+const SUBCOMMANDS: [&str; 10] = [
+    "demo",
+    "bench",
+    "accuracy",
+    "serve",
+    "check-config",
+    "replay",
+    "identity",
+    "completions",
+    "man",
+    "help",
+];
 
 #[test]
 fn top_level_help_lists_every_subcommand_with_a_line_each() {
@@ -177,5 +187,61 @@ fn top_level_help_lists_every_subcommand_with_a_line_each() {
         let sub = slidegate(&["help", name]);
         assert_eq!(sub.status.code(), Some(0), "help {name}: {}", stderr(&sub));
         assert!(stdout(&sub).contains(&format!("Usage: slidegate {name}")), "help {name}: {}", stdout(&sub));
+    }
+}
+
+/// Shell completions, generated from the argument definitions: each script
+/// names every subcommand and the flags of one.
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for (shell, marker) in
+        [("bash", "complete -F"), ("zsh", "#compdef slidegate"), ("fish", "complete -c slidegate")]
+    {
+        let out = slidegate(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for name in SUBCOMMANDS {
+            assert!(script.contains(name), "{shell} completion lacks {name}");
+        }
+        assert!(script.contains("config"), "{shell}: no --config");
+    }
+    for (args, said) in
+        [(&["completions", "tcsh"][..], "[possible values: bash, zsh, fish]"), (&["completions"], "<SHELL>")]
+    {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// A man page (roff), generated from the argument definitions, naming every
+/// subcommand with its line; each subcommand has a page of its own, as the
+/// main page's references to `slidegate-NAME(1)` promise.
+#[test]
+fn the_man_page_names_every_subcommand() {
+    let out = slidegate(&["man"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let page = stdout(&out);
+    assert!(page.contains(".TH slidegate 1"), "{page}");
+    assert!(page.contains(".SH SUBCOMMANDS"), "{page}");
+    for name in SUBCOMMANDS {
+        let roff = name.replace('-', "\\-");
+        assert!(page.contains(&format!("slidegate\\-{roff}(1)")), "man lacks {name}: {page}");
+    }
+    assert!(page.contains("Validate a configuration file"), "{page}");
+    let out = slidegate(&["man", "check-config"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let page = stdout(&out);
+    assert!(page.contains(".TH slidegate-check-config 1"), "{page}");
+    assert!(page.contains("\\-\\-config"), "{page}");
+    let out = slidegate(&["man", "identity", "hash"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains(".TH slidegate-identity-hash 1"), "{}", stdout(&out));
+    for args in [&["man", "nonsense"][..], &["man", "identity", "nonsense"], &["man", "serve", "x"]] {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("subcommand"), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}");
     }
 }

@@ -1,0 +1,76 @@
+//! `slidegate completions SHELL` and `slidegate man`: shell completions and
+//! a man page, generated from the argument definitions, so they never lag
+//! behind the commands. Both print to stdout, for a package to install:
+//!
+//! ```sh
+//! slidegate completions bash > /usr/share/bash-completion/completions/slidegate
+//! slidegate man > /usr/share/man/man1/slidegate.1
+//! slidegate man serve > /usr/share/man/man1/slidegate-serve.1   # one per subcommand
+//! ```
+
+use std::process::ExitCode;
+
+use clap::CommandFactory;
+
+/// Arguments of `slidegate completions`.
+#[derive(clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    shell: Shell,
+}
+
+/// The shells completions are generated for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Arguments of `slidegate man`.
+#[derive(clap::Args)]
+pub struct ManArgs {
+    /// The subcommand whose page to print (`slidegate-COMMAND(1)`; `identity hash` for
+    /// `slidegate-identity-hash(1)`); without one, the main page.
+    #[arg(value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+/// Runs `slidegate completions`.
+pub fn completions(args: CompletionsArgs) -> crate::CommandResult {
+    let shell = match args.shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut crate::Cli::command(), "slidegate", &mut script);
+    out!("{}", String::from_utf8_lossy(&script));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `slidegate man`: the page of `slidegate`, whose SUBCOMMANDS
+/// section refers to `slidegate-COMMAND(1)`, or that page of a subcommand.
+pub fn man(args: ManArgs) -> crate::CommandResult {
+    let mut command = crate::Cli::command();
+    // Gives each subcommand its display name, `slidegate-COMMAND`.
+    command.build();
+    let mut page = command;
+    for name in &args.command {
+        let Some(sub) = page.find_subcommand(name) else {
+            let names: Vec<&str> = page.get_subcommands().map(|c| c.get_name()).collect();
+            let message = if names.is_empty() {
+                format!("{} has no subcommand {name:?}", page.get_display_name().unwrap_or("slidegate"))
+            } else {
+                format!("no subcommand {name:?}: expected one of {}", names.join(", "))
+            };
+            crate::Cli::command().error(clap::error::ErrorKind::InvalidValue, message).exit();
+        };
+        page = sub.clone().version(env!("CARGO_PKG_VERSION"));
+    }
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(page).render(&mut roff)?;
+    out!("{}", String::from_utf8_lossy(&roff));
+    Ok(ExitCode::SUCCESS)
+}
