@@ -27,6 +27,7 @@ use slidegate::{
     RedisTarget, Request, Store, SystemClock, TimeSource,
 };
 
+use crate::redis_errors::{cluster_unreachable, require_module, unreachable};
 use crate::redis_info::evalsha_usec_per_call;
 use crate::redis_keys::run_prefix;
 use crate::redis_nodes::Nodes;
@@ -272,13 +273,14 @@ impl<'a> Bench<'a> {
             .set_connection_timeout(Some(Duration::from_secs(5)));
         let script = Arc::new(ReferenceScript::new());
         let (mut load, mut cluster_load) = (Vec::new(), Vec::new());
-        let admin = match &args.redis_url {
+        let mut admin = match &args.redis_url {
             Some(url) => {
                 let client = redis::Client::open(url.as_str())?;
                 for _ in 0..args.connections {
-                    load.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+                    let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await;
+                    load.push(conn.map_err(|e| unreachable(url, e))?);
                 }
-                let mut admin = Nodes::single(url).await?;
+                let mut admin = Nodes::single(url).await.map_err(|e| unreachable(url, e))?;
                 for conn in admin.connections() {
                     script.load(conn).await?;
                 }
@@ -291,11 +293,17 @@ impl<'a> Bench<'a> {
                     .with_connect_timeout(Duration::from_secs(5))
                     .with_engine(args.engine);
                 for _ in 0..args.connections {
-                    cluster_load.push(RedisStore::connect_to(&target, options.clone()).await?);
+                    let store = RedisStore::connect_to(&target, options.clone()).await;
+                    cluster_load.push(store.map_err(|e| cluster_unreachable(&args.redis_cluster, e))?);
                 }
                 Nodes::cluster(&args.redis_cluster).await?
             }
         };
+        if args.engine == Engine::Module {
+            for conn in admin.connections() {
+                require_module(conn).await?;
+            }
+        }
         // The same prefix for the reference script's keys as for the store's:
         // key length is part of the memory per identity.
         Ok(Bench { args, quota, admin, load, cluster_load, script, prefix: run_prefix("sgb") })

@@ -19,6 +19,7 @@ use slidegate::{Engine, RedisOptions, RedisStore};
 use slidegate_http::RateLimiter;
 use slidegate_server::Config;
 
+use crate::redis_errors::{require_module, unreachable};
 use crate::redis_keys::{delete_prefix, run_prefix};
 
 /// Arguments of `slidegate bench attack`.
@@ -89,7 +90,11 @@ async fn attack(args: AttackArgs) -> crate::CommandResult {
         eprintln!("slidegate bench attack: {host} is not a loopback address; this load only goes to a Redis on this machine");
         return Ok(ExitCode::from(crate::EX_USAGE));
     }
-    let mut admin = client.get_multiplexed_async_connection().await?;
+    let mut admin =
+        client.get_multiplexed_async_connection().await.map_err(|e| unreachable(&args.redis_url, e))?;
+    if args.engine == Engine::Module {
+        require_module(&mut admin).await?;
+    }
     let trace = trace(&args);
     let prefix = run_prefix("attack");
     let mut runs = Vec::new();
@@ -189,7 +194,10 @@ async fn run_mode(
     );
     let config = Config::parse(&source, "bench-attack.toml")?;
     let options = RedisOptions::new().with_engine(args.engine);
-    let store = RedisStore::connect_with(&args.redis_url, options).await?.with_prefix(prefix);
+    let store = RedisStore::connect_with(&args.redis_url, options)
+        .await
+        .map_err(|e| unreachable(&args.redis_url, e))?
+        .with_prefix(prefix);
     let limiter = RateLimiter::from_config(&config.limiter, store)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(admin).await?;
     let mut run = Run {

@@ -23,6 +23,7 @@ use slidegate::{
 use tokio::task::JoinSet;
 
 use crate::heap::HeapCount;
+use crate::redis_errors::{cluster_unreachable, require_module, shown, shown_all, unreachable};
 use crate::redis_keys::run_prefix;
 use crate::redis_nodes::Nodes;
 use crate::reference_script::ReferenceScript;
@@ -175,15 +176,17 @@ async fn on_redis(
     identities: u64,
 ) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let (mut nodes, name) = match target {
-        RedisTarget::Cluster(seeds) => (
-            Nodes::cluster(seeds).await.map_err(|e| format!("cannot reach the Redis Cluster: {e}"))?,
-            seeds.join(","),
-        ),
-        RedisTarget::Single(url) => {
-            (Nodes::single(url).await.map_err(|e| format!("cannot reach Redis at {url}: {e}"))?, url.clone())
+        RedisTarget::Cluster(seeds) => {
+            (Nodes::cluster(seeds).await.map_err(|e| cluster_unreachable(seeds, e))?, shown_all(seeds))
         }
+        RedisTarget::Single(url) => (Nodes::single(url).await.map_err(|e| unreachable(url, e))?, shown(url)),
         _ => return Err("demo runs on one Redis or a Redis Cluster".into()),
     };
+    if engine == Engine::Module {
+        for conn in nodes.connections() {
+            require_module(conn).await?;
+        }
+    }
     let prefix = run_prefix("sgdemo");
     let clock = ManualClock::new(0);
     let store = RedisStore::connect_to(target, RedisOptions::new().with_engine(engine))

@@ -22,6 +22,7 @@ mod docs;
 mod heap;
 mod identity;
 mod plot;
+mod redis_errors;
 mod redis_info;
 mod redis_keys;
 mod redis_nodes;

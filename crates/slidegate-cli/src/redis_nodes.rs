@@ -31,7 +31,7 @@ impl Nodes {
             let mut conn = match connect(seed).await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    last = format!("cannot reach {seed}: {e}");
+                    last = format!("cannot reach {}: {e}", crate::redis_errors::shown(seed));
                     continue;
                 }
             };

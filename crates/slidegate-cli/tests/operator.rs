@@ -245,3 +245,73 @@ fn the_man_page_names_every_subcommand() {
         assert!(stdout(&out).is_empty(), "{args:?}");
     }
 }
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A Redis that refuses the connection is named in the error, its password
+/// never: by `bench`, `demo` and `serve` alike.
+#[test]
+fn a_refused_redis_is_named_without_its_password() {
+    let port = closed_port();
+    let url = format!("redis://user:hunter2@127.0.0.1:{port}");
+    let shown = format!("redis://user:***@127.0.0.1:{port}");
+    let cluster = format!("{url},redis://user:hunter2@127.0.0.1:{}", closed_port());
+    for args in [
+        &["bench", "redis", "--redis-url", &url, "--seconds", "1"][..],
+        &["bench", "redis", "--redis-cluster", &cluster, "--seconds", "1"],
+        &["bench", "attack", "--redis-url", &url],
+        &["demo", "--redis-url", &url],
+        &["demo", "--redis-cluster", &cluster],
+    ] {
+        let out = slidegate(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&shown) && err.contains("Connection refused"), "{args:?}: {err}");
+        assert!(!err.contains("hunter2") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // serve starts anyway (each rule's on_error), and says where it could not connect.
+    let upstream = Upstream::start();
+    let store = format!("[store]\nurl = \"{url}\"\n");
+    let mut sg = Slidegate::start(&config(&upstream, &store, ""));
+    let log = sg.log.lock().unwrap().clone();
+    assert!(log.contains("cannot connect to Redis at start") && log.contains(&shown), "{log}");
+    assert!(!log.contains("hunter2"), "{log}");
+    assert_eq!(sg.terminate().code(), Some(0));
+}
+
+/// `--engine module` on a Redis without the module says how to load it,
+/// or to use `auto`; before any load is sent.
+#[test]
+fn engine_module_without_the_module_says_how_to_load_it() {
+    let redis = RedisServer::spawn();
+    let url = redis.url();
+    for args in [
+        &["bench", "redis", "--redis-url", &url, "--engine", "module", "--seconds", "1"][..],
+        &["bench", "attack", "--redis-url", &url, "--engine", "module"],
+        &["demo", "--redis-url", &url, "--engine", "module"],
+    ] {
+        let out = slidegate(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        for said in ["--loadmodule", "libslidegate_redis_module.so", "--engine auto"] {
+            assert!(err.contains(said), "{args:?}: {said} not in {err}");
+        }
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    }
+    // With the module loaded, the same run goes through it.
+    let args = slidegate_test_redis::module_args();
+    let loaded = RedisServer::spawn_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = slidegate(&["bench", "attack", "--redis-url", &loaded.url(), "--engine", "module", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    // Every decision reached Redis: none fell back for want of the module.
+    let plain = &json["modes"]["no_deny_cache"];
+    assert_eq!(
+        (plain["requests"].as_u64(), plain["store_calls"].as_u64()),
+        (Some(7500), Some(7500)),
+        "{json}"
+    );
+}
