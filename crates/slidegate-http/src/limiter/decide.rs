@@ -1,0 +1,223 @@
+//! One request to the layered store, turned into a verdict and counted.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use slidegate::{
+    check_charge, Charge, Decision, Decisions, Identity, Origin, Request, Source, Store, StoreError,
+};
+
+use super::rule::{Mode, PolicySet};
+use super::{CheckError, RateLimiter};
+use crate::config::OnError;
+use crate::offenders::Event;
+use crate::verdict::{DecisionSource, PolicyResult, Verdict};
+
+impl<S: Store + 'static> RateLimiter<S> {
+    /// Decides `cost` times each limit's cost for the opaque identity `key`
+    /// under the rule named `rule` (`/v1/check`). `key` is hashed like an API
+    /// key, so it shares quota with requests carrying that key; `anonymous`
+    /// picks a rule's anonymous limits instead of its authenticated ones.
+    ///
+    /// # Errors
+    /// [`CheckError`] for an unknown rule, an empty key or an impossible cost.
+    pub async fn check_key(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        anonymous: bool,
+    ) -> Result<Verdict<'_>, CheckError> {
+        let index = self
+            .inner
+            .rules
+            .iter()
+            .position(|r| r.name == rule)
+            .ok_or_else(|| CheckError::UnknownRule(rule.to_owned()))?;
+        if key.is_empty() {
+            return Err(CheckError::EmptyKey);
+        }
+        let rule = &self.inner.rules[index];
+        // Checked before anything is charged: a large cost is a large write
+        // (a sliding log keeps one entry per permit).
+        if cost > rule.max_cost {
+            return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
+        }
+        let set = rule.sets.pick(anonymous);
+        for (name, charge) in set.names.iter().zip(&set.charges) {
+            check_charge(&charge.limit, charge.cost.saturating_mul(cost)).map_err(|err| match err {
+                StoreError::CostExceedsLimit { cost, limit } => {
+                    CheckError::CostExceedsLimit { cost, limit, policy: name.clone() }
+                }
+                source => CheckError::InvalidLimit { policy: name.clone(), source },
+            })?;
+        }
+        let identity = self.inner.identity.identity(&rule.scope, Source::ApiKey, key.as_bytes());
+        Ok(self.decide(index, &identity, set, cost, Mode::Charge).await)
+    }
+
+    /// One request to the layered store, as a verdict, counted.
+    pub(super) async fn decide<'s>(
+        &'s self,
+        index: usize,
+        identity: &Identity,
+        set: &'s PolicySet,
+        cost: u64,
+        mode: Mode,
+    ) -> Verdict<'s> {
+        let verdict = self.ask(index, identity, set, cost, mode).await;
+        self.count(index, identity, &verdict, mode);
+        verdict
+    }
+
+    /// One request to the layered store, as a verdict not yet counted.
+    pub(super) async fn ask<'s>(
+        &'s self,
+        index: usize,
+        identity: &Identity,
+        set: &'s PolicySet,
+        cost: u64,
+        mode: Mode,
+    ) -> Verdict<'s> {
+        let rule = &self.inner.rules[index];
+        let counters = self.inner.metrics.rule(index);
+        let scaled: Vec<Charge>;
+        let charges = if cost == 1 {
+            &set.charges
+        } else {
+            scaled = set.scaled(cost);
+            &scaled
+        };
+        let request = Request { identity, charges, penalty: rule.penalty.as_ref(), deadline: None };
+        // Only a rule whose failure policy is the fallback limiter asks
+        // through it; the others see the store's failure and apply their own.
+        let answer = match rule.on_error {
+            OnError::Fallback => self.inner.store.decide(request).await,
+            OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
+        };
+        let cached = matches!(&answer, Ok(outcome) if outcome.origin == Origin::Cache);
+        let (mut decisions, source, blocked) = match answer {
+            Ok(outcome) => {
+                let source = match outcome.origin {
+                    Origin::Fallback => {
+                        counters.fallback.fetch_add(1, Relaxed);
+                        DecisionSource::Fallback
+                    }
+                    _ => DecisionSource::Store,
+                };
+                match outcome.blocked_for {
+                    Some(wait) => {
+                        if !outcome.decisions.is_empty() {
+                            // This denial started the block: worth a line, once.
+                            tracing::warn!(rule = %rule.name, identity = %identity, block_ms = wait.as_millis() as u64,
+                                shadow = rule.shadow, "identity blocked by the penalty box");
+                        }
+                        (crate::penalty::block_denials(charges, wait).into(), source, true)
+                    }
+                    None => (outcome.decisions, source, false),
+                }
+            }
+            // A request no store could allow (cost above a limit) is denied
+            // by the algorithms' own check, which says so.
+            Err(err) if !err.is_unavailable() => {
+                tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
+                (invalid_denial(charges).into(), DecisionSource::Store, false)
+            }
+            Err(_) => (Decisions::none(), rule.fail(counters), false),
+        };
+        if mode == Mode::Peek {
+            // A peek is allowed even at zero permits left; the request it
+            // guards would charge at least one, so deny it now. The wait is
+            // the store's reset time: exact for fixed windows, an upper
+            // bound for the others.
+            for d in decisions.iter_mut() {
+                if d.allowed && d.remaining == 0 {
+                    d.allowed = false;
+                    d.retry_after = Some(d.reset_after.max(Duration::from_millis(1)));
+                }
+            }
+        }
+        let policies: Vec<PolicyResult<'s>> = decisions
+            .iter()
+            .zip(set.names.iter().zip(charges))
+            .map(|(&decision, (name, charge))| PolicyResult {
+                name: name.as_str(),
+                quota: charge.limit.quota,
+                decision,
+            })
+            .collect();
+        Verdict {
+            rule: &rule.name,
+            policies,
+            source,
+            shadow: rule.shadow,
+            pending: None,
+            blocked,
+            policy_value: set.policy_value.as_ref(),
+            cost_header: rule.response_cost.cost_header.as_ref(),
+            over_in_flight: None,
+            identity: identity.into(),
+            cached,
+        }
+    }
+
+    /// Counts a verdict in the rule's metrics and the top offenders.
+    pub(super) fn count(&self, index: usize, identity: &Identity, verdict: &Verdict<'_>, mode: Mode) {
+        let counters = self.inner.metrics.rule(index);
+        if verdict.blocked {
+            if verdict.shadow {
+                counters.shadow_blocked.fetch_add(1, Relaxed);
+            } else {
+                // Counts the block and shows it on the top offenders page.
+                let wait = verdict.policies.iter().filter_map(|p| p.decision.retry_after).max();
+                let until = std::time::SystemTime::now() + wait.unwrap_or_default();
+                self.record_offence(index, identity, Event::Blocked { until });
+            }
+        }
+        if mode == Mode::AfterResponse
+            || !matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback)
+        {
+            return;
+        }
+        match (verdict.allowed(), verdict.shadow) {
+            (true, _) => counters.allowed.fetch_add(1, Relaxed),
+            (false, false) => counters.denied.fetch_add(1, Relaxed),
+            (false, true) => counters.shadow_denied.fetch_add(1, Relaxed),
+        };
+        if verdict.allowed() {
+            // Near the limit: a tenth or less of some limit left.
+            if verdict.policies.iter().any(|p| p.decision.remaining.saturating_mul(10) <= p.decision.limit) {
+                counters.near_limit.fetch_add(1, Relaxed);
+            }
+        } else if !verdict.blocked {
+            // Shadow denials too: the operator of a shadow rule wants to
+            // see whom it would refuse.
+            self.record_offence(index, identity, Event::Denied);
+        }
+    }
+}
+
+/// Turns an allowing peek into the refusal of a request over the rule's
+/// `max_in_flight`: every policy denied, with what the store said is left,
+/// and a wait of a second (the time a slot frees is the upstream's).
+pub(super) fn deny_in_flight(verdict: &mut Verdict<'_>, max_in_flight: u32) {
+    for policy in &mut verdict.policies {
+        policy.decision.allowed = false;
+        policy.decision.retry_after = Some(Duration::from_secs(1));
+    }
+    verdict.over_in_flight = Some(max_in_flight);
+}
+
+/// Denials for a request the store rejected as impossible.
+fn invalid_denial(charges: &[Charge]) -> Vec<Decision> {
+    charges
+        .iter()
+        .map(|c| Decision {
+            allowed: c.cost <= c.limit.quota.permits(),
+            limit: c.limit.quota.permits(),
+            remaining: 0,
+            reset_after: c.limit.quota.window(),
+            retry_after: (c.cost > c.limit.quota.permits()).then(|| c.limit.quota.window()),
+        })
+        .collect()
+}

@@ -1,0 +1,388 @@
+//! The rate limiter of an HTTP service: rules and identities in front of a
+//! store composed of layers.
+//!
+//! ```text
+//! RateLimiter ── Fallback ── DenyCached ── Guarded ── S (the store)
+//!  rules,         decides     answers      deadline,
+//!  identities,    while S     denials S    breaker,
+//!  verdicts,      cannot      gave, until  probe
+//!  metrics                    they end
+//! ```
+//!
+//! Each layer wraps a [`Store`] and is one (`fallback.rs`, `deny_cache.rs`,
+//! `guard.rs`); the limiter asks the outermost once per request and turns
+//! its [`Outcome`] into a [`Verdict`]: the policy (which rule, which
+//! identity, what a failure means, shadow mode, peeks before a charge that
+//! comes with the response) lives here, how a store is protected there.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use slidegate::{Identity, MemoryStore, Source, Store};
+
+use crate::clock::Ticks;
+use crate::config::{IdentityConfig, IdentityKind, LimiterConfig, OnError, RuleConfig, StoreGuard};
+use crate::deny_cache::DenyCached;
+use crate::fallback::Fallback;
+use crate::guard::Guarded;
+use crate::identity::IdentityExtractor;
+use crate::in_flight::InFlight;
+use crate::metrics::Metrics;
+use crate::offenders::{Event, Offenders};
+use crate::rules::RuleMatcher;
+use crate::verdict::{DecisionSource, PendingCharge, Verdict};
+
+mod after_response;
+mod breadth;
+mod decide;
+mod error;
+mod rule;
+#[cfg(test)]
+mod tests;
+
+use decide::deny_in_flight;
+pub use error::{CheckError, LimiterError};
+use rule::{Mode, Rule, RuleSets};
+
+/// The store as the limiter asks it: behind the guard, the deny cache and
+/// the fallback.
+type Layered<S> = Fallback<DenyCached<Guarded<S>>>;
+
+/// A limiter: what one configuration says (rules, identity, headers), and
+/// what outlives it, shared with the limiters [`RateLimiter::reconfigure`]
+/// builds from this one (the layered store, whose deny cache, breaker and
+/// fallback seeds are state, the requests in flight, the counters).
+struct Inner<S> {
+    rules: Vec<Rule>,
+    matcher: RuleMatcher,
+    identity: IdentityExtractor,
+    store: Arc<Layered<S>>,
+    metrics: Arc<Metrics>,
+    legacy_headers: bool,
+    /// The identities refused most lately, in bounded memory.
+    offenders: Arc<Offenders>,
+    /// Requests in flight per identity under rules charged after the response.
+    in_flight: Arc<InFlight>,
+}
+
+/// Rules, identities and a store: decides HTTP requests. Cheap to clone.
+///
+/// ```
+/// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+/// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+/// use slidegate_http::{LimiterConfig, RateLimiter};
+///
+/// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_second(10)?);
+/// let limits = vec![LimitConfig::new("search", limit, 1)?];
+/// let mut config = LimiterConfig::default();
+/// config.rules.push(RuleConfig::new("search", "/api/search*".parse()?, RuleLimits::Shared { identity: IdentityKind::ApiKey, limits }));
+/// let limiter = RateLimiter::from_config(&config, MemoryStore::new())?;
+/// assert_eq!(limiter.rule_names(), ["search"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimiter<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for RateLimiter<S> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<S> std::fmt::Debug for RateLimiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter").field("rules", &self.rule_names()).finish_non_exhaustive()
+    }
+}
+
+impl<S> RateLimiter<S> {
+    /// The rule names, in order.
+    pub fn rule_names(&self) -> Vec<&str> {
+        self.inner.rules.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    /// The rules with `on_error = "deny"`, in order: those that refuse every
+    /// request they match while the store is unreachable (the others decide
+    /// without it).
+    pub fn rules_denying_without_store(&self) -> Vec<&str> {
+        self.inner.rules.iter().filter(|r| r.on_error == OnError::Deny).map(|r| r.name.as_str()).collect()
+    }
+
+    /// The metrics, for rendering.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn render_metrics(&self) -> String {
+        self.inner.metrics.render(self.breaker_open())
+    }
+
+    /// Whether the store's circuit breaker is open.
+    pub fn breaker_open(&self) -> bool {
+        self.inner.store.get_ref().get_ref().breaker_open()
+    }
+
+    /// Whether `X-RateLimit-*` headers are sent.
+    pub fn legacy_headers(&self) -> bool {
+        self.inner.legacy_headers
+    }
+
+    /// The identity extractor.
+    pub fn identity(&self) -> &IdentityExtractor {
+        &self.inner.identity
+    }
+
+    /// The store, without the layers in front of it.
+    pub fn store(&self) -> &S {
+        self.inner.store.get_ref().get_ref().get_ref()
+    }
+
+    /// The identities refused most over the last minutes (the admin
+    /// `/v1/offenders` and `/offenders`).
+    pub fn offenders(&self) -> &Offenders {
+        &self.inner.offenders
+    }
+
+    /// Records that `identity` was refused under rule number `rule`: in the
+    /// top offenders and, for a block, in the rule's blocked counter. One
+    /// call for every kind of refusal; an unknown rule records nothing.
+    pub fn record_offence(&self, rule: usize, identity: &Identity, event: Event) {
+        if rule >= self.inner.rules.len() {
+            return;
+        }
+        if matches!(event, Event::Blocked { .. }) {
+            self.inner.metrics.rule(rule).blocked.fetch_add(1, Relaxed);
+        }
+        self.inner.offenders.record(rule, identity, event);
+    }
+
+    /// The embedded fallback store, unless every rule's `on_error` is
+    /// `allow` or `deny`: a caller
+    /// sweeps it as it sweeps an embedded store, to give memory back.
+    pub fn fallback_store(&self) -> Option<&MemoryStore> {
+        self.inner.store.fallback_store()
+    }
+}
+
+impl<S: Store + 'static> RateLimiter<S> {
+    /// A limiter for `config`'s rules, identity and store guard, deciding on `store`.
+    ///
+    /// # Errors
+    /// [`LimiterError`] when a rule needs what the store cannot do.
+    pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
+        let identity = extractor(&config.identity, None);
+        Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
+    }
+
+    /// A limiter for `config`'s rules, identity and headers over this one's
+    /// store and layers: what a reloaded configuration runs on, while
+    /// requests already decided by this one finish with it.
+    ///
+    /// Kept from this limiter: the store and its connection, the deny cache,
+    /// the breaker, the fallback limiter and its seeds, the requests in
+    /// flight, the store's metrics and those of every rule kept by name, the
+    /// top offenders while the rules keep their places (they are recorded by
+    /// rule number), and the identity secret unless `config` names one. So
+    /// every limit whose rule name, algorithm and quota are unchanged goes on
+    /// with its counters, cached denials and penalty blocks; a changed limit
+    /// starts from zero (the stores keep each limit's state apart). `config.guard` is not read:
+    /// the layers it configures are this limiter's.
+    ///
+    /// # Errors
+    /// [`LimiterError`] when a rule needs what the store or the running
+    /// layers cannot do.
+    pub fn reconfigure(&self, config: &LimiterConfig) -> Result<Self, LimiterError> {
+        check_store(&config.rules, self.store())?;
+        if self.fallback_store().is_none() {
+            if let Some(rule) = config.rules.iter().find(|r| r.on_error == OnError::Fallback) {
+                return Err(LimiterError::FallbackOff { rule: rule.name.clone() });
+            }
+        }
+        let identity = extractor(&config.identity, Some(&self.inner.identity));
+        let rules: Vec<Rule> = config.rules.iter().map(Rule::new).collect();
+        let metrics = Arc::new(self.inner.metrics.carried_over(rules.iter().map(|r| r.name.clone())));
+        let places_kept = rules.len() >= self.inner.rules.len()
+            && self.inner.rules.iter().zip(&rules).all(|(old, new)| old.name == new.name);
+        let offenders =
+            if places_kept { Arc::clone(&self.inner.offenders) } else { Arc::new(Offenders::new()) };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                matcher: matcher(&config.rules),
+                rules,
+                identity,
+                store: Arc::clone(&self.inner.store),
+                metrics,
+                legacy_headers: config.headers.legacy,
+                offenders,
+                in_flight: Arc::clone(&self.inner.in_flight),
+            }),
+        })
+    }
+
+    /// A limiter from its parts: `store` behind the layers `guard` configures.
+    ///
+    /// # Errors
+    /// [`LimiterError`] when a rule needs what the store cannot do.
+    pub fn new(
+        rules: &[RuleConfig],
+        identity: IdentityExtractor,
+        store: S,
+        guard: StoreGuard,
+        legacy_headers: bool,
+    ) -> Result<Self, LimiterError> {
+        check_store(rules, &store)?;
+        let matcher = matcher(rules);
+        let rules: Vec<Rule> = rules.iter().map(Rule::new).collect();
+        let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
+        let ticks = Ticks::start();
+        let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
+        let cached = DenyCached::new(guarded, guard.deny_cache, Arc::clone(&metrics), ticks);
+        // The default failure policy: off only when every rule opted out.
+        let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);
+        let store = Fallback::new(cached, !opted_out, guard.instances, ticks);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rules,
+                matcher,
+                identity,
+                store: Arc::new(store),
+                metrics,
+                legacy_headers,
+                offenders: Arc::default(),
+                in_flight: Arc::default(),
+            }),
+        })
+    }
+
+    /// Decides a request: `None` when no rule matches (the request is not limited).
+    /// `target` is the request target in origin form, the path and its
+    /// query (`uri.path_and_query()`); rules match the path, and a breadth
+    /// limit of `query:<name>` reads the query (given the path alone, it
+    /// counts every request as one without the parameter).
+    /// `peer` is the socket peer; `None` counts every such request as one client.
+    pub async fn check_request(
+        &self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Option<Verdict<'_>> {
+        let (path, query) = match target.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (target, None),
+        };
+        let matched = self.inner.matcher.matching(method, path)?;
+        let index = matched.index;
+        let rule = &self.inner.rules[index];
+        let extractor = &self.inner.identity;
+        let api_key = extractor.api_key(headers);
+        let anonymous = api_key.is_none();
+        let by_key = match (&rule.sets, api_key) {
+            (RuleSets::Shared { identity: IdentityKind::ApiKey, .. } | RuleSets::Split { .. }, Some(k)) => {
+                Some(k)
+            }
+            _ => None,
+        };
+        let identity = match by_key {
+            Some(k) => extractor.identity(&rule.scope, Source::ApiKey, k),
+            None => {
+                let ip = peer.map(|p| extractor.client_ip(p, headers));
+                let bytes = ip.map(|ip| extractor.ip_bytes(ip)).unwrap_or_default();
+                extractor.identity(&rule.scope, Source::Ip, &bytes)
+            }
+        };
+        let set = rule.sets.pick(anonymous);
+        // Breadth first: its denial is never charged to the rate limits.
+        let breadth = match &rule.breadth {
+            Some(breadth) => match self.decide_breadth(index, &identity, breadth, &matched.path, query).await
+            {
+                Ok(policy) => policy,
+                Err(verdict) => {
+                    // A crawler refused for breadth is an offender like one
+                    // refused for rate (shadow refusals too, as `count` does).
+                    self.record_offence(index, &identity, Event::Denied);
+                    self.record_network(index, headers, peer);
+                    return Some(verdict);
+                }
+            },
+            None => None,
+        };
+        let mut verdict = if rule.response_cost.is_deferred() {
+            let mut verdict = self.ask(index, &identity, set, 0, Mode::Peek).await;
+            if matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback) && !verdict.blocks()
+            {
+                let slot = self.inner.in_flight.enter(&identity, rule.max_in_flight);
+                if slot.is_none() {
+                    deny_in_flight(&mut verdict, rule.max_in_flight);
+                }
+                // In shadow mode a request over the bound goes on, and is charged.
+                if slot.is_some() || !verdict.blocks() {
+                    verdict.pending =
+                        Some(PendingCharge { index, identity: identity.clone(), anonymous, _slot: slot });
+                }
+            }
+            self.count(index, &identity, &verdict, Mode::Peek);
+            verdict
+        } else {
+            self.decide(index, &identity, set, 1, Mode::Charge).await
+        };
+        if let Some(breadth) = breadth {
+            verdict.policies.push(breadth);
+            verdict.policy_value = None;
+        }
+        // What `count` recorded as an offence, also by client network.
+        let recorded =
+            verdict.blocked || matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback);
+        if !verdict.allowed() && recorded {
+            self.record_network(index, headers, peer);
+        }
+        Some(verdict)
+    }
+
+    /// Counts a refusal of the client at `peer` under rule number `index`
+    /// by its network (see [`Offenders`]): the identity may be an API key,
+    /// and rotated identities add up only there.
+    fn record_network(&self, index: usize, headers: &HeaderMap, peer: Option<IpAddr>) {
+        if let Some(peer) = peer {
+            let ip = self.inner.identity.client_ip(peer, headers);
+            self.inner.offenders.record_network(index, crate::offenders::Network::of(ip));
+        }
+    }
+}
+
+/// `running` is (a reloaded configuration keeps its identities) or by a
+/// random one.
+fn extractor(config: &IdentityConfig, running: Option<&IdentityExtractor>) -> IdentityExtractor {
+    let base = match (&config.secret, running) {
+        (Some(secret), _) => IdentityExtractor::new(secret),
+        (None, Some(running)) => running.keyed_alike(),
+        (None, None) => IdentityExtractor::with_random_secret(),
+    };
+    let base = base
+        .trusted_proxies(config.trusted_proxies.clone())
+        .forwarded_header(config.forwarded_header)
+        .ipv6_prefix(config.ipv6_prefix);
+    match &config.api_key_header {
+        Some(h) => base.api_key_header(h.clone()),
+        None => base,
+    }
+}
+
+/// The rule matcher of `rules`, in order.
+fn matcher(rules: &[RuleConfig]) -> RuleMatcher {
+    RuleMatcher::new(rules.iter().map(|r| (r.methods.clone(), r.path.clone())).collect())
+}
+
+/// Refuses rules that need what `store` cannot do.
+fn check_store(rules: &[RuleConfig], store: &impl Store) -> Result<(), LimiterError> {
+    match rules.iter().find(|r| r.breadth.is_some()) {
+        Some(rule) if store.distinct().is_none() => {
+            Err(LimiterError::BreadthUnsupported { rule: rule.name.clone() })
+        }
+        _ => Ok(()),
+    }
+}

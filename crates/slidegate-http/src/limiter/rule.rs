@@ -1,0 +1,128 @@
+//! A rule as the limiter keeps it: its limits compiled into charges, by identity.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use slidegate::{Charge, Penalty};
+
+use crate::config::{IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::metrics::RuleCounters;
+use crate::verdict::DecisionSource;
+
+/// The named limits one identity is charged together.
+#[derive(Debug, Clone)]
+pub(super) struct PolicySet {
+    pub(super) names: Vec<String>,
+    pub(super) charges: Vec<Charge>,
+    /// `RateLimit-Policy` listing every limit of the set: the same on every
+    /// allowed response, so rendered once.
+    pub(super) policy_value: Option<http::HeaderValue>,
+}
+
+impl PolicySet {
+    pub(super) fn new(limits: &[LimitConfig]) -> Self {
+        Self {
+            names: limits.iter().map(|l| l.name.clone()).collect(),
+            charges: limits.iter().map(|l| Charge::new(l.limit, l.cost)).collect(),
+            policy_value: crate::headers::policy_value(
+                limits.iter().map(|l| (l.name.as_str(), l.limit.quota)),
+            ),
+        }
+    }
+
+    /// The charges of a request of `cost` (each limit's own cost times it).
+    pub(super) fn scaled(&self, cost: u64) -> Vec<Charge> {
+        self.charges.iter().map(|c| Charge::new(c.limit, c.cost.saturating_mul(cost))).collect()
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum RuleSets {
+    Shared { identity: IdentityKind, set: PolicySet },
+    Split { authenticated: PolicySet, anonymous: PolicySet },
+}
+
+impl RuleSets {
+    /// The set a request is charged under: an anonymous one (no API key) or not.
+    pub(super) fn pick(&self, anonymous: bool) -> &PolicySet {
+        match self {
+            RuleSets::Shared { set, .. } => set,
+            RuleSets::Split { anonymous: set, .. } if anonymous => set,
+            RuleSets::Split { authenticated: set, .. } => set,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Rule {
+    pub(super) name: String,
+    /// The rule's name as the scope of its identities.
+    pub(super) scope: Arc<str>,
+    pub(super) sets: RuleSets,
+    pub(super) on_error: OnError,
+    pub(super) shadow: bool,
+    /// The largest cost one `/v1/check` call may charge.
+    pub(super) max_cost: u64,
+    pub(super) breadth: Option<crate::BreadthConfig>,
+    /// The breadth limit's policy name: `<rule>-breadth`.
+    pub(super) breadth_name: String,
+    pub(super) response_cost: crate::ResponseCost,
+    /// With `response_cost`: requests of one identity in flight at once.
+    pub(super) max_in_flight: u32,
+    pub(super) penalty: Option<Penalty>,
+}
+
+impl Rule {
+    pub(super) fn new(r: &RuleConfig) -> Self {
+        Rule {
+            name: r.name.clone(),
+            scope: r.name.as_str().into(),
+            sets: match &r.limits {
+                RuleLimits::Shared { identity, limits } => {
+                    RuleSets::Shared { identity: *identity, set: PolicySet::new(limits) }
+                }
+                RuleLimits::Split { authenticated, anonymous } => RuleSets::Split {
+                    authenticated: PolicySet::new(authenticated),
+                    anonymous: PolicySet::new(anonymous),
+                },
+            },
+            on_error: r.on_error,
+            shadow: r.shadow,
+            max_cost: r.max_cost,
+            breadth: r.breadth.clone(),
+            breadth_name: format!("{}-breadth", r.name),
+            response_cost: r.response_cost.clone(),
+            max_in_flight: r.max_in_flight,
+            penalty: r.penalty,
+        }
+    }
+
+    /// What a failed store means for this rule, counted.
+    pub(super) fn fail(&self, counters: &RuleCounters) -> DecisionSource {
+        match self.on_error {
+            OnError::Allow => {
+                counters.fail_open.fetch_add(1, Relaxed);
+                DecisionSource::FailOpen
+            }
+            // The fallback limiter answers every failure of the store; a
+            // failure reaching here is the fallback's own: closed.
+            OnError::Deny | OnError::Fallback => {
+                counters.fail_closed.fetch_add(1, Relaxed);
+                DecisionSource::FailClosed
+            }
+        }
+    }
+}
+
+/// How [`RateLimiter::decide`] charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Charge the cost now (the usual request).
+    Charge,
+    /// Charge nothing; deny when a limit has no permit left (before a
+    /// charge that comes with the response).
+    Peek,
+    /// The charge after the response: counted in no metric (the request was
+    /// counted at its peek).
+    AfterResponse,
+}
