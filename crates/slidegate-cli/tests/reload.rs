@@ -144,7 +144,7 @@ fn a_broken_config_leaves_the_running_one_in_place() {
     assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"error\"}"), 3.0);
 }
 
-/// `SIGHUP` used to end the process (exit 129, nothing logged); it reloads.
+/// `SIGHUP` reloads; it does not end the process (exit 129, nothing logged).
 #[test]
 fn sighup_reloads_instead_of_ending_the_process() {
     let upstream = Upstream::start();
