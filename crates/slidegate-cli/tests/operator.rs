@@ -151,6 +151,34 @@ fn check_config_takes_config_as_serve_does() {
     }
 }
 
+/// A file with errors in three parts: `check-config` and `serve` report
+/// the three, each located, in file order, and exit 64 (EX_USAGE).
+#[test]
+fn check_config_and_serve_report_every_error_located_in_file_order() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nthreads = 0\n\n\
+                [store]\ntimeout_ms = \"fast\"\n\n\
+                [[rules]]\nname = \"fine\"\npath = \"/fine\"\nlimits = [{ limit = 5, window = \"1s\" }]\n\n\
+                [[rules]]\nname = \"never\"\npath = \"/never\"\nlimits = [{ limit = 0, window = \"1s\" }]\n";
+    let (_dir, file) = write_config(text);
+    let name = file.to_str().unwrap();
+    for args in [&["check-config", "--config", name][..], &["serve", "--config", name]] {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        let located: Vec<&str> = err.lines().filter(|l| l.contains("slidegate.toml:")).collect();
+        let at: Vec<&str> = located
+            .iter()
+            .map(|l| l.split("slidegate.toml:").nth(1).unwrap().split(": ").next().unwrap())
+            .collect();
+        assert_eq!(at, ["4:11", "7:14", "17:21"], "{args:?}: {err}");
+        assert!(located[0].ends_with("threads must be at least 1"), "{err}");
+        assert!(located[1].contains("expected"), "{err}");
+        assert!(located[2].ends_with("invalid limit: limit must be at least 1, got 0"), "{err}");
+        assert!(err.trim_end().ends_with("3 errors"), "{err}");
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    }
+}
+
 /// Every subcommand, as `slidegate --help` must list it: a name and a line.
 const SUBCOMMANDS: [&str; 10] = [
     "demo",
