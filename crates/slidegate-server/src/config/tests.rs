@@ -894,3 +894,12 @@ fn an_unreadable_part_is_not_also_reported_missing() {
         ]
     );
 }
+
+#[test]
+fn watch_config_is_off_unless_set_and_must_be_a_boolean() {
+    assert!(!parse("[server]\n").unwrap().server.watch_config);
+    assert!(parse("[server]\nwatch_config = true\n").unwrap().server.watch_config);
+    let (line, column, message) = err("[server]\nwatch_config = \"yes\"\n");
+    assert_eq!((line, column), (2, 16));
+    assert_eq!(message, "invalid type: string \"yes\", expected a boolean");
+}

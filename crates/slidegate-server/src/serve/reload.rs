@@ -271,6 +271,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.admin_prefix", differs(&a.admin_prefix, &b.admin_prefix)),
         ("server.check_token_env", a.check_token != b.check_token),
         ("server.shutdown_grace", differs(&a.shutdown_grace, &b.shutdown_grace)),
+        ("server.watch_config", a.watch_config != b.watch_config),
         ("server.body_timeout", differs(&a.body_timeout, &b.body_timeout)),
         ("server.min_body_rate", differs(&a.min_body_rate, &b.min_body_rate)),
         ("server.body_rate_grace", differs(&a.body_rate_grace, &b.body_rate_grace)),
