@@ -343,3 +343,52 @@ fn engine_module_without_the_module_says_how_to_load_it() {
         "{json}"
     );
 }
+
+/// `bench redis` takes `--timeout` and says which engine `auto` chose (a
+/// plain Redis has no module: the Lua scripts; one with it loaded: the
+/// module), in JSON and on stderr.
+#[test]
+fn bench_takes_a_timeout_and_names_the_engine_auto_chose() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let args = [
+        "bench",
+        "redis",
+        "--redis-url",
+        &url,
+        "--seconds",
+        "0.1",
+        "--identities",
+        "50",
+        "--memory-identities",
+        "50",
+        "--connections",
+        "1",
+        "--in-flight",
+        "2",
+        "--no-redis-benchmark",
+        "--timeout",
+        "10",
+    ];
+    let json = slidegate(&[&args[..], &["--json"]].concat());
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["setup"]["engine"], "auto");
+    assert_eq!(report["setup"]["engine_used"], "lua");
+    let text = slidegate(&args);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    assert!(stderr(&text).contains("engine: lua (chosen by auto;"), "{}", stderr(&text));
+    for bad in ["0", "soon", "99999"] {
+        let out = slidegate(&["bench", "redis", "--redis-url", &url, "--timeout", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--timeout"), "{bad}: {}", stderr(&out));
+    }
+    let module = slidegate_test_redis::module_args();
+    let loaded = RedisServer::spawn_with_args(&module.iter().map(String::as_str).collect::<Vec<_>>());
+    let loaded_url = loaded.url();
+    let args: Vec<&str> = args.iter().map(|a| if *a == url { loaded_url.as_str() } else { a }).collect();
+    let json = slidegate(&[&args[..], &["--json"]].concat());
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["setup"]["engine_used"], "module");
+}
