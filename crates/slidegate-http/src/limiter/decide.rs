@@ -158,6 +158,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             over_in_flight: None,
             identity: identity.into(),
             cached,
+            delayed: None,
         }
     }
 
