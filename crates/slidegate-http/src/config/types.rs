@@ -260,6 +260,10 @@ impl DelayConfig {
     /// The most `per_identity`.
     pub const MAX_PER_IDENTITY: u32 = 1_000;
 
+    /// `per_identity` unless a configuration file says otherwise: the
+    /// few requests a page sends at once.
+    pub const DEFAULT_PER_IDENTITY: u32 = 4;
+
     /// [`LimiterConfig::max_delayed`] unless set.
     pub const DEFAULT_MAX_DELAYED: u32 = 1_000;
 

@@ -168,8 +168,9 @@ impl Validator<'_> {
     }
 
     fn config(&self, mut raw: RawConfig) -> Result<Config, ConfigError> {
-        let (server_span, raw_server) =
+        let (server_span, mut raw_server) =
             raw.server.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
+        let max_delayed = self.max_delayed(raw_server.max_delayed.take())?;
         let server = self.server(raw_server)?;
         if self.used == Use::Serve && server.upstream.is_none() {
             let table = if server_span.is_some() { "[server] has no upstream" } else { "no [server] table" };
@@ -211,6 +212,7 @@ impl Validator<'_> {
             rules.push(rule);
         }
         limiter.rules = rules;
+        limiter.max_delayed = max_delayed;
         limiter.headers = HeadersConfig::default();
         if let Some(legacy) = raw.headers.legacy {
             limiter.headers.legacy = legacy;
