@@ -8,10 +8,14 @@
 //! breadth, and not a failure of the store without a decision; its wait is
 //! the longest `retry_after` of the limits that denied. The request sleeps
 //! that long on tokio's clock (it is a future: it pins no thread) and is
-//! decided again, charged as any request; if it is denied again and the
-//! new wait still fits in what is left of `max_wait`, once more; then it is
-//! answered, allowed or 429. So a held request takes at most
-//! [`MAX_DECISIONS`] decisions after its first.
+//! decided again, charged as any request; while it is denied again and the
+//! new wait still fits in what is left of `max_wait`, again, at most
+//! [`max_decisions`] times (`per_identity + 1`); then it is answered,
+//! allowed or 429. Requests of one identity held together wake together
+//! and the limit admits them one by one, so the last of `per_identity`
+//! needs that many turns: the bound lets each have its turn while keeping
+//! the store calls one held request makes finite (and each is charged only
+//! if it is allowed).
 //!
 //! Bounds ([`Delays`]): at most `per_identity` requests of one identity are
 //! held at once under a rule (the identity's scope is the rule), and at most
@@ -31,8 +35,11 @@ use crate::config::DelayConfig;
 use crate::in_flight::{InFlight, InFlightSlot};
 use crate::verdict::{DecisionSource, Verdict};
 
-/// Decisions a held request takes after its first, at most.
-pub const MAX_DECISIONS: usize = 2;
+/// Decisions a request held under `delay` takes after its first, at most:
+/// one more than the requests of an identity held at once.
+pub fn max_decisions(delay: &DelayConfig) -> u32 {
+    delay.per_identity.saturating_add(1)
+}
 
 /// The shortest sleep: a denial whose wait rounds to nothing is retried a
 /// millisecond later, never in a busy loop.
@@ -84,6 +91,20 @@ impl Delays {
     /// Requests held now, over all.
     pub(crate) fn held(&self) -> u32 {
         self.cap - u32::try_from(self.held.available_permits()).unwrap_or(self.cap)
+    }
+
+    /// The Prometheus gauge of requests held now, and the cap.
+    pub(crate) fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP slidegate_delayed_requests Requests held by rules' delay now.\n\
+             # TYPE slidegate_delayed_requests gauge\nslidegate_delayed_requests {}\n\
+             # HELP slidegate_delayed_requests_max The most requests held at once ([server] max_delayed).\n\
+             # TYPE slidegate_delayed_requests_max gauge\nslidegate_delayed_requests_max {}",
+            self.held(),
+            self.cap
+        );
     }
 
     /// A place for one more held request of `identity`, or `None` when it

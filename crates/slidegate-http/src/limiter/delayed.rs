@@ -9,13 +9,13 @@ use slidegate::{Identity, Store};
 use super::rule::{Mode, PolicySet};
 use super::{Inner, RateLimiter};
 use crate::config::DelayConfig;
-use crate::delay::{wait_for, Delays, MAX_DECISIONS};
+use crate::delay::{max_decisions, wait_for, Delays};
 use crate::verdict::Verdict;
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// Decides a request under a rule with `delay`, charging: a denial that
     /// [`wait_for`] says fits is held (if `Delays` has room) and decided
-    /// again, at most [`MAX_DECISIONS`] times. Only the answer given is
+    /// again, at most [`max_decisions`] times. Only the answer given is
     /// counted, as allowed or denied; a held request is counted as delayed
     /// too, and its time held.
     pub(super) async fn decide_delayed<'s>(
@@ -30,7 +30,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let slot = first_wait.and_then(|_| self.inner.delays.enter(identity, delay.per_identity));
         if let (Some(mut wait), Some(_slot)) = (first_wait, slot) {
             let started = tokio::time::Instant::now();
-            for _ in 0..MAX_DECISIONS {
+            for _ in 0..max_decisions(delay) {
                 tokio::time::sleep(wait).await;
                 verdict = self.ask(index, identity, set, 1, Mode::Charge).await;
                 match wait_for(delay, &verdict, started.elapsed()) {
@@ -156,6 +156,8 @@ mod tests {
         let counts = [&c.allowed, &c.denied, &c.delayed, &c.delayed_ms].map(|a| a.load(Relaxed));
         assert_eq!(counts, [3, 1, 1, 500]);
         let text = limiter.render_metrics();
+        assert!(text.contains("\nslidegate_delayed_requests 0\n"), "{text}");
+        assert!(text.contains("\nslidegate_delayed_requests_max 10\n"), "{text}");
         assert!(text.contains("slidegate_requests_delayed_total{rule=\"api\"} 1\n"), "{text}");
         assert!(text.contains("slidegate_delayed_seconds_total{rule=\"api\"} 0.5\n"), "{text}");
     }
@@ -170,19 +172,47 @@ mod tests {
         assert_eq!(limiter.metrics().rule(0).delayed_ms.load(Relaxed), 0);
     }
 
-    /// Two held at once wake together: one is allowed, the other is denied
-    /// again and its new wait (500 ms more) still fits in `max_wait`.
+    /// Four held at once wake together: one is allowed at each turn, the
+    /// others are denied again and held on while their new wait fits in
+    /// `max_wait`; each has its turn.
     #[tokio::test(start_paused = true)]
-    async fn a_request_denied_again_is_held_once_more_within_max_wait() {
-        let limiter = limiter(1_000, 2, 10);
+    async fn requests_held_together_each_have_their_turn_within_max_wait() {
+        let limiter = limiter(2_000, 4, 10);
         request(&limiter, 1).await;
         request(&limiter, 1).await;
-        let a = held(&limiter, 1).await;
-        let b = held(&limiter, 1).await;
-        let (a, b) = (a.await.unwrap(), b.await.unwrap());
-        let mut held: Vec<_> = [a, b].iter().map(|r| (r.0, r.1.unwrap().as_millis())).collect();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            tasks.push(held(&limiter, 1).await);
+        }
+        let mut held = Vec::new();
+        for task in tasks {
+            let (allowed, delayed, _) = task.await.unwrap();
+            held.push((allowed, delayed.unwrap().as_millis()));
+        }
         held.sort();
-        assert_eq!(held, [(true, 500), (true, 1_000)]);
+        assert_eq!(held, [(true, 500), (true, 1_000), (true, 1_500), (true, 2_000)]);
+    }
+
+    /// With less time left than the next wait, a request denied again is
+    /// refused: three held together under a `max_wait` with room for two turns.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_turn_would_come_after_max_wait_is_refused_then() {
+        let limiter = limiter(1_000, 4, 10);
+        request(&limiter, 1).await;
+        request(&limiter, 1).await;
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            tasks.push(held(&limiter, 1).await);
+        }
+        let mut answers = Vec::new();
+        for task in tasks {
+            let (allowed, delayed, wait) = task.await.unwrap();
+            answers.push((allowed, delayed.unwrap().as_millis(), wait));
+        }
+        answers.sort();
+        assert_eq!(answers, [(false, 1_000, Some(500)), (true, 500, None), (true, 1_000, None)]);
+        let c = limiter.metrics().rule(0);
+        assert_eq!([&c.allowed, &c.denied, &c.delayed].map(|a| a.load(Relaxed)), [4, 1, 2]);
     }
 
     /// A held request whose future is dropped (the client hung up) frees its

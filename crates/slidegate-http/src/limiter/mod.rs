@@ -122,7 +122,9 @@ impl<S> RateLimiter<S> {
 
     /// The Prometheus text of every metric.
     pub fn render_metrics(&self) -> String {
-        self.inner.metrics.render(self.breaker_open())
+        let mut text = self.inner.metrics.render(self.breaker_open());
+        self.inner.delays.render(&mut text);
+        text
     }
 
     /// Whether the store's circuit breaker is open.
