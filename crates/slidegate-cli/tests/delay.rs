@@ -101,9 +101,15 @@ delay = { max_wait = "600ms", per_identity = 1 }"#;
     assert!(sg.metric("slidegate_delayed_seconds_total{rule=\"api\"}") > 0.0);
     let lines = access_log(&log, 8);
     let outcomes: Vec<&str> = lines.iter().map(|l| l["outcome"].as_str().unwrap()).collect();
-    assert_eq!(outcomes, ["allowed", "allowed", "delayed", "delayed", "delayed", "delayed", "delayed", "delayed"]);
+    assert_eq!(
+        outcomes,
+        ["allowed", "allowed", "delayed", "delayed", "delayed", "delayed", "delayed", "delayed"]
+    );
     assert!(lines[..2].iter().all(|l| l.get("held_ms").is_none()), "{lines:?}");
-    assert!(lines[2..].iter().all(|l| l["held_ms"].as_u64().unwrap() >= 1 && l["status"] == 200), "{lines:?}");
+    assert!(
+        lines[2..].iter().all(|l| l["held_ms"].as_u64().unwrap() >= 1 && l["status"] == 200),
+        "{lines:?}"
+    );
 }
 
 /// Many identities at once, each with a request that would be held: never
@@ -162,7 +168,9 @@ delay = { max_wait = "10s", per_identity = 1 }"#;
         wait_for("the request to be held", Duration::from_secs(5), || held(&sg) == 1.0);
         stream.shutdown(Shutdown::Both).unwrap();
         drop(stream);
-        wait_for(&format!("hang-up {attempt} to free its place"), Duration::from_secs(5), || held(&sg) == 0.0);
+        wait_for(&format!("hang-up {attempt} to free its place"), Duration::from_secs(5), || {
+            held(&sg) == 0.0
+        });
     }
     assert_eq!(sg.metric("slidegate_requests_denied_total{rule=\"api\"}"), 0.0);
     assert_eq!(upstream.hits(), 1, "a request whose client left is never forwarded");

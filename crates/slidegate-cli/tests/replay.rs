@@ -544,5 +544,8 @@ delay = { max_wait = "1s", per_identity = 1 }
     let header = text.lines().find(|l| l.starts_with("rule ")).unwrap();
     let columns: Vec<&str> = header.split_whitespace().collect();
     assert_eq!(columns, ["rule", "requests", "allowed", "delayed", "denied", "blocked"]);
-    assert!(text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["api", "10", "1", "5", "4", "0"]), "{text}");
+    assert!(
+        text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["api", "10", "1", "5", "4", "0"]),
+        "{text}"
+    );
 }

@@ -51,7 +51,8 @@ const MIN_WAIT: Duration = Duration::from_millis(1);
 /// that would end beyond `max_wait`).
 pub fn wait_for(delay: &DelayConfig, verdict: &Verdict<'_>, held: Duration) -> Option<Duration> {
     let decided = matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback);
-    if verdict.allowed() || verdict.shadow || verdict.blocked || verdict.over_in_flight.is_some() || !decided {
+    if verdict.allowed() || verdict.shadow || verdict.blocked || verdict.over_in_flight.is_some() || !decided
+    {
         return None;
     }
     let wait = verdict.violated().filter_map(|p| p.decision.retry_after).max()?.max(MIN_WAIT);

@@ -37,19 +37,25 @@ pub struct Holds {
 impl Holds {
     /// Room for `cap` held at once.
     pub fn new(cap: u32) -> Self {
-        Self { cap, due: BinaryHeap::new(), waiting: HashMap::new(), per_identity: HashMap::new(), next_seq: 0 }
+        Self {
+            cap,
+            due: BinaryHeap::new(),
+            waiting: HashMap::new(),
+            per_identity: HashMap::new(),
+            next_seq: 0,
+        }
     }
 
     /// Holds `held` if its identity has fewer than `per_identity` held under
-    /// its rule and the cap is not reached; else gives it back.
-    pub fn hold(&mut self, held: Held, per_identity: u32) -> Result<(), Held> {
+    /// its rule and the cap is not reached; whether it did.
+    pub fn hold(&mut self, held: Held, per_identity: u32) -> bool {
         let count = self.per_identity.get(&(held.rule, held.identity)).copied().unwrap_or(0);
         if count >= per_identity || self.waiting.len() >= self.cap as usize {
-            return Err(held);
+            return false;
         }
         self.per_identity.insert((held.rule, held.identity), count + 1);
         self.push(held);
-        Ok(())
+        true
     }
 
     /// Puts back a request taken with [`Holds::take_due`] that waits again:

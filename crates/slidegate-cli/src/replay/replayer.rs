@@ -180,7 +180,7 @@ impl<'c> Replayer<'c> {
         if let (Some(wait), Some(delay)) = (wait, self.delays[index]) {
             let due_ms = now.saturating_add(millis(wait));
             let held = Held { due_ms, since_ms: now, decisions: 0, rule: index, identity, entry, headers };
-            if self.holds.hold(held, delay.per_identity).is_ok() {
+            if self.holds.hold(held, delay.per_identity) {
                 return;
             }
         }
@@ -238,7 +238,8 @@ impl<'c> Replayer<'c> {
         held: Duration,
     ) -> Option<(usize, Outcome, Option<Duration>)> {
         let limiter = &self.limiter;
-        let mut verdict = limiter.check_request(&entry.method, &entry.target, headers, Some(entry.ip)).await?;
+        let mut verdict =
+            limiter.check_request(&entry.method, &entry.target, headers, Some(entry.ip)).await?;
         let outcome = if verdict.blocked {
             Outcome::Blocked
         } else if verdict.allowed() {

@@ -106,8 +106,11 @@ mod tests {
     fn limiter(max_wait_ms: u64, per_identity: u32, cap: u32) -> Limiter {
         let limit = Limit::new(Algorithm::Gcra, Quota::per_second(2).unwrap());
         let limits = vec![LimitConfig::new("api", limit, 1).unwrap()];
-        let mut rule =
-            RuleConfig::new("api", "/api/*".parse().unwrap(), RuleLimits::Shared { identity: IdentityKind::Ip, limits });
+        let mut rule = RuleConfig::new(
+            "api",
+            "/api/*".parse().unwrap(),
+            RuleLimits::Shared { identity: IdentityKind::Ip, limits },
+        );
         rule.delay = Some(DelayConfig::new(Delay::from_millis(max_wait_ms), per_identity).unwrap());
         let mut config = LimiterConfig::default();
         config.rules.push(rule);
@@ -227,7 +230,11 @@ mod tests {
         assert!(gone.await.unwrap_err().is_cancelled());
         assert_eq!(limiter.delayed_now(), 0);
         let next = held(&limiter, 1).await;
-        assert_eq!(next.await.unwrap(), (true, Some(Duration::from_millis(500)), None), "its permit was left");
+        assert_eq!(
+            next.await.unwrap(),
+            (true, Some(Duration::from_millis(500)), None),
+            "its permit was left"
+        );
     }
 
     /// Many identities at once never hold more than the cap; the rest are
@@ -261,8 +268,7 @@ mod tests {
         request(&old, 1).await;
         request(&old, 1).await;
         let task = held(&old, 1).await;
-        let mut config = LimiterConfig::default();
-        config.max_delayed = 3;
+        let mut config = LimiterConfig { max_delayed: 3, ..Default::default() };
         let same = old.reconfigure(&config).unwrap();
         assert_eq!(same.delayed_now(), 1);
         config.max_delayed = 4;

@@ -806,11 +806,16 @@ fn bad_access_log_and_log_format_values_are_located() {
 #[test]
 fn delay_is_read_and_every_bad_value_is_located() {
     let rule = |extra: &str| {
-        format!("[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}")
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}"
+        )
     };
     assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].delay, None);
-    let c = parse(&format!("[server]\nmax_delayed = 50\n{}", rule("delay = { max_wait = \"500ms\", per_identity = 2 }\n")))
-        .unwrap();
+    let c = parse(&format!(
+        "[server]\nmax_delayed = 50\n{}",
+        rule("delay = { max_wait = \"500ms\", per_identity = 2 }\n")
+    ))
+    .unwrap();
     let d = c.limiter.rules[0].delay.unwrap();
     assert_eq!((d.max_wait, d.per_identity, c.limiter.max_delayed), (Delay::from_millis(500), 2, 50));
     let c = parse(&rule("delay = { max_wait = \"60s\" }\n")).unwrap();
@@ -833,7 +838,10 @@ fn delay_is_read_and_every_bad_value_is_located() {
     for bad in ["0", "1000001"] {
         let (line, column, message) = err(&format!("[server]\nmax_delayed = {bad}\n"));
         assert_eq!((line, column), (2, 15));
-        assert!(message.starts_with(&format!("max_delayed must be from 1 to 1000000, got {bad}")), "{message}");
+        assert!(
+            message.starts_with(&format!("max_delayed must be from 1 to 1000000, got {bad}")),
+            "{message}"
+        );
     }
     assert!(err("[server]\nmax_delayed = -1\n").2.contains("u32"), "a negative cap is a type error");
     assert!(parse(&rule("delay = { per_identity = 2 }\n")).is_err(), "max_wait is required");

@@ -227,7 +227,10 @@ impl Validator<'_> {
         if !(1..=most).contains(max.get_ref()) {
             return Err(self.err(
                 max.span(),
-                format!("max_delayed must be from 1 to {most}, got {}: each held request keeps a connection open", max.get_ref()),
+                format!(
+                    "max_delayed must be from 1 to {most}, got {}: each held request keeps a connection open",
+                    max.get_ref()
+                ),
             ));
         }
         Ok(*max.get_ref())
