@@ -10,7 +10,7 @@ use super::rule::{Mode, PolicySet};
 use super::{Inner, RateLimiter};
 use crate::config::DelayConfig;
 use crate::delay::{max_decisions, wait_for, Delays};
-use crate::verdict::Verdict;
+use crate::verdict::{DecisionSource, Verdict};
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// Decides a request under a rule with `delay`, charging: a denial that
@@ -42,7 +42,9 @@ impl<S: Store + 'static> RateLimiter<S> {
             verdict.delayed = Some(held);
             let counters = self.inner.metrics.rule(index);
             counters.delayed_ms.fetch_add(u64::try_from(held.as_millis()).unwrap_or(u64::MAX), Relaxed);
-            if verdict.allowed() {
+            // Allowed by a decision, not let through by a failing store.
+            let decided = matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback);
+            if verdict.allowed() && decided {
                 counters.delayed.fetch_add(1, Relaxed);
             }
         }
