@@ -8,6 +8,7 @@
 //! A malformed line is counted and listed by its line number, never fatal.
 
 mod access_log;
+mod held;
 mod line_reader;
 mod replayer;
 mod report;
@@ -76,6 +77,9 @@ pub fn run(args: ReplayArgs) -> crate::CommandResult {
     // The deny cache counts on the process's clock, not the replay's; it is
     // exact, so without it every decision is the same.
     config.limiter.guard.deny_cache = 0;
+    // The replay holds what a rule's `delay` would, on its own clock; the
+    // limiter answers at once (see `replayer`).
+    let delays: Vec<_> = config.limiter.rules.iter_mut().map(|r| r.delay.take()).collect();
     // Every log is opened before anything is replayed: a typo in the last
     // name does not cost a long replay of the first.
     let mut logs = Vec::new();
@@ -96,7 +100,8 @@ pub fn run(args: ReplayArgs) -> crate::CommandResult {
     let clock = ManualClock::new(0);
     let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone()))?;
     let key_header = config.limiter.identity.api_key_header.clone();
-    let mut replay = Replayer::new(limiter, clock, &config.limiter.rules, key_header, args.show_malformed);
+    let mut replay = Replayer::new(limiter, clock, &config.limiter.rules, key_header, args.show_malformed)
+        .with_delays(delays, config.limiter.max_delayed);
     let bar = progress_bar(total_bytes);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();
@@ -116,6 +121,7 @@ pub fn run(args: ReplayArgs) -> crate::CommandResult {
             }
             done += reader.consumed;
         }
+        replay.finish().await;
         Ok::<_, String>(())
     })?;
     let wall = started.elapsed();

@@ -451,7 +451,7 @@ fn the_text_report_names_rules_and_heaviest_identities() {
     assert!(text.contains("100 lines"), "{text}");
     let api = text.lines().find(|l| l.starts_with("api ")).unwrap_or_else(|| panic!("{text}"));
     let fields: Vec<&str> = api.split_whitespace().collect();
-    assert_eq!(fields[1..5], ["100", "10", "90", "0"], "{api}");
+    assert_eq!(fields[1..6], ["100", "10", "0", "90", "0"], "{api}");
     assert!(text.contains("heaviest identities"), "{text}");
     assert!(!text.contains("203.0.113"), "{text}");
     assert!(stderr(&out).is_empty(), "no progress bar when stderr is not a terminal: {}", stderr(&out));
@@ -513,4 +513,39 @@ fn bad_arguments_are_refused_with_the_flag_named() {
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
         assert!(stderr(&out).contains(&format!("invalid value '{value}' for '{flag}")), "{}", stderr(&out));
     }
+}
+
+/// A rule's `delay` on the simulated clock: a client sending twice what a
+/// 1-a-second rule admits, two requests each second, has one of each pair
+/// held to the next second and allowed (delayed), the other refused for
+/// its full queue of one; the last held is decided when the log ends.
+#[test]
+fn delay_is_replayed_on_the_simulated_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "slidegate.toml",
+        r#"
+[[rules]]
+name = "api"
+path = "/api/*"
+limits = [{ limit = 1, window = "1s", algorithm = "gcra" }]
+delay = { max_wait = "1s", per_identity = 1 }
+"#,
+    );
+    let log: String = (0..10).map(|i| combined("203.0.113.9", i / 2, "/api/items", 200)).collect();
+    let log = write(dir.path(), "access.log", log);
+    let report = replay_json(&config, &[&log], &[]);
+    let api = rule(&report, "api");
+    assert_eq!(counts(api), (10, 1, 4, 0));
+    assert_eq!(api["delayed"], 5, "{api}");
+    let out = slidegate(&["replay", "--config", config.to_str().unwrap(), log.to_str().unwrap()]);
+    let text = stdout(&out);
+    let header = text.lines().find(|l| l.starts_with("rule ")).unwrap();
+    let columns: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(columns, ["rule", "requests", "allowed", "delayed", "denied", "blocked"]);
+    assert!(
+        text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["api", "10", "1", "5", "4", "0"]),
+        "{text}"
+    );
 }

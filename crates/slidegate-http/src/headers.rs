@@ -336,6 +336,7 @@ mod tests {
             over_in_flight: None,
             identity: (&slidegate::Identity::named("search", "client")).into(),
             cached: false,
+            delayed: None,
         }
     }
 
@@ -459,6 +460,7 @@ mod tests {
             over_in_flight: None,
             identity: (&slidegate::Identity::named("search", "client")).into(),
             cached: false,
+            delayed: None,
         };
         let response = blocked_response(&v, true, "/x");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -47,6 +47,7 @@ mod breadth;
 mod breaker;
 mod clock;
 pub mod config;
+pub mod delay;
 mod deny_cache;
 mod duration;
 mod fallback;

@@ -43,6 +43,10 @@ pub struct RuleCounters {
     pub blocked: AtomicU64,
     /// Blocked by the penalty box of a shadow-mode rule, and let through.
     pub shadow_blocked: AtomicU64,
+    /// Held by the rule's `delay` and then allowed (counted in `allowed` too).
+    pub delayed: AtomicU64,
+    /// Milliseconds requests were held by the rule's `delay`, allowed or not at the end.
+    pub delayed_ms: AtomicU64,
 }
 
 /// What happened to calls to the store.
@@ -148,7 +152,7 @@ impl Metrics {
     /// breaker's state now.
     pub fn render(&self, breaker_open: bool) -> String {
         let mut out = String::with_capacity(4096);
-        let per_rule: [(&str, &str, CounterOf); 9] = [
+        let per_rule: [(&str, &str, CounterOf); 10] = [
             ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
             ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
             (
@@ -188,6 +192,11 @@ impl Metrics {
                 "Requests a shadow-mode rule's penalty box would have refused.",
                 |c| &c.shadow_blocked,
             ),
+            (
+                "slidegate_requests_delayed_total",
+                "Requests held by the rule's delay and then allowed (also counted as allowed).",
+                |c| &c.delayed,
+            ),
         ];
         for (name, help, field) in per_rule {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -195,6 +204,15 @@ impl Metrics {
                 let value = Self::sum(&self.rules[i], field);
                 let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
             }
+        }
+        let name = "slidegate_delayed_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time requests were held by the rule's delay, allowed or not at the end.\n# TYPE {name} counter"
+        );
+        for (i, rule) in self.rule_names.iter().enumerate() {
+            let ms = Self::sum(&self.rules[i], |c| &c.delayed_ms);
+            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), ms as f64 / 1e3);
         }
         let global: [(&str, &str, StoreCounterOf); 8] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),

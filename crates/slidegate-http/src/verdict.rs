@@ -68,6 +68,9 @@ pub struct Verdict<'a> {
     /// (`source` then reads [`DecisionSource::Store`]: the cache answers
     /// exactly as the store would).
     pub(crate) cached: bool,
+    /// How long the request was held before this answer, under a rule with
+    /// `delay`; `None` when it was not held.
+    pub(crate) delayed: Option<std::time::Duration>,
 }
 
 /// A charge decided after the response: who, under which rule's limits.
@@ -121,6 +124,12 @@ impl<'a> Verdict<'a> {
     /// the store gave, repeated until its wait ends).
     pub fn cached(&self) -> bool {
         self.cached
+    }
+
+    /// How long the request was held (a rule's `delay`) before it was
+    /// decided as it reads now; `None` when it was answered at once.
+    pub fn delayed(&self) -> Option<std::time::Duration> {
+        self.delayed
     }
 
     /// Whether every limit allowed (true for fail-open, false for fail-closed).

@@ -509,3 +509,54 @@ async fn max_in_flight_refusals_are_counted_and_shadow_rules_let_them_through() 
         assert!(third.allowed() && third.take_pending().is_some(), "shadow {shadow}");
     }
 }
+
+/// The store's clock on tokio's paused one (epoch-aligned to the second).
+struct TokioClock(tokio::time::Instant);
+
+impl slidegate::Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        1_700_000_000_000 + self.0.elapsed().as_millis() as u64
+    }
+}
+
+/// A rule's `delay` through the tower layer: the third request of a
+/// 2-a-second rule is held 500 ms inside the layer's future and answered
+/// 200 by the inner service; a fourth, beyond its identity's queue of one,
+/// gets 429 at once.
+#[tokio::test(start_paused = true)]
+async fn the_layer_holds_a_request_its_rule_delays() {
+    let config = Config::parse(
+        r#"
+[[rules]]
+name = "sync"
+path = "/api/sync"
+limits = [{ limit = 2, window = "1s", algorithm = "gcra" }]
+delay = { max_wait = "600ms", per_identity = 1 }
+"#,
+        "t.toml",
+    )
+    .unwrap();
+    let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
+    let limiter = RateLimiter::from_config(&config.limiter, store).unwrap();
+    let app = Router::new()
+        .route("/api/sync", get(|| async { "synced" }))
+        .layer(RateLimitLayer::new(limiter.clone()))
+        .layer(middleware::map_request(peer_addr));
+    let start = tokio::time::Instant::now();
+    for _ in 0..2 {
+        assert_eq!(call(&app, "/api/sync", "198.51.100.7:1000").await.0, StatusCode::OK);
+    }
+    let held = tokio::spawn({
+        let app = app.clone();
+        async move { call(&app, "/api/sync", "198.51.100.7:1000").await.0 }
+    });
+    while limiter.delayed_now() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let (status, headers) = call(&app, "/api/sync", "198.51.100.7:1000").await;
+    assert_eq!((status, headers["retry-after"].to_str().unwrap()), (StatusCode::TOO_MANY_REQUESTS, "1"));
+    assert_eq!(start.elapsed(), Duration::ZERO, "refused at once");
+    assert_eq!(held.await.unwrap(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    assert!(limiter.render_metrics().contains("slidegate_requests_delayed_total{rule=\"sync\"} 1\n"));
+}

@@ -18,16 +18,32 @@
 //! is charged what `serve` charges a request whose response never came:
 //! 1, or `max_cost` under a `cost_header` rule. Every request ends before
 //! the next starts, so `max_in_flight` never binds.
+//!
+//! Delay. The limiter is built without the rules' `delay`, so it answers a
+//! request at once; the replay holds it instead, as `serve` would
+//! (`slidegate_http::delay::wait_for` says whether and how long, the same
+//! function `serve` asks), and decides it again, charging, at its time
+//! plus the wait on the simulated clock — after the lines logged before
+//! then and before those logged after — within `max_wait`, the
+//! per-identity queue, `max_delayed` and the same number of decisions. A
+//! held request that is then allowed counts as delayed. What is not
+//! simulated: a log records requests as they came, so the requests a
+//! client would have sent later because it was kept waiting are replayed
+//! at their logged times; and `serve`'s real timers wake a little after
+//! the wait, the replay exactly at it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 use slidegate::{ManualClock, MemoryStore, Source};
-use slidegate_http::config::{IdentityKind, RuleConfig, RuleLimits};
+use slidegate_http::config::{DelayConfig, IdentityKind, RuleConfig, RuleLimits};
+use slidegate_http::delay::{max_decisions, wait_for};
 use slidegate_http::offenders::IdentityHash;
 use slidegate_http::RateLimiter;
 
 use super::access_log::{self, Entry};
+use super::held::{Held, Holds};
 use super::line_reader::{Line, MAX_LINE};
 use super::tally::{Outcome, RuleTally, Timeline};
 
@@ -66,6 +82,10 @@ pub struct Replayer<'c> {
     keep_malformed: usize,
     pub out_of_order: u64,
     pub max_behind_ms: u64,
+    /// Per rule, its `delay`, which this replay simulates (the limiter's
+    /// rules have none: it answers at once).
+    delays: Vec<Option<DelayConfig>>,
+    holds: Holds,
 }
 
 impl<'c> Replayer<'c> {
@@ -96,7 +116,18 @@ impl<'c> Replayer<'c> {
             keep_malformed,
             out_of_order: 0,
             max_behind_ms: 0,
+            delays: rules.iter().map(|_| None).collect(),
+            holds: Holds::new(0),
         }
+    }
+
+    /// Simulates each rule's `delay` of `delays` (the rules' own, taken out
+    /// of the config the limiter was built from), with at most `max_delayed` held at once.
+    pub fn with_delays(mut self, delays: Vec<Option<DelayConfig>>, max_delayed: u32) -> Self {
+        self.delays = delays;
+        self.delays.resize(self.rules.len(), None);
+        self.holds = Holds::new(max_delayed);
+        self
     }
 
     pub fn rules(&self) -> &[RuleConfig] {
@@ -122,7 +153,8 @@ impl<'c> Replayer<'c> {
         }
     }
 
-    /// Decides one request at its time (or the clock's, if it is behind).
+    /// Decides one request at its time (or the clock's, if it is behind),
+    /// after every held request due by then.
     pub async fn request(&mut self, entry: Entry) {
         self.requests += 1;
         let now = match self.now_ms {
@@ -133,6 +165,59 @@ impl<'c> Replayer<'c> {
             }
             _ => entry.time_ms,
         };
+        self.decide_held(now).await;
+        self.reach(now);
+
+        let mut headers = HeaderMap::new();
+        if let (Some(name), Some(key)) = (&self.key_header, &entry.key) {
+            headers.insert(name.clone(), key.clone());
+        }
+        let Some((index, outcome, wait)) = self.decide(&entry, &headers, Duration::ZERO).await else {
+            self.unmatched += 1;
+            return;
+        };
+        let identity = self.identity(index, &headers, entry.ip);
+        if let (Some(wait), Some(delay)) = (wait, self.delays[index]) {
+            let due_ms = now.saturating_add(millis(wait));
+            let held = Held { due_ms, since_ms: now, decisions: 0, rule: index, identity, entry, headers };
+            if self.holds.hold(held, delay.per_identity) {
+                return;
+            }
+        }
+        self.tally(index, identity, outcome, now);
+    }
+
+    /// Decides every held request due at or before `until_ms`, in order of
+    /// time, each at its own time: allowed (delayed), held again, or refused.
+    async fn decide_held(&mut self, until_ms: u64) {
+        while let Some(mut held) = self.holds.take_due(until_ms) {
+            let at = held.due_ms;
+            self.reach(at);
+            let since = Duration::from_millis(at - held.since_ms);
+            let Some((index, outcome, wait)) = self.decide(&held.entry, &held.headers, since).await else {
+                continue;
+            };
+            held.decisions += 1;
+            let outcome = match (outcome, wait, self.delays[index]) {
+                (Outcome::Allowed, ..) => Outcome::Delayed,
+                (_, Some(wait), Some(delay)) if held.decisions < max_decisions(&delay) => {
+                    held.due_ms = at.saturating_add(millis(wait));
+                    self.holds.hold_again(held);
+                    continue;
+                }
+                (other, ..) => other,
+            };
+            self.tally(held.rule, held.identity, outcome, at);
+        }
+    }
+
+    /// Decides what is still held when the logs end.
+    pub async fn finish(&mut self) {
+        self.decide_held(u64::MAX).await;
+    }
+
+    /// Moves the simulated clock to `now` (never back).
+    fn reach(&mut self, now: u64) {
         self.now_ms = Some(now);
         self.first_ms.get_or_insert(now);
         self.clock.set(now);
@@ -141,18 +226,20 @@ impl<'c> Replayer<'c> {
             self.limiter.store().evict_idle();
             self.next_sweep_ms = now.saturating_add(SWEEP_EVERY_MS);
         }
+    }
 
-        let mut headers = HeaderMap::new();
-        if let (Some(name), Some(key)) = (&self.key_header, entry.key) {
-            headers.insert(name.clone(), key);
-        }
+    /// One decision of `entry`, held `held` so far: its rule's number, its
+    /// outcome and, under a rule with `delay`, how long to hold it before
+    /// deciding again (`None`: answer now). `None` when no rule matches.
+    async fn decide(
+        &self,
+        entry: &Entry,
+        headers: &HeaderMap,
+        held: Duration,
+    ) -> Option<(usize, Outcome, Option<Duration>)> {
         let limiter = &self.limiter;
-        let Some(mut verdict) =
-            limiter.check_request(&entry.method, &entry.target, &headers, Some(entry.ip)).await
-        else {
-            self.unmatched += 1;
-            return;
-        };
+        let mut verdict =
+            limiter.check_request(&entry.method, &entry.target, headers, Some(entry.ip)).await?;
         let outcome = if verdict.blocked {
             Outcome::Blocked
         } else if verdict.allowed() {
@@ -161,21 +248,22 @@ impl<'c> Replayer<'c> {
             Outcome::Denied
         };
         let index = self.rules.iter().position(|r| r.name == verdict.rule);
+        let wait = index.and_then(|i| self.delays[i]).and_then(|delay| wait_for(&delay, &verdict, held));
         if let Some(pending) = verdict.take_pending() {
             match entry.status {
                 Some(status) => drop(limiter.charge_response(&pending, status, &HeaderMap::new()).await),
                 None => drop(limiter.charge_abandoned(&pending).await),
             }
         }
-        drop(verdict);
-        let Some(index) = index else {
-            return;
-        };
-        let identity = self.identity(index, &headers, entry.ip);
+        Some((index?, outcome, wait))
+    }
+
+    /// Counts one request's fate under rule number `index`, at `now`.
+    fn tally(&mut self, index: usize, identity: IdentityHash, outcome: Outcome, now: u64) {
         let tally = &mut self.tallies[index];
         tally.counts.add(outcome);
         tally.identities.entry(identity).or_default().add(outcome);
-        if outcome != Outcome::Allowed {
+        if matches!(outcome, Outcome::Denied | Outcome::Blocked) {
             self.timeline.refuse(index, now);
         }
     }
@@ -199,6 +287,11 @@ impl<'c> Replayer<'c> {
         };
         IdentityHash::from(&identity)
     }
+}
+
+/// Whole milliseconds of `d`, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -272,5 +365,65 @@ anonymous = [{ limit = 1, window = "60s" }]
         theirs.sort();
         assert_eq!(ours.len(), 5);
         assert_eq!(ours, theirs);
+    }
+
+    /// A rule's `delay` on the simulated clock: a request that fits is
+    /// decided again at its time plus the wait, after the lines logged
+    /// before then; the per-identity queue and `max_delayed` refuse the rest.
+    #[tokio::test]
+    async fn delay_is_simulated_on_the_replay_clock() {
+        let mut config = slidegate_server::Config::parse(
+            r#"
+[server]
+max_delayed = 1
+
+[store]
+deny_cache = 0
+
+[[rules]]
+name = "api"
+path = "/api/*"
+identity = "ip"
+limits = [{ limit = 2, window = "1s", algorithm = "gcra" }]
+delay = { max_wait = "600ms", per_identity = 1 }
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        // As `run` builds it: no deny cache (it counts on the process's
+        // clock), no delay in the limiter's rules.
+        let delays: Vec<_> = config.limiter.rules.iter_mut().map(|r| r.delay.take()).collect();
+        let clock = ManualClock::new(0);
+        let limiter =
+            RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap();
+        let mut replay = Replayer::new(limiter, clock, &config.limiter.rules, None, 0).with_delays(delays, 1);
+        let t = 1_796_119_200_000;
+        let entry = |ms: u64, ip: &str| Entry {
+            time_ms: t + ms,
+            method: http::Method::GET,
+            target: "/api/x".to_owned(),
+            ip: ip.parse().unwrap(),
+            key: None,
+            status: None,
+        };
+        // a: two at once, the third held until t+500, the fourth beyond
+        // its queue of one; b: its third finds the one place over all taken.
+        for (ms, ip) in [(0, "10.0.0.1"), (0, "10.0.0.1"), (0, "10.0.0.1"), (0, "10.0.0.1")] {
+            replay.request(entry(ms, ip)).await;
+        }
+        for _ in 0..3 {
+            replay.request(entry(0, "10.0.0.2")).await;
+        }
+        // At t+700 a's held request was allowed at t+500; this one waits
+        // until t+1000, decided when the log ends.
+        replay.request(entry(700, "10.0.0.1")).await;
+        assert_eq!(replay.tallies[0].counts.delayed, 1, "one decided so far");
+        replay.finish().await;
+        let c = replay.tallies[0].counts;
+        assert_eq!((c.requests, c.allowed, c.delayed, c.denied, c.blocked), (8, 4, 2, 2, 0));
+        assert_eq!(replay.now_ms, Some(t + 1_000), "the last held request was decided at its time");
+        let a = replay.tallies[0].heaviest(2);
+        let counts: Vec<_> = a.iter().map(|(_, c)| (c.allowed, c.delayed, c.denied)).collect();
+        assert_eq!(counts, [(2, 2, 1), (2, 0, 1)], "a (more requests) first, then b");
     }
 }

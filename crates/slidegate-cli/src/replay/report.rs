@@ -94,15 +94,24 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
     );
     outln!();
     let width = replay.rules().iter().map(|r| r.name.len()).max().unwrap_or(0).max(4);
-    outln!("{:<width$}  {:>10} {:>10} {:>10} {:>10}", "rule", "requests", "allowed", "denied", "blocked");
+    outln!(
+        "{:<width$}  {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "rule",
+        "requests",
+        "allowed",
+        "delayed",
+        "denied",
+        "blocked"
+    );
     for (rule, tally) in replay.rules().iter().zip(&replay.tallies) {
         let c = &tally.counts;
         let shadow = if rule.shadow { "  shadow: nothing refused, counted as it would be" } else { "" };
         outln!(
-            "{:<width$}  {:>10} {:>10} {:>10} {:>10}{shadow}",
+            "{:<width$}  {:>10} {:>10} {:>10} {:>10} {:>10}{shadow}",
             rule.name,
             c.requests,
             c.allowed,
+            c.delayed,
             c.denied,
             c.blocked
         );
@@ -117,23 +126,25 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
         outln!();
         outln!("heaviest identities, by refusals (keyed hashes, as the offenders page shows them):");
         outln!(
-            "{:<width$}  {:<7} {:<16} {:>10} {:>10} {:>10} {:>10}",
+            "{:<width$}  {:<7} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "rule",
             "kind",
             "identity",
             "requests",
             "allowed",
+            "delayed",
             "denied",
             "blocked"
         );
         for (rule, hash, c) in heaviest {
             outln!(
-                "{:<width$}  {:<7} {:<16} {:>10} {:>10} {:>10} {:>10}",
+                "{:<width$}  {:<7} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
                 rule.name,
                 hash.kind().as_str(),
                 hash.short_hex(),
                 c.requests,
                 c.allowed,
+                c.delayed,
                 c.denied,
                 c.blocked
             );
@@ -178,7 +189,13 @@ pub fn write_svg(path: &Path, replay: &Replayer<'_>) -> io::Result<()> {
 }
 
 fn counts_json(c: &Counts) -> Value {
-    json!({ "requests": c.requests, "allowed": c.allowed, "denied": c.denied, "blocked": c.blocked })
+    json!({
+        "requests": c.requests,
+        "allowed": c.allowed,
+        "delayed": c.delayed,
+        "denied": c.denied,
+        "blocked": c.blocked,
+    })
 }
 
 fn replayed_ms(replay: &Replayer<'_>) -> u64 {

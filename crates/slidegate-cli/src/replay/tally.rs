@@ -1,5 +1,5 @@
 //! What a replay counts: per rule and per identity, requests allowed,
-//! denied and blocked, and the refusals over time in a bounded number of
+//! delayed, denied and blocked, and the refusals over time in a bounded number of
 //! buckets. Exact counts; one entry per (rule, identity) seen.
 
 use std::collections::HashMap;
@@ -33,7 +33,10 @@ const WIDTHS_MS: [u64; 14] = [
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub requests: u64,
+    /// Allowed at once.
     pub allowed: u64,
+    /// Held by the rule's `delay`, then allowed.
+    pub delayed: u64,
     /// Refused by a limit (in shadow mode: would have been).
     pub denied: u64,
     /// Refused because the identity was in the penalty box (the denial that
@@ -46,6 +49,7 @@ impl Counts {
         self.requests += 1;
         match outcome {
             Outcome::Allowed => self.allowed += 1,
+            Outcome::Delayed => self.delayed += 1,
             Outcome::Denied => self.denied += 1,
             Outcome::Blocked => self.blocked += 1,
         }
@@ -61,6 +65,7 @@ impl Counts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Allowed,
+    Delayed,
     Denied,
     Blocked,
 }

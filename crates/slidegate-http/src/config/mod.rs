@@ -15,6 +15,6 @@ mod types;
 
 pub use crate::duration::{parse_duration, Delay, DurationError};
 pub use types::{
-    HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits,
-    StoreGuard,
+    DelayConfig, DelayError, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig,
+    OnError, RuleConfig, RuleLimits, StoreGuard,
 };

@@ -33,7 +33,7 @@ use crate::rules::PathPattern;
 /// assert_eq!(limiter.rule_names(), ["search"]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LimiterConfig {
     /// Who a request is.
@@ -44,6 +44,22 @@ pub struct LimiterConfig {
     pub rules: Vec<RuleConfig>,
     /// The deadline, circuit breaker, fallback and deny cache in front of the store.
     pub guard: StoreGuard,
+    /// How many requests rules with [`RuleConfig::delay`] may hold at once,
+    /// over every rule and identity ([`DelayConfig::DEFAULT_MAX_DELAYED`]
+    /// unless set); one more is refused at once.
+    pub max_delayed: u32,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self {
+            identity: IdentityConfig::default(),
+            headers: HeadersConfig::default(),
+            rules: Vec::new(),
+            guard: StoreGuard::default(),
+            max_delayed: DelayConfig::DEFAULT_MAX_DELAYED,
+        }
+    }
 }
 
 /// What to do with a request when the store failed or timed out.
@@ -150,6 +166,9 @@ pub struct RuleConfig {
     pub max_in_flight: u32,
     /// The penalty box: identities denied too often are blocked for a while.
     pub penalty: Option<slidegate::Penalty>,
+    /// Delay instead of refuse: a request denied with a short wait is held
+    /// and decided again (see [`DelayConfig`]).
+    pub delay: Option<DelayConfig>,
 }
 
 impl RuleConfig {
@@ -182,6 +201,7 @@ impl RuleConfig {
             response_cost: crate::ResponseCost::default(),
             max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             penalty: None,
+            delay: None,
         }
     }
 
@@ -194,6 +214,76 @@ impl RuleConfig {
     /// `max_cost` unless the rule says otherwise: a `/v1/check` call charges
     /// what one proxied request charges, no more.
     pub const DEFAULT_MAX_COST: u64 = 1;
+}
+
+/// A rule's `delay`: a request its limits deny, that would be allowed
+/// within `max_wait`, is held and decided again instead of refused, as
+/// nginx's `limit_req ... delay=` does; at most `per_identity` requests of
+/// one identity are held at once under the rule, and at most
+/// [`LimiterConfig::max_delayed`] over all. Beyond either, or when the wait
+/// is longer, the request is refused at once.
+///
+/// ```
+/// use slidegate_http::config::{Delay, DelayConfig};
+///
+/// let delay = DelayConfig::new(Delay::from_millis(500), 4)?;
+/// assert_eq!((delay.max_wait, delay.per_identity), (Delay::from_millis(500), 4));
+/// assert!(DelayConfig::new(Delay::from_secs(61), 4).is_err());
+/// # Ok::<(), slidegate_http::config::DelayError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DelayConfig {
+    /// The longest a request is held, over all its decisions.
+    pub max_wait: Delay,
+    /// How many requests of one identity the rule holds at once.
+    pub per_identity: u32,
+}
+
+/// Why a [`DelayConfig`] cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DelayError {
+    /// `max_wait` is zero or above [`DelayConfig::MAX_WAIT`].
+    #[error("max_wait must be more than 0 and at most {}s, got {}ms", DelayConfig::MAX_WAIT.as_millis() / 1000, .0.as_millis())]
+    MaxWait(Delay),
+    /// `per_identity` is zero or above [`DelayConfig::MAX_PER_IDENTITY`].
+    #[error("per_identity must be from 1 to {}, got {}", DelayConfig::MAX_PER_IDENTITY, .0)]
+    PerIdentity(u32),
+}
+
+impl DelayConfig {
+    /// The longest `max_wait`: a client that cannot handle 429 can still
+    /// time out, and a held request keeps its connection open.
+    pub const MAX_WAIT: Delay = Delay::from_secs(60);
+
+    /// The most `per_identity`.
+    pub const MAX_PER_IDENTITY: u32 = 1_000;
+
+    /// `per_identity` unless a configuration file says otherwise: the
+    /// few requests a page sends at once.
+    pub const DEFAULT_PER_IDENTITY: u32 = 4;
+
+    /// [`LimiterConfig::max_delayed`] unless set.
+    pub const DEFAULT_MAX_DELAYED: u32 = 1_000;
+
+    /// The most [`LimiterConfig::max_delayed`] may be.
+    pub const MAX_MAX_DELAYED: u32 = 1_000_000;
+
+    /// Hold for at most `max_wait`, at most `per_identity` requests of one identity.
+    ///
+    /// # Errors
+    /// [`DelayError`] for a zero or too long `max_wait`, or a zero or too
+    /// large `per_identity`.
+    pub fn new(max_wait: Delay, per_identity: u32) -> Result<Self, DelayError> {
+        if max_wait == Delay::default() || max_wait > Self::MAX_WAIT {
+            return Err(DelayError::MaxWait(max_wait));
+        }
+        if per_identity == 0 || per_identity > Self::MAX_PER_IDENTITY {
+            return Err(DelayError::PerIdentity(per_identity));
+        }
+        Ok(Self { max_wait, per_identity })
+    }
 }
 
 /// The limits of a rule, by identity.

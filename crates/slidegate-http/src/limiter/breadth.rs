@@ -71,6 +71,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             over_in_flight: None,
             identity: identity.into(),
             cached: false,
+            delayed: None,
         })
     }
 }

@@ -131,6 +131,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             over_in_flight: None,
             identity: identity.into(),
             cached,
+            delayed: None,
         }
     }
 

@@ -24,6 +24,7 @@ use slidegate::{Identity, MemoryStore, Source, Store};
 
 use crate::clock::Ticks;
 use crate::config::{IdentityConfig, IdentityKind, LimiterConfig, OnError, RuleConfig, StoreGuard};
+use crate::delay::Delays;
 use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
 use crate::guard::Guarded;
@@ -37,6 +38,7 @@ use crate::verdict::{DecisionSource, PendingCharge, Verdict};
 mod after_response;
 mod breadth;
 mod decide;
+mod delayed;
 mod error;
 mod rule;
 #[cfg(test)]
@@ -65,6 +67,8 @@ struct Inner<S> {
     offenders: Arc<Offenders>,
     /// Requests in flight per identity under rules charged after the response.
     in_flight: Arc<InFlight>,
+    /// Requests held by rules with `delay`.
+    delays: Arc<Delays>,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -118,7 +122,9 @@ impl<S> RateLimiter<S> {
 
     /// The Prometheus text of every metric.
     pub fn render_metrics(&self) -> String {
-        self.inner.metrics.render(self.breaker_open())
+        let mut text = self.inner.metrics.render(self.breaker_open());
+        self.inner.delays.render(&mut text);
+        text
     }
 
     /// Whether the store's circuit breaker is open.
@@ -175,7 +181,8 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
         let identity = extractor(&config.identity, None);
-        Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
+        let limiter = Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)?;
+        Ok(limiter.with_max_delayed(config.max_delayed))
     }
 
     /// A limiter for `config`'s rules, identity and headers over this one's
@@ -219,6 +226,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 legacy_headers: config.headers.legacy,
                 offenders,
                 in_flight: Arc::clone(&self.inner.in_flight),
+                delays: self.inner.delays_for(config.max_delayed),
             }),
         })
     }
@@ -254,6 +262,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 legacy_headers,
                 offenders: Arc::default(),
                 in_flight: Arc::default(),
+                delays: Arc::new(Delays::new(crate::config::DelayConfig::DEFAULT_MAX_DELAYED)),
             }),
         })
     }
@@ -327,6 +336,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             }
             self.count(index, &identity, &verdict, Mode::Peek);
             verdict
+        } else if let Some(delay) = &rule.delay {
+            self.decide_delayed(index, &identity, set, delay).await
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
         };

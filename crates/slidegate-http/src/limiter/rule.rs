@@ -70,6 +70,7 @@ pub(super) struct Rule {
     /// With `response_cost`: requests of one identity in flight at once.
     pub(super) max_in_flight: u32,
     pub(super) penalty: Option<Penalty>,
+    pub(super) delay: Option<crate::config::DelayConfig>,
 }
 
 impl Rule {
@@ -94,6 +95,7 @@ impl Rule {
             response_cost: r.response_cost.clone(),
             max_in_flight: r.max_in_flight,
             penalty: r.penalty,
+            delay: r.delay,
         }
     }
 

@@ -54,6 +54,8 @@ pub(super) struct RawServer {
     pub(super) max_upstream_connections_per_client: Option<Spanned<u32>>,
     pub(super) log_format: Option<Spanned<String>>,
     pub(super) watch_config: Option<bool>,
+    /// The limiter's cap on requests held by rules' `delay` (`LimiterConfig::max_delayed`).
+    pub(super) max_delayed: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -131,6 +133,15 @@ pub(super) struct RawRule {
     pub(super) cost_header: Option<Spanned<String>>,
     pub(super) max_in_flight: Option<Spanned<u32>>,
     pub(super) penalty: Option<Spanned<RawPenalty>>,
+    pub(super) delay: Option<Spanned<RawDelay>>,
+}
+
+/// `delay = { max_wait = "500ms", per_identity = 4 }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDelay {
+    pub(super) max_wait: Spanned<Parsed<Delay>>,
+    pub(super) per_identity: Option<Spanned<u32>>,
 }
 
 /// `breadth = { distinct = 200, window = "10m", of = "param:id" }`.

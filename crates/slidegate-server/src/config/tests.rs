@@ -903,3 +903,47 @@ fn watch_config_is_off_unless_set_and_must_be_a_boolean() {
     assert_eq!((line, column), (2, 16));
     assert_eq!(message, "invalid type: string \"yes\", expected a boolean");
 }
+
+#[test]
+fn delay_is_read_and_every_bad_value_is_located() {
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"a\"\npath = \"/x\"\nlimits = [{{ limit = 10, window = \"1s\" }}]\n{extra}"
+        )
+    };
+    assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].delay, None);
+    let c = parse(&format!(
+        "[server]\nmax_delayed = 50\n{}",
+        rule("delay = { max_wait = \"500ms\", per_identity = 2 }\n")
+    ))
+    .unwrap();
+    let d = c.limiter.rules[0].delay.unwrap();
+    assert_eq!((d.max_wait, d.per_identity, c.limiter.max_delayed), (Delay::from_millis(500), 2, 50));
+    let c = parse(&rule("delay = { max_wait = \"60s\" }\n")).unwrap();
+    assert_eq!(c.limiter.rules[0].delay.unwrap().per_identity, 4, "the default");
+    assert_eq!(c.limiter.max_delayed, 1_000, "the default");
+    let cases: [(&str, (usize, usize), &str); 8] = [
+        ("delay = { max_wait = \"61s\" }\n", (5, 22), "invalid delay: max_wait must be more than 0 and at most 60s, got 61000ms"),
+        ("delay = { max_wait = \"0s\" }\n", (5, 22), "invalid delay: max_wait must be more than 0 and at most 60s, got 0ms"),
+        ("delay = { max_wait = \"1s\", per_identity = 0 }\n", (5, 43), "invalid delay: per_identity must be from 1 to 1000, got 0"),
+        ("delay = { max_wait = \"1s\", per_identity = 1001 }\n", (5, 43), "invalid delay: per_identity must be from 1 to 1000, got 1001"),
+        ("shadow = true\ndelay = { max_wait = \"1s\" }\n", (6, 9), "delay cannot be set on rule \"a\": a shadow rule never refuses, so it has nothing to hold"),
+        ("count_status = [404]\ndelay = { max_wait = \"1s\" }\n", (6, 9), "delay cannot be set on rule \"a\": a rule charged after the response (`count_status`, `cost_header`) decides before the cost is known"),
+        ("penalty = { after = 5, within = \"1m\", block = \"1m\" }\ndelay = { max_wait = \"1s\" }\n", (6, 9), "delay cannot be set on rule \"a\": each request held counts a denial toward the penalty box, which would block clients for pacing"),
+        ("delay = { max_wait = \"1s\", burst = 3 }\n", (5, 28), "unknown field `burst`, expected `max_wait` or `per_identity`"),
+    ];
+    for (extra, at, expected) in cases {
+        let (line, column, message) = err(&rule(extra));
+        assert_eq!(((line, column), message.as_str()), (at, expected), "{extra}");
+    }
+    for bad in ["0", "1000001"] {
+        let (line, column, message) = err(&format!("[server]\nmax_delayed = {bad}\n"));
+        assert_eq!((line, column), (2, 15));
+        assert!(
+            message.starts_with(&format!("max_delayed must be from 1 to 1000000, got {bad}")),
+            "{message}"
+        );
+    }
+    assert!(err("[server]\nmax_delayed = -1\n").2.contains("u32"), "a negative cap is a type error");
+    assert!(parse(&rule("delay = { per_identity = 2 }\n")).is_err(), "max_wait is required");
+}

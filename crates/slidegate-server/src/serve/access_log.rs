@@ -88,6 +88,8 @@ pub(crate) struct Record {
     pub(crate) remaining: Option<u64>,
     /// How long the decision took: the store call and the limiter around it.
     pub(crate) decide: Duration,
+    /// How long a rule's `delay` held the request, apart from `decide`.
+    pub(crate) held: Option<Duration>,
     pub(crate) source: Source,
     pub(crate) method: Method,
     pub(crate) status: u16,
@@ -99,6 +101,8 @@ pub(crate) struct Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Allowed,
+    /// Held by the rule's `delay`, then allowed.
+    Delayed,
     Denied,
     /// The identity is in the rule's penalty box.
     Blocked,
@@ -130,7 +134,7 @@ impl Outcome {
             DecisionSource::Store | DecisionSource::Fallback => {}
         }
         if verdict.allowed() {
-            return Outcome::Allowed;
+            return if verdict.delayed().is_some() { Outcome::Delayed } else { Outcome::Allowed };
         }
         match (verdict.blocked, verdict.over_in_flight().is_some(), verdict.shadow) {
             (true, _, false) => Outcome::Blocked,
@@ -145,6 +149,7 @@ impl Outcome {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
+            Outcome::Delayed => "delayed",
             Outcome::Denied => "denied",
             Outcome::Blocked => "blocked",
             Outcome::InFlight => "in_flight",
@@ -223,7 +228,8 @@ impl AccessLog {
             return None;
         }
         // Read after sampling: a request left out reads the clock once only.
-        let decide = started.elapsed();
+        let held = verdict.delayed();
+        let decide = started.elapsed().saturating_sub(held.unwrap_or_default());
         let decisive = verdict.decisive();
         Some(Entry {
             record: Record {
@@ -234,6 +240,7 @@ impl AccessLog {
                 outcome,
                 remaining: decisive.map(|p| p.decision.remaining),
                 decide,
+                held,
                 source: Source::of(verdict),
                 method: method.clone(),
                 status: 0,
@@ -446,6 +453,9 @@ struct Line<'a> {
     outcome: &'static str,
     remaining: Option<u64>,
     decide_us: u64,
+    /// Only on a request a rule's `delay` held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_ms: Option<u64>,
     source: &'static str,
     method: &'a str,
     status: u16,
@@ -466,6 +476,7 @@ impl Record {
             outcome: self.outcome.as_str(),
             remaining: self.remaining,
             decide_us: u64::try_from(self.decide.as_micros()).unwrap_or(u64::MAX),
+            held_ms: self.held.map(|h| u64::try_from(h.as_millis()).unwrap_or(u64::MAX)),
             source: self.source.as_str(),
             method: self.method.as_str(),
             status: self.status,
@@ -527,6 +538,7 @@ mod tests {
             outcome: Outcome::Denied,
             remaining: Some(0),
             decide: Duration::from_micros(42),
+            held: None,
             source: Source::Cache,
             method: Method::POST,
             status: 429,
@@ -547,6 +559,27 @@ mod tests {
         );
         assert_eq!(String::from_utf8(out).unwrap(), expected);
         assert_eq!(hex.len(), 16);
+    }
+
+    #[test]
+    fn a_delayed_request_says_so_and_how_long_it_was_held() {
+        let mut out = Vec::new();
+        let record = Record {
+            outcome: Outcome::Delayed,
+            held: Some(Duration::from_millis(480)),
+            status: 200,
+            source: Source::Store,
+            ..record()
+        };
+        record.write_json(&mut out);
+        let hex = identity().short_hex();
+        let expected = format!(
+            "{{\"time\":\"2025-12-01T19:46:11.123Z\",\"rule\":\"search\",\"policy\":\"per_second\",\
+             \"identity\":\"{hex}\",\"kind\":\"api_key\",\"outcome\":\"delayed\",\"remaining\":0,\
+             \"decide_us\":42,\"held_ms\":480,\"source\":\"store\",\"method\":\"POST\",\"status\":200,\
+             \"path\":\"/api/search\"}}\n"
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
     }
 
     #[test]

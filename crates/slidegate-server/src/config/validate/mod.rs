@@ -247,19 +247,23 @@ impl Validator<'_> {
             headers.legacy = legacy;
         }
         let access_log = found.part(raw.access_log.map(|table| self.access_log(table)).transpose());
-        let (server, (store, guard), identity, access_log) = (server?, store?, identity?, access_log?);
+        let ((server, max_delayed), (store, guard), identity, access_log) =
+            (server?, store?, identity?, access_log?);
         let mut limiter = LimiterConfig::default();
         limiter.guard = guard;
         limiter.identity = identity;
         limiter.rules = rules;
         limiter.headers = headers;
+        limiter.max_delayed = max_delayed;
         Some(Config { server, store, limiter, access_log })
     }
 
-    /// `[server]`, which `serve` needs for its upstream.
-    fn server_part(&self, raw: Option<Spanned<RawServer>>) -> Result<ServerConfig, ConfigError> {
-        let (server_span, raw_server) =
+    /// `[server]`, which `serve` needs for its upstream, and the limiter's
+    /// cap on held requests it sets.
+    fn server_part(&self, raw: Option<Spanned<RawServer>>) -> Result<(ServerConfig, u32), ConfigError> {
+        let (server_span, mut raw_server) =
             raw.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
+        let max_delayed = self.max_delayed(raw_server.max_delayed.take())?;
         let server = self.server(raw_server)?;
         if self.used == Use::Serve && server.upstream.is_none() && !self.unread.contains("server") {
             let table = if server_span.is_some() { "[server] has no upstream" } else { "no [server] table" };
@@ -270,6 +274,6 @@ impl Validator<'_> {
                 ),
             ));
         }
-        Ok(server)
+        Ok((server, max_delayed))
     }
 }

@@ -2,12 +2,14 @@
 //! defences (breadth, response-based costs, the penalty box).
 
 use slidegate::{Limit, Quota, QuotaError, StoreError};
-use slidegate_http::config::{IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use slidegate_http::config::{
+    DelayConfig, DelayError, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits,
+};
 use slidegate_http::{BreadthConfig, BreadthOf, ResponseCost};
 use toml::Spanned;
 
 use super::super::error::ConfigError;
-use super::super::raw::{RawBreadth, RawLimit, RawPenalty, RawRule};
+use super::super::raw::{RawBreadth, RawDelay, RawLimit, RawPenalty, RawRule};
 use super::super::values::MethodName;
 use super::Validator;
 
@@ -62,6 +64,9 @@ impl Validator<'_> {
         }
         if let Some(p) = raw.penalty {
             rule.penalty = Some(self.penalty(p)?);
+        }
+        if let Some(d) = raw.delay {
+            rule.delay = Some(self.delay(d, &rule)?);
         }
         Ok(rule)
     }
@@ -182,6 +187,53 @@ impl Validator<'_> {
             let at = if matches!(e, slidegate::PenaltyError::After(_)) { raw.after.span() } else { span };
             self.err(at, format!("invalid penalty: {e}"))
         })
+    }
+
+    /// `delay`: on a rule that refuses (not shadow), charges before
+    /// forwarding and has no penalty box.
+    fn delay(&self, spanned: Spanned<RawDelay>, rule: &RuleConfig) -> Result<DelayConfig, ConfigError> {
+        let span = spanned.span();
+        let raw = spanned.into_inner();
+        let conflict = if rule.shadow {
+            Some("a shadow rule never refuses, so it has nothing to hold")
+        } else if rule.response_cost.is_deferred() {
+            Some("a rule charged after the response (`count_status`, `cost_header`) decides before the cost is known")
+        } else if rule.penalty.is_some() {
+            Some("each request held counts a denial toward the penalty box, which would block clients for pacing")
+        } else {
+            None
+        };
+        if let Some(why) = conflict {
+            return Err(self.err(span, format!("delay cannot be set on rule {:?}: {why}", rule.name)));
+        }
+        let max_wait = raw.max_wait.get_ref().0;
+        let per_identity =
+            raw.per_identity.as_ref().map_or(DelayConfig::DEFAULT_PER_IDENTITY, |p| *p.get_ref());
+        DelayConfig::new(max_wait, per_identity).map_err(|e| {
+            let at = match e {
+                DelayError::PerIdentity(_) => raw.per_identity.as_ref().map_or(span, Spanned::span),
+                _ => raw.max_wait.span(),
+            };
+            self.err(at, format!("invalid delay: {e}"))
+        })
+    }
+
+    /// `[server] max_delayed`: the cap on requests held by every rule's `delay`.
+    pub(super) fn max_delayed(&self, max: Option<Spanned<u32>>) -> Result<u32, ConfigError> {
+        let Some(max) = max else {
+            return Ok(DelayConfig::DEFAULT_MAX_DELAYED);
+        };
+        let most = DelayConfig::MAX_MAX_DELAYED;
+        if !(1..=most).contains(max.get_ref()) {
+            return Err(self.err(
+                max.span(),
+                format!(
+                    "max_delayed must be from 1 to {most}, got {}: each held request keeps a connection open",
+                    max.get_ref()
+                ),
+            ));
+        }
+        Ok(*max.get_ref())
     }
 
     fn limits(
