@@ -30,6 +30,7 @@ use crate::clock::Ticks;
 use crate::config::{
     IdentityConfig, IdentityKind, LimitConfig, LimiterConfig, OnError, RuleConfig, RuleLimits, StoreGuard,
 };
+use crate::cost_headers::CostHeaders;
 use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
 use crate::guard::Guarded;
@@ -177,6 +178,8 @@ struct Inner<S> {
     offenders: Arc<Offenders>,
     /// Requests in flight per identity under rules charged after the response.
     in_flight: Arc<InFlight>,
+    /// Every rule's `cost_header`, stripped from every response.
+    cost_headers: CostHeaders,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -285,6 +288,12 @@ impl<S> RateLimiter<S> {
         self.inner.rules.iter().filter(|r| r.on_error == OnError::Deny).map(|r| r.name.as_str()).collect()
     }
 
+    /// Every rule's `cost_header`: a proxy strips them from every response,
+    /// whichever rule matched, if any.
+    pub fn cost_headers(&self) -> &CostHeaders {
+        &self.inner.cost_headers
+    }
+
     /// The metrics, for rendering.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
@@ -386,6 +395,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(Self {
             inner: Arc::new(Inner {
                 matcher: matcher(&config.rules),
+                cost_headers: cost_headers(&rules),
                 rules,
                 identity,
                 store: Arc::clone(&self.inner.store),
@@ -420,6 +430,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let store = Fallback::new(cached, !opted_out, guard.instances, ticks);
         Ok(Self {
             inner: Arc::new(Inner {
+                cost_headers: cost_headers(&rules),
                 rules,
                 matcher,
                 identity,
@@ -896,6 +907,11 @@ fn invalid_denial(charges: &[Charge]) -> Vec<Decision> {
             retry_after: (c.cost > c.limit.quota.permits()).then(|| c.limit.quota.window()),
         })
         .collect()
+}
+
+/// The cost header names of `rules`.
+fn cost_headers(rules: &[Rule]) -> CostHeaders {
+    CostHeaders::new(rules.iter().map(|r| r.response_cost.cost_header.as_ref()))
 }
 
 #[cfg(test)]

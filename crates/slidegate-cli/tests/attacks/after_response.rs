@@ -24,7 +24,8 @@ const HANG_UP: Duration = Duration::from_millis(100);
 /// answers (cost 5) once [`SlowUpstream::release`] is called;
 /// `/api/search/free/*` answers at once with cost 0 (a peek at what is left);
 /// `/api/search/fast/*` at once with cost 5; `/api/plain/slow/*` after
-/// [`SLOW`] and `/api/plain/*` at once, without a cost. `hits` counts the
+/// [`SLOW`] and `/api/plain/*` at once, without a cost, except any path
+/// with `/priced/` (cost 7, whatever rule it falls under). `hits` counts the
 /// requests that reached it, except the free ones.
 struct SlowUpstream {
     addr: SocketAddr,
@@ -74,6 +75,8 @@ fn serve_slowly(stream: TcpStream, hits: &AtomicUsize, held: &(Mutex<bool>, Cond
             "x-ratelimit-cost: 0\r\n"
         } else if target.starts_with("/api/search") {
             "x-ratelimit-cost: 5\r\n"
+        } else if target.contains("/priced/") {
+            "x-ratelimit-cost: 7\r\n"
         } else {
             ""
         };
@@ -292,4 +295,13 @@ fn the_upstreams_cost_header_is_not_passed_to_the_client() {
     // Also when nothing is charged (a cost of 0).
     let free = gate.get("/api/search/free/1", &[("x-api-key", "k")]);
     assert_eq!((free.status, free.header("x-ratelimit-cost")), (200, None));
+    // Before: only the responses of the rule with `cost_header` lost it; a
+    // path of another rule, or of none, showed the upstream's word.
+    let other_rule = gate.get("/api/plain/priced/1", &[("x-api-key", "k")]);
+    assert_eq!((other_rule.status, other_rule.header("x-ratelimit-cost")), (200, None));
+    assert!(other_rule.header("ratelimit").is_some(), "{:?}", other_rule.headers);
+    let no_rule = gate.get("/elsewhere/priced/1", &[("x-api-key", "k")]);
+    assert_eq!((no_rule.status, no_rule.header("x-ratelimit-cost")), (200, None));
+    assert_eq!(no_rule.header("ratelimit"), None, "{:?}", no_rule.headers);
+    assert_eq!(search_left(&gate, "k"), Some(5), "neither was charged under search");
 }

@@ -282,7 +282,8 @@ fn seventeen_clients_at_their_share_cannot_take_the_whole_upstream_pool() {
         })
         .collect();
     assert_eq!(replies.iter().filter(|r| r.is_none()).count(), 52);
-    let crowded = "\"detail\":\"this client already has 3 requests in flight to the upstream, and only 12 of \
+    let crowded =
+        "\"detail\":\"this client already has 3 requests in flight to the upstream, and only 12 of \
                    its 64 connections are free: a client may add one while more than 4 times what it holds \
                    are free; retry when one has finished\"";
     for reply in replies.iter().flatten() {
