@@ -274,6 +274,12 @@ mod tests {
             ("an encoded slash inside the id (Express)", |n| format!("/api/videos/{n}%2Fx"), false),
             ("leading whitespace (Spring)", |n| format!("/api/videos/%20%09{n}"), false),
             ("NUL (serve refuses it first)", |n| format!("/api/videos/{n}%00.json"), false),
+            // The id segment takes the suffix: `7.json` and `7.xml` are two
+            // values (an id fetched in two formats counts twice), never one
+            // for many ids.
+            ("format suffix (Rails, Spring before 5.3)", |n| format!("/api/videos/{n}.json"), false),
+            ("double format suffix (Spring's /x.*)", |n| format!("/api/videos/{n}.tar.gz"), false),
+            ("encoded format suffix", |n| format!("/api/videos/{n}%2Ejson"), false),
         ];
         let plain = |n: u32| n.to_string().into_bytes();
         for (class, spell, same) in classes {
@@ -293,6 +299,28 @@ mod tests {
             let paths: std::collections::HashSet<Vec<u8>> =
                 (1..=50).filter_map(|n| counted("/api/videos/{id}", "path", &spell(n))).collect();
             assert_eq!(paths.len(), 50, "{class}: of = \"path\"");
+        }
+    }
+
+    /// On a rule with `format_suffix`, a suffix on a later segment than the
+    /// id leaves the id as it is, and the rule matches every format.
+    #[test]
+    fn a_format_suffix_after_the_id_counts_the_id() {
+        let pattern = "/api/videos/{id}/comments";
+        let of = BreadthOf::parse("param:id", pattern).unwrap();
+        let parsed = pattern.parse::<PathPattern>().unwrap().format_suffix(true);
+        let m = RuleMatcher::new(vec![(vec![], parsed)]);
+        for suffix in ["", ".json", ".xml", ".tar.gz", "%2Ejson"] {
+            let values: std::collections::HashSet<Vec<u8>> = (1..=50u32)
+                .map(|n| {
+                    let target = format!("/api/videos/{n}/comments{suffix}");
+                    let reading = m.matching(&Method::GET, &target).unwrap_or_else(|| panic!("{target:?}"));
+                    let value = of.value(&reading.path, None).into_owned();
+                    assert_eq!(value, n.to_string().into_bytes(), "{target:?}");
+                    value
+                })
+                .collect();
+            assert_eq!(values.len(), 50, "{suffix:?}");
         }
     }
 

@@ -196,7 +196,7 @@ where
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
             let pending = verdict.as_mut().and_then(Verdict::take_pending);
-            let cost_header = verdict.as_ref().and_then(Verdict::cost_header).cloned();
+            let cost_header = limiter.cost_headers().clone();
             let added = match verdict {
                 Some(verdict) if verdict.blocks() => {
                     let response =
@@ -257,7 +257,7 @@ enum Checked<F> {
     Allowed {
         future: F,
         headers: RateHeaders,
-        cost_header: Option<HeaderName>,
+        cost_header: crate::CostHeaders,
         charge: Option<AfterResponse>,
     },
 }
@@ -360,7 +360,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F: Future> {
         Checking { check: CheckFuture<F> },
-        Forwarding { #[pin] future: F, headers: RateHeaders, cost_header: Option<HeaderName>, charge: Option<AfterResponse> },
+        Forwarding { #[pin] future: F, headers: RateHeaders, cost_header: crate::CostHeaders, charge: Option<AfterResponse> },
         Charging { charge: Charging, response: Option<F::Output>, headers: RateHeaders },
     }
 }
@@ -393,9 +393,7 @@ where
                     };
                     let charge =
                         charge.take().map(|c| c.settle(response.status(), response.headers().clone()));
-                    if let Some(name) = cost_header.take() {
-                        response.headers_mut().remove(name);
-                    }
+                    cost_header.strip(response.headers_mut());
                     if let Some(charge) = charge {
                         let headers = std::mem::take(headers);
                         state.set(State::Charging { charge, response: Some(Ok(response)), headers });

@@ -354,6 +354,8 @@ fn priced_app(reached: &Arc<AtomicUsize>) -> Router {
         .route("/api/probe/found", get(|| async { "found" }))
         .route("/api/priced/free", get(|| async { ([("x-ratelimit-cost", "0")], "cached") }))
         .route("/api/priced/fast", get(|| async { ([("x-ratelimit-cost", "5")], "results") }))
+        .route("/api/probe/priced", get(|| async { ([("x-ratelimit-cost", "7")], "probed") }))
+        .route("/elsewhere/priced", get(|| async { ([("x-ratelimit-cost", "7")], "unlimited") }))
         .layer(RateLimitLayer::new(limiter))
         .layer(middleware::map_request(peer_addr))
 }
@@ -559,4 +561,18 @@ delay = { max_wait = "600ms", per_identity = 1 }
     assert_eq!(held.await.unwrap(), StatusCode::OK);
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     assert!(limiter.render_metrics().contains("slidegate_requests_delayed_total{rule=\"sync\"} 1\n"));
+}
+
+/// The cost header is the inner service's word to the layer, on every
+/// response. Before: only responses of the rule with `cost_header` lost it.
+#[tokio::test]
+async fn the_cost_header_is_stripped_from_every_response_whichever_rule_matched() {
+    let app = priced_app(&Arc::default());
+    let (status, headers) = call(&app, "/api/priced/fast", CLIENT).await;
+    assert_eq!((status, headers.get("x-ratelimit-cost"), left(&headers)), (StatusCode::OK, None, Some(6)));
+    // A path of another rule (count_status only), and a path of no rule.
+    let (status, headers) = call(&app, "/api/probe/priced", CLIENT).await;
+    assert_eq!((status, headers.get("x-ratelimit-cost"), left(&headers)), (StatusCode::OK, None, Some(10)));
+    let (status, headers) = call(&app, "/elsewhere/priced", CLIENT).await;
+    assert_eq!((status, headers.get("x-ratelimit-cost"), left(&headers)), (StatusCode::OK, None, None));
 }

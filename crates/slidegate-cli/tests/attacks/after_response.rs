@@ -24,7 +24,10 @@ const HANG_UP: Duration = Duration::from_millis(100);
 /// answers (cost 5) once [`SlowUpstream::release`] is called;
 /// `/api/search/free/*` answers at once with cost 0 (a peek at what is left);
 /// `/api/search/fast/*` at once with cost 5; `/api/plain/slow/*` after
-/// [`SLOW`] and `/api/plain/*` at once, without a cost. `hits` counts the
+/// [`SLOW`] and `/api/plain/*` at once, without a cost, except any path
+/// with `/priced/` (cost 7, whatever rule it falls under); any path with
+/// `/held/` waits for the release too, and any with `/missing/` is a 404
+/// (for the rule `probes`, which counts 404s). `hits` counts the
 /// requests that reached it, except the free ones.
 struct SlowUpstream {
     addr: SocketAddr,
@@ -74,20 +77,23 @@ fn serve_slowly(stream: TcpStream, hits: &AtomicUsize, held: &(Mutex<bool>, Cond
             "x-ratelimit-cost: 0\r\n"
         } else if target.starts_with("/api/search") {
             "x-ratelimit-cost: 5\r\n"
+        } else if target.contains("/priced/") {
+            "x-ratelimit-cost: 7\r\n"
         } else {
             ""
         };
         if target.contains("/slow/") {
             thread::sleep(SLOW);
         }
-        if target.starts_with("/api/search/held") {
+        if target.contains("/held/") {
             let (lock, wake) = held;
             let mut released = lock.lock().unwrap();
             while !*released {
                 released = wake.wait(released).unwrap();
             }
         }
-        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n{cost}\r\n");
+        let status = if target.contains("/missing/") { "404 Not Found" } else { "200 OK" };
+        let head = format!("HTTP/1.1 {status}\r\ncontent-length: 2\r\n{cost}\r\n");
         if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(b"ok")).is_err() {
             return;
         }
@@ -156,6 +162,12 @@ max_cost = 10
 name = "plain"
 path = "/api/plain/*"
 limits = [{{ limit = {plain_limit}, window = "60s", algorithm = "sliding_log" }}]
+
+[[rules]]
+name = "probes"
+path = "/api/probe/*"
+limits = [{{ limit = 10, window = "60s", algorithm = "sliding_log" }}]
+count_status = [404]
 "#,
         head = config_head(upstream.addr, "", store),
     ))
@@ -275,6 +287,39 @@ fn hung_up_requests_of_an_ordinary_rule_under_its_limit_are_each_charged() {
     hung_up_requests_of_an_ordinary_rule(20);
 }
 
+/// A rule with `count_status` only: what a hung-up request costs is its
+/// status, as the upstream gave it. 4 probes for missing ids (404) and 3
+/// for existing ones (200), every client gone before the upstream answers.
+fn hung_up_requests_pay_the_status_the_upstream_gave(store: &str) {
+    let upstream = SlowUpstream::start();
+    let gate = gate(&upstream, store, "", 100);
+    let probes_left = || remaining(&gate.get("/api/probe/found", &[("x-api-key", "k")]));
+    assert_eq!(probes_left(), Some(10));
+    let reached = upstream.hits();
+    hang_up_all(gate.addr, "/api/probe/held/missing/", "k", 4);
+    hang_up_all(gate.addr, "/api/probe/held/found/", "k", 3);
+    wait_for("7 probes at the upstream", Duration::from_secs(5), || upstream.hits() == reached + 7);
+    upstream.release();
+    wait_for("the 404s to be charged", Duration::from_secs(10), || probes_left() == Some(6));
+    // The 200s cost nothing: a probe answered after them still sees 6.
+    let after = gate.get("/api/probe/held/found/last", &[("x-api-key", "k")]);
+    assert_eq!((after.status, remaining(&after)), (200, Some(6)));
+    assert_eq!(probes_left(), Some(6));
+}
+
+/// A charge run in the handler hyper drops on a hang-up (as it was before
+/// issue 16) would leave the 4 hung-up 404s free: 10 left, not 6.
+#[test]
+fn hung_up_requests_pay_the_status_the_upstream_gave_embedded() {
+    hung_up_requests_pay_the_status_the_upstream_gave("");
+}
+
+#[test]
+fn hung_up_requests_pay_the_status_the_upstream_gave_on_redis() {
+    let redis = RedisServer::spawn();
+    hung_up_requests_pay_the_status_the_upstream_gave(&redis_store(&redis));
+}
+
 #[test]
 fn hung_up_requests_of_an_ordinary_rule_over_its_limit_reach_the_upstream_limit_times() {
     hung_up_requests_of_an_ordinary_rule(3);
@@ -292,4 +337,13 @@ fn the_upstreams_cost_header_is_not_passed_to_the_client() {
     // Also when nothing is charged (a cost of 0).
     let free = gate.get("/api/search/free/1", &[("x-api-key", "k")]);
     assert_eq!((free.status, free.header("x-ratelimit-cost")), (200, None));
+    // Before: only the responses of the rule with `cost_header` lost it; a
+    // path of another rule, or of none, showed the upstream's word.
+    let other_rule = gate.get("/api/plain/priced/1", &[("x-api-key", "k")]);
+    assert_eq!((other_rule.status, other_rule.header("x-ratelimit-cost")), (200, None));
+    assert!(other_rule.header("ratelimit").is_some(), "{:?}", other_rule.headers);
+    let no_rule = gate.get("/elsewhere/priced/1", &[("x-api-key", "k")]);
+    assert_eq!((no_rule.status, no_rule.header("x-ratelimit-cost")), (200, None));
+    assert_eq!(no_rule.header("ratelimit"), None, "{:?}", no_rule.headers);
+    assert_eq!(search_left(&gate, "k"), Some(5), "neither was charged under search");
 }

@@ -213,3 +213,36 @@ breadth = {{ distinct = 3, window = "10m", of = "param:id" }}
     assert_eq!((top[0]["denials"].as_u64(), top[0]["error"].as_u64()), (Some(5), Some(0)));
     assert_eq!(json["networks"][0]["denials"].as_u64(), Some(5));
 }
+
+/// `slidegate_store_states` says what it counts: states in this process's
+/// memory. On Redis that is the fallback's, 0 while Redis decides (Redis's
+/// keys are not counted), and the identities decided without Redis once it
+/// is gone.
+#[test]
+fn the_store_states_gauge_counts_this_processs_memory_on_a_redis_store() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let store = redis_store(&redis).replace("on_error = \"allow\"\n", "");
+    let sg = Slidegate::start(&config(&upstream, &store, ""));
+    for key in ["one", "two", "three"] {
+        assert!(sg.get("/api/search", &[("x-api-key", key)]).header("ratelimit").is_some());
+    }
+    let metrics = get(sg.addr, "/metrics", &[]).body;
+    assert!(
+        metrics.contains(
+            "# HELP slidegate_store_states (identity, limit) states held in this process's memory: \
+             store=\"embedded\" by the embedded store, store=\"fallback\" by the fallback deciding while \
+             Redis fails (Redis's own keys are not counted: see its INFO keyspace).\n\
+             # TYPE slidegate_store_states gauge\n\
+             slidegate_store_states{store=\"fallback\"} 0\n"
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("slidegate_store_states{store=\"embedded\"}"), "{metrics}");
+    // Redis gone: the fallback decides, and holds each identity's two limits.
+    redis.kill();
+    for key in ["one", "two", "three"] {
+        sg.get("/api/search", &[("x-api-key", key)]);
+    }
+    assert_eq!(sg.metric("slidegate_store_states{store=\"fallback\"}"), 6.0);
+}

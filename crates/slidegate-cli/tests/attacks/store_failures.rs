@@ -67,17 +67,61 @@ fn recovery_figures() {
 #[test]
 fn a_stalled_store_counts_every_missed_deadline_as_a_timeout() {
     let mut redis = RedisServer::spawn();
+    let store = redis_store(&redis);
+    stalled_store_counts_timeouts(&store, |stalled| if stalled { redis.pause() } else { redis.resume() });
+}
+
+/// The same on a Redis Cluster of its own (every master stopped with
+/// SIGSTOP, for less than the cluster's node timeout: no failover).
+#[test]
+fn a_stalled_cluster_counts_every_missed_deadline_as_a_timeout() {
+    let cluster = slidegate_test_redis::RedisCluster::start();
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    // `redis_store`'s keys, on the cluster.
+    let store = format!(
+        "[store]\ncluster = [{}]\ntimeout_ms = 50\non_error = \"allow\"\nbreaker_failures = 3\n\
+         probe_interval_ms = 100\ndeny_cache = 0\n",
+        seeds.join(", ")
+    );
+    let pids: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&port| {
+            let info = cluster.cli(port, &["INFO", "server"]);
+            let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap();
+            pid.trim().to_owned()
+        })
+        .collect();
+    let signal = |sig: &str| {
+        for pid in &pids {
+            assert!(std::process::Command::new("kill").args([sig, pid]).status().unwrap().success());
+        }
+    };
+    // Resumed even if the test fails, or the cluster's nodes stay stopped.
+    struct Resume<F: Fn()>(F);
+    impl<F: Fn()> Drop for Resume<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _resume = Resume(|| signal("-CONT"));
+    stalled_store_counts_timeouts(&store, |stalled| signal(if stalled { "-STOP" } else { "-CONT" }));
+}
+
+/// Two requests decided while `stall(true)` has stopped the store: both
+/// calls miss their deadline, and both are counted as timeouts.
+fn stalled_store_counts_timeouts(store: &str, mut stall: impl FnMut(bool)) {
     let upstream = Upstream::start();
-    let sg = Slidegate::start(&config(&upstream, &redis_store(&redis), r#""10.0.0.0/8""#));
+    let sg = Slidegate::start(&config(&upstream, store, r#""10.0.0.0/8""#));
     assert!(sg.get("/api/search", &[]).header("ratelimit").is_some(), "limiting on Redis before the stall");
 
-    redis.pause();
+    stall(true);
     // Two: the breaker (3 consecutive failures) stays closed, so both calls
     // reach the store and wait out the 50 ms deadline.
     for _ in 0..2 {
         assert_eq!(sg.get("/api/search", &[]).status, 200, "on_error = \"allow\"");
     }
-    redis.resume();
+    stall(false);
     assert_eq!(sg.metric("slidegate_store_timeouts_total"), 2.0);
     assert_eq!(sg.metric("slidegate_store_errors_total"), 0.0);
     assert_eq!(sg.metric("slidegate_breaker_opened_total"), 0.0);

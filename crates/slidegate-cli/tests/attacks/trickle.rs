@@ -228,3 +228,80 @@ fn a_request_waiting_for_the_pool_is_served_by_a_connection_that_comes_back() {
     // The first connection was closed for it, and a second one opened.
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
+
+/// Whether a reply (or a close) is waiting on `stream`, without taking it.
+fn answered(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let answered = !matches!(stream.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    stream.set_nonblocking(false).unwrap();
+    answered
+}
+
+#[test]
+fn seventeen_clients_at_their_share_cannot_take_the_whole_upstream_pool() {
+    // Before: each client's share was a fixed sixteenth of the pool (4 of
+    // 64), so 17 clients trickling 4 bodies each (one IPv6 user with a /60
+    // has 16 /64s) held all 64 connections, and every other client waited
+    // 1 s and got 503. A body above `min_body_rate` is never cut; here the
+    // grace outlasts the test, which is the same to the pool.
+    let upstream = Upstream::start();
+    let (target, accepted) = counting_upstream();
+    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &target.to_string()).replace(
+        "[server]\n",
+        "[server]\nbody_timeout = \"60s\"\nbody_rate_grace = \"60s\"\nmax_upstream_connections = 64\n",
+    );
+    let sg = Slidegate::start(&text);
+    let clients: Vec<Ipv4Addr> = (40..57).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    // Round by round (each client's first body, then each one's second...),
+    // each body forwarded or answered before the next one starts.
+    let mut trickles = Vec::new();
+    for _ in 0..4 {
+        for &from in &clients {
+            let before = accepted.load(Ordering::SeqCst);
+            let stream = start_trickle(from, sg.addr);
+            wait_for("the body to be forwarded or answered", Duration::from_secs(10), || {
+                accepted.load(Ordering::SeqCst) > before || answered(&stream)
+            });
+            trickles.push(stream);
+        }
+    }
+    // A client holding h may forward another only while more than 4 × h
+    // connections are free: 17 first bodies (47 free), 17 second ones (30
+    // free), 17 third ones (13 free), and one fourth (12 free).
+    assert_eq!(accepted.load(Ordering::SeqCst), 52);
+    let replies: Vec<Option<String>> = trickles
+        .iter()
+        .map(|s| {
+            answered(s).then(|| {
+                let mut text = String::new();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = (&mut &*s).read_to_string(&mut text);
+                text
+            })
+        })
+        .collect();
+    assert_eq!(replies.iter().filter(|r| r.is_none()).count(), 52);
+    let crowded =
+        "\"detail\":\"this client already has 3 requests in flight to the upstream, and only 12 of \
+                   its 64 connections are free: a client may add one while more than 4 times what it holds \
+                   are free; retry when one has finished\"";
+    for reply in replies.iter().flatten() {
+        assert!(reply.starts_with("HTTP/1.1 429 Too Many Requests\r\n"), "{reply}");
+        assert!(reply.contains(crowded), "{reply}");
+    }
+
+    // Twenty other clients, one request each, all at once: all served.
+    let legitimate: Vec<_> = (0..20)
+        .map(|i| {
+            let addr = sg.addr;
+            thread::spawn(move || {
+                let mut stream = connect_from(Ipv4Addr::new(127, 0, 1, 40 + i), addr);
+                stream.write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+                reply_status(&stream, Duration::from_secs(10))
+            })
+        })
+        .collect();
+    let statuses: Vec<Option<u16>> = legitimate.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(statuses, vec![Some(200); 20]);
+}

@@ -24,6 +24,7 @@ use slidegate::{Identity, MemoryStore, Source, Store};
 
 use crate::clock::Ticks;
 use crate::config::{IdentityConfig, IdentityKind, LimiterConfig, OnError, RuleConfig, StoreGuard};
+use crate::cost_headers::CostHeaders;
 use crate::delay::Delays;
 use crate::deny_cache::DenyCached;
 use crate::fallback::Fallback;
@@ -69,6 +70,8 @@ struct Inner<S> {
     in_flight: Arc<InFlight>,
     /// Requests held by rules with `delay`.
     delays: Arc<Delays>,
+    /// Every rule's `cost_header`, stripped from every response.
+    cost_headers: CostHeaders,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -113,6 +116,12 @@ impl<S> RateLimiter<S> {
     /// without it).
     pub fn rules_denying_without_store(&self) -> Vec<&str> {
         self.inner.rules.iter().filter(|r| r.on_error == OnError::Deny).map(|r| r.name.as_str()).collect()
+    }
+
+    /// Every rule's `cost_header`: a proxy strips them from every response,
+    /// whichever rule matched, if any.
+    pub fn cost_headers(&self) -> &CostHeaders {
+        &self.inner.cost_headers
     }
 
     /// The metrics, for rendering.
@@ -219,6 +228,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(Self {
             inner: Arc::new(Inner {
                 matcher: matcher(&config.rules),
+                cost_headers: cost_headers(&rules),
                 rules,
                 identity,
                 store: Arc::clone(&self.inner.store),
@@ -254,6 +264,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let store = Fallback::new(cached, !opted_out, guard.instances, ticks);
         Ok(Self {
             inner: Arc::new(Inner {
+                cost_headers: cost_headers(&rules),
                 rules,
                 matcher,
                 identity,
@@ -396,4 +407,9 @@ fn check_store(rules: &[RuleConfig], store: &impl Store) -> Result<(), LimiterEr
         }
         _ => Ok(()),
     }
+}
+
+/// The cost header names of `rules`.
+fn cost_headers(rules: &[Rule]) -> CostHeaders {
+    CostHeaders::new(rules.iter().map(|r| r.response_cost.cost_header.as_ref()))
 }

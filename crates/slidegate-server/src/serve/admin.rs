@@ -219,11 +219,19 @@ async fn reload(state: &State, request: Request<Incoming>) -> Response<ServeBody
     }
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>`.
-/// `slidegate_store_states`: the (identity, limit) states each embedded
-/// store holds (the store itself, and the fallback behind Redis), the gauge
-/// that shows an identity rotation filling memory. Redis expires its own
-/// keys; its `INFO keyspace` counts them.
+/// `slidegate_store_states`: the (identity, limit) states held in this
+/// process's memory — by the embedded store (`store="embedded"`), and by the
+/// fallback that decides while Redis fails (`store="fallback"`): the gauge
+/// that shows an identity rotation filling memory.
+///
+/// Redis's keys are not counted here, and deliberately: `DBSIZE` counts
+/// every key of the database, slidegate's or another application's, and on a
+/// Cluster only the node it reaches; slidegate's own keys (those under its
+/// prefix) can only be counted by a `SCAN` of the whole keyspace, work in
+/// proportion to the keys on the Redis that decides every request, and
+/// heaviest exactly when a rotation has made it big. Redis reports its keys
+/// itself (`INFO keyspace`, `redis_exporter`'s `redis_db_keys`), which is
+/// slidegate's count when slidegate has a database of its own.
 fn store_states(state: &State, body: &mut String) {
     use std::fmt::Write as _;
     let limiter = state.limiter();
@@ -236,7 +244,9 @@ fn store_states(state: &State, body: &mut String) {
         return;
     }
     body.push_str(
-        "# HELP slidegate_store_states (identity, limit) states held by an embedded store.\n\
+        "# HELP slidegate_store_states (identity, limit) states held in this process's memory: \
+         store=\"embedded\" by the embedded store, store=\"fallback\" by the fallback deciding while \
+         Redis fails (Redis's own keys are not counted: see its INFO keyspace).\n\
          # TYPE slidegate_store_states gauge\n",
     );
     for (store, held) in [("embedded", embedded), ("fallback", fallback)] {
@@ -246,6 +256,7 @@ fn store_states(state: &State, body: &mut String) {
     }
 }
 
+/// Whether `headers` carry `Authorization: Bearer <token>`.
 fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
     let given = match given.get(..7) {

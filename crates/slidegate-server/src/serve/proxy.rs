@@ -164,10 +164,9 @@ pub(crate) async fn forward(
             // Speak HTTP/1.1 to the client whatever the upstream spoke.
             *response.version_mut() = http::Version::HTTP_11;
             strip_hop_by_hop(response.headers_mut());
-            if let Some(name) = verdict.as_ref().and_then(Verdict::cost_header) {
-                // The upstream's word to slidegate, not the client's business.
-                response.headers_mut().remove(name);
-            }
+            // The upstream's word to slidegate, not the client's business:
+            // every rule's cost header, whichever rule matched, if any.
+            limiter.cost_headers().strip(response.headers_mut());
             match (charged, &verdict) {
                 (Some(charged), _) => charged.insert_into(response.headers_mut()),
                 (None, Some(v)) => headers::apply(response.headers_mut(), v, limiter.legacy_headers()),

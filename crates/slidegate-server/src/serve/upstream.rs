@@ -18,8 +18,10 @@
 //! So that a few clients cannot take the whole pool, each client (its
 //! address as the limits group it: after trusted proxies, IPv6 by prefix)
 //! may have at most `max_upstream_connections_per_client` requests
-//! forwarded at once, counted from before the wait for a connection until
-//! the response body ends ([`ClientHolds`]); one more is answered 429 at once.
+//! forwarded at once, and fewer as the pool fills (one more than the first
+//! only while more than four times what it holds is free), counted from
+//! before the wait for a connection until the response body ends
+//! ([`ClientHolds`]); one more is answered 429 at once.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,7 +38,7 @@ use hyper_util::rt::TokioIo;
 use slidegate_http::{headers, IdentityExtractor};
 
 use super::body::{BodyPace, ClientFault, FaultCell, RequestBody};
-use super::client_holds::{ClientHold, ClientHolds, ClientKey};
+use super::client_holds::{ClientHold, ClientHolds, ClientKey, Refusal, FREE_PER_HELD};
 use super::slots::Slots;
 use super::{boxed, ServeBody};
 
@@ -62,9 +64,10 @@ pub(crate) enum UpstreamError {
     /// The client's body arrived slower than the minimum rate (bytes/s).
     #[error("the client's request body arrived slower than {0} bytes/s")]
     TooSlow(u32),
-    /// The client already has this many requests forwarded, its share.
-    #[error("the client already has {0} requests forwarded")]
-    ClientBusy(usize),
+    /// The client already has its share forwarded, or as much as a pool
+    /// this full lets one client hold.
+    #[error("the client already has requests forwarded: {0:?}")]
+    ClientBusy(Refusal),
 }
 
 impl UpstreamError {
@@ -89,18 +92,11 @@ impl UpstreamError {
                     format!("the request body arrived slower than min_body_rate ({rate} bytes/s)"),
                 )
             }
-            UpstreamError::ClientBusy(held) => {
+            UpstreamError::ClientBusy(refusal) => {
                 // Per request of a client over its share: debug, or an
                 // attacker writes the log.
                 tracing::debug!(err = %self, "client over its share of the upstream: request refused");
-                let plural = if *held == 1 { "" } else { "s" };
-                (
-                    http::StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "this client already has {held} request{plural} in flight to the upstream \
-                         (max_upstream_connections_per_client); retry when one has finished"
-                    ),
-                )
+                (http::StatusCode::TOO_MANY_REQUESTS, refusal_detail(*refusal))
             }
             UpstreamError::Busy(_) => {
                 tracing::warn!(err = %self, "upstream saturated: request refused");
@@ -119,6 +115,24 @@ impl UpstreamError {
             headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+/// The problem detail of a client's request refused before the upstream.
+fn refusal_detail(refusal: Refusal) -> String {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    match refusal {
+        Refusal::Share { held } => format!(
+            "this client already has {held} request{} in flight to the upstream \
+             (max_upstream_connections_per_client); retry when one has finished",
+            plural(held)
+        ),
+        Refusal::Crowded { held, free, max } => format!(
+            "this client already has {held} request{} in flight to the upstream, and only {free} of its \
+             {max} connections are free: a client may add one while more than {FREE_PER_HELD} times \
+             what it holds are free; retry when one has finished",
+            plural(held)
+        ),
     }
 }
 
@@ -151,7 +165,7 @@ impl UpstreamLimits {
                 bytes_per_second: server.min_body_rate,
                 grace: server.body_rate_grace.get(),
             },
-            clients: Arc::new(ClientHolds::new(server.upstream_connections_per_client())),
+            clients: Arc::new(ClientHolds::new(server.upstream_connections_per_client(), max)),
             slots: Slots::new(max),
             max,
             max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
