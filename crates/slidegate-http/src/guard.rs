@@ -175,6 +175,16 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let inner = self.shared.store.tables()?;
         Some(GuardedTables { guard: self, inner })
     }
+
+    async fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Duration>, StoreError> {
+        let own = Instant::now() + self.shared.timeout;
+        let deadline = deadline.map_or(own, |d| d.min(own));
+        self.guarded(self.shared.store.lift_penalty(identity, Some(deadline))).await
+    }
 }
 
 /// The guarded store's distinct-value sketches, under the same deadline and breaker.

@@ -37,6 +37,17 @@ impl Store for AnyStore {
     fn tables(&self) -> Option<impl SharedTables + '_> {
         Some(self)
     }
+
+    async fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Duration>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.lift_penalty_sync(identity),
+            AnyStore::Redis(store) => store.connected()?.lift_penalty(identity, deadline).await,
+        }
+    }
 }
 
 /// Both stores keep shared tables (the embedded one's shared in process only).

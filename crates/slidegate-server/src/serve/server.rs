@@ -153,6 +153,7 @@ impl Server {
         // every client can reach them.
         let admin_here = self.admin_on_public;
         let sweeper = sweeper::spawn(&self.limiter);
+        let lifts = super::lifts::spawn(self.reloader.worker());
         let mut workers = Vec::with_capacity(self.threads);
         let mut threads = Vec::with_capacity(self.threads);
         for i in 0..self.threads {
@@ -226,6 +227,9 @@ impl Server {
         }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
+        }
+        if let Some(lifts) = lifts {
+            lifts.abort();
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);

@@ -264,6 +264,14 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn tables(&self) -> Option<impl SharedTables + '_> {
         Some(self)
     }
+
+    fn lift_penalty(
+        &self,
+        identity: &Identity,
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send {
+        std::future::ready(self.lift_penalty_sync(identity))
+    }
 }
 
 impl<C: Clock> DistinctStore for MemoryStore<C> {
@@ -326,6 +334,16 @@ impl<C: Clock> SharedTables for MemoryStore<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// [`Store::lift_penalty`], now.
+    ///
+    /// # Errors
+    /// [`StoreError::TimeOutOfRange`].
+    pub fn lift_penalty_sync(&self, identity: &Identity) -> Result<Option<std::time::Duration>, StoreError> {
+        let now = check_time(self.clock.now_ms())?;
+        let id = self.identity(identity);
+        Ok(self.lock(id).lift_penalty(id, now).map(std::time::Duration::from_millis))
+    }
+
     /// [`SharedTables::put_entry`], now.
     ///
     /// # Errors

@@ -377,6 +377,18 @@ pub trait Store: Send + Sync {
     /// `None` when it keeps none. A feature that needs them refuses to be
     /// configured on a store answering `None`.
     fn tables(&self) -> Option<impl SharedTables + '_>;
+
+    /// Lifts `identity`'s penalty box: forgets its penalty state (a block,
+    /// the denials counting toward the next, the strikes doubling it), so
+    /// that its next request is decided by its limits again. Answers how
+    /// long the block had left, or `None` when it was not blocked. Every
+    /// store that decides under a penalty can lift one; a layer that keeps
+    /// its own copy of a block forgets it too.
+    fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
 }
 
 /// The ability to count distinct values per identity (crawl breadth): a

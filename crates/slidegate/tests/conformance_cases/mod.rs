@@ -492,6 +492,7 @@ macro_rules! conformance_suite {
             shared_tables_expire_replace_and_delete,
             shared_tables_refuse_what_is_out_of_bounds,
             shared_tables_are_bounded,
+            a_lift_forgets_the_penalty_box,
         );
     };
     (@cases $suite:ident, |$clock:ident, $case_name:ident| $setup:expr; $($case:ident),* $(,)?) => {

@@ -112,3 +112,30 @@ pub async fn shared_tables_are_bounded<S: Store>(store: &S, clock: &ManualClock)
     let err = tables.put_entry(&t, b"two-more", b"v", ms(60_000), None).await.expect_err("full again");
     assert!(matches!(err, StoreError::TableFull { .. }), "{err}");
 }
+
+/// A lift forgets the identity's penalty box: its block (answering how long
+/// it had left), its denials and strikes; the limits decide again, and an
+/// identity that is not blocked answers `None`.
+pub async fn a_lift_forgets_the_penalty_box<S: Store>(store: &S, clock: &ManualClock) {
+    use crate::support::{id, limit, Decide};
+    use slidegate::{Algorithm, Penalty};
+    let l = limit(Algorithm::FixedWindow, 1, 1000);
+    let penalty = Penalty::new(1, ms(60_000), ms(10_000), ms(40_000)).expect("valid");
+    let who = id("lifted");
+    assert!(store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide").allowed());
+    let first = store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide");
+    assert_eq!(first.blocked_for, None, "one denial is allowed");
+    let second = store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide");
+    assert_eq!(second.blocked_for, Some(ms(10_000)), "the second blocks");
+    clock.advance(ms(1500));
+    assert_eq!(store.lift_penalty(&who, None).await.expect("lift"), Some(ms(8_500)));
+    let after = store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide");
+    assert!(after.allowed(), "the limit has room again and the block is gone: {after:?}");
+    assert_eq!(store.lift_penalty(&who, None).await.expect("lift"), None, "nothing left to lift");
+    assert_eq!(store.lift_penalty(&id("never"), None).await.expect("lift"), None);
+    // The strikes went too: the next block is the first one's length again.
+    let denied = store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide");
+    assert_eq!(denied.blocked_for, None, "the denials went too: one is allowed again");
+    let again = store.decide_all_penalized(&who, &[(l, 1)], &penalty).await.expect("decide");
+    assert_eq!(again.blocked_for, Some(ms(10_000)), "a first block again, not a doubled one");
+}

@@ -338,6 +338,12 @@ pub(super) fn table() -> &'static Lua {
     &TABLE
 }
 
+/// The script lifting an identity's penalty box (`lift.lua`).
+pub(super) fn lift() -> &'static Lua {
+    static LIFT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lift.lua").to_owned()));
+    &LIFT
+}
+
 /// The script deciding several limits inside the penalty box.
 pub(super) fn penalty() -> &'static Lua {
     &SCRIPTS.penalty
