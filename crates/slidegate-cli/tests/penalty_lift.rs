@@ -183,3 +183,28 @@ fn hostile_lifts_get_a_clear_error() {
     // None of them lifted anything.
     assert!(blocked(&key(&a, "/login")));
 }
+
+/// With Redis stalled (SIGSTOP) and then gone, a lift answers 503 within the
+/// store's deadline and lifts nothing; the background poll's failures never
+/// open the breaker the requests' path relies on.
+#[test]
+fn a_lift_while_redis_is_out_answers_503() {
+    let upstream = Upstream::start();
+    let mut redis = RedisServer::spawn();
+    let a = Slidegate::start(&config(&upstream, &redis));
+    block_on(&a);
+    let id = abuser_id(&a);
+    redis.pause();
+    let stalled = delete(&a, &format!("/v1/penalty/{id}"), Some(TOKEN));
+    assert_eq!(stalled.status, 503, "{stalled:?}");
+    assert!(stalled.body.contains("the store failed") && stalled.body.contains("retry"), "{stalled:?}");
+    // Several polls time out meanwhile.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(a.metric_at(a.admin_addr(), "slidegate_breaker_opened_total"), 0.0);
+    assert_eq!(a.metric_at(a.admin_addr(), "slidegate_store_timeouts_total"), 0.0);
+    redis.resume();
+    redis.kill();
+    let gone = delete(&a, &format!("/v1/penalty/{id}"), Some(TOKEN));
+    assert_eq!(gone.status, 503, "{gone:?}");
+    assert_eq!(a.metric_at(a.admin_addr(), "slidegate_penalty_lifts_total"), 0.0);
+}

@@ -143,6 +143,16 @@ impl<S: Store + 'static> Guarded<S> {
         }
     }
 
+    /// `call`, an operator's or a background task's call (shared tables, a
+    /// lift), under the deadline only: it is not a decision, so it is counted
+    /// in no decision metric and neither opens nor closes the breaker (a
+    /// poll every second timing out would otherwise open it, or a lift
+    /// answering close it, for the requests' path).
+    async fn deadlined<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let timeout = self.shared.timeout;
+        tokio::time::timeout(timeout, call).await.unwrap_or(Err(StoreError::TimedOut(timeout)))
+    }
+
     fn failed(&self) {
         let shared = &*self.shared;
         if shared.breaker.record_failure(shared.ticks.now_ms()) {
@@ -183,7 +193,7 @@ impl<S: Store + 'static> Store for Guarded<S> {
     ) -> Result<Option<Duration>, StoreError> {
         let own = Instant::now() + self.shared.timeout;
         let deadline = deadline.map_or(own, |d| d.min(own));
-        self.guarded(self.shared.store.lift_penalty(identity, Some(deadline))).await
+        self.deadlined(self.shared.store.lift_penalty(identity, Some(deadline))).await
     }
 }
 
@@ -205,7 +215,7 @@ impl<S: Store + 'static, D: DistinctStore> DistinctStore for GuardedDistinct<'_,
 }
 
 /// The guarded store's shared tables, under the same deadline (carried into
-/// the store, as a decision's is) and breaker.
+/// the store, as a decision's is); not decisions, so outside the breaker.
 struct GuardedTables<'a, S, T> {
     guard: &'a Guarded<S>,
     inner: T,
@@ -229,7 +239,7 @@ impl<S: Store + 'static, T: SharedTables> SharedTables for GuardedTables<'_, S, 
         deadline: Option<Instant>,
     ) -> Result<(), StoreError> {
         let deadline = self.deadline(deadline);
-        self.guard.guarded(self.inner.put_entry(table, field, value, ttl, deadline)).await
+        self.guard.deadlined(self.inner.put_entry(table, field, value, ttl, deadline)).await
     }
 
     async fn delete_entry(
@@ -239,7 +249,7 @@ impl<S: Store + 'static, T: SharedTables> SharedTables for GuardedTables<'_, S, 
         deadline: Option<Instant>,
     ) -> Result<bool, StoreError> {
         let deadline = self.deadline(deadline);
-        self.guard.guarded(self.inner.delete_entry(table, field, deadline)).await
+        self.guard.deadlined(self.inner.delete_entry(table, field, deadline)).await
     }
 
     async fn read_table(
@@ -248,7 +258,7 @@ impl<S: Store + 'static, T: SharedTables> SharedTables for GuardedTables<'_, S, 
         deadline: Option<Instant>,
     ) -> Result<Vec<TableEntry>, StoreError> {
         let deadline = self.deadline(deadline);
-        self.guard.guarded(self.inner.read_table(table, deadline)).await
+        self.guard.deadlined(self.inner.read_table(table, deadline)).await
     }
 }
 

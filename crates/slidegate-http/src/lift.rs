@@ -118,6 +118,10 @@ pub(crate) async fn apply<S: Store + 'static>(
     rules: &[PenaltyRule<'_>],
     applied: &mut AppliedLifts,
 ) -> Result<usize, StoreError> {
+    // No rule with a penalty: no block to forget, and no read to make.
+    if rules.iter().all(|r| r.penalty.is_none()) {
+        return Ok(0);
+    }
     let Some(tables) = store.tables() else { return Ok(0) };
     let entries = tables.read_table(&lifts_table(), None).await?;
     let mut fresh = 0;
