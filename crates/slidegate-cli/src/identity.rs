@@ -43,6 +43,10 @@ struct HashArgs {
     /// A client address (IPv4 or IPv6; IPv6 is grouped by `ipv6_prefix`).
     #[arg(long, value_name = "ADDRESS")]
     ip: Option<String>,
+    /// Print the full form, `k:<32 hex>` or `ip:<32 hex>`, that
+    /// `DELETE /v1/penalty/{id}` takes (the offenders page's id column).
+    #[arg(long)]
+    full: bool,
 }
 
 /// Runs `slidegate identity`.
@@ -60,7 +64,8 @@ pub fn run(args: IdentityArgs) -> crate::CommandResult {
     }
 }
 
-/// The 16 hex digits `serve` shows for the key or address in `args`, or why
+/// The 16 hex digits `serve` shows for the key or address in `args` (all 32
+/// with the source, `--full`), or why
 /// there is no true one to print.
 fn hash(args: &HashArgs) -> Result<String, String> {
     let config = Config::load(&args.config).map_err(|err| err.to_string())?;
@@ -94,7 +99,8 @@ fn hash(args: &HashArgs) -> Result<String, String> {
         }
         (None, None) => return Err("give --key KEY or --ip ADDRESS".to_owned()),
     };
-    Ok(IdentityHash::from(&identity).short_hex())
+    let hash = IdentityHash::from(&identity);
+    Ok(if args.full { hash.id() } else { hash.short_hex() })
 }
 
 /// `key` if a request can carry it as its API key: one that cannot is never

@@ -75,10 +75,11 @@
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slidegate::{
-    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, Store, StoreError,
+    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, SharedTables, Store,
+    StoreError,
 };
 
 use crate::clock::Ticks;
@@ -281,6 +282,27 @@ impl DenyCache {
     }
 }
 
+impl DenyCache {
+    /// Forgets every cached denial and block of `identity` (under any limit
+    /// set): a lifted penalty. Visits every bucket, one lock at a time:
+    /// about a millisecond for the default capacity, and only for a lift.
+    /// Returns how many entries it forgot.
+    pub fn forget(&self, identity: &Identity) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        let mut forgotten = 0;
+        for bucket in &*self.buckets {
+            let mut slots = self.bucket(bucket);
+            let before = slots.len();
+            slots.retain(|s| s.identity != *identity);
+            forgotten += before - slots.len();
+        }
+        self.occupied.fetch_sub(forgotten, Ordering::Relaxed);
+        forgotten
+    }
+}
+
 /// A store behind the deny cache, itself a store (see the module docs).
 pub struct DenyCached<S> {
     cache: Option<DenyCache>,
@@ -305,6 +327,11 @@ impl<S> DenyCached<S> {
     /// The store behind the cache.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// Forgets `identity`'s cached denials and blocks ([`DenyCache::forget`]).
+    pub fn forget(&self, identity: &Identity) -> usize {
+        self.cache.as_ref().map_or(0, |cache| cache.forget(identity))
     }
 }
 
@@ -336,6 +363,21 @@ impl<S: Store> Store for DenyCached<S> {
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         self.inner.distinct()
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        self.inner.tables()
+    }
+
+    /// Forgets the identity's cached denials first: whatever the store
+    /// answers, this instance no longer answers for it.
+    async fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Duration>, StoreError> {
+        self.forget(identity);
+        self.inner.lift_penalty(identity, deadline).await
     }
 }
 

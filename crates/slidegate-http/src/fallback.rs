@@ -14,11 +14,11 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slidegate::{
-    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request, Store,
-    StoreError,
+    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request,
+    SharedTables, Store, StoreError,
 };
 
 use crate::clock::Ticks;
@@ -82,6 +82,13 @@ impl<S> Fallback<S> {
         &self.inner
     }
 
+    /// Forgets what the store last said of `identity` (its seeds).
+    pub fn forget(&self, identity: &Identity) {
+        if let Some(seeded) = &self.seeded {
+            seeded.shard(identity).remove(identity);
+        }
+    }
+
     /// The embedded fallback store, when on: a caller sweeps it as it sweeps
     /// an embedded store, to give memory back.
     pub fn fallback_store(&self) -> Option<&MemoryStore> {
@@ -116,6 +123,23 @@ impl<S: Store> Store for Fallback<S> {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         let inner = self.inner.distinct()?;
         Some(FallbackDistinct { inner, seeded: self.seeded.as_ref() })
+    }
+
+    /// The store's own: shared tables exist to reach every instance, which
+    /// no stand-in in this process can; while the store fails, so do they.
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        self.inner.tables()
+    }
+
+    /// Forgets what the store last said of the identity (a block's denials
+    /// among it) first, so the fallback does not keep a lifted block either.
+    async fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Duration>, StoreError> {
+        self.forget(identity);
+        self.inner.lift_penalty(identity, deadline).await
     }
 }
 

@@ -69,6 +69,10 @@ pub struct StoreCounters {
     pub trials: AtomicU64,
     /// Denials answered by the local deny cache, without a store call.
     pub deny_cache_hits: AtomicU64,
+    /// Penalty blocks lifted through this instance (one per rule).
+    pub penalty_lifts: AtomicU64,
+    /// Lifts, by any instance, this instance applied to its deny cache.
+    pub lifts_applied: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -214,7 +218,7 @@ impl Metrics {
             let ms = Self::sum(&self.rules[i], |c| &c.delayed_ms);
             let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), ms as f64 / 1e3);
         }
-        let global: [(&str, &str, StoreCounterOf); 8] = [
+        let global: [(&str, &str, StoreCounterOf); 10] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
             ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
@@ -236,6 +240,16 @@ impl Metrics {
                 "slidegate_deny_cache_hits_total",
                 "Denials answered by the local deny cache without a store call.",
                 |c| &c.deny_cache_hits,
+            ),
+            (
+                "slidegate_penalty_lifts_total",
+                "Penalty blocks lifted through this instance's admin API.",
+                |c| &c.penalty_lifts,
+            ),
+            (
+                "slidegate_penalty_lifts_applied_total",
+                "Lifted penalty blocks (by any instance) this instance forgot from its deny cache.",
+                |c| &c.lifts_applied,
             ),
         ];
         for (name, help, field) in global {

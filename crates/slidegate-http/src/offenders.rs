@@ -79,6 +79,44 @@ impl IdentityHash {
     pub fn short_hex(&self) -> String {
         format!("{:016x}", self.digest.high_u64())
     }
+
+    /// The full form an operator acts on (`DELETE /v1/penalty/{id}`): the
+    /// source's tag and all 128 bits, `k:<32 hex>` or `ip:<32 hex>`.
+    pub fn id(&self) -> String {
+        format!("{}:{}", self.source.tag(), self.digest)
+    }
+
+    /// The identity's digest.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+}
+
+/// Why a text is not an identity's full form ([`IdentityHash::id`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("identity {shown:?}: expected k:<32 hex digits> (an API key) or ip:<32 hex digits> (a client address), as `slidegate identity hash --full` and the offenders page's id show")]
+pub struct IdentityHashError {
+    /// The text, cut to 80 characters.
+    shown: String,
+}
+
+impl std::str::FromStr for IdentityHash {
+    type Err = IdentityHashError;
+
+    /// Parses `k:<32 hex>` or `ip:<32 hex>` (either case of hex digits).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || IdentityHashError { shown: text.chars().take(80).collect() };
+        let (source, hex) = match text.split_once(':') {
+            Some(("k", hex)) => (Source::ApiKey, hex),
+            Some(("ip", hex)) => (Source::Ip, hex),
+            _ => return Err(err()),
+        };
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(err());
+        }
+        let value = u128::from_str_radix(hex, 16).map_err(|_| err())?;
+        Ok(Self { digest: Digest(value.to_be_bytes()), source })
+    }
 }
 
 /// A client network: the /24 of an IPv4 address or the /48 of an IPv6 one
@@ -388,6 +426,33 @@ mod tests {
         let key = IdentityHash::from(&Identity::new("a:b", Source::ApiKey, digest));
         assert_eq!(key.kind(), Source::ApiKey);
         assert_ne!(hash, key, "the source is part of what is tracked");
+    }
+
+    #[test]
+    fn the_full_id_parses_back_and_nothing_else_does() {
+        let digest = Digest(0x0123_4567_89ab_cdef_0011_2233_4455_6677_u128.to_be_bytes());
+        let key = IdentityHash::from(&Identity::new("r", Source::ApiKey, digest));
+        assert_eq!(key.id(), "k:0123456789abcdef0011223344556677");
+        assert_eq!(key.id().parse::<IdentityHash>(), Ok(key));
+        assert_eq!("k:0123456789ABCDEF0011223344556677".parse::<IdentityHash>(), Ok(key));
+        let ip = IdentityHash { digest, source: Source::Ip };
+        assert_eq!(ip.id().parse::<IdentityHash>(), Ok(ip));
+        let long = format!("k:{}", "0".repeat(1000));
+        for bad in [
+            "",
+            "k:",
+            "k:0123",
+            "n:0123456789abcdef0011223344556677",
+            "0123456789abcdef0011223344556677",
+            "k:+123456789abcdef0011223344556677",
+            "k:0123456789abcdef001122334455667é",
+            &long,
+            "ip:k:00",
+        ] {
+            let err = bad.parse::<IdentityHash>().expect_err(bad);
+            assert!(err.to_string().contains("expected k:<32 hex digits>"), "{bad}: {err}");
+            assert!(err.to_string().len() < 300, "the error quotes at most 80 characters");
+        }
     }
 
     #[test]

@@ -119,6 +119,18 @@ impl Store for Shared {
     fn distinct(&self) -> Option<impl slidegate::DistinctStore + '_> {
         None::<slidegate::NoDistinct>
     }
+
+    fn tables(&self) -> Option<impl slidegate::SharedTables + '_> {
+        None::<slidegate::NoTables>
+    }
+
+    async fn lift_penalty(
+        &self,
+        identity: &slidegate::Identity,
+        _deadline: Option<std::time::Instant>,
+    ) -> Result<Option<std::time::Duration>, StoreError> {
+        self.0.memory.lift_penalty_sync(identity)
+    }
 }
 
 fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {

@@ -31,8 +31,9 @@ use crate::fallback::Fallback;
 use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
+use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::metrics::Metrics;
-use crate::offenders::{Event, Offenders};
+use crate::offenders::{Event, IdentityHash, Offenders};
 use crate::rules::RuleMatcher;
 use crate::verdict::{DecisionSource, PendingCharge, Verdict};
 
@@ -276,6 +277,38 @@ impl<S: Store + 'static> RateLimiter<S> {
                 delays: Arc::new(Delays::new(crate::config::DelayConfig::DEFAULT_MAX_DELAYED)),
             }),
         })
+    }
+
+    /// Lifts `hash`'s penalty block under `rule`, or under every rule with a
+    /// penalty, on every instance sharing the store (see `lift.rs`): the
+    /// blocks lifted, none when it was not blocked.
+    ///
+    /// # Errors
+    /// [`LiftError`]: an unknown rule, one without a penalty, a store
+    /// without shared tables, or a failed store.
+    pub async fn lift_penalty(
+        &self,
+        hash: IdentityHash,
+        rule: Option<&str>,
+    ) -> Result<Vec<Lifted>, LiftError> {
+        crate::lift::lift(&self.inner.store, &self.inner.metrics, &self.penalty_rules(), hash, rule).await
+    }
+
+    /// Forgets from this instance's deny cache and fallback every lift
+    /// recorded (by any instance) since the last call with `applied`: one
+    /// read of the shared table, for a background task. Returns how many.
+    ///
+    /// # Errors
+    /// The store's failure.
+    pub async fn apply_lifts(&self, applied: &mut AppliedLifts) -> Result<usize, slidegate::StoreError> {
+        crate::lift::apply(&self.inner.store, &self.inner.metrics, &self.penalty_rules(), applied).await
+    }
+
+    fn penalty_rules(&self) -> Vec<crate::lift::PenaltyRule<'_>> {
+        let rules = self.inner.rules.iter();
+        rules
+            .map(|r| crate::lift::PenaltyRule { name: &r.name, scope: &r.scope, penalty: r.penalty.as_ref() })
+            .collect()
     }
 
     /// Decides a request: `None` when no rule matches (the request is not limited).

@@ -1,7 +1,8 @@
 //! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
 //! `GET /readyz` (see `readiness`),
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
-//! `POST /admin/reload`, served on the public listener or on their own.
+//! `POST /admin/reload`, `DELETE /v1/penalty/{id}` (see `penalty.rs`),
+//! served on the public listener or on their own.
 
 use std::borrow::Cow;
 
@@ -29,6 +30,7 @@ pub(crate) enum Endpoint {
     Offenders,
     OffendersPage,
     Reload,
+    Penalty,
 }
 
 impl Endpoint {
@@ -41,6 +43,7 @@ impl Endpoint {
             "/v1/offenders" => Some(Endpoint::Offenders),
             "/offenders" => Some(Endpoint::OffendersPage),
             "/admin/reload" => Some(Endpoint::Reload),
+            p if p == "/v1/penalty" || p.starts_with("/v1/penalty/") => Some(Endpoint::Penalty),
             _ => None,
         }
     }
@@ -48,6 +51,7 @@ impl Endpoint {
     fn method(self) -> Method {
         match self {
             Endpoint::Check | Endpoint::Reload => Method::POST,
+            Endpoint::Penalty => Method::DELETE,
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -59,6 +63,7 @@ impl Endpoint {
     fn allow(self) -> HeaderValue {
         match self {
             Endpoint::Check | Endpoint::Reload => HeaderValue::from_static("POST"),
+            Endpoint::Penalty => HeaderValue::from_static("DELETE"),
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -84,7 +89,7 @@ pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>)
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders or {0}/admin/reload",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders, {0}/admin/reload or {0}/v1/penalty/{{id}}",
             state.admin_prefix
         ),
         Some(path),
@@ -167,10 +172,14 @@ pub(crate) async fn handle(
                 super::offenders::page(state, query)
             }
         }
-        Endpoint::Check | Endpoint::Reload => {
+        Endpoint::Check | Endpoint::Reload | Endpoint::Penalty => {
             if let Some(token) = &state.check_token {
                 if !bearer_matches(request.headers(), token) {
-                    let name = if endpoint == Endpoint::Check { "/v1/check" } else { "/admin/reload" };
+                    let name = match endpoint {
+                        Endpoint::Check => "/v1/check",
+                        Endpoint::Reload => "/admin/reload",
+                        _ => "/v1/penalty",
+                    };
                     let mut response = bad_request(
                         StatusCode::UNAUTHORIZED,
                         request.uri().path(),
@@ -180,10 +189,10 @@ pub(crate) async fn handle(
                     return response;
                 }
             }
-            if endpoint == Endpoint::Check {
-                check(state, request).await
-            } else {
-                reload(state, request).await
+            match endpoint {
+                Endpoint::Check => check(state, request).await,
+                Endpoint::Reload => reload(state, request).await,
+                _ => super::penalty::lift(state, request, &state.admin_prefix).await,
             }
         }
     }
@@ -286,7 +295,7 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     response
 }
 
-fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
+pub(super) fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
     let title = status.canonical_reason().unwrap_or("Bad Request");
     boxed(headers::problem(status, "about:blank", title, detail, Some(path)))
 }

@@ -57,6 +57,9 @@ impl Query {
 struct Row {
     /// 16 hex digits of the identity's keyed hash.
     identity: String,
+    /// The full form, `k:<32 hex>` or `ip:<32 hex>`: what `DELETE
+    /// /v1/penalty/{id}` takes.
+    id: String,
     /// `"api_key"` or `"ip"`.
     kind: &'static str,
     rule: String,
@@ -121,6 +124,7 @@ fn rows(state: &State, top: Vec<Offender>) -> Vec<Row> {
     top.into_iter()
         .map(|o: Offender| Row {
             identity: o.identity.short_hex(),
+            id: o.identity.id(),
             kind: o.identity.kind().as_str(),
             rule: names.get(o.rule).map_or_else(String::new, |n| (*n).to_owned()),
             denials: o.denials,
@@ -152,7 +156,7 @@ pub(crate) fn page(state: &State, query: Query) -> Response<ServeBody> {
     for row in &rows {
         let _ = write!(
             table,
-            "<tr><td>{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td{}>{}</td></tr>",
+            "<tr><td>{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td{}>{}</td><td class=\"mono\">{}</td></tr>",
             escape(&row.rule),
             escape(&row.identity),
             row.kind,
@@ -160,6 +164,7 @@ pub(crate) fn page(state: &State, query: Query) -> Response<ServeBody> {
             precision(row.error),
             if row.blocked_for_ms.is_some() { " class=\"blocked\"" } else { "" },
             block_state(row.blocked_for_ms),
+            escape(&row.id),
         );
     }
     if rows.is_empty() {
@@ -237,7 +242,7 @@ fn escape(text: &str) -> String {
     out
 }
 
-const EMPTY_ROW: &str = "<tr><td colspan=\"6\" class=\"empty\">no refusals in this window</td></tr>";
+const EMPTY_ROW: &str = "<tr><td colspan=\"7\" class=\"empty\">no refusals in this window</td></tr>";
 const EMPTY_NETWORK_ROW: &str = "<tr><td colspan=\"4\" class=\"empty\">no refusals in this window</td></tr>";
 
 /// The page. The script mirrors the server's rendering of a row; it builds
@@ -268,7 +273,7 @@ h2 { font-size: 1.1rem; margin: 1.5rem 0 .25rem; }
 <p>Identities refused most over the last {MINUTES} minute(s), as keyed hashes: never raw keys or addresses. <span id="status">Rendered by the server.</span></p>
 <p id="unranked" class="warn"{UNRANKED_HIDDEN}>These counts cannot rank anyone: refusals are spread over more identities than the {CAPACITY} a minute this list tracks (identity rotation), so each count is mostly error. Read the same refusals by network below.</p>
 <table>
-<thead><tr><th>rule</th><th>identity</th><th>kind</th><th class="num">denials</th><th>count</th><th>block</th></tr></thead>
+<thead><tr><th>rule</th><th>identity</th><th>kind</th><th class="num">denials</th><th>count</th><th>block</th><th>id (DELETE /v1/penalty/{id})</th></tr></thead>
 <tbody id="rows">{ROWS}</tbody>
 </table>
 <h2>By network</h2>
@@ -311,9 +316,10 @@ h2 { font-size: 1.1rem; margin: 1.5rem 0 .25rem; }
           cell(tr, String(o.denials), "num");
           cell(tr, precision(o.error));
           cell(tr, blocked ? "blocked, " + Math.ceil(o.blocked_for_ms / 1000) + " s left" : "not blocked", blocked ? "blocked" : "");
+          cell(tr, o.id, "mono");
           fresh.appendChild(tr);
         });
-        if (data.offenders.length === 0) { fresh.appendChild(empty(6)); }
+        if (data.offenders.length === 0) { fresh.appendChild(empty(7)); }
         rows.replaceChildren(fresh);
         var byNetwork = document.createDocumentFragment();
         data.networks.forEach(function (n) {

@@ -199,6 +199,7 @@ impl Server {
     /// channel in a test.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let sweeper = sweeper::spawn(&self.limiter);
+        let lifts = super::lifts::spawn(self.reloader.worker());
         let (mut workers, threads) = self.spawn_workers();
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
@@ -235,6 +236,9 @@ impl Server {
         }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
+        }
+        if let Some(lifts) = lifts {
+            lifts.abort();
         }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);

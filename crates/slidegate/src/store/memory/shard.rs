@@ -41,6 +41,12 @@ impl Shard {
         self.len()
     }
 
+    /// Forgets identity `id`'s penalty state; the ms its block had left at
+    /// `now`, if it was blocked.
+    pub(super) fn lift_penalty(&mut self, id: u64, now: u64) -> Option<u64> {
+        self.penalties.remove(&id).and_then(|p| p.blocked_for(now))
+    }
+
     pub(super) fn len(&self) -> usize {
         self.tables.iter().map(Table::len).sum()
     }

@@ -59,6 +59,7 @@ mod link;
 mod options;
 mod scripts;
 mod server_clock;
+mod table;
 mod target;
 mod wire;
 
@@ -81,7 +82,9 @@ use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{check_time, validate, Charge, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::store::{
+    check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store, StoreError,
+};
 use crate::{Clock, Decision, Identity, Limit, Penalty, Quota};
 
 /// The key prefix when none is set.
@@ -555,6 +558,26 @@ impl Store for RedisStore {
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        Some(self)
+    }
+
+    async fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Duration>, StoreError> {
+        let now = self.client_now()?;
+        let deadline = self.deadline(deadline);
+        let now_arg: i64 = now.map_or(-1, |n| n as i64);
+        let deadline_arg: i64 = deadline.server_ms.map_or(-1, |ms| ms as i64);
+        let key = PenaltyKey { prefix: &self.prefix, identity }.to_string();
+        let reply = self.eval(scripts::lift(), &[key], &(now_arg, deadline_arg), deadline).await?;
+        let left: i64 =
+            redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("lift: {e}")))?;
+        Ok(u64::try_from(left).ok().map(Duration::from_millis))
     }
 }
 
