@@ -56,6 +56,7 @@ mod identity;
 mod in_flight;
 mod layer;
 mod limiter;
+mod lists;
 mod metrics;
 pub mod offenders;
 mod penalty;
@@ -73,7 +74,8 @@ pub use guard::Guarded;
 pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, LimiterError, RateLimiter};
-pub use metrics::{Metrics, RuleCounters, StoreCounters};
+pub use lists::{AccessLists, ClientList, KeyHasher, KeyList, ListScope};
+pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
 pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,

@@ -44,6 +44,9 @@ pub struct LimiterConfig {
     pub rules: Vec<RuleConfig>,
     /// The deadline, circuit breaker, fallback and deny cache in front of the store.
     pub guard: StoreGuard,
+    /// Clients never limited or always refused, whatever rule they meet
+    /// (the global deny list also refuses requests matching no rule).
+    pub lists: crate::AccessLists,
 }
 
 /// What to do with a request when the store failed or timed out.
@@ -150,6 +153,9 @@ pub struct RuleConfig {
     pub max_in_flight: u32,
     /// The penalty box: identities denied too often are blocked for a while.
     pub penalty: Option<slidegate::Penalty>,
+    /// Clients this rule never limits or always refuses (besides the
+    /// global lists, [`LimiterConfig::lists`]).
+    pub lists: crate::AccessLists,
 }
 
 impl RuleConfig {
@@ -182,6 +188,7 @@ impl RuleConfig {
             response_cost: crate::ResponseCost::default(),
             max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             penalty: None,
+            lists: crate::AccessLists::default(),
         }
     }
 

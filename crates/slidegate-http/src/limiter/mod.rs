@@ -29,6 +29,7 @@ use crate::fallback::Fallback;
 use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
+use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
 use crate::offenders::{Event, Offenders};
 use crate::rules::RuleMatcher;
@@ -38,6 +39,7 @@ mod after_response;
 mod breadth;
 mod decide;
 mod error;
+mod listed;
 mod rule;
 #[cfg(test)]
 mod tests;
@@ -65,6 +67,8 @@ struct Inner<S> {
     offenders: Arc<Offenders>,
     /// Requests in flight per identity under rules charged after the response.
     in_flight: Arc<InFlight>,
+    /// The allow and deny lists, global and per rule.
+    lists: Lists,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -175,7 +179,12 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
         let identity = extractor(&config.identity, None);
-        Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)
+        let mut limiter =
+            Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)?;
+        if let Some(inner) = Arc::get_mut(&mut limiter.inner) {
+            inner.lists = lists(&config.lists, &config.rules);
+        }
+        Ok(limiter)
     }
 
     /// A limiter for `config`'s rules, identity and headers over this one's
@@ -219,6 +228,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 legacy_headers: config.headers.legacy,
                 offenders,
                 in_flight: Arc::clone(&self.inner.in_flight),
+                lists: lists(&config.lists, &config.rules),
             }),
         })
     }
@@ -228,15 +238,15 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// # Errors
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn new(
-        rules: &[RuleConfig],
+        rules_config: &[RuleConfig],
         identity: IdentityExtractor,
         store: S,
         guard: StoreGuard,
         legacy_headers: bool,
     ) -> Result<Self, LimiterError> {
-        check_store(rules, &store)?;
-        let matcher = matcher(rules);
-        let rules: Vec<Rule> = rules.iter().map(Rule::new).collect();
+        check_store(rules_config, &store)?;
+        let matcher = matcher(rules_config);
+        let rules: Vec<Rule> = rules_config.iter().map(Rule::new).collect();
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
         let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
@@ -254,6 +264,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 legacy_headers,
                 offenders: Arc::default(),
                 in_flight: Arc::default(),
+                lists: lists(&AccessLists::default(), rules_config),
             }),
         })
     }
@@ -275,7 +286,11 @@ impl<S: Store + 'static> RateLimiter<S> {
             Some((path, query)) => (path, Some(query)),
             None => (target, None),
         };
-        let matched = self.inner.matcher.matching(method, path)?;
+        let matched = self.inner.matcher.matching(method, path);
+        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), headers, peer) {
+            return Some(listed);
+        }
+        let matched = matched?;
         let index = matched.index;
         let rule = &self.inner.rules[index];
         let extractor = &self.inner.identity;
@@ -370,6 +385,11 @@ fn extractor(config: &IdentityConfig, running: Option<&IdentityExtractor>) -> Id
         Some(h) => base.api_key_header(h.clone()),
         None => base,
     }
+}
+
+/// The lists of `global` and of each of `rules`.
+fn lists(global: &AccessLists, rules: &[RuleConfig]) -> Lists {
+    Lists::new(global, rules.iter().map(|r| &r.lists))
 }
 
 /// The rule matcher of `rules`, in order.
