@@ -74,7 +74,7 @@ pub use guard::Guarded;
 pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, LimiterError, RateLimiter};
-pub use lists::{AccessLists, ClientList, KeyHasher, KeyList, ListScope};
+pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
 pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
 pub use response_cost::ResponseCost;
 pub use rules::{

@@ -6,6 +6,7 @@
 
 mod access_log;
 mod identity;
+mod lists;
 mod rules;
 mod server;
 mod store;
@@ -101,7 +102,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
         let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
-        Validator { fail: &fail, env, used }.config(raw)
+        Validator { fail: &fail, env, used, path }.config(raw)
     }
 }
 
@@ -136,6 +137,8 @@ struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
     used: Use,
+    /// The file validated: files it names are found next to it.
+    path: &'a Path,
 }
 
 impl Validator<'_> {
@@ -198,10 +201,14 @@ impl Validator<'_> {
                  instances sharing this store together admit a multiple of every limit",
             ));
         }
+        let lists = self.list_keys(&limiter.identity);
+        limiter.lists = self.lists(raw.lists.allow, raw.lists.deny, &lists)?;
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
-        for rule in raw.rules {
+        for mut rule in raw.rules {
             let name_span = rule.get_ref().name.span();
-            let rule = self.rule(rule, store.on_error)?;
+            let (allow, deny) = (rule.get_mut().allow.take(), rule.get_mut().deny.take());
+            let mut rule = self.rule(rule, store.on_error)?;
+            rule.lists = self.lists(allow, deny, &lists)?;
             if rules.iter().any(|r| r.name == rule.name) {
                 return Err(self.err(
                     name_span,
