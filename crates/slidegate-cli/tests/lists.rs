@@ -71,7 +71,9 @@ limits = [{{ limit = 2, window = "60s" }}]
 }
 
 fn has_rate_headers(reply: &Reply) -> bool {
-    ["ratelimit", "ratelimit-policy", "x-ratelimit-limit", "retry-after"].iter().any(|h| reply.header(h).is_some())
+    ["ratelimit", "ratelimit-policy", "x-ratelimit-limit", "retry-after"]
+        .iter()
+        .any(|h| reply.header(h).is_some())
 }
 
 /// The access log's lines, once `n` are written.
@@ -90,7 +92,8 @@ fn an_allowed_network_passes_three_times_the_limit_without_headers_and_a_spoofed
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.jsonl");
     let upstream = Upstream::start();
-    let sg = Slidegate::start(&lists_config(&upstream, "", r#"allow = { cidrs = ["127.0.0.2/32"] }"#, "", &log));
+    let sg =
+        Slidegate::start(&lists_config(&upstream, "", r#"allow = { cidrs = ["127.0.0.2/32"] }"#, "", &log));
     for _ in 0..6 {
         let reply = get_from(2, sg.addr, "/search", &[]);
         assert_eq!(reply.status, 200, "{reply:?}");
@@ -209,7 +212,8 @@ fn ipv6_networks_and_ipv4_mapped_peers_are_judged_by_their_canonical_address() {
     let upstream = Upstream::start();
     let lists = r#"allow = { cidrs = ["::1/128"] }
 deny = { cidrs = ["::ffff:127.0.0.7/128", "127.0.0.8"] }"#;
-    let config = lists_config(&upstream, "", lists, "", &log).replace("listen = \"127.0.0.1:0\"", "listen = \"[::]:0\"");
+    let config = lists_config(&upstream, "", lists, "", &log)
+        .replace("listen = \"127.0.0.1:0\"", "listen = \"[::]:0\"");
     let sg = Slidegate::start(&config);
     let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, sg.addr.port()));
     let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, sg.addr.port()));

@@ -172,7 +172,10 @@ fn line_hashes(line: &str, keys: &ListKeys) -> Result<Vec<u64>, String> {
         return Ok(vec![hash, keys.hasher.hash(line.as_bytes())]);
     }
     if line.len() > MAX_KEY {
-        return Err(format!("a key of {} bytes: expected at most {MAX_KEY} (one API key per line)", line.len()));
+        return Err(format!(
+            "a key of {} bytes: expected at most {MAX_KEY} (one API key per line)",
+            line.len()
+        ));
     }
     if line.contains(',') {
         return Err("a key with a comma: serve refuses such a request with 400 and never matches it; one \
