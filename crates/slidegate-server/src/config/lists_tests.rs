@@ -131,6 +131,10 @@ fn a_key_file_that_cannot_be_used_is_located_at_its_name() {
         let message = located(load(&with("fifo", HEAD), &path, true).unwrap_err()).3;
         assert!(message.ends_with("not a regular file"), "{message}");
     }
+    // Past 64 MiB (a sparse file: nothing written).
+    std::fs::File::create(dir.path().join("huge.txt")).unwrap().set_len((64 << 20) + 1).unwrap();
+    let message = located(load(&with("huge.txt", HEAD), &path, true).unwrap_err()).3;
+    assert!(message.ends_with("larger than 64 MiB"), "{message}");
     // A hash without the secret could match nothing.
     let no_secret = "[identity]\napi_key_header = \"x-api-key\"\n";
     let (file, line, _, message) = located(load(&with("hash.txt", no_secret), &path, false).unwrap_err());
