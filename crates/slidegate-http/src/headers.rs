@@ -11,7 +11,8 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::verdict::{PolicyResult, Verdict};
+use crate::lists::ListScope;
+use crate::verdict::{DecisionSource, PolicyResult, Verdict};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -229,8 +230,12 @@ fn problem_with(problem: Problem<'_>) -> Response<Full<Bytes>> {
 }
 
 /// The response to a request `verdict` blocks: 429 naming the violated
-/// policy, or 503 when the store failed and the rule fails closed.
+/// policy, 503 when the store failed and the rule fails closed, or 403 when
+/// a deny list names the client.
 pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response<Full<Bytes>> {
+    if let DecisionSource::DenyList(scope) = verdict.source {
+        return listed_denial(scope, verdict.rule, path);
+    }
     let Some(decisive) = verdict.violated().max_by_key(|p| p.decision.retry_after) else {
         let mut response = problem(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -282,6 +287,17 @@ pub fn blocked_response(verdict: &Verdict, legacy: bool, path: &str) -> Response
     });
     apply(response.headers_mut(), verdict, legacy);
     response
+}
+
+/// 403 for a client a deny list names: no rate limit headers, no
+/// `Retry-After` (waiting changes nothing); the detail says which list, not
+/// which entry.
+fn listed_denial(scope: ListScope, rule: &str, path: &str) -> Response<Full<Bytes>> {
+    let detail = match scope {
+        ListScope::Global => "the client is on the deny list".to_owned(),
+        ListScope::Rule => format!("the client is on the deny list of rule {rule:?}"),
+    };
+    problem(StatusCode::FORBIDDEN, "about:blank", "Forbidden", &detail, Some(path))
 }
 
 /// `1 s`, `60 s`, `1 h`, `250 ms`: a window as a reader would write it.

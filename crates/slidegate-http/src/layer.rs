@@ -226,7 +226,8 @@ fn grpc_content_type<B>(request: &Request<B>) -> Option<HeaderValue> {
 }
 
 /// `denial` as a gRPC client understands it: a trailers-only response with
-/// `grpc-status` 14 (`UNAVAILABLE`, the code gRPC maps both 429 and 503 to).
+/// `grpc-status` 14 (`UNAVAILABLE`, the code gRPC maps both 429 and 503 to),
+/// or 7 (`PERMISSION_DENIED`) for a deny list's 403.
 /// The rate limit headers stay, as response metadata. A 429 with a problem
 /// body is not enough: tonic reads the JSON as a gRPC message and reports a
 /// protocol error (`INTERNAL`) instead.
@@ -238,9 +239,11 @@ fn grpc_denial(denial: Response<Full<Bytes>>, content_type: HeaderValue) -> Resp
         Some(seconds) => format!("{}; retry after {seconds} s", parts.status),
         None => parts.status.to_string(),
     };
+    // A deny list's 403 is gRPC's PERMISSION_DENIED (7).
+    let code = if parts.status == StatusCode::FORBIDDEN { "7" } else { "14" };
     parts.status = StatusCode::OK;
     parts.headers.insert(CONTENT_TYPE, content_type);
-    parts.headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+    parts.headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
     if let Ok(message) = HeaderValue::try_from(message) {
         parts.headers.insert(GRPC_MESSAGE, message);
     }

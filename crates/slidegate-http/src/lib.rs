@@ -59,6 +59,7 @@ mod in_flight;
 mod layer;
 pub mod lift;
 mod limiter;
+mod lists;
 mod metrics;
 pub mod offenders;
 mod penalty;
@@ -77,7 +78,8 @@ pub use guard::Guarded;
 pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, LimiterError, RateLimiter};
-pub use metrics::{Metrics, RuleCounters, StoreCounters};
+pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
+pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
 pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,

@@ -47,7 +47,21 @@ pub struct RuleCounters {
     pub delayed: AtomicU64,
     /// Milliseconds requests were held by the rule's `delay`, allowed or not at the end.
     pub delayed_ms: AtomicU64,
+    /// Answered by the rule's allow or deny list.
+    pub lists: ListCounters,
 }
+
+/// Requests an allow or a deny list answered, without a store call.
+#[derive(Debug, Default)]
+pub struct ListCounters {
+    /// Named by an allow list: let through, not limited.
+    pub exempt: AtomicU64,
+    /// Named by a deny list: refused with 403.
+    pub denied: AtomicU64,
+}
+
+/// Picks one list counter.
+type ListCounterOf = fn(&ListCounters) -> &AtomicU64;
 
 /// What happened to calls to the store.
 #[derive(Debug, Default)]
@@ -103,6 +117,8 @@ pub struct Metrics {
     rules: Vec<Arc<[RuleCounters]>>,
     /// One set per shard.
     store: Arc<[StoreCounters]>,
+    /// What the global lists answered, one set per shard.
+    global_lists: Arc<[ListCounters]>,
 }
 
 /// The shard of the calling thread.
@@ -119,7 +135,7 @@ impl Metrics {
     pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
         let rule_names: Vec<String> = rules.into_iter().collect();
         let rules = rule_names.iter().map(|_| shards()).collect();
-        Self { rule_names, rules, store: shards() }
+        Self { rule_names, rules, store: shards(), global_lists: shards() }
     }
 
     /// Metrics for the rules named `rules` that go on counting where these
@@ -135,12 +151,22 @@ impl Metrics {
                 None => shards(),
             })
             .collect();
-        Self { rule_names, rules, store: Arc::clone(&self.store) }
+        Self {
+            rule_names,
+            rules,
+            store: Arc::clone(&self.store),
+            global_lists: Arc::clone(&self.global_lists),
+        }
     }
 
     /// The calling thread's counters of rule number `index`.
     pub fn rule(&self, index: usize) -> &RuleCounters {
         &self.rules[index][shard_index()]
+    }
+
+    /// The calling thread's counters of the global allow and deny lists.
+    pub fn global_lists(&self) -> &ListCounters {
+        &self.global_lists[shard_index()]
     }
 
     /// The calling thread's store counters.
@@ -218,6 +244,7 @@ impl Metrics {
             let ms = Self::sum(&self.rules[i], |c| &c.delayed_ms);
             let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), ms as f64 / 1e3);
         }
+        self.render_lists(&mut out);
         let global: [(&str, &str, StoreCounterOf); 10] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
@@ -274,6 +301,34 @@ impl Metrics {
         let _ = writeln!(out, "{name}_sum {}", Self::sum(&self.store, |s| &s.latency_sum_us) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {count}");
         out
+    }
+}
+
+impl Metrics {
+    /// The list counters: one line per rule, and one labelled
+    /// `list="global"` for the global lists (a rule may be named `global`).
+    fn render_lists(&self, out: &mut String) {
+        let lists: [(&str, &str, ListCounterOf); 2] = [
+            (
+                "slidegate_requests_exempt_total",
+                "Requests an allow list let through unlimited, without a store call.",
+                |c| &c.exempt,
+            ),
+            (
+                "slidegate_requests_listed_denied_total",
+                "Requests a deny list refused with 403, without a store call.",
+                |c| &c.denied,
+            ),
+        ];
+        for (name, help, field) in lists {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let global = Self::sum(&self.global_lists, field);
+            let _ = writeln!(out, "{name}{{list=\"global\"}} {global}");
+            for (i, rule) in self.rule_names.iter().enumerate() {
+                let value = Self::sum(&self.rules[i], |c| field(&c.lists));
+                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
+            }
+        }
     }
 }
 

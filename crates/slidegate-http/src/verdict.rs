@@ -4,6 +4,7 @@
 
 use slidegate::{Decision, Identity, Quota};
 
+use crate::lists::ListScope;
 use crate::offenders::IdentityHash;
 
 /// One named limit of a rule and what it decided.
@@ -28,6 +29,10 @@ pub enum DecisionSource {
     FailOpen,
     /// Nobody: the store was unavailable and the rule fails closed.
     FailClosed,
+    /// An allow list: the client is not limited (no store call, no headers).
+    AllowList(ListScope),
+    /// A deny list: the client is refused with 403 (no store call).
+    DenyList(ListScope),
 }
 
 /// The outcome of checking one request against the rule it matched.
@@ -135,8 +140,8 @@ impl<'a> Verdict<'a> {
     /// Whether every limit allowed (true for fail-open, false for fail-closed).
     pub fn allowed(&self) -> bool {
         match self.source {
-            DecisionSource::FailOpen => true,
-            DecisionSource::FailClosed => false,
+            DecisionSource::FailOpen | DecisionSource::AllowList(_) => true,
+            DecisionSource::FailClosed | DecisionSource::DenyList(_) => false,
             DecisionSource::Store | DecisionSource::Fallback => {
                 self.policies.iter().all(|p| p.decision.allowed)
             }

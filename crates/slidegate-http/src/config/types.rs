@@ -44,6 +44,9 @@ pub struct LimiterConfig {
     pub rules: Vec<RuleConfig>,
     /// The deadline, circuit breaker, fallback and deny cache in front of the store.
     pub guard: StoreGuard,
+    /// Clients never limited or always refused, whatever rule they meet
+    /// (the global deny list also refuses requests matching no rule).
+    pub lists: crate::AccessLists,
     /// How many requests rules with [`RuleConfig::delay`] may hold at once,
     /// over every rule and identity ([`DelayConfig::DEFAULT_MAX_DELAYED`]
     /// unless set); one more is refused at once.
@@ -58,6 +61,7 @@ impl Default for LimiterConfig {
             rules: Vec::new(),
             guard: StoreGuard::default(),
             max_delayed: DelayConfig::DEFAULT_MAX_DELAYED,
+            lists: crate::AccessLists::default(),
         }
     }
 }
@@ -169,6 +173,9 @@ pub struct RuleConfig {
     /// Delay instead of refuse: a request denied with a short wait is held
     /// and decided again (see [`DelayConfig`]).
     pub delay: Option<DelayConfig>,
+    /// Clients this rule never limits or always refuses (besides the
+    /// global lists, [`LimiterConfig::lists`]).
+    pub lists: crate::AccessLists,
 }
 
 impl RuleConfig {
@@ -202,6 +209,7 @@ impl RuleConfig {
             max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             penalty: None,
             delay: None,
+            lists: crate::AccessLists::default(),
         }
     }
 

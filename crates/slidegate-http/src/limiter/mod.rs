@@ -32,6 +32,7 @@ use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
 use crate::lift::{AppliedLifts, LiftError, Lifted};
+use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
 use crate::offenders::{Event, IdentityHash, Offenders};
 use crate::rules::RuleMatcher;
@@ -42,6 +43,7 @@ mod breadth;
 mod decide;
 mod delayed;
 mod error;
+mod listed;
 mod rule;
 #[cfg(test)]
 mod tests;
@@ -73,6 +75,8 @@ struct Inner<S> {
     delays: Arc<Delays>,
     /// Every rule's `cost_header`, stripped from every response.
     cost_headers: CostHeaders,
+    /// The allow and deny lists, global and per rule.
+    lists: Lists,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -192,7 +196,11 @@ impl<S: Store + 'static> RateLimiter<S> {
     pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
         let identity = extractor(&config.identity, None);
         let limiter = Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)?;
-        Ok(limiter.with_max_delayed(config.max_delayed))
+        let mut limiter = limiter.with_max_delayed(config.max_delayed);
+        if let Some(inner) = Arc::get_mut(&mut limiter.inner) {
+            inner.lists = lists(&config.lists, &config.rules);
+        }
+        Ok(limiter)
     }
 
     /// A limiter for `config`'s rules, identity and headers over this one's
@@ -238,6 +246,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 offenders,
                 in_flight: Arc::clone(&self.inner.in_flight),
                 delays: self.inner.delays_for(config.max_delayed),
+                lists: lists(&config.lists, &config.rules),
             }),
         })
     }
@@ -247,15 +256,15 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// # Errors
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn new(
-        rules: &[RuleConfig],
+        rules_config: &[RuleConfig],
         identity: IdentityExtractor,
         store: S,
         guard: StoreGuard,
         legacy_headers: bool,
     ) -> Result<Self, LimiterError> {
-        check_store(rules, &store)?;
-        let matcher = matcher(rules);
-        let rules: Vec<Rule> = rules.iter().map(Rule::new).collect();
+        check_store(rules_config, &store)?;
+        let matcher = matcher(rules_config);
+        let rules: Vec<Rule> = rules_config.iter().map(Rule::new).collect();
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
         let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
@@ -275,6 +284,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 offenders: Arc::default(),
                 in_flight: Arc::default(),
                 delays: Arc::new(Delays::new(crate::config::DelayConfig::DEFAULT_MAX_DELAYED)),
+                lists: lists(&AccessLists::default(), rules_config),
             }),
         })
     }
@@ -328,7 +338,11 @@ impl<S: Store + 'static> RateLimiter<S> {
             Some((path, query)) => (path, Some(query)),
             None => (target, None),
         };
-        let matched = self.inner.matcher.matching(method, path)?;
+        let matched = self.inner.matcher.matching(method, path);
+        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), headers, peer) {
+            return Some(listed);
+        }
+        let matched = matched?;
         let index = matched.index;
         let rule = &self.inner.rules[index];
         let extractor = &self.inner.identity;
@@ -425,6 +439,11 @@ fn extractor(config: &IdentityConfig, running: Option<&IdentityExtractor>) -> Id
         Some(h) => base.api_key_header(h.clone()),
         None => base,
     }
+}
+
+/// The lists of `global` and of each of `rules`.
+fn lists(global: &AccessLists, rules: &[RuleConfig]) -> Lists {
+    Lists::new(global, rules.iter().map(|r| &r.lists))
 }
 
 /// The rule matcher of `rules`, in order.

@@ -26,6 +26,25 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) rules: Vec<Spanned<RawRule>>,
     pub(super) access_log: Option<Spanned<RawAccessLog>>,
+    #[serde(default)]
+    pub(super) lists: RawLists,
+}
+
+/// `[lists]`: the global allow and deny lists.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLists {
+    pub(super) allow: Option<RawClientList>,
+    pub(super) deny: Option<RawClientList>,
+}
+
+/// `allow = { cidrs = ["10.0.0.0/8"], keys_file = "partners.txt" }`, and `deny`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClientList {
+    #[serde(default)]
+    pub(super) cidrs: Vec<Spanned<String>>,
+    pub(super) keys_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -133,6 +152,9 @@ pub(super) struct RawRule {
     pub(super) cost_header: Option<Spanned<String>>,
     pub(super) max_in_flight: Option<Spanned<u32>>,
     pub(super) penalty: Option<Spanned<RawPenalty>>,
+    // Allow and deny lists of this rule.
+    pub(super) allow: Option<RawClientList>,
+    pub(super) deny: Option<RawClientList>,
     pub(super) delay: Option<Spanned<RawDelay>>,
 }
 

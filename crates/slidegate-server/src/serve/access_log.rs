@@ -14,7 +14,9 @@
 //! that brings the running count of allowed requests from `n - 1` to `n` is
 //! logged when `⌊n·p⌋` grows (in millionths), so exactly `⌊N·p⌋` of `N`
 //! allowed requests are logged — every 100th at 0.01 — over all workers.
-//! Every other outcome (a denial, a block, a failing store) is logged.
+//! Requests an allow list exempts are sampled with them (a health checker
+//! would fill the log); every other outcome (a denial, a block, a deny
+//! list's refusal, a failing store) is logged.
 //!
 //! Never written: the API key, the client address, the query string (it
 //! may carry tokens). The identity is the 16-hex-digit keyed hash the top
@@ -31,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::Method;
 use serde::Serialize;
 use slidegate_http::offenders::IdentityHash;
-use slidegate_http::{DecisionSource, Verdict};
+use slidegate_http::{DecisionSource, ListScope, Verdict};
 
 use crate::config::{AccessLogConfig, AccessLogPath};
 
@@ -115,6 +117,10 @@ pub(crate) enum Outcome {
     FailOpen,
     /// The store failed and the rule refused the request.
     FailClosed,
+    /// An allow list named the client: not limited (sampled as allowed).
+    Exempt,
+    /// A deny list named the client: refused with 403.
+    ListedDenied,
 }
 
 /// Who answered: the store, its deny cache, the fallback, or nobody.
@@ -123,6 +129,10 @@ pub(crate) enum Source {
     Store,
     Cache,
     Fallback,
+    /// The global allow or deny list.
+    GlobalList,
+    /// The rule's allow or deny list.
+    RuleList,
     None,
 }
 
@@ -131,6 +141,8 @@ impl Outcome {
         match verdict.source {
             DecisionSource::FailOpen => return Outcome::FailOpen,
             DecisionSource::FailClosed => return Outcome::FailClosed,
+            DecisionSource::AllowList(_) => return Outcome::Exempt,
+            DecisionSource::DenyList(_) => return Outcome::ListedDenied,
             DecisionSource::Store | DecisionSource::Fallback => {}
         }
         if verdict.allowed() {
@@ -158,6 +170,8 @@ impl Outcome {
             Outcome::ShadowInFlight => "shadow_in_flight",
             Outcome::FailOpen => "fail_open",
             Outcome::FailClosed => "fail_closed",
+            Outcome::Exempt => "exempt",
+            Outcome::ListedDenied => "listed_denied",
         }
     }
 }
@@ -168,6 +182,12 @@ impl Source {
             DecisionSource::Store if verdict.cached() => Source::Cache,
             DecisionSource::Store => Source::Store,
             DecisionSource::Fallback => Source::Fallback,
+            DecisionSource::AllowList(ListScope::Global) | DecisionSource::DenyList(ListScope::Global) => {
+                Source::GlobalList
+            }
+            DecisionSource::AllowList(ListScope::Rule) | DecisionSource::DenyList(ListScope::Rule) => {
+                Source::RuleList
+            }
             DecisionSource::FailOpen | DecisionSource::FailClosed => Source::None,
         }
     }
@@ -177,6 +197,8 @@ impl Source {
             Source::Store => "store",
             Source::Cache => "cache",
             Source::Fallback => "fallback",
+            Source::GlobalList => "global_list",
+            Source::RuleList => "rule_list",
             Source::None => "none",
         }
     }
@@ -224,7 +246,7 @@ impl AccessLog {
         started: Instant,
     ) -> Option<Entry> {
         let outcome = Outcome::of(verdict);
-        if outcome == Outcome::Allowed && !self.samples_allowed() {
+        if matches!(outcome, Outcome::Allowed | Outcome::Exempt) && !self.samples_allowed() {
             return None;
         }
         // Read after sampling: a request left out reads the clock once only.

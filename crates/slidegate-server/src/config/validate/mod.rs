@@ -13,6 +13,7 @@
 mod access_log;
 mod document;
 mod identity;
+mod lists;
 mod rules;
 mod server;
 mod store;
@@ -113,7 +114,7 @@ impl Config {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
         let mut found = Found::default();
         let config = document::read(source, &fail, &mut found).and_then(|read| {
-            Validator { fail: &fail, env, used, unread: &read.unread }.config(read.raw, &mut found)
+            Validator { fail: &fail, env, used, unread: &read.unread, path }.config(read.raw, &mut found)
         });
         match (ConfigError::from_found(found.0), config) {
             (None, Some(config)) => Ok(config),
@@ -174,6 +175,8 @@ struct Validator<'a> {
     /// Top-level keys with a part that could not be read (its error found):
     /// a check across parts does not report such a part missing.
     unread: &'a BTreeSet<String>,
+    /// The file validated: files it names are found next to it.
+    path: &'a Path,
 }
 
 impl Validator<'_> {
@@ -229,10 +232,20 @@ impl Validator<'_> {
             }
         }
         let on_error = store.as_ref().map_or(OnError::default(), |(store, _)| store.on_error);
+        // Keys files are hashed with the identity's secret: without a valid
+        // [identity], no list is read (its error is reported).
+        let keys = identity.as_ref().map(|identity| self.list_keys(identity));
+        let lists =
+            keys.as_ref().and_then(|keys| found.part(self.lists(raw.lists.allow, raw.lists.deny, keys)));
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
-        for rule in raw.rules {
+        for mut rule in raw.rules {
             let name_span = rule.get_ref().name.span();
-            let Some(rule) = found.part(self.rule(rule, on_error)) else { continue };
+            let (allow, deny) = (rule.get_mut().allow.take(), rule.get_mut().deny.take());
+            let Some(mut rule) = found.part(self.rule(rule, on_error)) else { continue };
+            if let Some(keys) = &keys {
+                let Some(lists) = found.part(self.lists(allow, deny, keys)) else { continue };
+                rule.lists = lists;
+            }
             if rules.iter().any(|r| r.name == rule.name) {
                 found.push(self.err(
                     name_span,
@@ -247,14 +260,15 @@ impl Validator<'_> {
             headers.legacy = legacy;
         }
         let access_log = found.part(raw.access_log.map(|table| self.access_log(table)).transpose());
-        let ((server, max_delayed), (store, guard), identity, access_log) =
-            (server?, store?, identity?, access_log?);
+        let ((server, max_delayed), (store, guard), identity, access_log, lists) =
+            (server?, store?, identity?, access_log?, lists?);
         let mut limiter = LimiterConfig::default();
         limiter.guard = guard;
         limiter.identity = identity;
         limiter.rules = rules;
         limiter.headers = headers;
         limiter.max_delayed = max_delayed;
+        limiter.lists = lists;
         Some(Config { server, store, limiter, access_log })
     }
 
