@@ -337,6 +337,11 @@ impl<S: Store> Store for DenyCached<S> {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         self.inner.distinct()
     }
+
+    /// The store's: a cached denial is one the store gave.
+    fn has_outages(&self) -> bool {
+        self.inner.has_outages()
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,13 @@ impl Store for AnyStore {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
+
+    fn has_outages(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.has_outages(),
+            AnyStore::Redis(_) => true,
+        }
+    }
 }
 
 /// Both stores keep distinct-value sketches.

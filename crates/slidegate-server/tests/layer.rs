@@ -119,6 +119,10 @@ impl Store for Shared {
     fn distinct(&self) -> Option<impl slidegate::DistinctStore + '_> {
         None::<slidegate::NoDistinct>
     }
+
+    fn has_outages(&self) -> bool {
+        true
+    }
 }
 
 fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {

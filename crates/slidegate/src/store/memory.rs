@@ -253,6 +253,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
+
+    /// In the process: never unreachable, never late.
+    fn has_outages(&self) -> bool {
+        false
+    }
 }
 
 impl<C: Clock> DistinctStore for MemoryStore<C> {

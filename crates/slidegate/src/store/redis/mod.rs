@@ -556,6 +556,11 @@ impl Store for RedisStore {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
+
+    /// A server over the network: it can be down, slow or unreachable.
+    fn has_outages(&self) -> bool {
+        true
+    }
 }
 
 impl DistinctStore for RedisStore {
