@@ -379,6 +379,11 @@ impl<S: Store> Store for DenyCached<S> {
         self.forget(identity);
         self.inner.lift_penalty(identity, deadline).await
     }
+
+    /// The store's: a cached denial is one the store gave.
+    fn has_outages(&self) -> bool {
+        self.inner.has_outages()
+    }
 }
 
 #[cfg(test)]

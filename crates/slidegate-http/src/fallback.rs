@@ -1,7 +1,8 @@
 //! The fallback: an embedded limiter that decides while the store cannot,
 //! as a layer around the store that is a store itself.
 //!
-//! It does not start from zero: each answer of the store is remembered per
+//! It does not start from zero: each answer of a store that can have
+//! outages ([`Store::has_outages`]; not the embedded one) is remembered per
 //! identity (a bounded map, arbitrary eviction when full), and while the
 //! store fails an identity gets at most what the store last said was left
 //! (divided among the instances) until the store's reset time; after it, or
@@ -102,6 +103,8 @@ impl<S: Store> Store for Fallback<S> {
             return self.inner.decide(request).await;
         };
         match self.inner.decide(request).await {
+            // A store without outages is never bridged from what it said.
+            Ok(outcome) if !self.inner.has_outages() => Ok(outcome),
             Ok(outcome) => {
                 let now_ms = self.ticks.now_ms();
                 match outcome.blocked_for {
@@ -140,6 +143,11 @@ impl<S: Store> Store for Fallback<S> {
     ) -> Result<Option<Duration>, StoreError> {
         self.forget(identity);
         self.inner.lift_penalty(identity, deadline).await
+    }
+
+    /// Off, the store's; on, none: every outage of the store is decided here.
+    fn has_outages(&self) -> bool {
+        self.seeded.is_none() && self.inner.has_outages()
     }
 }
 
@@ -277,4 +285,70 @@ fn denials(charges: &[Charge]) -> Vec<Decision> {
             retry_after: Some(c.limit.quota.window()),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slidegate::Algorithm;
+
+    /// The embedded store, as a store that says it can have outages.
+    struct Remote(MemoryStore);
+
+    impl Store for Remote {
+        async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+            self.0.decide_sync(request)
+        }
+
+        fn distinct(&self) -> Option<impl DistinctStore + '_> {
+            None::<slidegate::NoDistinct>
+        }
+
+        fn tables(&self) -> Option<impl SharedTables + '_> {
+            None::<slidegate::NoTables>
+        }
+
+        async fn lift_penalty(
+            &self,
+            identity: &Identity,
+            _deadline: Option<Instant>,
+        ) -> Result<Option<Duration>, StoreError> {
+            self.0.lift_penalty_sync(identity)
+        }
+
+        fn has_outages(&self) -> bool {
+            true
+        }
+    }
+
+    fn seeds<S>(fallback: &Fallback<S>) -> usize {
+        let seeded = fallback.seeded.as_ref().expect("the fallback is on");
+        seeded.seeds.iter().map(|shard| shard.lock().map(|map| map.len()).unwrap_or(0)).sum()
+    }
+
+    async fn decide_once<S: Store>(fallback: &Fallback<S>) {
+        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10).unwrap());
+        let charges = [Charge::new(limit, 1)];
+        let identity = Identity::named("rule", "client");
+        let outcome = fallback.decide(Request::new(&identity, &charges)).await.unwrap();
+        assert_eq!((outcome.decisions[0].remaining, outcome.origin), (9, Origin::Store));
+    }
+
+    #[tokio::test]
+    async fn answers_of_a_store_without_outages_are_not_remembered() {
+        let fallback = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
+        assert!(!fallback.has_outages());
+        decide_once(&fallback).await;
+        assert_eq!(seeds(&fallback), 0);
+    }
+
+    #[tokio::test]
+    async fn answers_of_a_store_with_outages_are_remembered() {
+        let fallback = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+        assert!(!fallback.has_outages(), "the fallback decides every outage of the store");
+        decide_once(&fallback).await;
+        assert_eq!(seeds(&fallback), 1);
+        let off = Fallback::new(Remote(MemoryStore::new()), false, 1, Ticks::start());
+        assert!(off.has_outages());
+    }
 }

@@ -80,8 +80,12 @@ impl<S> Guarded<S> {
 }
 
 impl<S: Store + 'static> Guarded<S> {
-    /// `call`, a call to the store, under the deadline and the breaker.
-    async fn guarded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    /// `call`, a call to the store made at `start`, under the deadline and the breaker.
+    async fn guarded<T>(
+        &self,
+        start: Instant,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let shared = &*self.shared;
         let counters = shared.metrics.store();
         if shared.breaker.is_open() {
@@ -97,13 +101,14 @@ impl<S: Store + 'static> Guarded<S> {
             }
         }
         counters.calls.fetch_add(1, Relaxed);
-        let start = Instant::now();
         let mut call = pin!(call);
         // One poll first: a store that answers at once needs no timer.
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         let (answer, waited) = match first {
             Poll::Ready(answer) => (Some(answer), false),
-            Poll::Pending => (tokio::time::timeout(shared.timeout, call).await.ok(), true),
+            // Boxed: the timer is large, and held here it would enlarge the
+            // future of every call, also of those that never wait.
+            Poll::Pending => (Box::pin(tokio::time::timeout(shared.timeout, call)).await.ok(), true),
         };
         match answer {
             Some(Ok(value)) => {
@@ -168,12 +173,16 @@ impl<S: Store + 'static> Guarded<S> {
 }
 
 impl<S: Store + 'static> Store for Guarded<S> {
-    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+    // Not an `async fn`: the future is `guarded`'s own, one level less
+    // nested in every future that awaits it.
+    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
         // The store learns when this guard gives up, so that a call it
         // reaches later is refused unrun rather than charged after the
-        // caller counted it failed.
-        let request = request.with_deadline(Instant::now() + self.shared.timeout);
-        self.guarded(self.shared.store.decide(request)).await
+        // caller counted it failed. One clock read: the deadline and the
+        // latency count from it.
+        let start = Instant::now();
+        let request = request.with_deadline(start + self.shared.timeout);
+        self.guarded(start, self.shared.store.decide(request))
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
@@ -195,6 +204,12 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let deadline = deadline.map_or(own, |d| d.min(own));
         self.deadlined(self.shared.store.lift_penalty(identity, Some(deadline))).await
     }
+
+    /// The store's: the breaker opens, and the deadline passes, only on a
+    /// store that fails or waits.
+    fn has_outages(&self) -> bool {
+        self.shared.store.has_outages()
+    }
 }
 
 /// The guarded store's distinct-value sketches, under the same deadline and breaker.
@@ -210,7 +225,7 @@ impl<S: Store + 'static, D: DistinctStore> DistinctStore for GuardedDistinct<'_,
         quota: &Quota,
         value: &[u8],
     ) -> Result<Decision, StoreError> {
-        self.guard.guarded(self.inner.decide_distinct(identity, quota, value)).await
+        self.guard.guarded(Instant::now(), self.inner.decide_distinct(identity, quota, value)).await
     }
 }
 

@@ -38,67 +38,140 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_nanos().div_ceil(1_000_000_000).try_into().unwrap_or(u64::MAX)
 }
 
-/// Appends `n` in decimal: header values are built per request, without the
-/// formatting machinery.
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+/// Where header values are rendered: a growing `Vec`, or the fixed buffer
+/// of one response's values ([`Inline`]).
+trait Out {
+    fn put(&mut self, bytes: &[u8]);
+    fn len(&self) -> usize;
 }
 
-fn push_policy(out: &mut Vec<u8>, i: usize, name: &str, quota: &slidegate::Quota) {
-    if i > 0 {
-        out.extend_from_slice(b", ");
+impl Out for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
-    out.push(b'"');
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\";q=");
+
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+/// Room for one response's rendered values in [`Inline`]: a rule's usual
+/// few policies with short names fit; more spill into a `Vec`.
+const INLINE: usize = 240;
+
+/// A fixed buffer that notes when something did not fit, so the caller
+/// renders again into a `Vec`. The owner of the bytes every value of one
+/// response is a slice of: one allocation for all of them.
+struct Inline {
+    bytes: [u8; INLINE],
+    len: usize,
+    overflowed: bool,
+}
+
+impl Inline {
+    fn new() -> Self {
+        Self { bytes: [0; INLINE], len: 0, overflowed: false }
+    }
+}
+
+impl Out for Inline {
+    fn put(&mut self, bytes: &[u8]) {
+        match self.bytes.get_mut(self.len..self.len + bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl AsRef<[u8]> for Inline {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// `00` to `99`: [`push_u64`] writes two digits per division.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
+/// Appends `n` in decimal: header values are built per request, without the
+/// formatting machinery.
+fn push_u64(out: &mut impl Out, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    while n >= 10 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    // The last pair was `10..=99` (no leading zero), or one digit is left.
+    if n > 0 || i == digits.len() {
+        i -= 1;
+        digits[i] = b'0' + n as u8;
+    }
+    out.put(&digits[i..]);
+}
+
+fn push_policy(out: &mut impl Out, i: usize, name: &str, quota: &slidegate::Quota) {
+    if i > 0 {
+        out.put(b", ");
+    }
+    out.put(b"\"");
+    out.put(name.as_bytes());
+    out.put(b"\";q=");
     push_u64(out, quota.permits());
-    out.extend_from_slice(b";w=");
+    out.put(b";w=");
     push_u64(out, ceil_secs(quota.window()).max(1));
 }
 
-fn policy_items<'p, 'a: 'p>(policies: impl Iterator<Item = &'p PolicyResult<'a>>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+fn policy_items<'p, 'a: 'p>(out: &mut impl Out, policies: impl Iterator<Item = &'p PolicyResult<'a>>) {
     for (i, p) in policies.enumerate() {
-        push_policy(&mut out, i, p.name, &p.quota);
+        push_policy(out, i, p.name, &p.quota);
     }
-    out
 }
 
-fn ratelimit_items<'p, 'a: 'p>(policies: impl Iterator<Item = &'p PolicyResult<'a>>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48);
+fn ratelimit_items<'p, 'a: 'p>(out: &mut impl Out, policies: impl Iterator<Item = &'p PolicyResult<'a>>) {
     for (i, p) in policies.enumerate() {
         if i > 0 {
-            out.extend_from_slice(b", ");
+            out.put(b", ");
         }
-        out.push(b'"');
-        out.extend_from_slice(p.name.as_bytes());
-        out.extend_from_slice(b"\";r=");
-        push_u64(&mut out, p.decision.remaining);
-        out.extend_from_slice(b";t=");
-        push_u64(&mut out, ceil_secs(p.decision.reset_after));
+        out.put(b"\"");
+        out.put(p.name.as_bytes());
+        out.put(b"\";r=");
+        push_u64(out, p.decision.remaining);
+        out.put(b";t=");
+        push_u64(out, ceil_secs(p.decision.reset_after));
     }
-    out
 }
 
 /// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
 /// `w` must be a positive integer, so sub-second windows announce 1.
 pub fn policy_header(policies: &[&PolicyResult<'_>]) -> String {
-    String::from_utf8_lossy(&policy_items(policies.iter().copied())).into_owned()
+    let mut out = Vec::with_capacity(64);
+    policy_items(&mut out, policies.iter().copied());
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `RateLimit` items: `"name";r=9;t=1`.
 pub fn ratelimit_header(policies: &[&PolicyResult<'_>]) -> String {
-    String::from_utf8_lossy(&ratelimit_items(policies.iter().copied())).into_owned()
+    let mut out = Vec::with_capacity(48);
+    ratelimit_items(&mut out, policies.iter().copied());
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn number(n: u64) -> HeaderValue {
@@ -115,11 +188,16 @@ fn value(bytes: Vec<u8>) -> Option<HeaderValue> {
 ///
 /// Rendered where the verdict is (it borrows the limiter) and inserted into
 /// the response later, straight into the response's own map: no second map
-/// to build and merge per request.
+/// to build and merge per request. The values made per request are written
+/// into one buffer, and each is a slice of it: one allocation per response.
 #[derive(Debug, Default)]
 pub struct RateHeaders {
     values: [Option<HeaderValue>; 6],
 }
+
+/// Where each value of [`RateHeaders::values`] lies in the buffer it was
+/// rendered into (`None`: not rendered).
+type Spans = [Option<std::ops::Range<usize>>; 6];
 
 /// The names of [`RateHeaders::values`], in order.
 const RATE_HEADER_NAMES: [&HeaderName; 6] = [
@@ -135,23 +213,28 @@ impl RateHeaders {
     /// The headers of `verdict`.
     pub fn of(verdict: &Verdict, legacy: bool) -> Self {
         let mut values: [Option<HeaderValue>; 6] = Default::default();
-        let Some(decisive) = verdict.decisive() else { return Self { values } };
-        let allowed = verdict.allowed();
-        // Policy names are validated ASCII without quotes, so these are valid values.
-        values[0] = match (allowed, verdict.policy_value) {
-            // Every policy of the set, as the limiter rendered it once.
-            (true, Some(listed)) => Some(listed.clone()),
-            _ => value(policy_items(verdict.policies.iter().filter(|p| allowed || !p.decision.allowed))),
-        };
-        values[1] =
-            value(ratelimit_items(verdict.policies.iter().filter(|p| allowed || !p.decision.allowed)));
-        if legacy {
-            values[2] = Some(number(decisive.quota.permits()));
-            values[3] = Some(number(decisive.decision.remaining));
-            values[4] = Some(number(ceil_secs(decisive.decision.reset_after)));
+        if verdict.decisive().is_none() {
+            return Self { values };
         }
-        if verdict.blocks() {
-            values[5] = decisive.decision.retry_after.map(|wait| number(ceil_secs(wait)));
+        if let (true, Some(listed)) = (verdict.allowed(), verdict.policy_value) {
+            // Every policy of the set, as the limiter rendered it once.
+            values[0] = Some(listed.clone());
+        }
+        let policies = values[0].is_none();
+        let mut inline = Inline::new();
+        let spans = render(verdict, legacy, policies, &mut inline);
+        let (bytes, spans) = if inline.overflowed {
+            let mut out = Vec::with_capacity(2 * INLINE);
+            let spans = render(verdict, legacy, policies, &mut out);
+            (Bytes::from(out), spans)
+        } else {
+            (Bytes::from_owner(inline), spans)
+        };
+        for (value, span) in values.iter_mut().zip(spans) {
+            if let Some(span) = span {
+                // Policy names are validated ASCII without quotes, so these are valid values.
+                *value = HeaderValue::from_maybe_shared(bytes.slice(span)).ok();
+            }
         }
         Self { values }
     }
@@ -166,14 +249,49 @@ impl RateHeaders {
         if self.is_empty() {
             return;
         }
-        // Room for every header at once: growing a map parsed to size rehashes it.
-        headers.reserve(self.values.iter().flatten().count());
+        // Room for every header at once, and for the `content-length` a
+        // framework adds after the layer (axum's routes do): a map grown
+        // while full moves every entry, one grown now moves the few it has.
+        headers.reserve(self.values.iter().flatten().count() + 1);
         for (name, value) in RATE_HEADER_NAMES.into_iter().zip(self.values) {
             if let Some(value) = value {
                 headers.insert(name.clone(), value);
             }
         }
     }
+}
+
+/// Writes the values of `verdict`'s headers made per request into `out`,
+/// the `RateLimit-Policy` items only when `policies` (else the limiter's
+/// rendering of them is used).
+fn render(verdict: &Verdict, legacy: bool, policies: bool, out: &mut impl Out) -> Spans {
+    let mut spans: Spans = Default::default();
+    let Some(decisive) = verdict.decisive() else { return spans };
+    let allowed = verdict.allowed();
+    let shown = || verdict.policies.iter().filter(|p| allowed || !p.decision.allowed);
+    if policies {
+        let from = out.len();
+        policy_items(out, shown());
+        spans[0] = Some(from..out.len());
+    }
+    let from = out.len();
+    ratelimit_items(out, shown());
+    spans[1] = Some(from..out.len());
+    if legacy {
+        let numbers =
+            [decisive.quota.permits(), decisive.decision.remaining, ceil_secs(decisive.decision.reset_after)];
+        for (span, n) in spans[2..5].iter_mut().zip(numbers) {
+            let from = out.len();
+            push_u64(out, n);
+            *span = Some(from..out.len());
+        }
+    }
+    if let Some(wait) = decisive.decision.retry_after.filter(|_| verdict.blocks()) {
+        let from = out.len();
+        push_u64(out, ceil_secs(wait));
+        spans[5] = Some(from..out.len());
+    }
+    spans
 }
 
 /// Adds the rate limit headers of `verdict` to `headers`; see [`RateHeaders`].
@@ -358,6 +476,32 @@ mod tests {
 
     fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
         h.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 1, 9, 10, 42, 99, 100, 101, 999, 1000, 12_345, 999_999_999, u64::MAX - 1, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes(), "{n}");
+        }
+    }
+
+    #[test]
+    fn values_too_long_for_the_buffer_are_rendered_whole() {
+        // Long names: the values overflow the inline buffer and spill into a Vec.
+        let names: Vec<&'static str> = (0..8).map(|i| &*format!("{}-{i}", "p".repeat(40)).leak()).collect();
+        let policies: Vec<_> = names.iter().map(|n| policy(n, 10, 60_000, 7, 30_000, None)).collect();
+        let expected_policy: Vec<String> = names.iter().map(|n| format!("\"{n}\";q=10;w=60")).collect();
+        let expected_rate: Vec<String> = names.iter().map(|n| format!("\"{n}\";r=7;t=30")).collect();
+        let mut h = HeaderMap::new();
+        apply(&mut h, &verdict(policies, false), true);
+        assert!(expected_rate.join(", ").len() > INLINE);
+        assert_eq!(header(&h, "ratelimit-policy"), Some(expected_policy.join(", ").as_str()));
+        assert_eq!(header(&h, "ratelimit"), Some(expected_rate.join(", ").as_str()));
+        assert_eq!(header(&h, "x-ratelimit-limit"), Some("10"));
+        assert_eq!(header(&h, "x-ratelimit-remaining"), Some("7"));
+        assert_eq!(header(&h, "x-ratelimit-reset"), Some("30"));
     }
 
     #[test]

@@ -34,6 +34,13 @@ impl Store for AnyStore {
         Some(self)
     }
 
+    fn has_outages(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.has_outages(),
+            AnyStore::Redis(_) => true,
+        }
+    }
+
     fn tables(&self) -> Option<impl SharedTables + '_> {
         Some(self)
     }

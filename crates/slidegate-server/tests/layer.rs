@@ -131,6 +131,10 @@ impl Store for Shared {
     ) -> Result<Option<std::time::Duration>, StoreError> {
         self.0.memory.lift_penalty_sync(identity)
     }
+
+    fn has_outages(&self) -> bool {
+        true
+    }
 }
 
 fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {

@@ -272,6 +272,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send {
         std::future::ready(self.lift_penalty_sync(identity))
     }
+
+    /// In the process: never unreachable, never late.
+    fn has_outages(&self) -> bool {
+        false
+    }
 }
 
 impl<C: Clock> DistinctStore for MemoryStore<C> {

@@ -389,6 +389,18 @@ pub trait Store: Send + Sync {
         identity: &Identity,
         deadline: Option<Instant>,
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
+
+    /// Whether the store can have outages: fail as unavailable for a while
+    /// ([`StoreError::is_unavailable`]: a server down, a connection lost, a
+    /// call past its deadline) and then answer again. A layer that prepares
+    /// for an outage — a fallback remembering each answer to start from it —
+    /// does that work only when this is `true`.
+    ///
+    /// `false` for a store in the process, such as [`MemoryStore`](memory::MemoryStore):
+    /// its only unavailable answer is [`StoreError::TimeOutOfRange`], a host
+    /// clock past [`MAX_TIME_MS`], which is no outage that an earlier answer
+    /// helps to bridge. A layer answers for the stack below it.
+    fn has_outages(&self) -> bool;
 }
 
 /// The ability to count distinct values per identity (crawl breadth): a

@@ -579,6 +579,11 @@ impl Store for RedisStore {
             redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("lift: {e}")))?;
         Ok(u64::try_from(left).ok().map(Duration::from_millis))
     }
+
+    /// A server over the network: it can be down, slow or unreachable.
+    fn has_outages(&self) -> bool {
+        true
+    }
 }
 
 impl DistinctStore for RedisStore {
