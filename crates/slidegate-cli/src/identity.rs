@@ -43,6 +43,10 @@ struct HashArgs {
     /// A client address (IPv4 or IPv6; IPv6 is grouped by `ipv6_prefix`).
     #[arg(long, value_name = "ADDRESS")]
     ip: Option<String>,
+    /// Print the whole digest as a plans file takes it (`hash:<32 hex digits>`)
+    /// rather than the 16 digits the offenders page shows.
+    #[arg(long)]
+    full: bool,
 }
 
 /// Runs `slidegate identity`.
@@ -94,6 +98,9 @@ fn hash(args: &HashArgs) -> Result<String, String> {
         }
         (None, None) => return Err("give --key KEY or --ip ADDRESS".to_owned()),
     };
+    if args.full {
+        return Ok(format!("hash:{}", identity.digest()));
+    }
     Ok(IdentityHash::from(&identity).short_hex())
 }
 

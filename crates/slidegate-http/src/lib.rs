@@ -59,6 +59,7 @@ mod limiter;
 mod metrics;
 pub mod offenders;
 mod penalty;
+mod plans;
 mod response_cost;
 mod rules;
 mod verdict;
@@ -74,6 +75,7 @@ pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, LimiterError, RateLimiter};
 pub use metrics::{Metrics, RuleCounters, StoreCounters};
+pub use plans::{PlanOverride, PlanOverrides};
 pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,

@@ -44,6 +44,8 @@ pub struct LimiterConfig {
     pub rules: Vec<RuleConfig>,
     /// The deadline, circuit breaker, fallback and deny cache in front of the store.
     pub guard: StoreGuard,
+    /// Plans: other limits for the API keys mapped to them.
+    pub plans: super::PlansConfig,
 }
 
 /// What to do with a request when the store failed or timed out.

@@ -24,4 +24,6 @@ pub use error::ConfigError;
 pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, ServerConfig, StoreConfig};
 
 #[cfg(test)]
+mod plans_tests;
+#[cfg(test)]
 mod tests;

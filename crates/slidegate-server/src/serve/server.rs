@@ -91,6 +91,10 @@ impl Server {
                 Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
             }
         };
+        // The limiter holds the digests of the keys file's keys; the copy kept
+        // to reload from holds no key as it is.
+        let mut kept = config.clone();
+        kept.limiter.plans.keys.forget_raw_keys();
         Ok(Self {
             listener,
             admin_listener,
@@ -103,8 +107,8 @@ impl Server {
             grace: config.server.shutdown_grace,
             drain_delay: config.server.drain_delay,
             readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
-            reloader: Reloader::new(None, config.clone(), limiter.clone()),
-            config: config.clone(),
+            reloader: Reloader::new(None, kept.clone(), limiter.clone()),
+            config: kept,
             limiter,
             access_log,
         })

@@ -2,10 +2,12 @@
 //! (ranges, contradictions, duplicates, environment variables) is checked
 //! here, and every error is located at the offending value. One file per
 //! part of the file: `server` (`[server]`), `store` (`[store]`: the Redis
-//! target, its login and the limiter's guard), `identity` and `rules`.
+//! target, its login and the limiter's guard), `identity`, `rules` and `plans`
+//! (`[[plans]]` and the keys file).
 
 mod access_log;
 mod identity;
+mod plans;
 mod rules;
 mod server;
 mod store;
@@ -101,7 +103,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
         let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
-        Validator { fail: &fail, env, used }.config(raw)
+        Validator { fail: &fail, env, used, path }.config(raw)
     }
 }
 
@@ -136,6 +138,8 @@ struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
     used: Use,
+    /// The configuration file: files it names are relative to its directory.
+    path: &'a Path,
 }
 
 impl Validator<'_> {
@@ -187,6 +191,10 @@ impl Validator<'_> {
         let store = self.store(&mut raw.store)?;
         let mut limiter = LimiterConfig::default();
         limiter.guard = self.guard(raw.store)?;
+        let plan_keys = plans::RawPlanKeys {
+            plans_file: raw.identity.plans_file.take(),
+            default_plan: raw.identity.default_plan.take(),
+        };
         limiter.identity = self.identity(raw.identity)?;
         if let (Some(span), None) = (url_span, &limiter.identity.secret) {
             // Each instance would draw its own random secret: one client gets
@@ -211,6 +219,8 @@ impl Validator<'_> {
             rules.push(rule);
         }
         limiter.rules = rules;
+        self.unique_plans(&raw.plans)?;
+        limiter.plans = self.plans(raw.plans, plan_keys, &limiter.rules, &limiter.identity)?;
         limiter.headers = HeadersConfig::default();
         if let Some(legacy) = raw.headers.legacy {
             limiter.headers.legacy = legacy;

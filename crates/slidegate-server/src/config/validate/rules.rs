@@ -184,7 +184,7 @@ impl Validator<'_> {
         })
     }
 
-    fn limits(
+    pub(super) fn limits(
         &self,
         rule: &str,
         list: Spanned<Vec<Spanned<RawLimit>>>,
