@@ -90,6 +90,10 @@ struct RedisArgs {
     /// node has it, else the Lua scripts), `lua` or `module`.
     #[arg(long, value_name = "auto|lua|module", default_value = "auto")]
     engine: Engine,
+    /// The deadline of each store call, in seconds: a stall of a loaded
+    /// machine belongs in the latency figures, not in an error, up to this.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = crate::args::seconds(3600.0))]
+    timeout: f64,
     /// Skip the `redis-benchmark -P 16` measurement even if it is on PATH.
     #[arg(long)]
     no_redis_benchmark: bool,
@@ -236,12 +240,19 @@ async fn bench_redis(args: RedisArgs) -> crate::CommandResult {
     // Leave the Redis as we found it, whatever happened: every master.
     bench.admin.delete_prefix(&bench.prefix).await?;
     let measured = measured?;
+    let engine_used = bench.engine_used.map(Engine::name);
     if args.json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&json_report(&args, &quota, &measured, bench.admin.len()))?
-        );
+        let mut report = json_report(&args, &quota, &measured, bench.admin.len());
+        report["setup"]["engine_used"] = json!(engine_used);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        match (engine_used, args.engine) {
+            (Some(used), Engine::Auto) => {
+                eprintln!("engine: {used} (chosen by auto; the sliding log always runs in Lua)")
+            }
+            (Some(used), _) => eprintln!("engine: {used}"),
+            (None, setting) => eprintln!("engine: {setting}"),
+        }
         print_table(&measured);
     }
     Ok(ExitCode::SUCCESS)
@@ -261,6 +272,9 @@ struct Bench<'a> {
     script: Arc<ReferenceScript>,
     /// Every key of the run starts with it; each candidate adds `<index>:`.
     prefix: String,
+    /// What decided inside Redis (what `--engine auto` chose), once a
+    /// candidate through the store has run.
+    engine_used: Option<Engine>,
 }
 
 impl<'a> Bench<'a> {
@@ -269,7 +283,7 @@ impl<'a> Bench<'a> {
         // A loaded machine may stall Redis past the client's default 500 ms; a
         // stall belongs in the latency figures, not in an error.
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(30)))
+            .set_response_timeout(Some(Duration::from_secs_f64(args.timeout)))
             .set_connection_timeout(Some(Duration::from_secs(5)));
         let script = Arc::new(ReferenceScript::new());
         let (mut load, mut cluster_load) = (Vec::new(), Vec::new());
@@ -289,7 +303,7 @@ impl<'a> Bench<'a> {
             None => {
                 let target = RedisTarget::Cluster(args.redis_cluster.clone());
                 let options = RedisOptions::new()
-                    .with_timeout(Duration::from_secs(30))
+                    .with_timeout(Duration::from_secs_f64(args.timeout))
                     .with_connect_timeout(Duration::from_secs(5))
                     .with_engine(args.engine);
                 for _ in 0..args.connections {
@@ -306,7 +320,16 @@ impl<'a> Bench<'a> {
         }
         // The same prefix for the reference script's keys as for the store's:
         // key length is part of the memory per identity.
-        Ok(Bench { args, quota, admin, load, cluster_load, script, prefix: run_prefix("sgb") })
+        Ok(Bench {
+            args,
+            quota,
+            admin,
+            load,
+            cluster_load,
+            script,
+            prefix: run_prefix("sgb"),
+            engine_used: None,
+        })
     }
 
     /// Every candidate in turn, then the `redis-benchmark` comparison.
@@ -358,6 +381,10 @@ impl<'a> Bench<'a> {
         let clock: Option<Arc<dyn Clock>> =
             if self.args.client_time { Some(Arc::new(SystemClock)) } else { None };
         let subjects = self.subjects(candidate, prefix, clock);
+        let engine = subjects.first().and_then(|s| match s {
+            Subject::Store(store, _) => Some(store.clone()),
+            Subject::Reference { .. } => None,
+        });
         for conn in self.admin.connections() {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
         }
@@ -368,6 +395,9 @@ impl<'a> Bench<'a> {
             Duration::from_secs_f64(self.args.seconds),
         )
         .await?;
+        if let Some(found) = engine.and_then(|store| store.engine_in_use()) {
+            self.engine_used = Some(found);
+        }
         let server_us_per_decision = self.server_us_per_call().await?;
         self.admin.delete_prefix(prefix).await?;
         let bytes_per_identity = self.memory_per_identity(candidate, prefix).await?;
@@ -438,7 +468,7 @@ impl<'a> Bench<'a> {
                 // As for the connections: a stall of the loaded machine belongs
                 // in the latency figures, not in an error.
                 let mut store = RedisStore::from_connection(conn.clone())
-                    .with_timeout(Duration::from_secs(30))
+                    .with_timeout(Duration::from_secs_f64(self.args.timeout))
                     .with_prefix(prefix);
                 if let Some(clock) = &clock {
                     store = store.with_time_source(TimeSource::Client(clock.clone()));

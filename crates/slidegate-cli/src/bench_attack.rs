@@ -231,23 +231,8 @@ async fn run_mode(
 /// Calls and server µs of `EVALSHA` and `EVAL` in `INFO commandstats`, and
 /// of the native module's commands where it decides.
 fn script_stats(info: &str) -> (u64, u64) {
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    info.lines()
-        .filter(|l| {
-            [
-                "cmdstat_evalsha:",
-                "cmdstat_eval:",
-                "cmdstat_slidegate.decide:",
-                "cmdstat_slidegate.decide_all:",
-            ]
-            .iter()
-            .any(|p| l.starts_with(p))
-        })
-        .fold((0, 0), |(calls, usec), l| (calls + field(l, "calls"), usec + field(l, "usec")))
+    crate::redis_info::command_totals(info, &["evalsha", "eval", "slidegate.decide", "slidegate.decide_all"])
+        .unwrap_or((0, 0))
 }
 
 #[cfg(test)]

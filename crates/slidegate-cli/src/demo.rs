@@ -52,6 +52,11 @@ pub struct DemoArgs {
     /// Identities in the memory experiment (each sends one request).
     #[arg(long, default_value_t = 100_000, value_parser = crate::args::count(1..=10_000_000))]
     identities: usize,
+    /// With --redis-url or --redis-cluster: the deadline of each store call,
+    /// in seconds (a loaded machine may need more than the default). A call
+    /// past it stops the demo, which prints what it measured before.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = crate::args::seconds(3600.0))]
+    timeout: f64,
 }
 
 /// Window 0 of the boundary burst starts here: a multiple of 60 s.
@@ -68,12 +73,37 @@ const IN_FLIGHT: u64 = 512;
 /// the empty one, so a key holds the bare name, as the article's keys do.
 const SCOPE: &str = "";
 
+/// What the demo measured; on a failure, what it measured before.
 #[derive(Serialize)]
 struct Report {
     store: &'static str,
+    /// What decided inside Redis (`lua` or `module`; Redis only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine: Option<&'static str>,
+    /// The `--engine` setting (Redis only): `auto` chose `engine`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_setting: Option<&'static str>,
     identities: u64,
-    boundary_burst: BoundaryBurst,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    boundary_burst: Option<BoundaryBurst>,
     memory: BTreeMap<&'static str, Memory>,
+    /// Why the demo stopped before the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl Report {
+    fn new(store: &'static str, identities: u64) -> Self {
+        Report {
+            store,
+            engine: None,
+            engine_setting: None,
+            identities,
+            boundary_burst: None,
+            memory: BTreeMap::new(),
+            error: None,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -100,17 +130,27 @@ struct Memory {
 /// Runs `slidegate demo`.
 pub fn run(args: DemoArgs) -> crate::CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let identities = args.identities as u64;
+    let progress = Progress::new(identities);
+    let run =
+        Run { engine: args.engine, timeout: Duration::from_secs_f64(args.timeout), identities, progress };
     let (report, curves) = runtime.block_on(async {
         match (&args.redis_url, args.redis_cluster.as_slice()) {
-            (Some(url), _) => {
-                on_redis(&RedisTarget::Single(url.clone()), args.engine, args.identities as u64).await
-            }
-            (None, []) => embedded(args.identities as u64).await,
-            (None, seeds) => {
-                on_redis(&RedisTarget::Cluster(seeds.to_vec()), args.engine, args.identities as u64).await
-            }
+            (Some(url), _) => on_redis(&RedisTarget::Single(url.clone()), &run).await,
+            (None, []) => embedded(&run).await,
+            (None, seeds) => on_redis(&RedisTarget::Cluster(seeds.to_vec()), &run).await,
         }
     })?;
+    run.progress.bar.finish_and_clear();
+    if let Some(err) = &report.error {
+        // What was measured before the failure, then the failure.
+        if args.json {
+            outln!("{}", serde_json::to_string(&report)?);
+        } else {
+            out!("{}", render(&report));
+        }
+        return Err(err.clone().into());
+    }
     if let Some(dir) = &args.plot {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("boundary_burst.svg");
@@ -130,13 +170,56 @@ pub fn run(args: DemoArgs) -> crate::CommandResult {
 /// Cumulative admissions over time, per algorithm, for the chart.
 type Curves = Vec<(&'static str, Vec<(u64, u64)>)>;
 
-async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+/// How the demo runs: its settings and its progress bar.
+struct Run {
+    engine: Engine,
+    timeout: Duration,
+    identities: u64,
+    progress: Progress,
+}
+
+/// A bar over the demo's decisions on a terminal; nothing when stderr is
+/// piped (the Redis run takes half a minute: it should show it is busy).
+struct Progress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    fn new(identities: u64) -> Self {
+        use std::io::IsTerminal as _;
+        if !std::io::stderr().is_terminal() {
+            return Progress { bar: indicatif::ProgressBar::hidden() };
+        }
+        let algorithms = Algorithm::ALL.len() as u64;
+        let total = (algorithms + 1) * 2 * BURST_HALF + algorithms * (ONE_IDENTITY_REQUESTS + identities);
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>34} {wide_bar} {pos}/{len} decisions ({eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Progress { bar }
+    }
+
+    /// `what` is being measured now.
+    fn step(&self, what: String) {
+        self.bar.set_message(what);
+    }
+
+    fn done(&self, decisions: u64) {
+        self.bar.inc(decisions);
+    }
+}
+
+async fn embedded(run: &Run) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+    let identities = run.identities;
     let clock = ManualClock::new(0);
     let store = MemoryStore::with_clock(clock.clone());
-    let (allowed, curves) = boundary_burst(&store, &clock, "burst").await?;
-    let mut memory = BTreeMap::new();
+    let mut report = Report::new("memory", identities);
+    let (allowed, curves) = boundary_burst(&store, &clock, "burst", &run.progress).await?;
+    report.boundary_burst = Some(burst_report(allowed, None));
     for algorithm in Algorithm::ALL {
         let limit = memory_limit(algorithm)?;
+        run.progress.step(format!("B. memory, {}", algorithm.name()));
         let one = {
             let store = MemoryStore::with_clock(clock.clone());
             let count = HeapCount::start();
@@ -157,7 +240,8 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
             drop(store);
             used as u64 / identities
         };
-        memory.insert(
+        run.progress.done(ONE_IDENTITY_REQUESTS + identities);
+        report.memory.insert(
             algorithm.name(),
             Memory {
                 bytes_per_identity: per_identity,
@@ -166,15 +250,13 @@ async fn embedded(identities: u64) -> Result<(Report, Curves), Box<dyn std::erro
             },
         );
     }
-    let report = Report { store: "memory", identities, boundary_burst: burst_report(allowed, None), memory };
     Ok((report, curves))
 }
 
-async fn on_redis(
-    target: &RedisTarget,
-    engine: Engine,
-    identities: u64,
-) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
+/// Both experiments on Redis. A failure once they started (a call past
+/// `--timeout`, a Redis gone) is kept in the report's `error`, with what was
+/// measured before it.
+async fn on_redis(target: &RedisTarget, run: &Run) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
     let (mut nodes, name) = match target {
         RedisTarget::Cluster(seeds) => {
             (Nodes::cluster(seeds).await.map_err(|e| cluster_unreachable(seeds, e))?, shown_all(seeds))
@@ -182,22 +264,39 @@ async fn on_redis(
         RedisTarget::Single(url) => (Nodes::single(url).await.map_err(|e| unreachable(url, e))?, shown(url)),
         _ => return Err("demo runs on one Redis or a Redis Cluster".into()),
     };
-    if engine == Engine::Module {
+    if run.engine == Engine::Module {
         for conn in nodes.connections() {
             require_module(conn).await?;
         }
     }
     let prefix = run_prefix("sgdemo");
     let clock = ManualClock::new(0);
-    let store = RedisStore::connect_to(target, RedisOptions::new().with_engine(engine))
+    let options = RedisOptions::new()
+        .with_engine(run.engine)
+        .with_timeout(run.timeout)
+        .with_connect_timeout(run.timeout);
+    let store = RedisStore::connect_to(target, options)
         .await
         .map_err(|e| format!("cannot reach Redis at {name}: {e}"))?
         .with_prefix(prefix.clone())
         .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
-    let result = redis_experiments(&store, &clock, &mut nodes, &prefix, identities).await;
+    let mut report = Report::new(if nodes.is_cluster() { "redis_cluster" } else { "redis" }, run.identities);
+    report.engine_setting = Some(run.engine.name());
+    let mut curves = Vec::new();
+    let result = redis_experiments(&store, &clock, &mut nodes, &prefix, run, &mut report, &mut curves).await;
+    report.engine = store.engine_in_use().map(Engine::name);
     // Leave the user's Redis as we found it, whatever happened: every master.
-    nodes.delete_prefix(&prefix).await?;
-    result
+    let cleanup = nodes.delete_prefix(&prefix).await;
+    match (result, cleanup) {
+        (Ok(()), Ok(())) => {}
+        (Ok(()), Err(e)) => return Err(e.into()),
+        (Err(e), Ok(())) => report.error = Some(e.to_string()),
+        (Err(e), Err(cleanup)) => {
+            report.error =
+                Some(format!("{e} (and the demo's keys under {prefix} could not be deleted: {cleanup})"));
+        }
+    }
+    Ok((report, curves))
 }
 
 async fn redis_experiments(
@@ -205,20 +304,29 @@ async fn redis_experiments(
     clock: &ManualClock,
     nodes: &mut Nodes,
     prefix: &str,
-    identities: u64,
-) -> Result<(Report, Curves), Box<dyn std::error::Error>> {
-    let (allowed, curves) = boundary_burst(store, clock, "burst").await?;
+    run: &Run,
+    report: &mut Report,
+    curves: &mut Curves,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (allowed, burst_curves) = boundary_burst(store, clock, "burst", &run.progress).await?;
+    *curves = burst_curves;
     // The script derives its second key from the first: on a cluster a hash
     // tag keeps both in one slot, as a caller of the script would have to.
     let reference_key =
         if nodes.is_cluster() { format!("{prefix}{{reference}}") } else { format!("{prefix}reference") };
-    let reference = reference_burst(nodes.owner_of(&reference_key).await?, &reference_key).await?;
+    run.progress.step("A. boundary burst, reference".to_owned());
+    let reference = reference_burst(nodes.owner_of(&reference_key).await?, &reference_key).await;
+    report.boundary_burst = Some(burst_report(allowed, reference.as_ref().ok().copied()));
+    reference?;
+    run.progress.done(2 * BURST_HALF);
     nodes.delete_prefix(prefix).await?;
 
-    let mut memory = BTreeMap::new();
+    let identities = run.identities;
     for algorithm in Algorithm::ALL {
         let limit = memory_limit(algorithm)?;
+        run.progress.step(format!("B. memory, {}", algorithm.name()));
         one_identity(store, clock, &limit).await?;
+        run.progress.done(ONE_IDENTITY_REQUESTS);
         let mut usage = 0;
         for key in store.keys_for(&Identity::named(SCOPE, "one"), &limit) {
             // On a cluster, asked of the master that holds the key.
@@ -240,12 +348,13 @@ async fn redis_experiments(
             }
             while let Some(done) = tasks.join_next().await {
                 done??;
+                run.progress.done(1);
             }
         }
         let after = nodes.used_memory().await?;
         nodes.delete_prefix(prefix).await?;
         settle(nodes).await?;
-        memory.insert(
+        report.memory.insert(
             algorithm.name(),
             Memory {
                 bytes_per_identity: after.saturating_sub(before) / identities,
@@ -254,9 +363,7 @@ async fn redis_experiments(
             },
         );
     }
-    let store = if nodes.is_cluster() { "redis_cluster" } else { "redis" };
-    let report = Report { store, identities, boundary_burst: burst_report(allowed, Some(reference)), memory };
-    Ok((report, curves))
+    Ok(())
 }
 
 /// Experiment A through `store`: returns admissions per algorithm and their curves.
@@ -264,12 +371,14 @@ async fn boundary_burst<S: Store>(
     store: &S,
     clock: &ManualClock,
     key: &str,
+    progress: &Progress,
 ) -> Result<(BTreeMap<&'static str, u64>, Curves), Box<dyn std::error::Error>> {
     let quota = burst_quota()?;
     let identity = Identity::named(SCOPE, key);
     let mut allowed = BTreeMap::new();
     let mut curves = Vec::new();
     for algorithm in Algorithm::ALL {
+        progress.step(format!("A. boundary burst, {}", algorithm.name()));
         let charge = [Charge::new(Limit::new(algorithm, quota), 1)];
         let mut admitted = 0;
         let mut curve = Vec::new();
@@ -277,6 +386,7 @@ async fn boundary_burst<S: Store>(
             clock.set(t);
             admitted += u64::from(store.decide(Request::new(&identity, &charge)).await?.allowed());
             curve.push((t - WINDOW_0_MS, admitted));
+            progress.done(1);
         }
         allowed.insert(algorithm.name(), admitted);
         curves.push((algorithm.name(), curve));
@@ -352,13 +462,31 @@ async fn settle(nodes: &mut Nodes) -> Result<(), redis::RedisError> {
 
 fn render(report: &Report) -> String {
     let mut out = String::new();
-    let b = &report.boundary_burst;
     let store = match report.store {
         "redis" => "Redis",
         "redis_cluster" => "Redis Cluster",
         _ => "embedded store",
     };
-    let _ = writeln!(out, "slidegate demo on the {store}\n");
+    let engine = match (report.engine, report.engine_setting) {
+        (Some(engine), Some("auto")) => format!(", engine {engine} (chosen by auto)"),
+        (Some(engine), _) => format!(", engine {engine}"),
+        (None, Some(setting)) => format!(", engine {setting}"),
+        (None, None) => String::new(),
+    };
+    let _ = writeln!(out, "slidegate demo on the {store}{engine}\n");
+    if let Some(b) = &report.boundary_burst {
+        render_burst(&mut out, b);
+    }
+    if !report.memory.is_empty() {
+        render_memory(&mut out, report);
+    }
+    if let Some(err) = &report.error {
+        let _ = writeln!(out, "\nStopped before the end: {err}");
+    }
+    out
+}
+
+fn render_burst(out: &mut String, b: &BoundaryBurst) {
     let _ = writeln!(out, "A. Boundary burst: limit {} per {} s", b.limit, b.window_ms / 1000);
     let _ = writeln!(
         out,
@@ -366,14 +494,13 @@ fn render(report: &Report) -> String {
         BURST_HALF, BURST_HALF, BURST_HALF, BURST_HALF
     );
     let _ = writeln!(out, "   {:<26} {:>7}", "algorithm", "allowed");
-    for algorithm in Algorithm::ALL {
-        let n = b.allowed[algorithm.name()];
+    for (name, &n) in Algorithm::ALL.iter().filter_map(|a| Some((a.name(), b.allowed.get(a.name())?))) {
         let note = match n {
             n if n > b.limit => format!("  {:.1}× the limit within {} ms", n as f64 / b.limit as f64, b.sent),
             n if n == b.limit => "  = the limit".to_owned(),
             _ => String::new(),
         };
-        let _ = writeln!(out, "   {:<26} {:>7} of {}{note}", algorithm.name(), n, b.sent);
+        let _ = writeln!(out, "   {:<26} {:>7} of {}{note}", name, n, b.sent);
     }
     if let Some(n) = b.reference_script {
         let _ = writeln!(
@@ -382,6 +509,9 @@ fn render(report: &Report) -> String {
             "reference script", n, b.sent
         );
     }
+}
+
+fn render_memory(out: &mut String, report: &Report) {
     let _ = writeln!(out, "\nB. Memory per identity (limit {ONE_IDENTITY_REQUESTS} per 60 s)\n");
     let (one_header, many_header) = if report.store == "redis_cluster" {
         ("MEMORY USAGE, 1 identity", "Σ masters used_memory Δ / id")
@@ -398,22 +528,20 @@ fn render(report: &Report) -> String {
         format!("after {ONE_IDENTITY_REQUESTS} requests"),
         format!("over {} identities", report.identities)
     );
-    for algorithm in Algorithm::ALL {
-        let m = &report.memory[algorithm.name()];
+    for (name, m) in Algorithm::ALL.iter().filter_map(|a| Some((a.name(), report.memory.get(a.name())?))) {
         let _ = writeln!(
             out,
             "   {:<26} {:>24} B {:>26} B",
-            algorithm.name(),
-            m.bytes_one_identity_after_10000_requests,
-            m.bytes_per_identity
+            name, m.bytes_one_identity_after_10000_requests, m.bytes_per_identity
         );
     }
-    let log = report.memory["sliding_log"].bytes_one_identity_after_10000_requests;
-    let counter = report.memory["sliding_window_counter"].bytes_one_identity_after_10000_requests.max(1);
-    let _ = writeln!(
-        out,
-        "\n   After {ONE_IDENTITY_REQUESTS} requests the exact log holds {log} B, the sliding window counter {counter} B: {:.0}× less.",
-        log as f64 / counter as f64
-    );
-    out
+    let one = |name: &str| report.memory.get(name).map(|m| m.bytes_one_identity_after_10000_requests);
+    if let (Some(log), Some(counter)) = (one("sliding_log"), one("sliding_window_counter")) {
+        let counter = counter.max(1);
+        let _ = writeln!(
+            out,
+            "\n   After {ONE_IDENTITY_REQUESTS} requests the exact log holds {log} B, the sliding window counter {counter} B: {:.0}× less.",
+            log as f64 / counter as f64
+        );
+    }
 }

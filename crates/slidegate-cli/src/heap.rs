@@ -11,7 +11,7 @@
 //! While counting, every allocation adds its requested size and every free
 //! subtracts it, whichever thread makes it and whenever the block was
 //! allocated, so a count's figure is exactly what an always-on counter
-//! (`cap::Cap`, which the binary used before) gives between the same two
+//! (such as `cap::Cap`) gives between the same two
 //! points.
 //!
 //! Why a switch rather than the alternatives: a cargo feature picks per

@@ -29,6 +29,7 @@ mod redis_nodes;
 mod reference_script;
 mod replay;
 mod serve;
+mod watch;
 
 use std::process::ExitCode;
 

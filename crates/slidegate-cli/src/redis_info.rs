@@ -25,23 +25,27 @@ fn used_memory_in(info: &str) -> Option<u64> {
 }
 
 fn evalsha_usec_per_call_in(info: &str) -> Result<f64, Box<dyn std::error::Error>> {
-    let (mut calls, mut usec, mut found) = (0.0, 0.0, false);
-    for line in info.lines().filter(|l| {
-        ["cmdstat_evalsha:", "cmdstat_slidegate.decide:", "cmdstat_slidegate.decide_all:"]
-            .iter()
-            .any(|p| l.starts_with(p))
-    }) {
-        let field = |name: &str| -> Option<f64> {
-            line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-        };
-        calls += field("calls").ok_or("no calls")?;
-        usec += field("usec").ok_or("no usec")?;
-        found = true;
-    }
-    if !found {
-        return Err("INFO commandstats has no cmdstat_evalsha line".into());
-    }
-    Ok(if calls > 0.0 { usec / calls } else { 0.0 })
+    let (calls, usec) = command_totals(info, &["evalsha", "slidegate.decide", "slidegate.decide_all"])
+        .ok_or("INFO commandstats has no cmdstat_evalsha line")?;
+    Ok(if calls > 0 { usec as f64 / calls as f64 } else { 0.0 })
+}
+
+/// The calls and server µs of `commands` (as Redis names them: `evalsha`,
+/// `slidegate.decide`) added up from the text of `INFO commandstats`;
+/// `None` when the server has run none of them.
+pub fn command_totals(info: &str, commands: &[&str]) -> Option<(u64, u64)> {
+    let field = |fields: &str, name: &str| -> u64 {
+        fields.split(',').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+    };
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            commands.contains(&name).then_some(fields)
+        })
+        .fold(None, |total, fields| {
+            let (calls, usec) = total.unwrap_or((0, 0));
+            Some((calls + field(fields, "calls"), usec + field(fields, "usec")))
+        })
 }
 
 #[cfg(test)]

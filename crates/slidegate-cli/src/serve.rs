@@ -4,7 +4,8 @@
 //! What only a process does — installing the log subscriber, turning signals
 //! into a shutdown or a reload — is done here; the library's [`Server`] takes
 //! the shutdown as a future from its caller, and reloads through its
-//! [`Reloader`].
+//! [`Reloader`] (on `SIGHUP`, and with `[server] watch_config` on a change
+//! of the file: `watch.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,10 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         let server = Server::bind(&config).await?.reload_from(&args.config);
         // The limiter holds the plans' keys as digests only.
         config.limiter.plans.keys.forget_raw_keys();
+        if config.server.watch_config {
+            crate::watch::spawn(args.config.clone(), server.reloader())?;
+            tracing::info!(path = %args.config.display(), "watching the configuration file: a change reloads it");
+        }
         let shutdown = signals.until_shutdown(server.reloader(), server.access_log_reopen());
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.describe();

@@ -1,6 +1,8 @@
 //! `slidegate demo --json` on both stores: the article's experiments give the
 //! figures the README promises, and the Redis run leaves nothing behind.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 use serde_json::Value;
@@ -14,7 +16,14 @@ fn demo(args: &[&str]) -> Value {
         .output()
         .expect("run slidegate demo");
     assert!(out.status.success(), "demo failed: {}", String::from_utf8_lossy(&out.stderr));
+    // Piped, stderr gets no progress bar: nothing at all.
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "piped stderr carries no progress");
     serde_json::from_slice(&out.stdout).expect("demo --json prints one JSON object")
+}
+
+fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
+    let out = Command::new("redis-cli").args(["-p", &server.port().to_string()]).args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn assert_experiments(report: &Value, store: &str) {
@@ -54,6 +63,8 @@ fn redis_demo_reproduces_the_article_and_cleans_up() {
     let server = RedisServer::spawn();
     let report = demo(&["--redis-url", &server.url()]);
     assert_experiments(&report, "redis");
+    // A plain Redis has no module: `auto` chose the Lua scripts, and says so.
+    assert_eq!((&report["engine"], &report["engine_setting"]), (&Value::from("lua"), &Value::from("auto")));
     // The article's script admits one more at the boundary (estimate < limit).
     assert_eq!(report["boundary_burst"]["reference_script"], 101);
     let usage =
@@ -64,4 +75,58 @@ fn redis_demo_reproduces_the_article_and_cleans_up() {
         .output()
         .expect("redis-cli");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "the demo left keys behind");
+}
+
+/// Piped text output is the report alone: no progress bar, no carriage
+/// return or escape sequence, on stdout or stderr; the engine `auto` chose
+/// is named.
+#[test]
+fn piped_text_output_has_no_progress_and_names_the_engine() {
+    let server = RedisServer::spawn();
+    let out = Command::new(env!("CARGO_BIN_EXE_slidegate"))
+        .args(["demo", "--identities", "200", "--redis-url", &server.url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("slidegate demo on the Redis, engine lua (chosen by auto)\n"), "{text}");
+    assert!(!text.contains(['\r', '\u{1b}', '█']), "{text:?}");
+}
+
+/// A failure mid-run (here Redis refusing `MEMORY USAGE`, which the memory
+/// experiment asks after the boundary burst) prints what was measured
+/// before it, then the error, and exits 1; the keys are gone.
+#[test]
+fn a_failure_mid_run_prints_what_was_measured_before() {
+    let server = RedisServer::spawn();
+    assert_eq!(redis_cli(&server, &["ACL", "SETUSER", "default", "-memory"]), "OK");
+    for json in [true, false] {
+        let mut args = vec!["demo", "--identities", "200", "--timeout", "10"];
+        if json {
+            args.push("--json");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_slidegate"))
+            .args(&args)
+            .args(["--redis-url", &server.url()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("no permissions to run the 'memory|usage' command"), "{stderr}");
+        if json {
+            let report: Value = serde_json::from_slice(&out.stdout).expect("the partial report");
+            assert_eq!(report["boundary_burst"]["allowed"]["sliding_window_counter"], 100);
+            assert_eq!(report["boundary_burst"]["reference_script"], 101);
+            assert_eq!(report["memory"], serde_json::json!({}));
+            let error = report["error"].as_str().unwrap();
+            assert!(stderr.contains(error), "{stderr}");
+        } else {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("100 of 200  = the limit"), "{text}");
+            assert!(text.contains("\nStopped before the end: "), "{text}");
+            assert!(!text.contains("B. Memory"), "{text}");
+        }
+        assert_eq!(redis_cli(&server, &["DBSIZE"]), "0", "the demo left keys behind");
+    }
 }

@@ -421,9 +421,9 @@ const DRAINING: usize = 1;
 /// whole response; the hung-up request's charge reached Redis; the process
 /// exits 0, having logged each step in order.
 ///
-/// Before: `/readyz` was 404 and the listener closed at once, so no request
-/// was served after the signal; and the charge of the hung-up request was
-/// lost with the worker's runtime once its last connection closed.
+/// It fails if `/readyz` is not served or the listener closes at once (no
+/// request served after the signal), or if the hung-up request's charge is
+/// lost with the worker's runtime once its last connection closes.
 #[test]
 fn sigterm_drains_then_stops_and_loses_no_request() {
     let redis = RedisServer::spawn();

@@ -151,6 +151,34 @@ fn check_config_takes_config_as_serve_does() {
     }
 }
 
+/// A file with errors in three parts: `check-config` and `serve` report
+/// the three, each located, in file order, and exit 64 (EX_USAGE).
+#[test]
+fn check_config_and_serve_report_every_error_located_in_file_order() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nthreads = 0\n\n\
+                [store]\ntimeout_ms = \"fast\"\n\n\
+                [[rules]]\nname = \"fine\"\npath = \"/fine\"\nlimits = [{ limit = 5, window = \"1s\" }]\n\n\
+                [[rules]]\nname = \"never\"\npath = \"/never\"\nlimits = [{ limit = 0, window = \"1s\" }]\n";
+    let (_dir, file) = write_config(text);
+    let name = file.to_str().unwrap();
+    for args in [&["check-config", "--config", name][..], &["serve", "--config", name]] {
+        let out = slidegate(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        let located: Vec<&str> = err.lines().filter(|l| l.contains("slidegate.toml:")).collect();
+        let at: Vec<&str> = located
+            .iter()
+            .map(|l| l.split("slidegate.toml:").nth(1).unwrap().split(": ").next().unwrap())
+            .collect();
+        assert_eq!(at, ["4:11", "7:14", "17:21"], "{args:?}: {err}");
+        assert!(located[0].ends_with("threads must be at least 1"), "{err}");
+        assert!(located[1].contains("expected"), "{err}");
+        assert!(located[2].ends_with("invalid limit: limit must be at least 1, got 0"), "{err}");
+        assert!(err.trim_end().ends_with("3 errors"), "{err}");
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    }
+}
+
 /// Every subcommand, as `slidegate --help` must list it: a name and a line.
 const SUBCOMMANDS: [&str; 10] = [
     "demo",
@@ -314,4 +342,53 @@ fn engine_module_without_the_module_says_how_to_load_it() {
         (Some(7500), Some(7500)),
         "{json}"
     );
+}
+
+/// `bench redis` takes `--timeout` and says which engine `auto` chose (a
+/// plain Redis has no module: the Lua scripts; one with it loaded: the
+/// module), in JSON and on stderr.
+#[test]
+fn bench_takes_a_timeout_and_names_the_engine_auto_chose() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let args = [
+        "bench",
+        "redis",
+        "--redis-url",
+        &url,
+        "--seconds",
+        "0.1",
+        "--identities",
+        "50",
+        "--memory-identities",
+        "50",
+        "--connections",
+        "1",
+        "--in-flight",
+        "2",
+        "--no-redis-benchmark",
+        "--timeout",
+        "10",
+    ];
+    let json = slidegate(&[&args[..], &["--json"]].concat());
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["setup"]["engine"], "auto");
+    assert_eq!(report["setup"]["engine_used"], "lua");
+    let text = slidegate(&args);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    assert!(stderr(&text).contains("engine: lua (chosen by auto;"), "{}", stderr(&text));
+    for bad in ["0", "soon", "99999"] {
+        let out = slidegate(&["bench", "redis", "--redis-url", &url, "--timeout", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--timeout"), "{bad}: {}", stderr(&out));
+    }
+    let module = slidegate_test_redis::module_args();
+    let loaded = RedisServer::spawn_with_args(&module.iter().map(String::as_str).collect::<Vec<_>>());
+    let loaded_url = loaded.url();
+    let args: Vec<&str> = args.iter().map(|a| if *a == url { loaded_url.as_str() } else { a }).collect();
+    let json = slidegate(&[&args[..], &["--json"]].concat());
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["setup"]["engine_used"], "module");
 }

@@ -144,7 +144,7 @@ fn a_broken_config_leaves_the_running_one_in_place() {
     assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"error\"}"), 3.0);
 }
 
-/// `SIGHUP` used to end the process (exit 129, nothing logged); it reloads.
+/// `SIGHUP` reloads; it does not end the process (exit 129, nothing logged).
 #[test]
 fn sighup_reloads_instead_of_ending_the_process() {
     let upstream = Upstream::start();
@@ -356,4 +356,96 @@ fn reloads_under_load_lose_no_request() {
 fn signal(sg: &Slidegate, name: &str) {
     let pid = sg.child.id().to_string();
     assert!(Command::new("kill").args([&format!("-{name}"), &pid]).status().unwrap().success());
+}
+
+// ---------------------------------------------------------------- watch_config
+
+/// `two_rules` with `[server] watch_config = true`.
+fn watched(upstream: &Upstream, changed_limit: u64) -> String {
+    two_rules(upstream, "", changed_limit).replacen(
+        "admin_on_public = true",
+        "admin_on_public = true\nwatch_config = true",
+        1,
+    )
+}
+
+/// The `q=` of `/changed`'s policy: the limit in force.
+fn quota(sg: &Slidegate) -> String {
+    let reply = key(sg, "/changed");
+    let policy = reply.header("ratelimit-policy").unwrap_or_else(|| panic!("no policy: {reply:?}"));
+    policy.split(';').find_map(|p| p.strip_prefix("q=")).unwrap().to_owned()
+}
+
+fn log_count(sg: &Slidegate, text: &str) -> usize {
+    sg.log.lock().unwrap().matches(text).count()
+}
+
+/// With `watch_config`, an edit of the file is a reload: the new limit takes
+/// effect, logged; a broken edit leaves the old one running and logs each
+/// error, located; a Kubernetes-style symlink swap is followed.
+#[test]
+fn a_watched_file_reloads_on_change_and_a_broken_edit_changes_nothing() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&watched(&upstream, 3));
+    assert_eq!(quota(&sg), "3");
+    let path = sg.config_path();
+    let changed = "configuration file changed: reloading";
+
+    std::fs::write(&path, watched(&upstream, 10)).unwrap();
+    wait_for("the watched reload", Duration::from_secs(20), || log_count(&sg, "configuration reloaded") == 1);
+    assert_eq!(log_count(&sg, changed), 1);
+    assert_eq!(quota(&sg), "10");
+
+    // Two parts broken: both located in the log, nothing changed.
+    let broken = watched(&upstream, 0).replace("path = \"/kept\"", "path = \"/kept\"\nshadow = \"yes\"");
+    std::fs::write(&path, &broken).unwrap();
+    let line_of = |needle: &str| broken.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let zero = line_of("limit = 0");
+    let column = broken.lines().nth(zero - 1).unwrap().find("0,").unwrap() + 1;
+    let first = format!(
+        "{}:{}:10: invalid type: string \"yes\", expected a boolean",
+        path.display(),
+        line_of("shadow")
+    );
+    let second =
+        format!("{}:{zero}:{column}: invalid limit: limit must be at least 1, got 0", path.display());
+    wait_for("the failed watched reload", Duration::from_secs(20), || {
+        sg.metric("slidegate_config_reloads_total{result=\"error\"}") == 1.0
+    });
+    let log = sg.log.lock().unwrap().clone();
+    let (a, b) = (log.find(&first), log.find(&second));
+    assert!(a.is_some() && b.is_some() && a < b, "{first}\n{second}\n{log}");
+    assert_eq!(quota(&sg), "10", "the running configuration stays");
+
+    // As Kubernetes updates a ConfigMap: the file is a link through `..data`,
+    // which is swapped at once to a new directory.
+    let dir = path.parent().unwrap();
+    let publish = |version: &str, limit: u64| {
+        let data = dir.join(version);
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("slidegate.toml"), watched(&upstream, limit)).unwrap();
+        std::os::unix::fs::symlink(version, dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    };
+    publish("..v1", 20);
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("..data/slidegate.toml", &path).unwrap();
+    wait_for("the reload of the linked file", Duration::from_secs(20), || quota(&sg) == "20");
+    publish("..v2", 30);
+    wait_for("the reload after the swap", Duration::from_secs(20), || quota(&sg) == "30");
+    assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"ok\"}"), 3.0);
+    assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"error\"}"), 1.0);
+}
+
+/// Without `watch_config`, an edit is read only when asked for.
+#[test]
+fn an_unwatched_file_is_read_only_on_a_reload() {
+    let upstream = Upstream::start();
+    let sg = Slidegate::start(&two_rules(&upstream, "", 3));
+    std::fs::write(sg.config_path(), two_rules(&upstream, "", 10)).unwrap();
+    // Longer than the watcher would take (a poll and a settle).
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(quota(&sg), "3");
+    assert_eq!(reload(&sg, &[]).status, 200);
+    assert_eq!(quota(&sg), "10");
 }

@@ -316,7 +316,7 @@ fn a_bad_config_exits_64_naming_line_and_column() {
         );
     }
     // No upstream: serve cannot start, and check-config says so in the same
-    // words (it once said ok), at the [server] table or the file's start.
+    // words (never ok), at the [server] table or the file's start.
     let no_upstream = [
         ("[server]\nlisten = \"127.0.0.1:0\"\n", ":1:1: [server] has no upstream"),
         ("[identity]\nipv6_prefix = 64\n", ":1:1: no [server] table"),

@@ -258,7 +258,7 @@ fn sentinel_store_follows_a_manual_failover_to_the_new_master() {
     eprintln!(
         "manual sentinel failover {old} → {new}: writes on the new master {switched:?} after it was named, {failed} failed decisions"
     );
-    // Waiting for the old master to answer READONLY took ~10 s; the store
-    // asks the sentinels every 250 ms.
+    // Waiting for the old master to answer READONLY would take ~10 s; the
+    // store asks the sentinels every 250 ms.
     assert!(switched < Duration::from_secs(5), "the store stayed on the old master for {switched:?}");
 }

@@ -4,9 +4,9 @@
 //! The window algorithms' packed states keep window numbers modulo 2^k
 //! (k = 16 for a sliding window counter limit of 10^7) and restore them
 //! relative to the table's last sweep (`store/memory/packing.rs`). A table
-//! used to sweep again when the clock moved *forward* past its horizon, but
-//! not when it stepped *back*: a state written after a step back of 40,000
-//! windows (120 s of 3 ms windows) was read 65,536 windows in the future.
+//! that swept again when the clock moved *forward* past its horizon, but not
+//! when it stepped *back*, would read a state written after a step back of
+//! 40,000 windows (120 s of 3 ms windows) 65,536 windows in the future.
 //! That was the cause of the cluster agreement test's flakes
 //! (`memory_and_cluster_decide_identically`, about 2 runs in 20): it shows
 //! only when identities share a table, so a shard, which the store's random

@@ -458,7 +458,7 @@ async fn a_sliding_log_key_outlives_its_newest_entry_after_a_clock_step_back() {
 // ------------------------------------------------ deadlines and outages
 
 /// Generous room over a deadline for a machine whose cores are busy: the
-/// point is "well under a second or two", not the old ~9.5 s of back-off.
+/// point is "well under a second or two", not ~9.5 s of reconnect back-off.
 const SLACK: Duration = Duration::from_millis(1_500);
 
 /// Waits (up to 10 s) until `store` decides again after an outage.

@@ -301,7 +301,7 @@ fn ids_in_the_query_are_counted_on_redis() {
 
 /// Redis down: breadth no longer steps aside under the default failure
 /// policy. The fallback's own sketches admit `distinct / instances` new ids
-/// per window (here 20 of 60), where the walk used to get all 60; a rule
+/// per window (here 20 of 60), not all 60; a rule
 /// with `on_error = "allow"` still steps aside, as documented.
 #[test]
 fn a_store_outage_does_not_lift_crawl_breadth() {

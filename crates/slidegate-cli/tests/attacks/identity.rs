@@ -228,7 +228,7 @@ authenticated = [{{ limit = 5, window = "60s", algorithm = "sliding_log" }}]
             served_as_key += 1;
         }
     }
-    // Served anonymously, as counted (it was 20, against the key's limit of 5).
+    // Served anonymously, as counted (20 would mean the key's limit of 5 was escaped).
     assert_eq!(served_as_key, 0, "requests served under the key, whose limit is 5");
     // With both spellings, the upstream sees the key slidegate counted.
     let reply = gate.get(

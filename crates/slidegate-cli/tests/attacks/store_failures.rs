@@ -162,9 +162,9 @@ limits = [{{ limit = 50, window = "1h" }}]
 
 /// Requests whose store calls timed out while Redis was stopped are not
 /// charged when it resumes: each call carries the limiter's deadline into
-/// the script, which refuses it once past. Before, SIGSTOP, two timed-out
-/// requests and SIGCONT charged the identity 2 (the rest of its quota), and
-/// its next request was refused.
+/// the script, which refuses it once past. Were late calls run, SIGSTOP, two
+/// timed-out requests and SIGCONT would charge the identity 2 (the rest of
+/// its quota), and its next request would be refused.
 #[test]
 fn requests_that_failed_during_a_stop_are_not_charged_when_redis_resumes() {
     let mut redis = RedisServer::spawn();

@@ -3,11 +3,14 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use slidegate::{check_charge, Charge, Decision, Decisions, Identity, Origin, Request, Store, StoreError};
+use slidegate::{
+    check_charge, Charge, Decision, Decisions, Identity, Origin, Outcome, Request, Store, StoreError,
+};
 
-use super::rule::{Mode, PolicySet};
+use super::rule::{Mode, PolicySet, Rule};
 use super::{CheckError, RateLimiter};
 use crate::config::OnError;
+use crate::metrics::RuleCounters;
 use crate::offenders::Event;
 use crate::verdict::{DecisionSource, PolicyResult, Verdict};
 
@@ -94,35 +97,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
         };
         let cached = matches!(&answer, Ok(outcome) if outcome.origin == Origin::Cache);
-        let (mut decisions, source, blocked) = match answer {
-            Ok(outcome) => {
-                let source = match outcome.origin {
-                    Origin::Fallback => {
-                        counters.fallback.fetch_add(1, Relaxed);
-                        DecisionSource::Fallback
-                    }
-                    _ => DecisionSource::Store,
-                };
-                match outcome.blocked_for {
-                    Some(wait) => {
-                        if !outcome.decisions.is_empty() {
-                            // This denial started the block: worth a line, once.
-                            tracing::warn!(rule = %rule.name, identity = %identity, block_ms = wait.as_millis() as u64,
-                                shadow = rule.shadow, "identity blocked by the penalty box");
-                        }
-                        (crate::penalty::block_denials(charges, wait).into(), source, true)
-                    }
-                    None => (outcome.decisions, source, false),
-                }
-            }
-            // A request no store could allow (cost above a limit) is denied
-            // by the algorithms' own check, which says so.
-            Err(err) if !err.is_unavailable() => {
-                tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
-                (invalid_denial(charges).into(), DecisionSource::Store, false)
-            }
-            Err(_) => (Decisions::none(), rule.fail(counters), false),
-        };
+        let (mut decisions, source, blocked) = read_answer(rule, counters, identity, charges, answer);
         if mode == Mode::Peek {
             // A peek is allowed even at zero permits left; the request it
             // guards would charge at least one, so deny it now. The wait is
@@ -218,4 +193,45 @@ fn invalid_denial(charges: &[Charge]) -> Vec<Decision> {
             retry_after: (c.cost > c.limit.quota.permits()).then(|| c.limit.quota.window()),
         })
         .collect()
+}
+
+/// The store's answer to a rule's request, as its decisions, who answered,
+/// and whether the penalty box blocks the identity; a failure is the rule's
+/// failure policy, counted.
+fn read_answer(
+    rule: &Rule,
+    counters: &RuleCounters,
+    identity: &Identity,
+    charges: &[Charge],
+    answer: Result<Outcome, StoreError>,
+) -> (Decisions, DecisionSource, bool) {
+    match answer {
+        Ok(outcome) => {
+            let source = match outcome.origin {
+                Origin::Fallback => {
+                    counters.fallback.fetch_add(1, Relaxed);
+                    DecisionSource::Fallback
+                }
+                _ => DecisionSource::Store,
+            };
+            match outcome.blocked_for {
+                Some(wait) => {
+                    if !outcome.decisions.is_empty() {
+                        // This denial started the block: worth a line, once.
+                        tracing::warn!(rule = %rule.name, identity = %identity, block_ms = wait.as_millis() as u64,
+                            shadow = rule.shadow, "identity blocked by the penalty box");
+                    }
+                    (crate::penalty::block_denials(charges, wait).into(), source, true)
+                }
+                None => (outcome.decisions, source, false),
+            }
+        }
+        // A request no store could allow (cost above a limit) is denied
+        // by the algorithms' own check, which says so.
+        Err(err) if !err.is_unavailable() => {
+            tracing::warn!(rule = %rule.name, %err, "invalid rate limit request");
+            (invalid_denial(charges).into(), DecisionSource::Store, false)
+        }
+        Err(_) => (Decisions::none(), rule.fail(counters), false),
+    }
 }

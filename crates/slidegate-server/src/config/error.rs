@@ -29,6 +29,25 @@ pub enum ConfigError {
         /// The offending source line with a caret under the value, starting with a newline.
         snippet: String,
     },
+    /// Several problems in independent parts of the file, in file order:
+    /// each an [`ConfigError::Invalid`], printed one after the other.
+    #[error("{}", Several(errors))]
+    Several {
+        /// The problems, at least two.
+        errors: Vec<ConfigError>,
+    },
+}
+
+/// Each error on its own line (with its excerpt), then how many there were.
+struct Several<'a>(&'a [ConfigError]);
+
+impl std::fmt::Display for Several<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for error in self.0 {
+            writeln!(f, "{error}")?;
+        }
+        write!(f, "{} errors", self.0.len())
+    }
 }
 
 impl ConfigError {
@@ -69,11 +88,43 @@ impl ConfigError {
         }
     }
 
-    /// `(line, column)` of an invalid configuration; `None` for a read error.
+    /// `(line, column)` of an invalid configuration (of its first problem
+    /// when there are several); `None` for a read error.
     pub fn location(&self) -> Option<(usize, usize)> {
         match self {
             ConfigError::Invalid { line, column, .. } => Some((*line, *column)),
             ConfigError::Read { .. } => None,
+            ConfigError::Several { errors } => errors.first().and_then(ConfigError::location),
+        }
+    }
+
+    /// Every problem found, in file order: the errors of a
+    /// [`ConfigError::Several`], or this one alone.
+    ///
+    /// ```
+    /// use slidegate_server::Config;
+    ///
+    /// let text = "[server]\nlisten = 1\n[store]\ntimeout_ms = 0\n";
+    /// let err = Config::parse(text, "demo.toml").unwrap_err();
+    /// let lines: Vec<(usize, usize)> = err.errors().iter().filter_map(|e| e.location()).collect();
+    /// assert_eq!(lines, [(2, 10), (4, 14)]);
+    /// ```
+    pub fn errors(&self) -> &[ConfigError] {
+        match self {
+            ConfigError::Several { errors } => errors,
+            one => std::slice::from_ref(one),
+        }
+    }
+
+    /// `errors`, one error, or several in file order: the error of a file
+    /// in which `errors` were found (`None` when none was).
+    pub(crate) fn from_found(mut errors: Vec<ConfigError>) -> Option<Self> {
+        errors.sort_by_key(|e| e.location());
+        errors.dedup_by(|a, b| a.to_string() == b.to_string());
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(ConfigError::Several { errors }),
         }
     }
 }

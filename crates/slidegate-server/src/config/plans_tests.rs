@@ -176,3 +176,28 @@ fn a_plan_without_limits_for_a_rule_leaves_the_rules_own() {
     assert_eq!(line, 20);
     assert!(m.contains("empty limit list"), "{m}");
 }
+
+/// A rule or plan that failed is reported once: the plans naming it, and
+/// the keys file naming a plan that did not read, add no error of their own.
+#[test]
+fn a_failed_part_is_not_reported_again_by_the_plans() {
+    let broken_rule = RULES.replacen(
+        "limits = [{ limit = 10, window = \"1m\" }]",
+        "limits = [{ limit = 0, window = \"1m\" }]",
+        1,
+    );
+    let err = load(&broken_rule, "alice pro\n", &no_env).unwrap_err();
+    let found: Vec<String> = err.errors().iter().map(located_message).collect();
+    assert_eq!(found, ["invalid limit: limit must be at least 1, got 0"]);
+    let broken_plan = RULES.replacen("name = \"pro\"", "name = \"pro\"\nlimitz = 1", 1);
+    let err = load(&broken_plan, "alice pro\nbob free\n", &no_env).unwrap_err();
+    assert_eq!(err.errors().len(), 1, "{err}");
+    assert!(err.to_string().contains("unknown field `limitz`"), "{err}");
+}
+
+fn located_message(err: &ConfigError) -> String {
+    match err {
+        ConfigError::Invalid { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}

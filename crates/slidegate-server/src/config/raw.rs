@@ -65,6 +65,7 @@ pub(super) struct RawServer {
     pub(super) body_rate_grace: Option<Spanned<Parsed<Delay>>>,
     pub(super) max_upstream_connections_per_client: Option<Spanned<u32>>,
     pub(super) log_format: Option<Spanned<String>>,
+    pub(super) watch_config: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]

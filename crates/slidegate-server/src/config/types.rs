@@ -108,6 +108,9 @@ pub struct ServerConfig {
     pub max_upstream_connections_per_client: Option<usize>,
     /// How the process log is written (`log_format`): text or JSON lines.
     pub log_format: LogFormat,
+    /// Whether `slidegate serve` re-reads its configuration file when it
+    /// changes (`watch_config`), as on `SIGHUP`; off by default.
+    pub watch_config: bool,
 }
 
 impl ServerConfig {
@@ -141,6 +144,7 @@ impl Default for ServerConfig {
             body_rate_grace: Delay::from_secs(10),
             max_upstream_connections_per_client: None,
             log_format: LogFormat::Text,
+            watch_config: false,
         }
     }
 }

@@ -25,7 +25,7 @@ use serde::Serialize;
 use slidegate_http::config::{LimitConfig, RuleConfig, RuleLimits};
 use slidegate_http::RateLimiter;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::store::AnyStore;
 
 /// One worker's limiter: what its next request is decided by.
@@ -101,7 +101,8 @@ pub enum ReloadError {
     /// The server was not started from a file.
     #[error("this server was not started from a configuration file: there is nothing to reload")]
     NoFile,
-    /// The file does not validate (the message is `check-config`'s, located).
+    /// The file does not validate: `check-config`'s errors, each located,
+    /// one a line.
     #[error("the configuration was not reloaded: {0}")]
     Invalid(String),
 }
@@ -167,11 +168,7 @@ impl Reloader {
 
     fn try_reload(&self) -> Result<Reloaded, ReloadError> {
         let path = self.inner.path.as_ref().ok_or(ReloadError::NoFile)?;
-        // The error's first line is its location and message; the rest is
-        // the source excerpt, for a terminal.
-        let first_line =
-            |err: &dyn std::fmt::Display| err.to_string().lines().next().unwrap_or_default().to_owned();
-        let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(first_line(&err)))?;
+        let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(located(&err)))?;
         let mut running = self.lock();
         let restart_required = restart_required(&running.config, &file);
         let mut applied = file;
@@ -205,6 +202,13 @@ impl Reloader {
             self.inner.reloads_failed.load(Relaxed),
         );
     }
+}
+
+/// Every problem of `err` by its location and message, one a line: the
+/// first line of each (the rest is the source excerpt, for a terminal).
+fn located(err: &ConfigError) -> String {
+    let first_line = |err: &ConfigError| err.to_string().lines().next().unwrap_or_default().to_owned();
+    err.errors().iter().map(first_line).collect::<Vec<_>>().join("\n")
 }
 
 /// The rules and limits `new` changes from `old`.
@@ -268,6 +272,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.admin_prefix", differs(&a.admin_prefix, &b.admin_prefix)),
         ("server.check_token_env", a.check_token != b.check_token),
         ("server.shutdown_grace", differs(&a.shutdown_grace, &b.shutdown_grace)),
+        ("server.watch_config", a.watch_config != b.watch_config),
         ("server.body_timeout", differs(&a.body_timeout, &b.body_timeout)),
         ("server.min_body_rate", differs(&a.min_body_rate, &b.min_body_rate)),
         ("server.body_rate_grace", differs(&a.body_rate_grace, &b.body_rate_grace)),

@@ -145,18 +145,12 @@ impl Server {
         self.access_log.as_ref().map(|(log, _)| log.reopener())
     }
 
-    /// Serves until `shutdown` completes; then drains: `/readyz` answers
-    /// 503 at once, both listeners keep accepting for `drain_delay`, then
-    /// stop, and open connections, and the charges of requests whose clients
-    /// left, are given up to `shutdown_grace` to finish.
-    ///
-    /// The caller decides what stops the server: a signal in the binary, a
-    /// channel in a test.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        // Only an explicit setting puts the decision API and metrics where
-        // every client can reach them.
-        let admin_here = self.admin_on_public;
-        let sweeper = sweeper::spawn(&self.limiter);
+    /// Starts one worker thread per configured thread, each with its own
+    /// single-threaded runtime and upstream pool: the channels that hand
+    /// them connections, and their handles.
+    fn spawn_workers(
+        &self,
+    ) -> (Vec<tokio::sync::mpsc::UnboundedSender<Accepted>>, Vec<std::thread::JoinHandle<WorkerEnd>>) {
         let mut workers = Vec::with_capacity(self.threads);
         let mut threads = Vec::with_capacity(self.threads);
         for i in 0..self.threads {
@@ -166,7 +160,9 @@ impl Server {
                 reloader: self.reloader.clone(),
                 proxy: None,
                 admin_prefix: self.admin_prefix.clone(),
-                admin_here,
+                // Only an explicit setting puts the decision API and metrics
+                // where every client can reach them.
+                admin_here: self.admin_on_public,
                 check_token: self.check_token.clone(),
                 readiness: Arc::clone(&self.readiness),
                 settling: tokio_util::task::TaskTracker::new(),
@@ -195,6 +191,19 @@ impl Server {
                 Err(err) => tracing::error!(%err, "cannot start a worker thread"),
             }
         }
+        (workers, threads)
+    }
+
+    /// Serves until `shutdown` completes; then drains: `/readyz` answers
+    /// 503 at once, both listeners keep accepting for `drain_delay`, then
+    /// stop, and open connections, and the charges of requests whose clients
+    /// left, are given up to `shutdown_grace` to finish.
+    ///
+    /// The caller decides what stops the server: a signal in the binary, a
+    /// channel in a test.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let sweeper = sweeper::spawn(&self.limiter);
+        let (mut workers, threads) = self.spawn_workers();
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
         let mut next = 0;

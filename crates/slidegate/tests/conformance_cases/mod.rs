@@ -405,8 +405,8 @@ pub async fn a_clock_stepping_back_forgets_nothing<S: Store>(store: &S, clock: &
     }
 }
 
-/// GCRA keeps rates finer than a permit per µs exactly (it once rounded the
-/// emission interval up to a whole µs, so 10,000 per ms sustained 1,000):
+/// GCRA keeps rates finer than a permit per µs exactly (an emission interval
+/// rounded up to a whole µs would make 10,000 per ms sustain 1,000):
 /// 10,000 per 1 ms admits exactly 10,000 in a burst and 10,000 more every ms.
 pub async fn gcra_sustains_rates_finer_than_a_microsecond<S: Store>(store: &S, clock: &ManualClock) {
     let l = limit(Algorithm::Gcra, 10_000, 1);
@@ -437,8 +437,8 @@ pub async fn gcra_sustains_rates_finer_than_a_microsecond<S: Store>(store: &S, c
 }
 
 /// A clock past the end of year 9999 is refused with an error naming the
-/// time, on every algorithm, before any arithmetic (it once overflowed in
-/// debug builds and wrapped in release, and GCRA's script failed in Lua).
+/// time, on every algorithm, before any arithmetic (such a time overflows in
+/// debug builds, wraps in release, and fails GCRA's script in Lua).
 pub async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualClock) {
     use slidegate::store::MAX_TIME_MS;
     for algorithm in Algorithm::ALL {

@@ -4,25 +4,34 @@
 //! part of the file: `server` (`[server]`), `store` (`[store]`: the Redis
 //! target, its login and the limiter's guard), `identity`, `rules` and `plans`
 //! (`[[plans]]` and the keys file).
+//!
+//! Every error of a file is reported, not only the first: `document` reads
+//! the text part by part, and [`Validator::config`] validates each
+//! independent part — `[server]`, `[store]`, `[identity]`, `[access_log]`,
+//! each `[[rules]]` entry and the plans — on its own, gathering one error per part in
+//! [`Found`]. A new part is one more `found.part(self.new_part(..))` there.
 
 mod access_log;
+mod document;
 mod identity;
 mod plans;
 mod rules;
 mod server;
 mod store;
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
 use std::str::FromStr;
 
-use slidegate_http::config::{HeadersConfig, LimiterConfig, RuleConfig};
+use slidegate_http::config::{HeadersConfig, LimiterConfig, OnError, RuleConfig};
 use toml::Spanned;
 
 use super::error::ConfigError;
-use super::raw::RawConfig;
+use super::raw::{RawConfig, RawServer};
 use super::types::Config;
+use super::types::ServerConfig;
 
 impl Config {
     /// Reads and validates the configuration in `path`, reading the variables
@@ -67,7 +76,9 @@ impl Config {
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    /// [`ConfigError::Invalid`] naming the line and column of the problem, or
+    /// [`ConfigError::Several`] holding one for each part of the file that
+    /// has one.
     pub fn parse(source: &str, path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         Self::parse_with_env(source, path, &|name| std::env::var(name).ok())
     }
@@ -86,7 +97,7 @@ impl Config {
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] naming the line and column of the first problem.
+    /// As [`Config::parse`].
     pub fn parse_with_env(
         source: &str,
         path: impl AsRef<Path>,
@@ -102,8 +113,16 @@ impl Config {
         used: Use,
     ) -> Result<Self, ConfigError> {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
-        let raw: RawConfig = toml::from_str(source).map_err(|e| fail(e.span(), e.message().to_owned()))?;
-        Validator { fail: &fail, env, used, path }.config(raw)
+        let mut found = Found::default();
+        let config = document::read(source, &fail, &mut found).and_then(|read| {
+            Validator { fail: &fail, env, used, unread: &read.unread, path }.config(read.raw, &mut found)
+        });
+        match (ConfigError::from_found(found.0), config) {
+            (None, Some(config)) => Ok(config),
+            (Some(err), _) => Err(err),
+            // A part that failed always says why.
+            (None, None) => Err(fail(None, "invalid configuration".to_owned())),
+        }
     }
 }
 
@@ -134,10 +153,29 @@ pub(super) fn decode<'b>(path: &Path, bytes: &'b [u8]) -> Result<&'b str, Config
     })
 }
 
+/// The errors found in a file: at most one per independent part.
+#[derive(Default)]
+pub(super) struct Found(Vec<ConfigError>);
+
+impl Found {
+    /// Keeps `err`.
+    pub(super) fn push(&mut self, err: ConfigError) {
+        self.0.push(err);
+    }
+
+    /// The value of one part of the file, or `None` with its error kept.
+    fn part<T>(&mut self, result: Result<T, ConfigError>) -> Option<T> {
+        result.map_err(|err| self.push(err)).ok()
+    }
+}
+
 struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
     used: Use,
+    /// Top-level keys with a part that could not be read (its error found):
+    /// a check across parts does not report such a part missing.
+    unread: &'a BTreeSet<String>,
     /// The configuration file: files it names are relative to its directory.
     path: &'a Path,
 }
@@ -171,11 +209,82 @@ impl Validator<'_> {
         }
     }
 
-    fn config(&self, mut raw: RawConfig) -> Result<Config, ConfigError> {
+    /// Validates each part of `raw`, adding one error per failing part to
+    /// `found`; the configuration when every part is valid.
+    fn config(&self, mut raw: RawConfig, found: &mut Found) -> Option<Config> {
+        let server = found.part(self.server_part(raw.server));
+        // Any Redis store is shared by the instances pointed at it.
+        let url_span = (raw.store.url.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))
+            .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
+        let store =
+            found.part(self.store(&mut raw.store).and_then(|store| Ok((store, self.guard(raw.store)?))));
+        let plan_keys = plans::RawPlanKeys {
+            plans_file: raw.identity.plans_file.take(),
+            default_plan: raw.identity.default_plan.take(),
+        };
+        let identity = found.part(self.identity(raw.identity));
+        if let (Some(span), Some(None)) = (url_span, identity.as_ref().map(|i| &i.secret)) {
+            if !self.unread.contains("identity") {
+                // Each instance would draw its own random secret: one client gets
+                // a different key on each, and N instances admit N times the limit.
+                found.push(self.err(
+                    span,
+                    "a shared store needs [identity] ip_hash_secret_env: without it each instance draws \
+                     its own random hash secret, a client is counted under a different key on each, and \
+                     instances sharing this store together admit a multiple of every limit",
+                ));
+            }
+        }
+        let on_error = store.as_ref().map_or(OnError::default(), |(store, _)| store.on_error);
+        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        // Plans naming a rule that failed are not reported for it.
+        let mut rules_partial = self.unread.contains("rules");
+        for rule in raw.rules {
+            let name_span = rule.get_ref().name.span();
+            let Some(rule) = found.part(self.rule(rule, on_error)) else {
+                rules_partial = true;
+                continue;
+            };
+            if rules.iter().any(|r| r.name == rule.name) {
+                found.push(self.err(
+                    name_span,
+                    format!("duplicate rule name {:?}: rule names must be unique", rule.name),
+                ));
+                continue;
+            }
+            rules.push(rule);
+        }
+        let mut headers = HeadersConfig::default();
+        if let Some(legacy) = raw.headers.legacy {
+            headers.legacy = legacy;
+        }
+        let access_log = found.part(raw.access_log.map(|table| self.access_log(table)).transpose());
+        let partial = plans::Partial {
+            rules: rules_partial,
+            plans: self.unread.contains("plans"),
+            identity: self.unread.contains("identity"),
+        };
+        let plans = identity
+            .as_ref()
+            .and_then(|identity| found.part(self.plans(raw.plans, plan_keys, &rules, identity, partial)));
+        let (server, (store, guard), identity, access_log, plans) =
+            (server?, store?, identity?, access_log?, plans?);
+        let mut limiter = LimiterConfig::default();
+        limiter.guard = guard;
+        limiter.identity = identity;
+        limiter.rules = rules;
+        limiter.plans = plans;
+        limiter.headers = headers;
+        Some(Config { server, store, limiter, access_log })
+    }
+
+    /// `[server]`, which `serve` needs for its upstream.
+    fn server_part(&self, raw: Option<Spanned<RawServer>>) -> Result<ServerConfig, ConfigError> {
         let (server_span, raw_server) =
-            raw.server.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
+            raw.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
         let server = self.server(raw_server)?;
-        if self.used == Use::Serve && server.upstream.is_none() {
+        if self.used == Use::Serve && server.upstream.is_none() && !self.unread.contains("server") {
             let table = if server_span.is_some() { "[server] has no upstream" } else { "no [server] table" };
             return Err((self.fail)(
                 server_span,
@@ -184,48 +293,6 @@ impl Validator<'_> {
                 ),
             ));
         }
-        // Any Redis store is shared by the instances pointed at it.
-        let url_span = (raw.store.url.as_ref().map(Spanned::span))
-            .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))
-            .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
-        let store = self.store(&mut raw.store)?;
-        let mut limiter = LimiterConfig::default();
-        limiter.guard = self.guard(raw.store)?;
-        let plan_keys = plans::RawPlanKeys {
-            plans_file: raw.identity.plans_file.take(),
-            default_plan: raw.identity.default_plan.take(),
-        };
-        limiter.identity = self.identity(raw.identity)?;
-        if let (Some(span), None) = (url_span, &limiter.identity.secret) {
-            // Each instance would draw its own random secret: one client gets
-            // a different key on each, and N instances admit N times the limit.
-            return Err(self.err(
-                span,
-                "a shared store needs [identity] ip_hash_secret_env: without it each instance draws \
-                 its own random hash secret, a client is counted under a different key on each, and \
-                 instances sharing this store together admit a multiple of every limit",
-            ));
-        }
-        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
-        for rule in raw.rules {
-            let name_span = rule.get_ref().name.span();
-            let rule = self.rule(rule, store.on_error)?;
-            if rules.iter().any(|r| r.name == rule.name) {
-                return Err(self.err(
-                    name_span,
-                    format!("duplicate rule name {:?}: rule names must be unique", rule.name),
-                ));
-            }
-            rules.push(rule);
-        }
-        limiter.rules = rules;
-        self.unique_plans(&raw.plans)?;
-        limiter.plans = self.plans(raw.plans, plan_keys, &limiter.rules, &limiter.identity)?;
-        limiter.headers = HeadersConfig::default();
-        if let Some(legacy) = raw.headers.legacy {
-            limiter.headers.legacy = legacy;
-        }
-        let access_log = raw.access_log.map(|table| self.access_log(table)).transpose()?;
-        Ok(Config { server, store, limiter, access_log })
+        Ok(server)
     }
 }

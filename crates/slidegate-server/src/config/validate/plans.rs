@@ -29,6 +29,17 @@ const MAX_KEY_BYTES: usize = 1024;
 /// What a keys file line looks like, for errors.
 const LINE_FORM: &str = "expected `KEY PLAN` or `hash:<32 hex digits> PLAN`";
 
+/// Which parts the plans refer to could not be read or validated (their
+/// errors are found already): what they would name is not reported missing.
+pub(super) struct Partial {
+    /// Some `[[rules]]` entry.
+    pub(super) rules: bool,
+    /// Some `[[plans]]` entry.
+    pub(super) plans: bool,
+    /// `[identity]`.
+    pub(super) identity: bool,
+}
+
 /// `[identity] plans_file` and `default_plan`, as written.
 pub(super) struct RawPlanKeys {
     pub(super) plans_file: Option<Spanned<String>>,
@@ -44,11 +55,16 @@ impl Validator<'_> {
         keys: RawPlanKeys,
         rules: &[RuleConfig],
         identity: &IdentityConfig,
+        partial: Partial,
     ) -> Result<PlansConfig, ConfigError> {
         let mut config = PlansConfig::default();
+        if partial.identity {
+            return Ok(config);
+        }
+        self.unique_plans(&raw)?;
         let first_span = raw.first().map(Spanned::span);
         for spanned in raw {
-            let plan = self.plan(spanned.into_inner(), rules)?;
+            let plan = self.plan(spanned.into_inner(), rules, partial.rules)?;
             config.plans.push(plan);
         }
         let needs_key = first_span
@@ -60,6 +76,10 @@ impl Validator<'_> {
                 "plans apply to API keys: set [identity] api_key_header to the header clients send theirs in",
             ));
         }
+        if partial.plans {
+            // The keys file and `default_plan` may name a plan that did not read.
+            return Ok(config);
+        }
         if let Some(default) = keys.default_plan {
             config.default_plan = Some(self.plan_named(&config, &default)?);
         }
@@ -69,7 +89,14 @@ impl Validator<'_> {
         Ok(config)
     }
 
-    fn plan(&self, raw: RawPlan, rules: &[RuleConfig]) -> Result<PlanConfig, ConfigError> {
+    /// One plan; `rules_partial` when some rule failed (a plan naming a rule
+    /// not in `rules` is then not reported).
+    fn plan(
+        &self,
+        raw: RawPlan,
+        rules: &[RuleConfig],
+        rules_partial: bool,
+    ) -> Result<PlanConfig, ConfigError> {
         let name = raw.name.get_ref();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(self.err(
@@ -80,6 +107,9 @@ impl Validator<'_> {
         let mut plan = PlanConfig::new(name.clone());
         for (rule_name, list) in raw.limits {
             let Some(rule) = rules.iter().find(|r| r.name == *rule_name.get_ref()) else {
+                if rules_partial {
+                    continue;
+                }
                 let known: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
                 return Err(self.err(
                     rule_name.span(),
@@ -108,7 +138,7 @@ impl Validator<'_> {
     }
 
     /// Finds a duplicate plan name, at its `name`.
-    pub(super) fn unique_plans(&self, raw: &[Spanned<RawPlan>]) -> Result<(), ConfigError> {
+    fn unique_plans(&self, raw: &[Spanned<RawPlan>]) -> Result<(), ConfigError> {
         for (i, plan) in raw.iter().enumerate() {
             let name = plan.get_ref().name.get_ref();
             if raw[..i].iter().any(|p| p.get_ref().name.get_ref() == name) {

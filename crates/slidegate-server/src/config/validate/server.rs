@@ -110,6 +110,7 @@ impl Validator<'_> {
             }
             server.threads = Some(usize::from(*t.get_ref()));
         }
+        server.watch_config = raw.watch_config.unwrap_or_default();
         Ok(server)
     }
 

@@ -117,6 +117,22 @@ impl RedisStore {
         self.remember_probe(0, present)
     }
 
+    /// The engine that decides (a call with a sliding log, a penalty or
+    /// crawl breadth aside, which Lua always decides): the setting when it
+    /// is [`Engine::Lua`] or [`Engine::Module`]; under [`Engine::Auto`], what
+    /// the last probe of the server found, [`Engine::Module`] or
+    /// [`Engine::Lua`], and `None` before any probe answered (the first
+    /// decision without a sliding log asks; so does connecting to one
+    /// server). [`RedisStore::engine`] is the setting.
+    pub fn engine_in_use(&self) -> Option<Engine> {
+        match self.engine {
+            Engine::Auto if self.module.asked.load(Ordering::Acquire) == 0 => None,
+            Engine::Auto if self.module.present.load(Ordering::Relaxed) => Some(Engine::Module),
+            Engine::Auto => Some(Engine::Lua),
+            setting => Some(setting),
+        }
+    }
+
     fn remember_probe(&self, generation: u64, present: bool) -> Result<bool, StoreError> {
         self.module.present.store(present, Ordering::Relaxed);
         self.module.asked.store(generation + 1, Ordering::Release);
