@@ -78,7 +78,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use slidegate::{
-    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, Store, StoreError,
+    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, SharedTables, Store,
+    StoreError,
 };
 
 use crate::clock::Ticks;
@@ -336,6 +337,10 @@ impl<S: Store> Store for DenyCached<S> {
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         self.inner.distinct()
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        self.inner.tables()
     }
 }
 

@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use slidegate::{
-    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request, Store,
-    StoreError,
+    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request,
+    SharedTables, Store, StoreError,
 };
 
 use crate::clock::Ticks;
@@ -116,6 +116,12 @@ impl<S: Store> Store for Fallback<S> {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         let inner = self.inner.distinct()?;
         Some(FallbackDistinct { inner, seeded: self.seeded.as_ref() })
+    }
+
+    /// The store's own: shared tables exist to reach every instance, which
+    /// no stand-in in this process can; while the store fails, so do they.
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        self.inner.tables()
     }
 }
 

@@ -22,8 +22,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, Limit, Outcome, Quota, Request, Source,
-    Store, StoreError,
+    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, Limit, Outcome, Quota, Request,
+    SharedTables, Source, Store, StoreError, TableEntry, TableName,
 };
 
 use crate::breaker::{Admit, Breaker};
@@ -170,6 +170,11 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let inner = self.shared.store.distinct()?;
         Some(GuardedDistinct { guard: self, inner })
     }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        let inner = self.shared.store.tables()?;
+        Some(GuardedTables { guard: self, inner })
+    }
 }
 
 /// The guarded store's distinct-value sketches, under the same deadline and breaker.
@@ -186,6 +191,54 @@ impl<S: Store + 'static, D: DistinctStore> DistinctStore for GuardedDistinct<'_,
         value: &[u8],
     ) -> Result<Decision, StoreError> {
         self.guard.guarded(self.inner.decide_distinct(identity, quota, value)).await
+    }
+}
+
+/// The guarded store's shared tables, under the same deadline (carried into
+/// the store, as a decision's is) and breaker.
+struct GuardedTables<'a, S, T> {
+    guard: &'a Guarded<S>,
+    inner: T,
+}
+
+impl<S, T> GuardedTables<'_, S, T> {
+    /// The guard's deadline for a call starting now, or `deadline` if earlier.
+    fn deadline(&self, deadline: Option<Instant>) -> Option<Instant> {
+        let own = Instant::now() + self.guard.shared.timeout;
+        Some(deadline.map_or(own, |d| d.min(own)))
+    }
+}
+
+impl<S: Store + 'static, T: SharedTables> SharedTables for GuardedTables<'_, S, T> {
+    async fn put_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        value: &[u8],
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<(), StoreError> {
+        let deadline = self.deadline(deadline);
+        self.guard.guarded(self.inner.put_entry(table, field, value, ttl, deadline)).await
+    }
+
+    async fn delete_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<bool, StoreError> {
+        let deadline = self.deadline(deadline);
+        self.guard.guarded(self.inner.delete_entry(table, field, deadline)).await
+    }
+
+    async fn read_table(
+        &self,
+        table: &TableName,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<TableEntry>, StoreError> {
+        let deadline = self.deadline(deadline);
+        self.guard.guarded(self.inner.read_table(table, deadline)).await
     }
 }
 

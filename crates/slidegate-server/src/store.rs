@@ -5,11 +5,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slidegate::{
     Decision, DistinctStore, Identity, MemoryStore, Outcome, Quota, RedisOptions, RedisStore, RedisTarget,
-    Request, Store, StoreError,
+    Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
 use tokio::sync::OnceCell;
 
@@ -32,6 +32,50 @@ impl Store for AnyStore {
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        Some(self)
+    }
+}
+
+/// Both stores keep shared tables (the embedded one's shared in process only).
+impl SharedTables for AnyStore {
+    async fn put_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        value: &[u8],
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.put_entry_sync(table, field, value, ttl),
+            AnyStore::Redis(store) => store.connected()?.put_entry(table, field, value, ttl, deadline).await,
+        }
+    }
+
+    async fn delete_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.delete_entry_sync(table, field),
+            AnyStore::Redis(store) => store.connected()?.delete_entry(table, field, deadline).await,
+        }
+    }
+
+    async fn read_table(
+        &self,
+        table: &TableName,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<TableEntry>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.read_table_sync(table),
+            AnyStore::Redis(store) => store.connected()?.read_table(table, deadline).await,
+        }
     }
 }
 

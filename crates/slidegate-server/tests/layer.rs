@@ -119,6 +119,10 @@ impl Store for Shared {
     fn distinct(&self) -> Option<impl slidegate::DistinctStore + '_> {
         None::<slidegate::NoDistinct>
     }
+
+    fn tables(&self) -> Option<impl slidegate::SharedTables + '_> {
+        None::<slidegate::NoTables>
+    }
 }
 
 fn limiter(store: &Arc<Switchable>, extra: &str) -> RateLimiter<Shared> {

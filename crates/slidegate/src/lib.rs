@@ -47,5 +47,6 @@ pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
 pub use store::{
-    check_charge, Charge, Decisions, DistinctStore, NoDistinct, Origin, Outcome, Request, Store, StoreError,
+    check_charge, Charge, Decisions, DistinctStore, NoDistinct, NoTables, Origin, Outcome, Request,
+    SharedTables, Store, StoreError, TableEntry, TableName,
 };

@@ -38,6 +38,7 @@ mod logs;
 mod packing;
 mod shard;
 mod shared_slots;
+mod shared_table;
 mod slots;
 mod tables;
 #[cfg(test)]
@@ -49,10 +50,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use self::shard::{decide_locked, decide_penalized, Shard};
+use self::shared_table::Tables;
 use self::slots::slot_id;
 use crate::distinct::DistinctTable;
 use crate::store::{
-    check_charge, check_time, validate, Charge, DistinctStore, Outcome, Request, Store, StoreError,
+    check_charge, check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store,
+    StoreError, TableEntry, TableName,
 };
 use crate::{Clock, Decision, Identity, Quota, SystemClock};
 
@@ -83,6 +86,8 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     next_sweep: AtomicUsize,
     /// Distinct-value sketches ([`DistinctStore::decide_distinct`]).
     distinct: DistinctTable,
+    /// Shared tables ([`SharedTables`]).
+    tables: Tables,
 }
 
 /// A store id no store has had before.
@@ -114,6 +119,7 @@ impl<C: Clock> MemoryStore<C> {
             clock,
             next_sweep: AtomicUsize::new(0),
             distinct: DistinctTable::default(),
+            tables: Tables::default(),
         }
     }
 
@@ -200,6 +206,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now_ms();
         hot::forget(self.uid);
         self.distinct.sweep(now);
+        self.tables.sweep(now);
         self.shards.iter().map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now)).sum()
     }
 
@@ -253,6 +260,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        Some(self)
+    }
 }
 
 impl<C: Clock> DistinctStore for MemoryStore<C> {
@@ -279,5 +290,72 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         let now = check_time(self.clock.now_ms())?;
         Ok(self.distinct.decide(identity, quota, now, value))
+    }
+}
+
+/// In process: every user of this store shares its tables. Deadlines are
+/// moot, the store answers at once.
+impl<C: Clock> SharedTables for MemoryStore<C> {
+    fn put_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        value: &[u8],
+        ttl: std::time::Duration,
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(self.put_entry_sync(table, field, value, ttl))
+    }
+
+    fn delete_entry(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(self.delete_entry_sync(table, field))
+    }
+
+    fn read_table(
+        &self,
+        table: &TableName,
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<Vec<TableEntry>, StoreError>> + Send {
+        std::future::ready(self.read_table_sync(table))
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// [`SharedTables::put_entry`], now.
+    ///
+    /// # Errors
+    /// As [`SharedTables::put_entry`], or [`StoreError::TimeOutOfRange`].
+    pub fn put_entry_sync(
+        &self,
+        table: &TableName,
+        field: &[u8],
+        value: &[u8],
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let now = check_time(self.clock.now_ms())?;
+        self.tables.put(table, field, value, ttl, now)
+    }
+
+    /// [`SharedTables::delete_entry`], now.
+    ///
+    /// # Errors
+    /// As [`SharedTables::delete_entry`], or [`StoreError::TimeOutOfRange`].
+    pub fn delete_entry_sync(&self, table: &TableName, field: &[u8]) -> Result<bool, StoreError> {
+        let now = check_time(self.clock.now_ms())?;
+        self.tables.delete(table, field, now)
+    }
+
+    /// [`SharedTables::read_table`], now.
+    ///
+    /// # Errors
+    /// As [`SharedTables::read_table`], or [`StoreError::TimeOutOfRange`].
+    pub fn read_table_sync(&self, table: &TableName) -> Result<Vec<TableEntry>, StoreError> {
+        let now = check_time(self.clock.now_ms())?;
+        self.tables.read(table, now)
     }
 }

@@ -8,6 +8,9 @@
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod table;
+
+pub use self::table::{NoTables, SharedTables, TableEntry, TableName};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -69,6 +72,20 @@ pub enum StoreError {
         /// The time the clock read, in ms since the Unix epoch.
         now_ms: u64,
     },
+    /// A shared table's name, field, value or TTL out of its bounds
+    /// (see [`table`]); nothing was written.
+    #[error("shared table: {0}")]
+    InvalidTableEntry(String),
+    /// A shared table holds the most live entries it may
+    /// ([`table::MAX_TABLE_ENTRIES`]): a new field is refused, and so is a
+    /// read of a table holding more.
+    #[error("shared table {table:?} is full: it may hold at most {max} live entries; delete some or let them expire")]
+    TableFull {
+        /// The table.
+        table: String,
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl StoreError {
@@ -79,7 +96,9 @@ impl StoreError {
             StoreError::CostExceedsLimit { .. }
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
-            | StoreError::SlidingLogTooLarge { .. } => false,
+            | StoreError::SlidingLogTooLarge { .. }
+            | StoreError::InvalidTableEntry(_)
+            | StoreError::TableFull { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(_) => true,
             StoreError::NotConnected(_)
@@ -116,7 +135,9 @@ impl StoreError {
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotConnected(_)
             | StoreError::Expired
-            | StoreError::TimeOutOfRange { .. } => false,
+            | StoreError::TimeOutOfRange { .. }
+            | StoreError::InvalidTableEntry(_)
+            | StoreError::TableFull { .. } => false,
             #[cfg(feature = "redis")]
             StoreError::Redis(e) => !e.is_connection_refusal(),
             StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
@@ -316,12 +337,12 @@ impl Outcome {
     }
 }
 
-/// A place that decides rate limits atomically: one required method, one
-/// request, one outcome.
+/// A place that decides rate limits atomically: one request, one outcome.
 ///
 /// A store keeps one state per [`Identity`] and [`Limit`]; the same identity
 /// under two limits has two independent states. What not every store can do
-/// is a separate trait the caller asks for ([`Store::distinct`]), so a
+/// is a separate trait the caller asks for ([`Store::distinct`],
+/// [`Store::tables`]), so a
 /// missing ability is visible where a feature is configured, never a feature
 /// silently off. The trait has no provided methods: a store (or a layer
 /// wrapping one) states every behaviour it has.
@@ -350,6 +371,12 @@ pub trait Store: Send + Sync {
     /// keeps none. A limiter asked to enforce breadth on a store answering
     /// `None` refuses the configuration.
     fn distinct(&self) -> Option<impl DistinctStore + '_>;
+
+    /// The store's shared tables ([`SharedTables`]: small tables every
+    /// instance on the store sees, entries expiring by themselves), or
+    /// `None` when it keeps none. A feature that needs them refuses to be
+    /// configured on a store answering `None`.
+    fn tables(&self) -> Option<impl SharedTables + '_>;
 }
 
 /// The ability to count distinct values per identity (crawl breadth): a

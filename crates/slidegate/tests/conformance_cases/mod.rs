@@ -12,6 +12,9 @@ use slidegate::{Algorithm, Decision, Limit, ManualClock, Store, StoreError};
 
 use crate::support::{id, limit, Decide, T0};
 
+mod tables;
+pub use tables::*;
+
 const MS: Duration = Duration::from_millis(1);
 
 fn ms(n: u64) -> Duration {
@@ -486,6 +489,9 @@ macro_rules! conformance_suite {
             a_clock_stepping_back_forgets_nothing,
             gcra_sustains_rates_finer_than_a_microsecond,
             times_out_of_range_are_errors,
+            shared_tables_expire_replace_and_delete,
+            shared_tables_refuse_what_is_out_of_bounds,
+            shared_tables_are_bounded,
         );
     };
     (@cases $suite:ident, |$clock:ident, $case_name:ident| $setup:expr; $($case:ident),* $(,)?) => {

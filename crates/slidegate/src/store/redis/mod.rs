@@ -59,6 +59,7 @@ mod link;
 mod options;
 mod scripts;
 mod server_clock;
+mod table;
 mod target;
 mod wire;
 
@@ -81,7 +82,9 @@ use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
-use crate::store::{check_time, validate, Charge, DistinctStore, Outcome, Request, Store, StoreError};
+use crate::store::{
+    check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store, StoreError,
+};
 use crate::{Clock, Decision, Identity, Limit, Penalty, Quota};
 
 /// The key prefix when none is set.
@@ -554,6 +557,10 @@ impl Store for RedisStore {
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        Some(self)
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
         Some(self)
     }
 }

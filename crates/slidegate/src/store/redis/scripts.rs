@@ -331,6 +331,13 @@ pub(super) fn distinct() -> &'static Lua {
     &DISTINCT
 }
 
+/// The shared tables' script (`table.lua`): standalone, loaded by its
+/// first call's `EVAL` fallback.
+pub(super) fn table() -> &'static Lua {
+    static TABLE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("table.lua").to_owned()));
+    &TABLE
+}
+
 /// The script deciding several limits inside the penalty box.
 pub(super) fn penalty() -> &'static Lua {
     &SCRIPTS.penalty
