@@ -10,6 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -172,4 +173,163 @@ fn a_broken_keys_file_is_reported_by_its_own_line() {
     assert!(answer.body.contains(&detail), "{answer:?}");
     assert!(!answer.body.contains("sk-alice"), "the key is not echoed: {answer:?}");
     assert_eq!(policy(&as_key(&sg, "/search", "sk-alice")), owned("\"pro-search\";q=100;w=60", 99));
+}
+
+fn put_override(sg: &Slidegate, key: &str, body: &str) -> Reply {
+    request(
+        sg.addr,
+        "PUT",
+        &format!("/v1/overrides/{key}"),
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+    )
+}
+
+fn search_policy(sg: &Slidegate, key: &str) -> String {
+    as_key(sg, "/search", key).header("ratelimit-policy").unwrap_or_default().to_owned()
+}
+
+/// An override set on one instance applies on a second sharing the Redis
+/// (within its next read of the table, about a second), ends at its expiry,
+/// and a deleted one ends on both.
+#[test]
+fn an_override_set_on_one_instance_applies_on_another_and_expires_and_is_deleted() {
+    let redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+    let (_dir, keys) = keys_file("sk-alice free\n");
+    let config = planned(&upstream, &store, &keys, true);
+    let (a, b) = (Slidegate::start(&config), Slidegate::start(&config));
+    assert_eq!(search_policy(&b, "sk-alice"), "\"free-search\";q=2;w=60");
+
+    let set = put_override(&a, "sk-alice", r#"{"plan": "pro"}"#);
+    assert_eq!((set.status, set.body.as_str()), (200, r#"{"expires_in_ms":null,"plan":"pro"}"#), "{set:?}");
+    // The instance that took it applies it at once.
+    assert_eq!(policy(&as_key(&a, "/search", "sk-alice")), owned("\"pro-search\";q=100;w=60", 99));
+    wait_for("the override on the second instance", Duration::from_secs(10), || {
+        search_policy(&b, "sk-alice").starts_with("\"pro-search\"")
+    });
+    assert!(!a.log.lock().unwrap().contains("sk-alice") && !b.log.lock().unwrap().contains("sk-alice"));
+
+    let deleted = request(b.addr, "DELETE", "/v1/overrides/sk-alice", &[], b"");
+    assert_eq!((deleted.status, deleted.body.as_str()), (200, r#"{"deleted":true}"#), "{deleted:?}");
+    wait_for("the deletion on the first instance", Duration::from_secs(10), || {
+        search_policy(&a, "sk-alice").starts_with("\"free-search\"")
+    });
+    let again = request(b.addr, "DELETE", "/v1/overrides/sk-alice", &[], b"");
+    assert_eq!(again.status, 404, "{again:?}");
+
+    // An unknown key with an expiring override, given as its hash.
+    let out = Command::new(binary())
+        .args(["identity", "hash", "--full", "--key", "sk-zoe", "--config"])
+        .arg(write_config(&config).1)
+        .env(SECRET_ENV, "end-to-end-secret")
+        .output()
+        .unwrap();
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let set = put_override(&a, &hash, r#"{"plan": "pro", "expires_in": "2s"}"#);
+    assert_eq!((set.status, set.body.as_str()), (200, r#"{"expires_in_ms":2000,"plan":"pro"}"#), "{set:?}");
+    assert_eq!(policy(&as_key(&a, "/search", "sk-zoe")), owned("\"pro-search\";q=100;w=60", 99));
+    wait_for("the override to expire", Duration::from_secs(15), || {
+        search_policy(&b, "sk-zoe").starts_with("\"free-search\"")
+            && search_policy(&a, "sk-zoe").starts_with("\"free-search\"")
+    });
+}
+
+/// Bad overrides get a problem+json answer saying what was wrong, and change nothing.
+#[test]
+fn hostile_overrides_are_refused_with_a_problem() {
+    let upstream = Upstream::start();
+    let (_dir, keys) = keys_file("sk-alice free\n");
+    let sg = Slidegate::start(&planned(&upstream, "", &keys, false));
+    let long = "k".repeat(2000);
+    let cases: &[(&str, &str, &str, u16, &str)] = &[
+        (
+            "PUT",
+            "/v1/overrides/sk-alice",
+            r#"{"plan": "gold"}"#,
+            422,
+            "unknown plan \"gold\": the configuration's plans are \"free\", \"pro\"",
+        ),
+        ("PUT", "/v1/overrides/sk-alice", "{not json", 400, "malformed override: "),
+        (
+            "PUT",
+            "/v1/overrides/sk-alice",
+            r#"{"plan": "pro", "extra": 1}"#,
+            400,
+            "malformed override: unknown field `extra`",
+        ),
+        (
+            "PUT",
+            "/v1/overrides/sk-alice",
+            r#"{"plan": "pro", "expires_in": "soon"}"#,
+            400,
+            "invalid expires_in: ",
+        ),
+        (
+            "PUT",
+            "/v1/overrides/sk-alice",
+            r#"{"plan": "pro", "expires_in": "0s"}"#,
+            400,
+            "expires_in must be from 1ms to ten years",
+        ),
+        ("PUT", "/v1/overrides/", r#"{"plan": "pro"}"#, 400, "no key: expected /v1/overrides/{key}"),
+        ("PUT", "/v1/overrides/sk%2Dalice", r#"{"plan": "pro"}"#, 400, "percent-escapes are not decoded"),
+        ("PUT", "/v1/overrides/hash:12", r#"{"plan": "pro"}"#, 400, "invalid key hash"),
+        (
+            "PUT",
+            &format!("/v1/overrides/{long}"),
+            r#"{"plan": "pro"}"#,
+            400,
+            "the key is longer than 1024 bytes",
+        ),
+        (
+            "POST",
+            "/v1/overrides/sk-alice",
+            r#"{"plan": "pro"}"#,
+            405,
+            "/v1/overrides/{key} expects PUT or DELETE",
+        ),
+    ];
+    for (method, target, body, status, detail) in cases {
+        let reply = request(sg.addr, method, target, &[], body.as_bytes());
+        assert_eq!(reply.status, *status, "{method} {target} {body}: {reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"), "{reply:?}");
+        let problem: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        let said = problem["detail"].as_str().unwrap();
+        assert!(said.starts_with(detail), "{method} {target} {body}: {said}");
+    }
+    let huge = format!(r#"{{"plan": "{}"}}"#, "p".repeat(10_000));
+    assert_eq!(put_override(&sg, "sk-alice", &huge).status, 400);
+    assert_eq!(
+        policy(&as_key(&sg, "/search", "sk-alice")),
+        owned("\"free-search\";q=2;w=60", 1),
+        "nothing changed"
+    );
+}
+
+/// With Redis stalled or down, a write answers 503 within its deadline and
+/// changes nothing, and the overrides last read stay in force (decisions
+/// fall back, under the overridden plan's policy).
+#[test]
+fn overrides_outlive_a_redis_outage() {
+    let mut redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+    let (_dir, keys) = keys_file("");
+    let sg = Slidegate::start(&planned(&upstream, &store, &keys, true));
+    assert_eq!(put_override(&sg, "sk-alice", r#"{"plan": "pro"}"#).status, 200);
+    redis.pause();
+    let stalled = put_override(&sg, "sk-bob", r#"{"plan": "pro"}"#);
+    assert_eq!(stalled.status, 503, "{stalled:?}");
+    assert!(stalled.body.contains("the store did not take the change"), "{stalled:?}");
+    redis.resume();
+    redis.kill();
+    let down = request(sg.addr, "DELETE", "/v1/overrides/sk-alice", &[], b"");
+    assert_eq!(down.status, 503, "{down:?}");
+    wait_for("the failed read's log line", Duration::from_secs(10), || {
+        sg.log.lock().unwrap().contains("cannot read the plan overrides")
+    });
+    assert_eq!(search_policy(&sg, "sk-alice"), "\"pro-search\";q=100;w=60", "the last read stays");
+    assert_eq!(search_policy(&sg, "sk-bob"), "\"free-search\";q=2;w=60");
 }

@@ -1,7 +1,8 @@
 //! The admin endpoints: `POST /v1/check`, `GET /metrics`, `GET /healthz`,
 //! `GET /readyz` (see `readiness`),
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
-//! `POST /admin/reload`, served on the public listener or on their own.
+//! `POST /admin/reload`, `PUT`/`DELETE /v1/overrides/{key}` (see `overrides`),
+//! served on the public listener or on their own.
 
 use std::borrow::Cow;
 
@@ -29,6 +30,8 @@ pub(crate) enum Endpoint {
     Offenders,
     OffendersPage,
     Reload,
+    /// `/v1/overrides/{key}`: the key follows the path.
+    Overrides,
 }
 
 impl Endpoint {
@@ -41,6 +44,7 @@ impl Endpoint {
             "/v1/offenders" => Some(Endpoint::Offenders),
             "/offenders" => Some(Endpoint::OffendersPage),
             "/admin/reload" => Some(Endpoint::Reload),
+            _ if path.starts_with(super::overrides::PATH) => Some(Endpoint::Overrides),
             _ => None,
         }
     }
@@ -48,6 +52,7 @@ impl Endpoint {
     fn method(self) -> Method {
         match self {
             Endpoint::Check | Endpoint::Reload => Method::POST,
+            Endpoint::Overrides => Method::PUT,
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -59,6 +64,7 @@ impl Endpoint {
     fn allow(self) -> HeaderValue {
         match self {
             Endpoint::Check | Endpoint::Reload => HeaderValue::from_static("POST"),
+            Endpoint::Overrides => HeaderValue::from_static("PUT, DELETE"),
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -84,7 +90,7 @@ pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>)
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders or {0}/admin/reload",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders, {0}/admin/reload or {0}/v1/overrides/{{key}}",
             state.admin_prefix
         ),
         Some(path),
@@ -129,6 +135,13 @@ pub(crate) async fn handle(
     endpoint: Endpoint,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
+    if endpoint == Endpoint::Overrides {
+        // Its own methods and token check; the key is the rest of the path.
+        let path = request.uri().path().to_owned();
+        let key = path.strip_prefix(state.admin_prefix.as_str()).unwrap_or(&path);
+        let key = key.strip_prefix(super::overrides::PATH).unwrap_or_default();
+        return super::overrides::handle(state, request, key).await;
+    }
     let method = request.method().clone();
     if method != endpoint.method() && !(method == Method::HEAD && endpoint.method() == Method::GET) {
         let mut response = bad_request(
@@ -167,6 +180,8 @@ pub(crate) async fn handle(
                 super::offenders::page(state, query)
             }
         }
+        // Answered above.
+        Endpoint::Overrides => bad_request(StatusCode::NOT_FOUND, request.uri().path(), "no such endpoint"),
         Endpoint::Check | Endpoint::Reload => {
             if let Some(token) = &state.check_token {
                 if !bearer_matches(request.headers(), token) {
@@ -246,7 +261,7 @@ fn store_states(state: &State, body: &mut String) {
     }
 }
 
-fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+pub(super) fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
     let given = match given.get(..7) {
         Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => given[7..].trim_ascii(),
@@ -275,7 +290,7 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     response
 }
 
-fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
+pub(super) fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
     let title = status.canonical_reason().unwrap_or("Bad Request");
     boxed(headers::problem(status, "about:blank", title, detail, Some(path)))
 }

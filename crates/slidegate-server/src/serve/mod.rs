@@ -30,6 +30,7 @@ mod body;
 mod client_holds;
 mod error;
 mod offenders;
+mod overrides;
 mod proxy;
 mod readiness;
 mod reload;

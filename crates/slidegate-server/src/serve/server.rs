@@ -203,6 +203,7 @@ impl Server {
     /// channel in a test.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let sweeper = sweeper::spawn(&self.limiter);
+        let overrides = super::overrides::spawn_poller(self.limiter.clone());
         let (mut workers, threads) = self.spawn_workers();
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
@@ -240,6 +241,7 @@ impl Server {
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
+        overrides.abort();
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         let access_log = self.access_log.map(|(_, writer)| writer);
