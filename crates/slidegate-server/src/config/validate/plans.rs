@@ -241,16 +241,13 @@ impl KeysFile<'_> {
         start..start + field.len()
     }
 
-    fn line_of(&self, field: &str) -> usize {
-        self.source[..self.span(field).start].matches('\n').count() + 1
-    }
-
     fn parse(&self) -> Result<slidegate_http::config::PlanKeys, ConfigError> {
         let mut keys = slidegate_http::config::PlanKeys::default();
         // Each key's first line, to name it when the key comes again.
         let mut by_digest: HashMap<Digest, usize> = HashMap::new();
         let mut by_text: HashMap<&str, usize> = HashMap::new();
-        for line in self.source.lines() {
+        // Numbered as they go: a line's number is never counted from the start.
+        for (index, line) in self.source.lines().enumerate() {
             let text = line.trim();
             if text.is_empty() || text.starts_with('#') {
                 continue;
@@ -270,7 +267,7 @@ impl KeysFile<'_> {
                     self.hasher.as_ref().map(|h| h.digest(Source::ApiKey, key.as_bytes()))
                 }
             };
-            let line_no = self.line_of(key);
+            let line_no = index + 1;
             let first = match digest {
                 Some(d) => by_digest.insert(d, line_no),
                 None => by_text.insert(key, line_no),
