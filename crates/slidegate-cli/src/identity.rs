@@ -44,7 +44,8 @@ struct HashArgs {
     #[arg(long, value_name = "ADDRESS")]
     ip: Option<String>,
     /// Print the full form, `k:<32 hex>` or `ip:<32 hex>`, that
-    /// `DELETE /v1/penalty/{id}` takes (the offenders page's id column).
+    /// `DELETE /v1/penalty/{id}` and a plans file (`k:<32 hex> PLAN`) take
+    /// (the offenders page's id column).
     #[arg(long)]
     full: bool,
 }

@@ -45,7 +45,7 @@ fn load(path: &PathBuf) -> Result<Config, ExitCode> {
 
 /// Runs `slidegate serve`.
 pub fn run(args: ServeArgs) -> crate::CommandResult {
-    let config = match load(&args.config) {
+    let mut config = match load(&args.config) {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
@@ -59,6 +59,8 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         // stops gracefully, a SIGHUP reloads.
         let signals = Signals::install();
         let server = Server::bind(&config).await?.reload_from(&args.config);
+        // The limiter holds the plans' keys as digests only.
+        config.limiter.plans.keys.forget_raw_keys();
         if config.server.watch_config {
             crate::watch::spawn(args.config.clone(), server.reloader())?;
             tracing::info!(path = %args.config.display(), "watching the configuration file: a change reloads it");
@@ -123,6 +125,20 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
             _ => String::new(),
         };
         outln!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
+    }
+    let plans = &config.limiter.plans;
+    for (i, plan) in plans.plans.iter().enumerate() {
+        let keys = plans.keys.digests().iter().filter(|(_, p)| *p == i).count()
+            + plans.keys.raw_keys().filter(|(_, p)| *p == i).count();
+        let default = if plans.default_plan == Some(i) { ", the default" } else { "" };
+        let limits: Vec<String> = plan
+            .limits
+            .iter()
+            .flat_map(|(rule, limits)| {
+                limits.iter().map(move |l| format!("{rule}: {} = {}", l.name, l.limit))
+            })
+            .collect();
+        outln!("  plan {} ({keys} keys{default}): {}", plan.name, limits.join("; "));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -230,6 +230,13 @@ impl IdentityExtractor {
         self.hasher.identity(Arc::clone(scope), source, value)
     }
 
+    /// The digest of the API key `key`, the same under every rule: what an
+    /// API key's identity holds ([`Identity::new`] with [`Source::ApiKey`]),
+    /// and what plans map keys by.
+    pub fn key_digest(&self, key: &[u8]) -> slidegate::Digest {
+        self.hasher.digest(Source::ApiKey, key)
+    }
+
     /// The 16 bytes an IP address is hashed from: IPv6 after grouping,
     /// IPv4 as its IPv4-mapped IPv6 form.
     pub fn ip_bytes(&self, ip: IpAddr) -> [u8; 16] {

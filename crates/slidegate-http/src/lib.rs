@@ -63,6 +63,7 @@ mod lists;
 mod metrics;
 pub mod offenders;
 mod penalty;
+mod plans;
 mod response_cost;
 mod rules;
 mod verdict;
@@ -80,6 +81,7 @@ pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFutu
 pub use limiter::{CheckError, LimiterError, RateLimiter};
 pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
 pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
+pub use plans::{PlanOverride, PlanOverrides};
 pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,

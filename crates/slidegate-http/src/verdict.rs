@@ -89,6 +89,8 @@ pub struct PendingCharge {
     pub(crate) index: usize,
     pub(crate) identity: Identity,
     pub(crate) anonymous: bool,
+    /// The API key's plan, if it has one.
+    pub(crate) plan: Option<crate::plans::PlanId>,
     /// `None` only in shadow mode, for a request over the bound that is let through.
     pub(crate) _slot: Option<crate::in_flight::InFlightSlot>,
 }

@@ -11,9 +11,11 @@
 //! the application's job (`slidegate-server`'s `Config`, which holds a
 //! [`LimiterConfig`] beside the proxy's own settings).
 
+mod plans;
 mod types;
 
 pub use crate::duration::{parse_duration, Delay, DurationError};
+pub use plans::{PlanConfig, PlanKeys, PlansConfig};
 pub use types::{
     DelayConfig, DelayError, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig,
     OnError, RuleConfig, RuleLimits, StoreGuard,

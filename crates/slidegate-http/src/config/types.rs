@@ -44,6 +44,8 @@ pub struct LimiterConfig {
     pub rules: Vec<RuleConfig>,
     /// The deadline, circuit breaker, fallback and deny cache in front of the store.
     pub guard: StoreGuard,
+    /// Plans: other limits for the API keys mapped to them.
+    pub plans: super::PlansConfig,
     /// Clients never limited or always refused, whatever rule they meet
     /// (the global deny list also refuses requests matching no rule).
     pub lists: crate::AccessLists,
@@ -62,6 +64,7 @@ impl Default for LimiterConfig {
             guard: StoreGuard::default(),
             max_delayed: DelayConfig::DEFAULT_MAX_DELAYED,
             lists: crate::AccessLists::default(),
+            plans: super::PlansConfig::default(),
         }
     }
 }

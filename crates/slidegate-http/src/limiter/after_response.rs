@@ -48,7 +48,7 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// and what is left when the whole no longer fits.
     pub(super) async fn charge(&self, pending: &PendingCharge, cost: u64) -> Option<Verdict<'_>> {
         let rule = self.inner.rules.get(pending.index)?;
-        let set = rule.sets.pick(pending.anonymous);
+        let set = rule.set(pending.anonymous, pending.plan);
         // Never more than the smallest limit holds: the store would refuse it.
         let most = set.charges.iter().map(|c| c.limit.quota.permits() / c.cost.max(1)).min().unwrap_or(0);
         let cost = cost.min(most);

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use slidegate::{
-    check_charge, Charge, Decision, Decisions, Identity, Origin, Outcome, Request, Source, Store, StoreError,
+    check_charge, Charge, Decision, Decisions, Identity, Origin, Outcome, Request, Store, StoreError,
 };
 
 use super::rule::{Mode, PolicySet, Rule};
@@ -44,7 +44,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         if cost > rule.max_cost {
             return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
         }
-        let set = rule.sets.pick(anonymous);
+        let (identity, plan) = self.key_identity(rule, key.as_bytes());
+        let set = rule.set(anonymous, plan);
         for (name, charge) in set.names.iter().zip(&set.charges) {
             check_charge(&charge.limit, charge.cost.saturating_mul(cost)).map_err(|err| match err {
                 StoreError::CostExceedsLimit { cost, limit } => {
@@ -53,7 +54,6 @@ impl<S: Store + 'static> RateLimiter<S> {
                 source => CheckError::InvalidLimit { policy: name.clone(), source },
             })?;
         }
-        let identity = self.inner.identity.identity(&rule.scope, Source::ApiKey, key.as_bytes());
         Ok(self.decide(index, &identity, set, cost, Mode::Charge).await)
     }
 

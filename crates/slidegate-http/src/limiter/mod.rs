@@ -23,7 +23,7 @@ use http::{HeaderMap, Method};
 use slidegate::{Identity, MemoryStore, Source, Store};
 
 use crate::clock::Ticks;
-use crate::config::{IdentityConfig, IdentityKind, LimiterConfig, OnError, RuleConfig, StoreGuard};
+use crate::config::{IdentityConfig, LimiterConfig, OnError, PlansConfig, RuleConfig, StoreGuard};
 use crate::cost_headers::CostHeaders;
 use crate::delay::Delays;
 use crate::deny_cache::DenyCached;
@@ -35,6 +35,7 @@ use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
 use crate::offenders::{Event, IdentityHash, Offenders};
+use crate::plans::{PlanOverrides, Plans};
 use crate::rules::RuleMatcher;
 use crate::verdict::{DecisionSource, PendingCharge, Verdict};
 
@@ -50,7 +51,7 @@ mod tests;
 
 use decide::deny_in_flight;
 pub use error::{CheckError, LimiterError};
-use rule::{Mode, Rule, RuleSets};
+use rule::{Mode, Rule};
 
 /// The store as the limiter asks it: behind the guard, the deny cache and
 /// the fallback.
@@ -77,6 +78,10 @@ struct Inner<S> {
     cost_headers: CostHeaders,
     /// The allow and deny lists, global and per rule.
     lists: Lists,
+    /// The plans and the keys on them.
+    plans: Plans,
+    /// Plans set per key at run time, kept across reloads.
+    overrides: Arc<PlanOverrides>,
 }
 
 /// Rules, identities and a store: decides HTTP requests. Cheap to clone.
@@ -180,6 +185,18 @@ impl<S> RateLimiter<S> {
         self.inner.offenders.record(rule, identity, event);
     }
 
+    /// The names of the configuration's plans, in order.
+    pub fn plan_names(&self) -> Vec<&str> {
+        self.inner.plans.names().collect()
+    }
+
+    /// The plans set per key at run time: one table for this limiter and
+    /// every one [`RateLimiter::reconfigure`] builds from it, filled by the
+    /// caller (`slidegate serve` reads it from the shared store).
+    pub fn plan_overrides(&self) -> &Arc<PlanOverrides> {
+        &self.inner.overrides
+    }
+
     /// The embedded fallback store, unless every rule's `on_error` is
     /// `allow` or `deny`: a caller
     /// sweeps it as it sweeps an embedded store, to give memory back.
@@ -195,7 +212,14 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// [`LimiterError`] when a rule needs what the store cannot do.
     pub fn from_config(config: &LimiterConfig, store: S) -> Result<Self, LimiterError> {
         let identity = extractor(&config.identity, None);
-        let limiter = Self::new(&config.rules, identity, store, config.guard.clone(), config.headers.legacy)?;
+        let limiter = Self::build(
+            &config.rules,
+            &config.plans,
+            identity,
+            store,
+            config.guard.clone(),
+            config.headers.legacy,
+        )?;
         let mut limiter = limiter.with_max_delayed(config.max_delayed);
         if let Some(inner) = Arc::get_mut(&mut limiter.inner) {
             inner.lists = lists(&config.lists, &config.rules);
@@ -228,7 +252,8 @@ impl<S: Store + 'static> RateLimiter<S> {
             }
         }
         let identity = extractor(&config.identity, Some(&self.inner.identity));
-        let rules: Vec<Rule> = config.rules.iter().map(Rule::new).collect();
+        let plans = Plans::compile(&config.plans, &identity);
+        let rules: Vec<Rule> = config.rules.iter().map(|r| Rule::new(r, &config.plans)).collect();
         let metrics = Arc::new(self.inner.metrics.carried_over(rules.iter().map(|r| r.name.clone())));
         let places_kept = rules.len() >= self.inner.rules.len()
             && self.inner.rules.iter().zip(&rules).all(|(old, new)| old.name == new.name);
@@ -247,6 +272,8 @@ impl<S: Store + 'static> RateLimiter<S> {
                 in_flight: Arc::clone(&self.inner.in_flight),
                 delays: self.inner.delays_for(config.max_delayed),
                 lists: lists(&config.lists, &config.rules),
+                plans,
+                overrides: Arc::clone(&self.inner.overrides),
             }),
         })
     }
@@ -262,9 +289,23 @@ impl<S: Store + 'static> RateLimiter<S> {
         guard: StoreGuard,
         legacy_headers: bool,
     ) -> Result<Self, LimiterError> {
-        check_store(rules_config, &store)?;
+        Self::build(rules_config, &PlansConfig::default(), identity, store, guard, legacy_headers)
+    }
+
+    /// [`RateLimiter::new`] with plans.
+    fn build(
+        rules: &[RuleConfig],
+        plans: &PlansConfig,
+        identity: IdentityExtractor,
+        store: S,
+        guard: StoreGuard,
+        legacy_headers: bool,
+    ) -> Result<Self, LimiterError> {
+        check_store(rules, &store)?;
+        let rules_config = rules;
         let matcher = matcher(rules_config);
-        let rules: Vec<Rule> = rules_config.iter().map(Rule::new).collect();
+        let rules: Vec<Rule> = rules_config.iter().map(|r| Rule::new(r, plans)).collect();
+        let plans = Plans::compile(plans, &identity);
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
         let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
@@ -285,6 +326,8 @@ impl<S: Store + 'static> RateLimiter<S> {
                 in_flight: Arc::default(),
                 delays: Arc::new(Delays::new(crate::config::DelayConfig::DEFAULT_MAX_DELAYED)),
                 lists: lists(&AccessLists::default(), rules_config),
+                plans,
+                overrides: Arc::default(),
             }),
         })
     }
@@ -348,21 +391,15 @@ impl<S: Store + 'static> RateLimiter<S> {
         let extractor = &self.inner.identity;
         let api_key = extractor.api_key(headers);
         let anonymous = api_key.is_none();
-        let by_key = match (&rule.sets, api_key) {
-            (RuleSets::Shared { identity: IdentityKind::ApiKey, .. } | RuleSets::Split { .. }, Some(k)) => {
-                Some(k)
-            }
-            _ => None,
-        };
-        let identity = match by_key {
-            Some(k) => extractor.identity(&rule.scope, Source::ApiKey, k),
+        let (identity, plan) = match api_key.filter(|_| rule.counts_keys()) {
+            Some(k) => self.key_identity(rule, k),
             None => {
                 let ip = peer.map(|p| extractor.client_ip(p, headers));
                 let bytes = ip.map(|ip| extractor.ip_bytes(ip)).unwrap_or_default();
-                extractor.identity(&rule.scope, Source::Ip, &bytes)
+                (extractor.identity(&rule.scope, Source::Ip, &bytes), None)
             }
         };
-        let set = rule.sets.pick(anonymous);
+        let set = rule.set(anonymous, plan);
         // Breadth first: its denial is never charged to the rate limits.
         let breadth = match &rule.breadth {
             Some(breadth) => match self.decide_breadth(index, &identity, breadth, &matched.path, query).await
@@ -388,8 +425,13 @@ impl<S: Store + 'static> RateLimiter<S> {
                 }
                 // In shadow mode a request over the bound goes on, and is charged.
                 if slot.is_some() || !verdict.blocks() {
-                    verdict.pending =
-                        Some(PendingCharge { index, identity: identity.clone(), anonymous, _slot: slot });
+                    verdict.pending = Some(PendingCharge {
+                        index,
+                        identity: identity.clone(),
+                        anonymous,
+                        plan,
+                        _slot: slot,
+                    });
                 }
             }
             self.count(index, &identity, &verdict, Mode::Peek);
@@ -410,6 +452,14 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.record_network(index, headers, peer);
         }
         Some(verdict)
+    }
+
+    /// The identity of the API key `key` under `rule`, and the key's plan:
+    /// the key hashed once, for both.
+    fn key_identity(&self, rule: &Rule, key: &[u8]) -> (Identity, Option<crate::plans::PlanId>) {
+        let digest = self.inner.identity.key_digest(key);
+        let plan = self.inner.plans.of(&digest, &self.inner.overrides);
+        (Identity::new(Arc::clone(&rule.scope), Source::ApiKey, digest), plan)
     }
 
     /// Counts a refusal of the client at `peer` under rule number `index`

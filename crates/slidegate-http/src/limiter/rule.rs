@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use slidegate::{Charge, Penalty};
 
-use crate::config::{IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
+use crate::config::{IdentityKind, LimitConfig, OnError, PlansConfig, RuleConfig, RuleLimits};
 use crate::metrics::RuleCounters;
+use crate::plans::PlanId;
 use crate::verdict::DecisionSource;
 
 /// The named limits one identity is charged together.
@@ -43,7 +44,7 @@ pub(super) enum RuleSets {
 }
 
 impl RuleSets {
-    /// The set a request is charged under: an anonymous one (no API key) or not.
+    /// The rule's own set a request is charged under: an anonymous one (no API key) or not.
     pub(super) fn pick(&self, anonymous: bool) -> &PolicySet {
         match self {
             RuleSets::Shared { set, .. } => set,
@@ -59,6 +60,9 @@ pub(super) struct Rule {
     /// The rule's name as the scope of its identities.
     pub(super) scope: Arc<str>,
     pub(super) sets: RuleSets,
+    /// By plan: the set replacing the rule's own for an API key on that
+    /// plan; `None` where the plan leaves the rule's limits as they are.
+    pub(super) by_plan: Vec<Option<PolicySet>>,
     pub(super) on_error: OnError,
     pub(super) shadow: bool,
     /// The largest cost one `/v1/check` call may charge.
@@ -74,8 +78,16 @@ pub(super) struct Rule {
 }
 
 impl Rule {
-    pub(super) fn new(r: &RuleConfig) -> Self {
+    pub(super) fn new(r: &RuleConfig, plans: &PlansConfig) -> Self {
+        // Plans change the limits of API keys; a rule counting by address has none.
+        let by_key = !matches!(r.limits, RuleLimits::Shared { identity: IdentityKind::Ip, .. });
+        let by_plan = plans
+            .plans
+            .iter()
+            .map(|plan| plan.limits_of(&r.name).filter(|l| by_key && !l.is_empty()).map(PolicySet::new))
+            .collect();
         Rule {
+            by_plan,
             name: r.name.clone(),
             scope: r.name.as_str().into(),
             sets: match &r.limits {
@@ -96,6 +108,20 @@ impl Rule {
             max_in_flight: r.max_in_flight,
             penalty: r.penalty,
             delay: r.delay,
+        }
+    }
+
+    /// Whether a request carrying an API key is counted by it (else by its address).
+    pub(super) fn counts_keys(&self) -> bool {
+        !matches!(self.sets, RuleSets::Shared { identity: IdentityKind::Ip, .. })
+    }
+
+    /// The set a request is charged under: its plan's, when it carries an
+    /// API key on a plan with limits for this rule, else the rule's own.
+    pub(super) fn set(&self, anonymous: bool, plan: Option<PlanId>) -> &PolicySet {
+        match plan.and_then(|p| self.by_plan.get(p.0)) {
+            Some(Some(set)) if !anonymous => set,
+            _ => self.sets.pick(anonymous),
         }
     }
 

@@ -3,7 +3,7 @@
 use slidegate::{Algorithm, Limit, Quota};
 
 use super::*;
-use crate::config::{LimitConfig, RuleLimits};
+use crate::config::{IdentityKind, LimitConfig, PlanConfig, RuleLimits};
 use crate::rules::PathPattern;
 
 fn config(limits: &[(&str, u64)]) -> LimiterConfig {
@@ -50,4 +50,86 @@ async fn a_rule_needing_the_fallback_is_refused_when_the_limiter_runs_without() 
     let limiter = RateLimiter::from_config(&opted_out, MemoryStore::new()).unwrap();
     let err = limiter.reconfigure(&config(&[("a", 5)])).unwrap_err();
     assert!(matches!(err, LimiterError::FallbackOff { ref rule } if rule == "a"), "{err}");
+}
+
+/// Rules `a` and `b` (5 a minute each) and plans `free` (2 on `a`) and
+/// `pro` (100 on `a`, 50 on `b`); `alice` on `pro`, unknown keys on `free`.
+fn planned(alice: &str) -> LimiterConfig {
+    let mut config = config(&[("a", 5), ("b", 5)]);
+    let limit = |name: &str, permits| {
+        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(permits).unwrap());
+        vec![LimitConfig::new(name, limit, 1).unwrap()]
+    };
+    let mut free = PlanConfig::new("free");
+    free.limits.push(("a".into(), limit("free-a", 2)));
+    let mut pro = PlanConfig::new("pro");
+    pro.limits.push(("a".into(), limit("pro-a", 100)));
+    pro.limits.push(("b".into(), limit("pro-b", 50)));
+    config.plans.plans = vec![free, pro];
+    config.plans.default_plan = Some(0);
+    let plan = config.plans.position(alice).unwrap();
+    config.plans.keys.push_key(b"alice", plan);
+    config
+}
+
+async fn policy(limiter: &RateLimiter<MemoryStore>, rule: &str, key: &str, anonymous: bool) -> (String, u64) {
+    let verdict = limiter.check_key(rule, key, 1, anonymous).await.unwrap();
+    let policy = verdict.decisive().unwrap();
+    (policy.name.to_owned(), policy.decision.remaining)
+}
+
+#[tokio::test]
+async fn a_key_is_charged_under_its_plan_and_an_unknown_key_under_the_default() {
+    let limiter = RateLimiter::from_config(&planned("pro"), MemoryStore::new()).unwrap();
+    assert_eq!(limiter.plan_names(), ["free", "pro"]);
+    assert_eq!(policy(&limiter, "a", "alice", false).await, ("pro-a".into(), 99));
+    assert_eq!(policy(&limiter, "b", "alice", false).await, ("pro-b".into(), 49));
+    assert_eq!(policy(&limiter, "a", "bob", false).await, ("free-a".into(), 1));
+    // `free` says nothing of `b`: the rule's own limit.
+    assert_eq!(policy(&limiter, "b", "bob", false).await, ("b".into(), 4));
+    // No key: the rule's own limits, whatever the plans.
+    assert_eq!(policy(&limiter, "a", "carol", true).await, ("a".into(), 4));
+}
+
+/// A key moved to another plan starts from zero under the new plan's limits
+/// (each limit's counters are kept apart); moved back, it finds its old count.
+#[tokio::test]
+async fn a_key_moved_to_another_plan_starts_from_zero_under_its_limits() {
+    let limiter = RateLimiter::from_config(&planned("pro"), MemoryStore::new()).unwrap();
+    assert_eq!(policy(&limiter, "a", "alice", false).await, ("pro-a".into(), 99));
+    let moved = limiter.reconfigure(&planned("free")).unwrap();
+    assert_eq!(policy(&moved, "a", "alice", false).await, ("free-a".into(), 1));
+    let back = moved.reconfigure(&planned("pro")).unwrap();
+    assert_eq!(policy(&back, "a", "alice", false).await, ("pro-a".into(), 98));
+}
+
+#[tokio::test]
+async fn an_override_outranks_the_file_and_is_kept_across_a_reload() {
+    let limiter = RateLimiter::from_config(&planned("free"), MemoryStore::new()).unwrap();
+    let digest = limiter.identity().key_digest(b"alice");
+    let over = crate::PlanOverride { plan: "pro".into(), expires_at: None };
+    limiter.plan_overrides().replace(std::collections::HashMap::from([(digest, over)]));
+    assert_eq!(policy(&limiter, "a", "alice", false).await, ("pro-a".into(), 99));
+    let reloaded = limiter.reconfigure(&planned("free")).unwrap();
+    assert_eq!(policy(&reloaded, "a", "alice", false).await, ("pro-a".into(), 98));
+    reloaded.plan_overrides().replace(Default::default());
+    assert_eq!(policy(&limiter, "a", "alice", false).await, ("free-a".into(), 1));
+}
+
+#[tokio::test]
+async fn a_rule_counting_by_address_ignores_plans() {
+    let mut config = planned("pro");
+    config.rules[0].limits = match config.rules[0].limits.clone() {
+        RuleLimits::Shared { limits, .. } => RuleLimits::Shared { identity: IdentityKind::Ip, limits },
+        other => other,
+    };
+    config.identity.api_key_header = Some(http::HeaderName::from_static("x-api-key"));
+    let limiter = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
+    let mut headers = HeaderMap::new();
+    headers.insert("x-api-key", http::HeaderValue::from_static("alice"));
+    let verdict = limiter.check_request(&Method::GET, "/a", &headers, None).await.unwrap();
+    assert_eq!(verdict.decisive().unwrap().name, "a");
+    let verdict = limiter.check_request(&Method::GET, "/b", &headers, None).await.unwrap();
+    assert_eq!(verdict.decisive().unwrap().name, "pro-b");
+    assert_eq!(verdict.decisive().unwrap().decision.remaining, 49);
 }

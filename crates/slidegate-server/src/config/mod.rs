@@ -26,4 +26,6 @@ pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, Ser
 #[cfg(test)]
 mod lists_tests;
 #[cfg(test)]
+mod plans_tests;
+#[cfg(test)]
 mod tests;

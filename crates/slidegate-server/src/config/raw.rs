@@ -28,6 +28,17 @@ pub(super) struct RawConfig {
     pub(super) access_log: Option<Spanned<RawAccessLog>>,
     #[serde(default)]
     pub(super) lists: RawLists,
+    pub(super) plans: Vec<Spanned<RawPlan>>,
+}
+
+/// `[[plans]] name = "pro"` with `limits.<rule> = [ … ]`: the limits that
+/// replace each named rule's own for the keys on the plan.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlan {
+    pub(super) name: Spanned<String>,
+    #[serde(default)]
+    pub(super) limits: std::collections::BTreeMap<Spanned<String>, Spanned<Vec<Spanned<RawLimit>>>>,
 }
 
 /// `[lists]`: the global allow and deny lists.
@@ -116,6 +127,9 @@ pub(super) struct RawIdentity {
     pub(super) trusted_proxies: Vec<Spanned<String>>,
     pub(super) forwarded_header: Option<Parsed<ForwardedHeader>>,
     pub(super) ipv6_prefix: Option<Spanned<u8>>,
+    /// The file mapping API keys to plans, relative to the configuration's directory.
+    pub(super) plans_file: Option<Spanned<String>>,
+    pub(super) default_plan: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -2,6 +2,7 @@
 //! `GET /readyz` (see `readiness`),
 //! `GET /v1/offenders` and `GET /offenders` (the top offenders page),
 //! `POST /admin/reload`, `DELETE /v1/penalty/{id}` (see `penalty.rs`),
+//! `PUT`/`DELETE /v1/overrides/{key}` (see `overrides`),
 //! served on the public listener or on their own.
 
 use std::borrow::Cow;
@@ -31,6 +32,8 @@ pub(crate) enum Endpoint {
     OffendersPage,
     Reload,
     Penalty,
+    /// `/v1/overrides/{key}`: the key follows the path.
+    Overrides,
 }
 
 impl Endpoint {
@@ -44,6 +47,7 @@ impl Endpoint {
             "/offenders" => Some(Endpoint::OffendersPage),
             "/admin/reload" => Some(Endpoint::Reload),
             p if p == "/v1/penalty" || p.starts_with("/v1/penalty/") => Some(Endpoint::Penalty),
+            _ if path.starts_with(super::overrides::PATH) => Some(Endpoint::Overrides),
             _ => None,
         }
     }
@@ -52,6 +56,7 @@ impl Endpoint {
         match self {
             Endpoint::Check | Endpoint::Reload => Method::POST,
             Endpoint::Penalty => Method::DELETE,
+            Endpoint::Overrides => Method::PUT,
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -64,6 +69,7 @@ impl Endpoint {
         match self {
             Endpoint::Check | Endpoint::Reload => HeaderValue::from_static("POST"),
             Endpoint::Penalty => HeaderValue::from_static("DELETE"),
+            Endpoint::Overrides => HeaderValue::from_static("PUT, DELETE"),
             Endpoint::Metrics
             | Endpoint::Health
             | Endpoint::Ready
@@ -89,7 +95,7 @@ pub(super) async fn handle_only_admin(state: &State, request: Request<Incoming>)
         "about:blank",
         "Not Found",
         &format!(
-            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders, {0}/admin/reload or {0}/v1/penalty/{{id}}",
+            "no admin endpoint at {path}: expected {0}/v1/check, {0}/metrics, {0}/healthz, {0}/readyz, {0}/v1/offenders, {0}/offenders, {0}/admin/reload, {0}/v1/penalty/{{id}} or {0}/v1/overrides/{{key}}",
             state.admin_prefix
         ),
         Some(path),
@@ -134,6 +140,13 @@ pub(crate) async fn handle(
     endpoint: Endpoint,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
+    if endpoint == Endpoint::Overrides {
+        // Its own methods and token check; the key is the rest of the path.
+        let path = request.uri().path().to_owned();
+        let key = path.strip_prefix(state.admin_prefix.as_str()).unwrap_or(&path);
+        let key = key.strip_prefix(super::overrides::PATH).unwrap_or_default();
+        return super::overrides::handle(state, request, key).await;
+    }
     let method = request.method().clone();
     if method != endpoint.method() && !(method == Method::HEAD && endpoint.method() == Method::GET) {
         let mut response = bad_request(
@@ -172,6 +185,8 @@ pub(crate) async fn handle(
                 super::offenders::page(state, query)
             }
         }
+        // Answered above.
+        Endpoint::Overrides => bad_request(StatusCode::NOT_FOUND, request.uri().path(), "no such endpoint"),
         Endpoint::Check | Endpoint::Reload | Endpoint::Penalty => {
             if let Some(token) = &state.check_token {
                 if !bearer_matches(request.headers(), token) {
@@ -265,8 +280,7 @@ fn store_states(state: &State, body: &mut String) {
     }
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>`.
-fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+pub(super) fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
     let given = match given.get(..7) {
         Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => given[7..].trim_ascii(),

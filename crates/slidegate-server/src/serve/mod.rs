@@ -31,6 +31,7 @@ mod client_holds;
 mod error;
 mod lifts;
 mod offenders;
+mod overrides;
 mod penalty;
 mod proxy;
 mod readiness;

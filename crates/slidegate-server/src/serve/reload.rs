@@ -180,6 +180,7 @@ impl Reloader {
             .reconfigure(&applied.limiter)
             .map_err(|err| ReloadError::Invalid(format!("{}: {err}", path.display())))?;
         let reloaded = Reloaded { restart_required, ..changes(&running.config, &applied) };
+        applied.limiter.plans.keys.forget_raw_keys();
         for worker in &running.workers {
             worker.set(&limiter);
         }

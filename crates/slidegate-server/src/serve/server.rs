@@ -91,6 +91,10 @@ impl Server {
                 Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
             }
         };
+        // The limiter holds the digests of the keys file's keys; the copy kept
+        // to reload from holds no key as it is.
+        let mut kept = config.clone();
+        kept.limiter.plans.keys.forget_raw_keys();
         Ok(Self {
             listener,
             admin_listener,
@@ -103,8 +107,8 @@ impl Server {
             grace: config.server.shutdown_grace,
             drain_delay: config.server.drain_delay,
             readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
-            reloader: Reloader::new(None, config.clone(), limiter.clone()),
-            config: config.clone(),
+            reloader: Reloader::new(None, kept.clone(), limiter.clone()),
+            config: kept,
             limiter,
             access_log,
         })
@@ -200,6 +204,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let sweeper = sweeper::spawn(&self.limiter);
         let lifts = super::lifts::spawn(self.reloader.worker());
+        let overrides = super::overrides::spawn_poller(self.limiter.clone());
         let (mut workers, threads) = self.spawn_workers();
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
@@ -240,6 +245,7 @@ impl Server {
         if let Some(lifts) = lifts {
             lifts.abort();
         }
+        overrides.abort();
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         let access_log = self.access_log.map(|(_, writer)| writer);

@@ -2,18 +2,20 @@
 //! (ranges, contradictions, duplicates, environment variables) is checked
 //! here, and every error is located at the offending value. One file per
 //! part of the file: `server` (`[server]`), `store` (`[store]`: the Redis
-//! target, its login and the limiter's guard), `identity` and `rules`.
+//! target, its login and the limiter's guard), `identity`, `rules` and `plans`
+//! (`[[plans]]` and the keys file).
 //!
 //! Every error of a file is reported, not only the first: `document` reads
 //! the text part by part, and [`Validator::config`] validates each
-//! independent part — `[server]`, `[store]`, `[identity]`, `[access_log]`
-//! and each `[[rules]]` entry — on its own, gathering one error per part in
+//! independent part — `[server]`, `[store]`, `[identity]`, `[access_log]`,
+//! each `[[rules]]` entry and the plans — on its own, gathering one error per part in
 //! [`Found`]. A new part is one more `found.part(self.new_part(..))` there.
 
 mod access_log;
 mod document;
 mod identity;
 mod lists;
+mod plans;
 mod rules;
 mod server;
 mod store;
@@ -218,6 +220,10 @@ impl Validator<'_> {
             .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
         let store =
             found.part(self.store(&mut raw.store).and_then(|store| Ok((store, self.guard(raw.store)?))));
+        let plan_keys = plans::RawPlanKeys {
+            plans_file: raw.identity.plans_file.take(),
+            default_plan: raw.identity.default_plan.take(),
+        };
         let identity = found.part(self.identity(raw.identity));
         if let (Some(span), Some(None)) = (url_span, identity.as_ref().map(|i| &i.secret)) {
             if !self.unread.contains("identity") {
@@ -238,10 +244,15 @@ impl Validator<'_> {
         let lists =
             keys.as_ref().and_then(|keys| found.part(self.lists(raw.lists.allow, raw.lists.deny, keys)));
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        // Plans naming a rule that failed are not reported for it.
+        let mut rules_partial = self.unread.contains("rules");
         for mut rule in raw.rules {
             let name_span = rule.get_ref().name.span();
             let (allow, deny) = (rule.get_mut().allow.take(), rule.get_mut().deny.take());
-            let Some(mut rule) = found.part(self.rule(rule, on_error)) else { continue };
+            let Some(mut rule) = found.part(self.rule(rule, on_error)) else {
+                rules_partial = true;
+                continue;
+            };
             if let Some(keys) = &keys {
                 let Some(lists) = found.part(self.lists(allow, deny, keys)) else { continue };
                 rule.lists = lists;
@@ -260,12 +271,21 @@ impl Validator<'_> {
             headers.legacy = legacy;
         }
         let access_log = found.part(raw.access_log.map(|table| self.access_log(table)).transpose());
-        let ((server, max_delayed), (store, guard), identity, access_log, lists) =
-            (server?, store?, identity?, access_log?, lists?);
+        let partial = plans::Partial {
+            rules: rules_partial,
+            plans: self.unread.contains("plans"),
+            identity: self.unread.contains("identity"),
+        };
+        let plans = identity
+            .as_ref()
+            .and_then(|identity| found.part(self.plans(raw.plans, plan_keys, &rules, identity, partial)));
+        let ((server, max_delayed), (store, guard), identity, access_log, lists, plans) =
+            (server?, store?, identity?, access_log?, lists?, plans?);
         let mut limiter = LimiterConfig::default();
         limiter.guard = guard;
         limiter.identity = identity;
         limiter.rules = rules;
+        limiter.plans = plans;
         limiter.headers = headers;
         limiter.max_delayed = max_delayed;
         limiter.lists = lists;

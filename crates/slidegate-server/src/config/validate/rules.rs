@@ -236,7 +236,7 @@ impl Validator<'_> {
         Ok(*max.get_ref())
     }
 
-    fn limits(
+    pub(super) fn limits(
         &self,
         rule: &str,
         list: Spanned<Vec<Spanned<RawLimit>>>,
