@@ -17,11 +17,11 @@
 //! the store calls one held request makes finite (and each is charged only
 //! if it is allowed).
 //!
-//! Bounds ([`Delays`]): at most `per_identity` requests of one identity are
+//! Bounds (`Delays`): at most `per_identity` requests of one identity are
 //! held at once under a rule (the identity's scope is the rule), and at most
 //! `max_delayed` over every rule and identity (one semaphore); a request
 //! finding either full is refused at once, as without `delay`. Memory is
-//! what is held: a [`DelaySlot`] frees both places when dropped, which is
+//! what is held: a `DelaySlot` frees both places when dropped, which is
 //! also what happens when the client hangs up and the request's future is
 //! dropped mid-sleep.
 

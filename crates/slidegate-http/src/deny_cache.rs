@@ -329,7 +329,7 @@ impl<S> DenyCached<S> {
         &self.inner
     }
 
-    /// Forgets `identity`'s cached denials and blocks ([`DenyCache::forget`]).
+    /// Forgets `identity`'s cached denials and blocks (`DenyCache::forget`).
     pub fn forget(&self, identity: &Identity) -> usize {
         self.cache.as_ref().map_or(0, |cache| cache.forget(identity))
     }

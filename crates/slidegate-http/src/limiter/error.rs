@@ -7,7 +7,7 @@ use slidegate::StoreError;
 #[non_exhaustive]
 pub enum LimiterError {
     /// A rule limits crawl breadth, and the store keeps no distinct-value
-    /// sketches ([`Store::distinct`] answers `None`).
+    /// sketches ([`Store::distinct`](slidegate::Store::distinct) answers `None`).
     #[error("rule {rule:?} limits crawl breadth (`breadth`), which this store cannot count: it keeps no distinct-value sketches")]
     BreadthUnsupported {
         /// The rule's name.
