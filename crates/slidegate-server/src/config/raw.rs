@@ -28,6 +28,7 @@ pub(super) struct RawConfig {
     pub(super) access_log: Option<Spanned<RawAccessLog>>,
     #[serde(default)]
     pub(super) lists: RawLists,
+    #[serde(default)]
     pub(super) plans: Vec<Spanned<RawPlan>>,
 }
 
