@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{ALLOW, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -17,7 +17,7 @@ use slidegate_http::headers::{self, ceil_secs};
 use slidegate_http::DecisionSource;
 
 use super::readiness::Answer;
-use super::{boxed, full, ServeBody, State};
+use super::{bad_request, boxed, full, ServeBody, State};
 
 /// The largest `/v1/check` body read.
 const MAX_CHECK_BODY: usize = 16 * 1024;
@@ -188,21 +188,13 @@ pub(crate) async fn handle(
         // Answered above.
         Endpoint::Overrides => bad_request(StatusCode::NOT_FOUND, request.uri().path(), "no such endpoint"),
         Endpoint::Check | Endpoint::Reload | Endpoint::Penalty => {
-            if let Some(token) = &state.check_token {
-                if !bearer_matches(request.headers(), token) {
-                    let name = match endpoint {
-                        Endpoint::Check => "/v1/check",
-                        Endpoint::Reload => "/admin/reload",
-                        _ => "/v1/penalty",
-                    };
-                    let mut response = bad_request(
-                        StatusCode::UNAUTHORIZED,
-                        request.uri().path(),
-                        &format!("{name} requires the bearer token: expected Authorization: Bearer <token>"),
-                    );
-                    response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    return response;
-                }
+            let name = match endpoint {
+                Endpoint::Check => "/v1/check",
+                Endpoint::Reload => "/admin/reload",
+                _ => "/v1/penalty",
+            };
+            if let Some(refused) = super::token::refused(state, &request, name) {
+                return refused;
             }
             match endpoint {
                 Endpoint::Check => check(state, request).await,
@@ -280,38 +272,11 @@ fn store_states(state: &State, body: &mut String) {
     }
 }
 
-pub(super) fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
-    let Some(given) = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes) else { return false };
-    let given = match given.get(..7) {
-        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => given[7..].trim_ascii(),
-        _ => return false,
-    };
-    constant_time_eq(given, token.as_bytes())
-}
-
-/// Compares in time that depends on the lengths only, never on where the
-/// bytes first differ: a caller timing the 401s learns nothing of the token
-/// byte by byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = u8::from(a.len() != b.len());
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
-}
-
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<ServeBody> {
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
-}
-
-pub(super) fn bad_request(status: StatusCode, path: &str, detail: &str) -> Response<ServeBody> {
-    let title = status.canonical_reason().unwrap_or("Bad Request");
-    boxed(headers::problem(status, "about:blank", title, detail, Some(path)))
 }
 
 async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody> {
@@ -393,21 +358,5 @@ mod tests {
         assert_eq!((&*escaped.rule, &*escaped.key, escaped.cost), ("search", "user-42", 3));
         let unknown = serde_json::from_slice::<CheckRequest<'_>>(br#"{"rule":"a","key":"b","extra":1}"#);
         assert!(unknown.unwrap_err().to_string().contains("unknown field `extra`"));
-    }
-
-    #[test]
-    fn only_the_exact_bearer_token_matches() {
-        let with = |value: &'static str| {
-            let mut h = http::HeaderMap::new();
-            h.insert(AUTHORIZATION, HeaderValue::from_static(value));
-            h
-        };
-        assert!(bearer_matches(&with("Bearer s3cret"), "s3cret"));
-        assert!(bearer_matches(&with("bearer s3cret"), "s3cret"));
-        for wrong in ["Bearer s3cre", "Bearer s3cret2", "Bearer S3cret", "Basic s3cret", "s3cret", "Bearer "]
-        {
-            assert!(!bearer_matches(&with(wrong), "s3cret"), "{wrong}");
-        }
-        assert!(!bearer_matches(&http::HeaderMap::new(), "s3cret"));
     }
 }

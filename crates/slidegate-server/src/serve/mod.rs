@@ -39,6 +39,7 @@ mod reload;
 mod server;
 mod slots;
 mod sweeper;
+mod token;
 mod upstream;
 mod worker;
 
@@ -83,4 +84,10 @@ impl State {
     pub(crate) fn limiter(&self) -> Arc<RateLimiter<AnyStore>> {
         self.current.get()
     }
+}
+
+/// A problem+json answer of `status` for `path`, saying what was wrong.
+pub(super) fn bad_request(status: http::StatusCode, path: &str, detail: &str) -> http::Response<ServeBody> {
+    let title = status.canonical_reason().unwrap_or("Bad Request");
+    boxed(slidegate_http::headers::problem(status, "about:blank", title, detail, Some(path)))
 }

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use http::header::{ALLOW, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{ALLOW, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -25,7 +25,7 @@ use slidegate::store::{SharedTables, TableName};
 use slidegate::{Digest, Store, StoreError};
 use slidegate_http::{PlanOverride, RateLimiter};
 
-use super::admin::{bad_request, bearer_matches};
+use super::bad_request;
 use super::{full, ServeBody, State};
 use crate::store::AnyStore;
 
@@ -58,16 +58,8 @@ fn table() -> TableName {
 /// `PUT` or `DELETE` `<admin_prefix>/v1/overrides/{key}`.
 pub(crate) async fn handle(state: &State, request: Request<Incoming>, key: &str) -> Response<ServeBody> {
     let path = request.uri().path().to_owned();
-    if let Some(token) = &state.check_token {
-        if !bearer_matches(request.headers(), token) {
-            let mut response = bad_request(
-                StatusCode::UNAUTHORIZED,
-                &path,
-                "/v1/overrides requires the bearer token: expected Authorization: Bearer <token>",
-            );
-            response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
+    if let Some(refused) = super::token::refused(state, &request, "/v1/overrides") {
+        return refused;
     }
     let method = request.method().clone();
     if method != Method::PUT && method != Method::DELETE {

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use slidegate_http::lift::LiftError;
 use slidegate_http::offenders::IdentityHash;
 
-use super::admin::bad_request;
+use super::bad_request;
 use super::{full, ServeBody, State};
 
 /// The longest rule name a query may carry: longer is no rule's.
