@@ -38,6 +38,13 @@ impl<S: Store + 'static> RateLimiter<S> {
         if key.is_empty() {
             return Err(CheckError::EmptyKey);
         }
+        // A key the lists name is answered as a request carrying it would be
+        // (an anonymous check names no API key, so only a rule decides it).
+        if !anonymous {
+            if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
+                return Ok(listed);
+            }
+        }
         let rule = &self.inner.rules[index];
         // Checked before anything is charged: a large cost is a large write
         // (a sliding log keeps one entry per permit).

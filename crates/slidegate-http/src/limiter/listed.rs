@@ -32,7 +32,20 @@ impl<S> RateLimiter<S> {
         // untrusted peer is never read.
         let ip = peer.filter(|_| lists.needs_ip()).map(|p| extractor.client_ip(p, headers));
         let key = if lists.needs_key() { extractor.api_key(headers) } else { None };
-        let listed = lists.judge(rule, ip, key)?;
+        self.listed_client(rule, ip, key)
+    }
+
+    /// The verdict of a client at `ip` with `key` that the lists name,
+    /// counted: [`RateLimiter::listed`] once the request is read, and
+    /// `/v1/check` for the key it is asked about.
+    pub(super) fn listed_client(
+        &self,
+        rule: Option<usize>,
+        ip: Option<IpAddr>,
+        key: Option<&[u8]>,
+    ) -> Option<Verdict<'_>> {
+        let extractor = &self.inner.identity;
+        let listed = self.inner.lists.judge(rule, ip, key)?;
         let counters = match (listed.scope, rule) {
             (ListScope::Rule, Some(rule)) => &self.inner.metrics.rule(rule).lists,
             _ => self.inner.metrics.global_lists(),

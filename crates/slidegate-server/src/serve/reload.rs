@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
-use slidegate_http::config::{LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::config::{LimitConfig, PlansConfig, RuleConfig, RuleLimits};
 use slidegate_http::RateLimiter;
 
 use crate::config::{Config, ConfigError};
@@ -89,6 +89,14 @@ pub struct Reloaded {
     /// Limits (`rule/policy`) whose algorithm or quota changed: their
     /// counters start from zero, since each limit's state is kept apart.
     pub limits_restarted: Vec<String>,
+    /// Plans (`[[plans]]`) added, removed, or whose limits changed, by name.
+    pub plans_changed: Vec<String>,
+    /// Whether the keys file maps keys to other plans, or `default_plan`
+    /// names another plan.
+    pub plan_keys_changed: bool,
+    /// Whether the global allow or deny list (`[lists]`) names other
+    /// clients; a rule's own lists count as a change of its rule.
+    pub lists_changed: bool,
     /// Settings the file changes that the running process keeps until a
     /// restart (`server.listen`, `store`, …).
     pub restart_required: Vec<String>,
@@ -149,6 +157,9 @@ impl Reloader {
                     removed = ?reloaded.rules_removed,
                     changed = ?reloaded.rules_changed,
                     limits_restarted = ?reloaded.limits_restarted,
+                    plans_changed = ?reloaded.plans_changed,
+                    plan_keys_changed = reloaded.plan_keys_changed,
+                    lists_changed = reloaded.lists_changed,
                     "configuration reloaded"
                 );
                 if !reloaded.restart_required.is_empty() {
@@ -241,12 +252,34 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
             }
         }
     }
+    let (old_plans, new_plans) = (&old.limiter.plans, &new.limiter.plans);
+    let plan_names = |a: &PlansConfig, b: &PlansConfig| -> Vec<String> {
+        a.plans.iter().filter(|p| b.position(&p.name).is_none()).map(|p| p.name.clone()).collect()
+    };
+    let mut plans_changed = plan_names(new_plans, old_plans);
+    plans_changed.extend(plan_names(old_plans, new_plans));
+    for plan in &new_plans.plans {
+        let before = old_plans.position(&plan.name).map(|i| &old_plans.plans[i]);
+        if before.is_some_and(|before| differs(&before.limits, &plan.limits)) {
+            plans_changed.push(plan.name.clone());
+        }
+    }
+    // Plans are named by their index: a default naming the same plan may
+    // have another index after plans were added or removed.
+    fn default_name(plans: &PlansConfig) -> Option<&str> {
+        plans.default_plan.and_then(|i| plans.plans.get(i)).map(|plan| plan.name.as_str())
+    }
+    let plan_keys_changed =
+        old_plans.keys != new_plans.keys || default_name(old_plans) != default_name(new_plans);
     Reloaded {
         reloaded: true,
         rules_added: names(new_rules, old_rules),
         rules_removed: names(old_rules, new_rules),
         rules_changed,
         limits_restarted,
+        plans_changed,
+        plan_keys_changed,
+        lists_changed: old.limiter.lists != new.limiter.lists,
         restart_required: Vec::new(),
     }
 }
@@ -364,6 +397,40 @@ authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
         .is_empty());
         // No secret in the file: the running one is kept.
         assert!(changes(&keyed("a-secret-long-enough-for-anyone-1"), &old).limits_restarted.is_empty());
+    }
+
+    #[test]
+    fn plans_and_lists_that_change_are_named() {
+        const PLANS: &str = r#"
+[[plans]]
+name = "free"
+limits = { search = [{ limit = 5, window = "1s" }] }
+
+[[plans]]
+name = "pro"
+limits = { search = [{ limit = 40, window = "1s" }] }
+"#;
+        let old =
+            config(&format!("[identity]\napi_key_header = \"k\"\ndefault_plan = \"free\"\n{PLANS}{RULES}"));
+        let same = changes(&old, &old);
+        assert!(same.plans_changed.is_empty() && !same.plan_keys_changed && !same.lists_changed);
+        let text = format!("[identity]\napi_key_header = \"k\"\ndefault_plan = \"pro\"\n{PLANS}{RULES}")
+            .replace("limit = 40, window", "limit = 60, window")
+            .replace("name = \"free\"", "name = \"team\"");
+        let new = config(&text.replacen(
+            "[[rules]]",
+            "[lists]\ndeny = { cidrs = [\"10.0.0.0/8\"] }\n\n[[rules]]",
+            1,
+        ));
+        let changed = changes(&old, &new);
+        assert_eq!(changed.plans_changed, ["team", "free", "pro"]);
+        assert!(changed.plan_keys_changed, "default_plan names pro now");
+        assert!(changed.lists_changed);
+        assert_eq!(
+            (changed.rules_changed, changed.limits_restarted),
+            (vec![], vec![]),
+            "plans are not rules"
+        );
     }
 
     #[test]
