@@ -42,7 +42,9 @@ use slidegate::{
     Charge, Decision, DistinctStore, GiveBack, Identity, LeaseStore, Limit, NoLeases, Origin, Outcome,
     Request, SharedTables, Store, StoreError,
 };
-use tokio::time::Instant;
+use std::sync::Arc;
+
+use slidegate::Clock;
 
 use crate::duration::Delay;
 
@@ -78,15 +80,15 @@ struct Held {
     left: u64,
     /// The store's window of those permits.
     window: u64,
-    /// Until when they may be used.
-    until: Instant,
+    /// Until when they may be used, in ms on the layer's clock.
+    until: u64,
     /// The store's decision on the lease, for the headers of local answers.
     decision: Decision,
-    leased_at: Instant,
+    leased_at: u64,
     /// Requests seen in the current horizon, and in the one before.
     seen: u64,
     seen_before: u64,
-    horizon_start: Instant,
+    horizon_start: u64,
 }
 
 /// A [`Store`] whose hot identities are decided from leased permits (see
@@ -96,6 +98,19 @@ pub struct Leased<S> {
     inner: S,
     policy: Option<LeasePolicy>,
     shards: Vec<Mutex<HashMap<(Identity, Limit), Held>>>,
+    /// The layer's time, in ms: monotonic, so a lease never outlives its
+    /// window because the wall clock stepped back.
+    clock: Arc<dyn Clock>,
+}
+
+/// Milliseconds since the layer was built, on the monotonic clock.
+#[derive(Debug)]
+struct Monotonic(std::time::Instant);
+
+impl Clock for Monotonic {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl<S> std::fmt::Debug for Leased<S> {
@@ -116,8 +131,15 @@ enum Found {
 impl<S> Leased<S> {
     /// `inner`, leasing under `policy` (`None`: never).
     pub fn new(inner: S, policy: Option<LeasePolicy>) -> Self {
+        Self::with_clock(inner, policy, Arc::new(Monotonic(std::time::Instant::now())))
+    }
+
+    /// [`Leased::new`] on `clock` (tests drive it by hand). It must not step
+    /// back, and must run at the store's rate: a lease is used until its
+    /// send time on it plus what the store said was left of the window.
+    pub fn with_clock(inner: S, policy: Option<LeasePolicy>, clock: Arc<dyn Clock>) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
-        Self { inner, policy: policy.filter(|p| p.max > 1), shards }
+        Self { inner, policy: policy.filter(|p| p.max > 1), shards, clock }
     }
 
     /// The store behind the leases.
@@ -134,7 +156,7 @@ impl<S: Store> Leased<S> {
 
     /// The leased permits this instance holds and has not used, summed.
     pub fn outstanding(&self) -> u64 {
-        let now = Instant::now();
+        let now = self.clock.now_ms();
         self.shards
             .iter()
             .map(|s| {
@@ -167,15 +189,15 @@ impl<S: Store> Leased<S> {
     }
 
     /// Looks `identity`'s lease of `limit` up at `now`, counting the request.
-    fn find(&self, identity: &Identity, limit: &Limit, policy: &LeasePolicy, now: Instant) -> Found {
-        let horizon = policy.horizon.get().max(Duration::from_millis(1));
+    fn find(&self, identity: &Identity, limit: &Limit, policy: &LeasePolicy, now: u64) -> Found {
+        let horizon = policy.horizon.as_millis().max(1);
         let mut shard = self.shard(identity);
         let key = (identity.clone(), *limit);
         if shard.len() >= MAX_HELD && !shard.contains_key(&key) {
             // Keep the identities still leasing or seen lately; an ended
             // lease dropped here keeps its permits charged in its window.
             shard.retain(|_, h| {
-                (h.left > 0 && now < h.until) || now.saturating_duration_since(h.horizon_start) < 2 * horizon
+                (h.left > 0 && now < h.until) || now.saturating_sub(h.horizon_start) < 2 * horizon
             });
             if shard.len() >= MAX_HELD {
                 return Found::Ask { size: 1, back: None };
@@ -199,7 +221,7 @@ impl<S: Store> Leased<S> {
             seen_before: 0,
             horizon_start: now,
         });
-        let since = now.saturating_duration_since(held.horizon_start);
+        let since = now.saturating_sub(held.horizon_start);
         if since >= horizon {
             held.seen_before = if since >= 2 * horizon { 0 } else { held.seen };
             held.seen = 0;
@@ -208,7 +230,7 @@ impl<S: Store> Leased<S> {
         held.seen += 1;
         if held.left > 0 && now < held.until {
             held.left -= 1;
-            let elapsed = now.saturating_duration_since(held.leased_at);
+            let elapsed = Duration::from_millis(now.saturating_sub(held.leased_at));
             return Found::Permit(Decision {
                 remaining: held.decision.remaining + held.left,
                 reset_after: held.decision.reset_after.saturating_sub(elapsed),
@@ -225,12 +247,12 @@ impl<S: Store> Leased<S> {
     }
 
     /// Keeps the permits of a lease decided now, but the one this request uses.
-    fn keep(&self, identity: &Identity, limit: &Limit, lease: slidegate::Lease, size: u64, sent: Instant) {
+    fn keep(&self, identity: &Identity, limit: &Limit, lease: slidegate::Lease, size: u64, sent: u64) {
         let mut shard = self.shard(identity);
         if let Some(held) = shard.get_mut(&(identity.clone(), *limit)) {
             held.left = size - 1;
             held.window = lease.window;
-            held.until = sent + lease.usable_for;
+            held.until = sent.saturating_add(u64::try_from(lease.usable_for.as_millis()).unwrap_or(u64::MAX));
             held.decision = lease.decision;
             held.leased_at = sent;
         }
@@ -251,7 +273,7 @@ impl<S: Store> Leased<S> {
     ) -> Result<Outcome, StoreError> {
         let Some(leases) = self.inner.leases() else { return self.inner.decide(request).await };
         let identity = request.identity;
-        let sent = Instant::now();
+        let sent = self.clock.now_ms();
         let (size, back) = match self.find(identity, &charge.limit, policy, sent) {
             Found::Permit(decision) => return Ok(Outcome::decided(decision).from_origin(Origin::Lease)),
             Found::Ask { size, back } => (size, back),
