@@ -238,7 +238,7 @@ impl<S: Store> Leased<S> {
             });
         }
         let back =
-            (held.left > 0).then(|| GiveBack { limit: *limit, window: held.window, unused: held.left });
+            (held.left > 0).then_some(GiveBack { limit: *limit, window: held.window, unused: held.left });
         held.left = 0;
         let expected = held.seen_before.max(held.seen);
         let room = held.decision.remaining / 4;
