@@ -16,11 +16,11 @@ use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
     Algorithm, Charge, Clock, DistinctStore, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Outcome,
-    Quota, RedisStore, Request, SharedTables, Store, StoreError, TimeSource,
+    Quota, RedisOptions, RedisStore, RedisTarget, Request, SharedTables, Store, StoreError, TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 use slidegate_http::Delay;
-use slidegate_test_redis::RedisServer;
+use slidegate_test_redis::{RedisCluster, RedisServer};
 
 /// 2026-01-01T00:00:00.000Z: a time well inside the stores' range.
 const T0: u64 = 1_767_225_600_000;
@@ -185,6 +185,80 @@ fn leases_on_redis_never_over_admit() {
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn leases_on_a_cluster_never_over_admit() {
+    let cluster = RedisCluster::shared();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut runner = TestRunner::new(Config { cases: 12, ..Config::default() });
+    let case = std::cell::Cell::new(0);
+    let options =
+        RedisOptions::new().with_timeout(Duration::from_secs(5)).with_connect_timeout(Duration::from_secs(5));
+    runner
+        .run(&trace(), |(counter, steps)| {
+            case.set(case.get() + 1);
+            let clock = Arc::new(ManualClock::new(T0));
+            let store = runtime.block_on(async {
+                RedisStore::connect_to(&RedisTarget::Cluster(cluster.urls()), options.clone())
+                    .await
+                    .unwrap()
+                    .with_prefix(format!("lease{}-{}:", std::process::id(), case.get()))
+                    .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>))
+            });
+            let store = Arc::new(store);
+            let layers = layers(&store, &clock);
+            let limit = limit(counter);
+            let (admitted, _) = runtime.block_on(run(&layers, &clock, &limit, &steps));
+            prop_assert_eq!(over_admitted(&limit, &admitted), 0, "admitted {:?}", admitted);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Redis dying with leases out: the permits already charged are still
+/// handed out, every other request fails as unavailable (for the guard and
+/// the fallback above to answer), a give-back that cannot reach Redis is
+/// an error, not a hang or a panic; and after a restart leasing resumes.
+#[tokio::test]
+async fn leases_survive_redis_dying() {
+    let mut server = RedisServer::spawn();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(300))
+        .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>));
+    let store = Arc::new(store);
+    let layer =
+        Leased::with_clock(Shared(Arc::clone(&store)), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
+    let limit = limit(true);
+    let identity = Identity::named("lease", "a");
+    let charges = [Charge::new(limit, 1)];
+    for _ in 0..6 {
+        assert!(layer.decide(Request::new(&identity, &charges)).await.unwrap().allowed());
+    }
+    let held = layer.outstanding();
+    assert!(held > 0);
+    server.kill();
+    for _ in 0..held {
+        let outcome = layer.decide(Request::new(&identity, &charges)).await.unwrap();
+        assert_eq!((outcome.allowed(), outcome.origin), (true, slidegate::Origin::Lease));
+    }
+    let err = layer.decide(Request::new(&identity, &charges)).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert_eq!(layer.give_back_all().await, 0);
+    server.restart();
+    clock.advance(Duration::from_secs(3));
+    let mut answered = false;
+    for _ in 0..50 {
+        if let Ok(outcome) = layer.decide(Request::new(&identity, &charges)).await {
+            answered = outcome.allowed();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "the store answers again after its restart");
 }
 
 /// Unused permits go back to the window they were charged in: after a
