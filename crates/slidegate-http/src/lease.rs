@@ -250,9 +250,18 @@ impl<S: Store> Leased<S> {
     fn keep(&self, identity: &Identity, limit: &Limit, lease: slidegate::Lease, size: u64, sent: u64) {
         let mut shard = self.shard(identity);
         if let Some(held) = shard.get_mut(&(identity.clone(), *limit)) {
-            held.left = size - 1;
+            let until = sent.saturating_add(u64::try_from(lease.usable_for.as_millis()).unwrap_or(u64::MAX));
+            // A lease a concurrent request took in the same window: both
+            // sets of permits count there, and end with it (the earlier end
+            // of the two, as either could be the later one sent).
+            if held.left > 0 && held.window == lease.window && sent < held.until {
+                held.left += size - 1;
+                held.until = held.until.min(until);
+            } else {
+                held.left = size - 1;
+                held.until = until;
+            }
             held.window = lease.window;
-            held.until = sent.saturating_add(u64::try_from(lease.usable_for.as_millis()).unwrap_or(u64::MAX));
             held.decision = lease.decision;
             held.leased_at = sent;
         }
