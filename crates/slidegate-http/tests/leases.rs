@@ -15,8 +15,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
-    Algorithm, Charge, Clock, DistinctStore, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Outcome,
-    Quota, RedisOptions, RedisStore, RedisTarget, Request, SharedTables, Store, StoreError, TimeSource,
+    Algorithm, Charge, Clock, DistinctStore, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore,
+    Outcome, Quota, RedisOptions, RedisStore, RedisTarget, Request, SharedTables, Store, StoreError,
+    TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 use slidegate_http::Delay;
@@ -261,6 +262,48 @@ async fn leases_survive_redis_dying() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(answered, "the store answers again after its restart");
+}
+
+/// Leasing and giving back on every layout a state takes: packed and
+/// plain in the embedded store, 32-bit and wide counts in Redis (limits
+/// from 2^32), for both leased algorithms: the store's remaining count is
+/// back where the unused permits were never charged, and a give-back to
+/// a window that no longer counts gives nothing.
+#[tokio::test]
+async fn give_back_is_exact_on_every_layout() {
+    let server = RedisServer::spawn();
+    let clock = Arc::new(ManualClock::new(T0));
+    let redis = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(5))
+        .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>));
+    let memory = MemoryStore::with_clock(Arc::clone(&clock));
+    for permits in [40, 1 << 25, 1 << 33] {
+        for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+            let limit = Limit::new(algorithm, Quota::new(permits, Duration::from_secs(1)).unwrap());
+            let identity = Identity::named("layout", &format!("{permits}-{}", algorithm.name()));
+            for (name, remaining) in [
+                ("memory", lease_and_give_back(&memory, &identity, limit).await),
+                ("redis", lease_and_give_back(&redis, &identity, limit).await),
+            ] {
+                assert_eq!(remaining, permits - 3, "{name}, {permits} {}", algorithm.name());
+            }
+        }
+    }
+}
+
+/// Leases 10, gives 7 back (and 1 to a later window, which takes none);
+/// answers the remaining permits then.
+async fn lease_and_give_back<S: Store + LeaseStore>(store: &S, identity: &Identity, limit: Limit) -> u64 {
+    let lease = LeaseStore::lease(store, identity, Charge::new(limit, 10), None).await.unwrap();
+    assert!(lease.decision.allowed);
+    let back = GiveBack { limit, window: lease.window, unused: 7 };
+    assert_eq!(store.give_back(identity, back, None).await.unwrap(), 7);
+    let later = GiveBack { window: lease.window + 5, unused: 1, ..back };
+    assert_eq!(store.give_back(identity, later, None).await.unwrap(), 0);
+    let peek = [Charge::new(limit, 0)];
+    store.decide(Request::new(identity, &peek)).await.unwrap().decisions[0].remaining
 }
 
 /// Unused permits go back to the window they were charged in: after a
