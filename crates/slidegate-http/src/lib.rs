@@ -57,6 +57,7 @@ pub mod headers;
 mod identity;
 mod in_flight;
 mod layer;
+pub mod lease;
 pub mod lift;
 mod limiter;
 mod lists;

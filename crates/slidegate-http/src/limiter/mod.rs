@@ -31,6 +31,7 @@ use crate::fallback::Fallback;
 use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
+use crate::lease::Leased;
 use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
@@ -55,7 +56,7 @@ use rule::{Mode, Rule};
 
 /// The store as the limiter asks it: behind the guard, the deny cache and
 /// the fallback.
-type Layered<S> = Fallback<DenyCached<Guarded<S>>>;
+type Layered<S> = Fallback<DenyCached<Guarded<Leased<S>>>>;
 
 /// A limiter: what one configuration says (rules, identity, headers), and
 /// what outlives it, shared with the limiters [`RateLimiter::reconfigure`]
@@ -163,7 +164,7 @@ impl<S> RateLimiter<S> {
 
     /// The store, without the layers in front of it.
     pub fn store(&self) -> &S {
-        self.inner.store.get_ref().get_ref().get_ref()
+        self.inner.store.get_ref().get_ref().get_ref().get_ref()
     }
 
     /// The identities refused most over the last minutes (the admin
@@ -308,7 +309,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let plans = Plans::compile(plans, &identity);
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
-        let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
+        let guarded = Guarded::new(Leased::new(store, guard.lease), &guard, Arc::clone(&metrics), ticks);
         let cached = DenyCached::new(guarded, guard.deny_cache, Arc::clone(&metrics), ticks);
         // The default failure policy: off only when every rule opted out.
         let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);

@@ -117,6 +117,16 @@ pub(super) struct RawStore {
     pub(super) tls_ca: Option<Spanned<String>>,
     pub(super) deny_cache: Option<Spanned<u32>>,
     pub(super) engine: Option<Spanned<String>>,
+    /// Quota leases: `lease = { max = 64, horizon = "50ms" }`.
+    pub(super) lease: Option<Spanned<RawLease>>,
+}
+
+/// `[store] lease`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLease {
+    pub(super) max: Spanned<u64>,
+    pub(super) horizon: Option<WindowValue>,
 }
 
 #[derive(Deserialize, Default)]

@@ -542,6 +542,22 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
 }
 
 #[test]
+fn store_lease_is_read_and_checked() {
+    assert_eq!(parse("").unwrap().limiter.guard.lease, None);
+    let lease = parse("[store]\nlease = { max = 32, horizon = \"20ms\" }\n").unwrap().limiter.guard.lease;
+    assert_eq!(lease, Some(slidegate_http::lease::LeasePolicy { max: 32, horizon: Delay::from_millis(20) }));
+    let lease = parse("[store]\nlease = { max = 64 }\n").unwrap().limiter.guard.lease;
+    assert_eq!(lease.map(|l| l.horizon), Some(Delay::from_millis(50)));
+    let err = parse("[store]\nlease = { max = 1 }\n").unwrap_err().to_string();
+    assert!(err.contains("lease max is 2 to 10000 permits, got 1") && err.contains(":2:"), "{err}");
+    let err = parse("[store]\nlease = { max = 8, horizon = \"1h\" }\n").unwrap_err().to_string();
+    assert!(err.contains("lease horizon is 1ms to 10s"), "{err}");
+    let err = parse("[store]\nlease = { max = 8, size = 3 }\n").unwrap_err().to_string();
+    assert!(err.contains("size"), "{err}");
+    assert!(parse("[store]\nlease = { max = -3 }\n").is_err());
+}
+
+#[test]
 fn penalty_and_deny_cache_are_read_and_checked() {
     let rule = |extra: &str| {
         format!(

@@ -55,6 +55,7 @@
 
 mod engine;
 mod key;
+mod lease;
 mod link;
 mod options;
 mod scripts;
@@ -561,6 +562,10 @@ impl Store for RedisStore {
     }
 
     fn tables(&self) -> Option<impl SharedTables + '_> {
+        Some(self)
+    }
+
+    fn leases(&self) -> Option<impl crate::store::LeaseStore + '_> {
         Some(self)
     }
 
