@@ -28,8 +28,14 @@
 //! `SET`; one that has, propagates every write with its absolute expiry, as
 //! before. A replica attaching later gets the skipped writes in its initial
 //! snapshot, as it gets every key. A skipped write is still counted toward
-//! the RDB save points (`count_change`), which Redis counts only in
-//! `RedisModule_Replicate`.
+//! the RDB save points (`count_change`), which Redis counts for a module
+//! only where it replicates: with `RedisModule_ReplicateVerbatim`, which
+//! names no command. Where the skip applies Redis drops the verbatim
+//! command unread (the same `shouldPropagate` test); were the skip ever
+//! misjudged, a replica would get the decision itself rather than nothing
+//! (it would re-decide it, or fail it without the module): neither is
+//! right, and the judgement is what the tests cover (a replica attaching
+//! after skipped writes, AOF turned on, a master restarted from its RDB).
 #![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::{c_int, c_void, CStr};
