@@ -176,8 +176,8 @@ extern "C" fn loading_changed(
 /// building the write's `SET`, for a write nothing receives (see
 /// [`needed`]). Redis counts a module's changes only where it replicates;
 /// `RedisModule_ReplicateVerbatim` counts one without looking a command up
-/// by name or building an argument (about 30 instructions, against 1,300
-/// for naming `PING`), and hands the running command to `alsoPropagate`,
+/// by name or building an argument (53 instructions, against 2,112 for
+/// `RedisModule_Replicate` of `PING`), and hands the running command to `alsoPropagate`,
 /// which drops it unread: [`needed`] is false exactly where Redis's
 /// `shouldPropagate` is (no AOF, no backlog, no replica). So a server that
 /// persists by `save` points alone still snapshots the limiter's state, as
