@@ -4,8 +4,9 @@
 //! the [`Source`] it was derived from (an API key, a client address, a name
 //! the application chose) and a fixed-size [`Digest`] of that value. A
 //! personal value (an API key, an address) is never kept: [`IdentityHasher`]
-//! keeps only its BLAKE3 hash keyed with an instance secret, and its Redis
-//! key reads `<scope>:<k|ip>:<32 hex digits>`. An application's own name
+//! keeps only its BLAKE3 hash keyed with an instance secret, shown as
+//! `<scope>:<k|ip>:<32 hex digits>` and written in Redis keys as
+//! `<scope>:<k|ip>:<22 base64url digits>` (the same 128 bits, shorter). An application's own name
 //! ([`Identity::named`]) is kept as given, so its key stays short and
 //! readable: `<scope>:n:<name>`. Every store, cache and summary keys its
 //! state by the identity; a Redis key is written from it once, and nothing
@@ -149,6 +150,13 @@ impl Identity {
         }
     }
 
+    /// The name an application chose ([`Identity::named`]), `None` for a
+    /// hashed value: what a store key writes instead of the digest.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// The identity folded into 64 bits (not stable across versions): for
     /// keying in-process tables, which hash it again with their own seed.
     pub fn folded(&self) -> u64 {
@@ -185,9 +193,10 @@ impl Identity {
 }
 
 impl fmt::Display for Identity {
-    /// The form written into store keys: `<scope>:<tag>:<32 hex digits>`,
-    /// or for an application's name `<scope>:n:<name>` (`<name>` alone in
-    /// the empty scope).
+    /// The form shown: `<scope>:<tag>:<32 hex digits>`, or for an
+    /// application's name `<scope>:n:<name>` (`<name>` alone in the empty
+    /// scope). A Redis key writes the same but for the digest, in 22
+    /// base64url digits (`store/redis/key.rs`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.name {
             Some(name) if self.scope.is_empty() => f.write_str(name),
