@@ -579,6 +579,53 @@ mod tests {
         assert_eq!(quiet.len(), 2);
     }
 
+    /// The values the limiter rendered once (`RateLimit-Policy`,
+    /// `X-RateLimit-Limit`) and the trio sliced from the decisive item of
+    /// `RateLimit` read as rendering them per response would: here the
+    /// second policy binds.
+    #[test]
+    fn prebuilt_and_sliced_values_are_the_decisive_policys() {
+        let quota = |permits, secs| Quota::new(permits, Duration::from_secs(secs)).unwrap();
+        let set =
+            set_values([("search-1s", quota(10, 1)), ("search-1h", quota(500, 3600))].into_iter()).unwrap();
+        let allowed = vec![
+            policy("search-1s", 10, 1000, 9, 100, None),
+            policy("search-1h", 500, 3_600_000, 3, 3_599_001, None),
+        ];
+        let denied = vec![
+            policy("search-1s", 10, 1000, 9, 100, None),
+            policy("search-1h", 500, 3_600_000, 0, 3_000_000, Some(3_000_000)),
+        ];
+        for (policies, status) in [(allowed, "allowed"), (denied, "denied")] {
+            let mut bare = verdict(policies, false);
+            let plain = RateHeaders::of(&bare, true);
+            bare.set_values = Some(&set);
+            let mut prebuilt = HeaderMap::new();
+            RateHeaders::of(&bare, true).insert_into(&mut prebuilt);
+            let mut rendered = HeaderMap::new();
+            plain.insert_into(&mut rendered);
+            assert_eq!(prebuilt, rendered, "{status}");
+            assert_eq!(header(&prebuilt, "x-ratelimit-limit"), Some("500"), "{status}");
+        }
+        let mut h = HeaderMap::new();
+        let mut v = verdict(
+            vec![
+                policy("search-1s", 10, 1000, 9, 100, None),
+                policy("search-1h", 500, 3_600_000, 3, 3_599_001, None),
+            ],
+            false,
+        );
+        v.set_values = Some(&set);
+        apply(&mut h, &v, true);
+        assert_eq!(
+            header(&h, "ratelimit-policy"),
+            Some("\"search-1s\";q=10;w=1, \"search-1h\";q=500;w=3600")
+        );
+        assert_eq!(header(&h, "ratelimit"), Some("\"search-1s\";r=9;t=1, \"search-1h\";r=3;t=3600"));
+        assert_eq!(header(&h, "x-ratelimit-remaining"), Some("3"));
+        assert_eq!(header(&h, "x-ratelimit-reset"), Some("3600"));
+    }
+
     #[test]
     fn sub_second_windows_announce_one_second() {
         let p = policy("burst", 5, 250, 4, 250, None);

@@ -7,12 +7,15 @@
 //!
 //! The client address comes from the [`PeerAddr`] request extension; each
 //! server keeps the socket peer somewhere of its own, so one line per server
-//! copies it there. Without it, every client is counted as one.
+//! copies it there, or [`RateLimitLayer::peer_from`] reads it where the
+//! server keeps it. Without it, every client is counted as one.
 //!
 //! - axum: `Router::layer(RateLimitLayer::new(limiter))`, then
 //!   `.layer(axum::middleware::map_request(..))` outside it copying
 //!   `ConnectInfo<SocketAddr>` into [`PeerAddr`] (shown on [`PeerAddr`];
-//!   `examples/axum.rs`).
+//!   `examples/axum.rs`); or, with no copy per request,
+//!   `RateLimitLayer::new(limiter).peer_from(..)` reading `ConnectInfo`
+//!   (shown on [`RateLimitLayer::peer_from`]).
 //! - hyper: wrap the service with `hyper_util::service::TowerToHyperService`
 //!   and insert [`PeerAddr`] per connection, where the socket is accepted
 //!   (`examples/hyper.rs`).

@@ -21,10 +21,10 @@ pub struct PolicyResult<'a> {
 /// The policies of a [`Verdict`], in the rule's order. Derefs to a slice;
 /// the common rule's one policy is kept inline, so its verdict allocates
 /// nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Policies<'a>(PoliciesRepr<'a>);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum PoliciesRepr<'a> {
     One(PolicyResult<'a>),
     Many(Vec<PolicyResult<'a>>),
@@ -69,6 +69,15 @@ impl std::ops::DerefMut for Policies<'_> {
         }
     }
 }
+
+/// Equal when they list the same policies, kept inline or not.
+impl PartialEq for Policies<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Policies<'_> {}
 
 impl<'p, 'a> IntoIterator for &'p Policies<'a> {
     type Item = &'p PolicyResult<'a>;
@@ -272,5 +281,46 @@ impl<'a> Verdict<'a> {
             // min_by_key keeps the first of equals: the rule's first limit.
             self.policies.iter().min_by_key(|p| p.decision.remaining)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn policy(name: &str) -> PolicyResult<'_> {
+        let quota = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let decision = Decision {
+            allowed: true,
+            limit: 10,
+            remaining: 9,
+            reset_after: Duration::from_secs(1),
+            retry_after: None,
+        };
+        PolicyResult { name, quota, decision }
+    }
+
+    /// One policy inline, then every push kept in order, whichever way the
+    /// list was made.
+    #[test]
+    fn policies_keep_their_order_inline_or_not() {
+        let mut pushed = Policies::default();
+        assert!(pushed.is_empty());
+        for (n, name) in ["a", "b", "c"].into_iter().enumerate() {
+            pushed.push(policy(name));
+            assert_eq!(pushed.iter().map(|p| p.name).collect::<Vec<_>>(), ["a", "b", "c"][..=n]);
+        }
+        for n in 0..4 {
+            let names = &["a", "b", "c"][..n.min(3)];
+            let collected: Policies<'_> = names.iter().map(|name| policy(name)).collect();
+            let from_vec = Policies::from(names.iter().map(|name| policy(name)).collect::<Vec<_>>());
+            assert_eq!(collected.iter().map(|p| p.name).collect::<Vec<_>>(), names);
+            assert_eq!(collected, from_vec, "inline or not, the same list");
+        }
+        let mut one: Policies<'_> = std::iter::once(policy("a")).collect();
+        one[0].decision.allowed = false;
+        assert!(!one[0].decision.allowed);
     }
 }
