@@ -12,7 +12,7 @@ use super::{CheckError, RateLimiter};
 use crate::config::OnError;
 use crate::metrics::RuleCounters;
 use crate::offenders::Event;
-use crate::verdict::{DecisionSource, PolicyResult, Verdict};
+use crate::verdict::{DecisionSource, Policies, PolicyResult, Verdict};
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// Decides `cost` times each limit's cost for the opaque identity `key`
@@ -117,7 +117,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 }
             }
         }
-        let policies: Vec<PolicyResult<'s>> = decisions
+        let policies: Policies<'s> = decisions
             .iter()
             .zip(set.names.iter().zip(charges))
             .map(|(&decision, (name, charge))| PolicyResult {
@@ -133,7 +133,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             shadow: rule.shadow,
             pending: None,
             blocked,
-            policy_value: set.policy_value.as_ref(),
+            set_values: set.values.as_ref(),
             cost_header: rule.response_cost.cost_header.as_ref(),
             over_in_flight: None,
             identity: identity.into(),

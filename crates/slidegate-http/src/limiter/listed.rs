@@ -11,7 +11,7 @@ use slidegate::Source;
 use super::RateLimiter;
 use crate::lists::ListScope;
 use crate::offenders::IdentityHash;
-use crate::verdict::{DecisionSource, Verdict};
+use crate::verdict::{DecisionSource, Policies, Verdict};
 
 impl<S> RateLimiter<S> {
     /// The verdict of a request the lists name, counted; `None` when they
@@ -69,12 +69,12 @@ impl<S> RateLimiter<S> {
         };
         Some(Verdict {
             rule: name,
-            policies: Vec::new(),
+            policies: Policies::default(),
             source,
             shadow: false,
             pending: None,
             blocked: false,
-            policy_value: None,
+            set_values: None,
             cost_header: None,
             over_in_flight: None,
             identity: IdentityHash::from(&identity),

@@ -403,21 +403,25 @@ impl<S: Store + 'static> RateLimiter<S> {
         let set = rule.set(anonymous, plan);
         // Breadth first: its denial is never charged to the rate limits.
         let breadth = match &rule.breadth {
-            Some(breadth) => match self.decide_breadth(index, &identity, breadth, &matched.path, query).await
-            {
-                Ok(policy) => policy,
-                Err(verdict) => {
-                    // A crawler refused for breadth is an offender like one
-                    // refused for rate (shadow refusals too, as `count` does).
-                    self.record_offence(index, &identity, Event::Denied);
-                    self.record_network(index, headers, peer);
-                    return Some(verdict);
+            // Boxed, as the other rare paths below: the future of every
+            // request is as large as its largest branch, and the common one
+            // (a charge, no breadth, no delay) is far smaller.
+            Some(breadth) => {
+                match Box::pin(self.decide_breadth(index, &identity, breadth, &matched.path, query)).await {
+                    Ok(policy) => policy,
+                    Err(verdict) => {
+                        // A crawler refused for breadth is an offender like one
+                        // refused for rate (shadow refusals too, as `count` does).
+                        self.record_offence(index, &identity, Event::Denied);
+                        self.record_network(index, headers, peer);
+                        return Some(verdict);
+                    }
                 }
-            },
+            }
             None => None,
         };
         let mut verdict = if rule.response_cost.is_deferred() {
-            let mut verdict = self.ask(index, &identity, set, 0, Mode::Peek).await;
+            let mut verdict = Box::pin(self.ask(index, &identity, set, 0, Mode::Peek)).await;
             if matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback) && !verdict.blocks()
             {
                 let slot = self.inner.in_flight.enter(&identity, rule.max_in_flight);
@@ -438,13 +442,13 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.count(index, &identity, &verdict, Mode::Peek);
             verdict
         } else if let Some(delay) = &rule.delay {
-            self.decide_delayed(index, &identity, set, delay).await
+            Box::pin(self.decide_delayed(index, &identity, set, delay)).await
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
         };
         if let Some(breadth) = breadth {
             verdict.policies.push(breadth);
-            verdict.policy_value = None;
+            verdict.set_values = None;
         }
         // What `count` recorded as an offence, also by client network.
         let recorded =
