@@ -107,7 +107,6 @@ nginx_conf limiter auto "
         listen 127.0.0.1:$NGC;
         listen 127.0.0.1:$NGH2 http2;
         keepalive_requests 1000000;
-        http2_max_requests 1000000;
         http2_max_concurrent_streams 128;
         location / {
             limit_req zone=api burst=1000000 nodelay;

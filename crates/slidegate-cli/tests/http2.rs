@@ -215,3 +215,29 @@ fn streams_of_one_connection_count_against_the_clients_share_of_the_upstream() {
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
     assert_eq!(upstream.hits(), 2);
 }
+
+#[test]
+fn a_stalled_h2_request_body_gets_408_after_body_timeout() {
+    let upstream = Upstream::start();
+    let sg = start(upstream.addr, "body_timeout = \"1s\"");
+    let addr = sg.addr;
+    let runtime = runtime();
+    let (status, waited) = runtime.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        let request = http::Request::post(format!("http://{addr}/echo")).body(()).unwrap();
+        let (response, mut body) = client.send_request(request, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(b"first bytes, then nothing"), false).unwrap();
+        let started = std::time::Instant::now();
+        let response = tokio::time::timeout(Duration::from_secs(10), response).await.unwrap().unwrap();
+        // The stream stays open on the client's side: the body is never finished.
+        drop(body);
+        (response.status().as_u16(), started.elapsed())
+    });
+    assert_eq!(status, 408);
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    let other = curl(&["--http2-prior-knowledge", &format!("http://{}/other", sg.addr)]);
+    assert_eq!(other.status, 200, "{other:?}");
+}
