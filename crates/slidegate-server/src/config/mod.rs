@@ -21,7 +21,9 @@ mod validate;
 mod values;
 
 pub use error::ConfigError;
-pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, ServerConfig, StoreConfig};
+pub use types::{
+    AccessLogConfig, AccessLogPath, Config, GrpcDenialStatus, LogFormat, Password, ServerConfig, StoreConfig,
+};
 
 #[cfg(test)]
 mod lists_tests;

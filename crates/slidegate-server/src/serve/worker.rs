@@ -88,9 +88,12 @@ pub(super) async fn worker(
                 Ok::<_, Infallible>(response)
             }
         });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .serve_connection(TokioIo::new(stream), service);
+        // With upgrades: an admitted WebSocket handshake hands its
+        // connection to a tunnel (`websocket.rs`).
+        let mut builder =
+            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new()).http1_only();
+        builder.http1().timer(hyper_util::rt::TokioTimer::new());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         open.spawn(async move {
             if let Err(err) = connection.await {
