@@ -173,7 +173,8 @@ async fn splice(client: OnUpgrade, upstream: OnUpgrade, lease: Arc<Lease>, idle:
         }
     };
     let activity = Arc::new(Activity::new());
-    let mut client = Watched { io: TokioIo::new(client), activity: Arc::clone(&activity) };
+    let mut client =
+        Watched { io: TokioIo::new(client), activity: Arc::clone(&activity), upstream_ended: false };
     let mut upstream = TokioIo::new(upstream);
     tokio::select! {
         copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
@@ -219,9 +220,17 @@ impl Activity {
 
 /// The client's side of a tunnel: both directions pass through it, so it
 /// alone marks the tunnel's activity.
+///
+/// Once the upstream's side has ended (`copy_bidirectional` then shuts the
+/// client's side down for writing), reads from the client end too, so the
+/// tunnel closes whole: a WebSocket has no half-closed state (RFC 6455
+/// §7.1.1: the server closes the TCP connection, the client waits for it),
+/// and a client waiting for the close would otherwise hold the tunnel, its
+/// slot and its share until `websocket_idle_timeout`.
 struct Watched<T> {
     io: T,
     activity: Arc<Activity>,
+    upstream_ended: bool,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
@@ -230,6 +239,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.upstream_ended {
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -257,7 +269,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        if polled.is_ready() {
+            self.upstream_ended = true;
+            // The read from the client may be parked on its socket: poll again.
+            cx.waker().wake_by_ref();
+        }
+        polled
     }
 }
 
