@@ -89,6 +89,29 @@ pub(super) struct RawServer {
     pub(super) max_delayed: Option<Spanned<u32>>,
     pub(super) websocket_idle_timeout: Option<Spanned<Parsed<Delay>>>,
     pub(super) grpc_denial_status: Option<Spanned<String>>,
+    // Protocols: TLS on the listener, https:// upstreams, HTTP/2.
+    pub(super) tls: Option<Spanned<RawTls>>,
+    pub(super) upstream_ca: Option<Spanned<String>>,
+    pub(super) upstream_http2: Option<Spanned<bool>>,
+    pub(super) http2: Option<Spanned<RawHttp2>>,
+}
+
+/// `tls = { cert = "server.crt", key = "server.key" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert: Spanned<String>,
+    pub(super) key: Spanned<String>,
+}
+
+/// `http2 = { max_concurrent_streams = 100, max_header_list_size = 32768, ... }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp2 {
+    pub(super) max_concurrent_streams: Option<Spanned<u32>>,
+    pub(super) max_header_list_size: Option<Spanned<u32>>,
+    pub(super) max_pending_reset_streams: Option<Spanned<u32>>,
+    pub(super) max_local_error_resets: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]

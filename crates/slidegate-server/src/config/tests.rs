@@ -126,9 +126,9 @@ fn bad_values_are_located_and_say_what_was_expected() {
     let (l, c, m) = err("[[rules]]\nname = \"a\"\npath = \"/\"\nmethods = [\"GET\", \"G-T\"]\nlimits = [{ limit = 1, window = \"1s\" }]\n");
     assert_eq!((l, c), (4, 19));
     assert!(m.starts_with("invalid method \"G-T\": expected an HTTP method"), "{m}");
-    let (l, c, m) = err("[server]\nupstream = \"https://example.test\"\n");
+    let (l, c, m) = err("[server]\nupstream = \"ftp://example.test\"\n");
     assert_eq!((l, c), (2, 12));
-    assert!(m.contains("https is not supported"), "{m}");
+    assert!(m.contains("expected http://host:port or https://host:port"), "{m}");
     let (l, c, _) = err("[identity]\nip_hash_secret_env = \"SLIDEGATE_IP_SECRET\"\n");
     assert_eq!((l, c), (2, 22));
     let set = |_: &str| Some(String::new());

@@ -65,6 +65,9 @@ struct Shared {
     running: Mutex<Running>,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    /// The TLS listener's certificate: a reload presents the file's from
+    /// the next handshake on (open connections keep theirs).
+    certs: Option<Arc<super::tls::ListenerCerts>>,
 }
 
 /// What the server runs with now.
@@ -108,7 +111,12 @@ pub enum ReloadError {
 }
 
 impl Reloader {
-    pub(super) fn new(path: Option<PathBuf>, config: Config, limiter: RateLimiter<AnyStore>) -> Self {
+    pub(super) fn new(
+        path: Option<PathBuf>,
+        config: Config,
+        limiter: RateLimiter<AnyStore>,
+        certs: Option<Arc<super::tls::ListenerCerts>>,
+    ) -> Self {
         let running = Running { config, limiter, workers: Vec::new() };
         Self {
             inner: Arc::new(Shared {
@@ -116,6 +124,7 @@ impl Reloader {
                 running: Mutex::new(running),
                 reloads_ok: AtomicU64::new(0),
                 reloads_failed: AtomicU64::new(0),
+                certs,
             }),
         }
     }
@@ -171,6 +180,7 @@ impl Reloader {
         let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(located(&err)))?;
         let mut running = self.lock();
         let restart_required = restart_required(&running.config, &file);
+        let file_tls = file.server.tls.clone();
         let mut applied = file;
         applied.server = running.config.server.clone();
         applied.store = running.config.store.clone();
@@ -183,6 +193,10 @@ impl Reloader {
         applied.limiter.plans.keys.forget_raw_keys();
         for worker in &running.workers {
             worker.set(&limiter);
+        }
+        if let (Some(certs), Some(tls)) = (&self.inner.certs, file_tls) {
+            certs.replace(tls.certified_key());
+            applied.server.tls = Some(tls);
         }
         running.config = applied;
         running.limiter = limiter;
@@ -273,6 +287,11 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.check_token_env", a.check_token != b.check_token),
         ("server.shutdown_grace", differs(&a.shutdown_grace, &b.shutdown_grace)),
         ("server.watch_config", a.watch_config != b.watch_config),
+        // A new certificate is presented at once; TLS on or off, a restart.
+        ("server.tls", a.tls.is_some() != b.tls.is_some()),
+        ("server.upstream_ca", differs(&a.upstream_ca, &b.upstream_ca)),
+        ("server.upstream_http2", a.upstream_http2 != b.upstream_http2),
+        ("server.http2", a.http2 != b.http2),
         ("server.body_timeout", differs(&a.body_timeout, &b.body_timeout)),
         ("server.min_body_rate", differs(&a.min_body_rate, &b.min_body_rate)),
         ("server.body_rate_grace", differs(&a.body_rate_grace, &b.body_rate_grace)),

@@ -26,6 +26,11 @@
 //!   the `Connection` header does not name, is ignored as RFC 9110 §7.8
 //!   lets a server do: the request is forwarded as a plain one, without the
 //!   header, and answered by the upstream.
+//! - Tunnels speak HTTP/1.1 to the upstream, over TLS for an `https://`
+//!   one; WebSockets over HTTP/2 (RFC 8441) are not spoken on either side,
+//!   so with `upstream_http2` and an `https://` upstream (its TLS offers
+//!   only `h2`) a handshake gets 502. An h2c upstream gets HTTP/1.1 on the
+//!   tunnel's own connection.
 //! - An upstream that refuses the upgrade (any status but 101) gives its
 //!   answer to the client as it is; the connection is then closed.
 
@@ -119,7 +124,7 @@ struct Lease {
 /// whatever else it said.
 pub(crate) async fn open(
     upstream: &Upstream,
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
     client: ClientKey,
     idle: Duration,
 ) -> Result<Response<Incoming>, UpstreamError> {
@@ -130,12 +135,42 @@ pub(crate) async fn open(
     };
     let lease = Arc::new(Lease { _slot: slot, _hold: hold });
     let (host, port) = upstream.address();
-    let stream =
-        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await.map_err(
-            |_| std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream"),
-        )??;
+    let timed_out =
+        || std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream");
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
+        .await
+        .map_err(|_| timed_out())??;
     stream.set_nodelay(true)?;
-    let (mut sender, connection) = http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await?;
+    let Some(tls) = &limits.transport.tls else {
+        return handshake(TokioIo::new(stream), request, lease, idle).await;
+    };
+    if limits.transport.http2 {
+        // Its TLS offers `h2` alone (ALPN), and HTTP/2 has no `Upgrade`.
+        tracing::warn!("a WebSocket handshake cannot reach an https upstream spoken to in HTTP/2: refused");
+        return Err(UpstreamError::Connect(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "WebSocket tunnels need HTTP/1.1 to the upstream: upstream_http2 with https cannot carry them",
+        )));
+    }
+    let tls = match tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(err)) => return Err(UpstreamError::Tls(err)),
+        Err(_) => return Err(UpstreamError::Tls(timed_out())),
+    };
+    handshake(TokioIo::new(tls), request, lease, idle).await
+}
+
+/// The handshake over a new connection `io` to the upstream, holding `lease`.
+async fn handshake<I>(
+    io: I,
+    mut request: Request<Incoming>,
+    lease: Arc<Lease>,
+    idle: Duration,
+) -> Result<Response<Incoming>, UpstreamError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = http1::handshake::<_, Empty<Bytes>>(io).await?;
     // Until the upgrade (or the end of a refusal's answer) the connection
     // task holds the lease; after it, the tunnel does.
     let driving = Arc::clone(&lease);

@@ -16,6 +16,7 @@ mod document;
 mod identity;
 mod lists;
 mod plans;
+mod protocols;
 mod rules;
 mod server;
 mod store;
