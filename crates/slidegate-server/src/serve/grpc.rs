@@ -1,6 +1,6 @@
 //! gRPC passthrough: what `serve` says to a gRPC client itself.
 //!
-//! A gRPC request (`content-type: application/grpc`, `application/grpc+proto`,
+//! A gRPC request (a `POST` with `content-type: application/grpc`, `application/grpc+proto`,
 //! `application/grpc-web`, …) is decided by its path, `/package.Service/Method`,
 //! as any other; rules match it as written (`path = "/shop.Cart/*"`). Its
 //! bodies and trailers stream through untouched, and its `te: trailers`
@@ -33,13 +33,16 @@ use hyper::body::Body;
 use super::{full, ServeBody};
 use crate::config::GrpcDenialStatus;
 
-/// Whether a request with `headers` is a gRPC call.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+/// Whether a request is a gRPC call: a `POST` (gRPC's only method) with a
+/// gRPC content type. A `GET` saying so is not: a 200 answer to it could be
+/// stored by a cache, its denial served to others as a success.
+pub(crate) fn is_grpc(method: &http::Method, headers: &HeaderMap) -> bool {
     const GRPC: &[u8] = b"application/grpc";
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.as_bytes().get(..GRPC.len()))
-        .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
+    method == http::Method::POST
+        && headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.as_bytes().get(..GRPC.len()))
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
 }
 
 /// The gRPC status code of an answer `serve` made with HTTP `status`.
@@ -144,9 +147,10 @@ mod tests {
         ] {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
-            assert_eq!(is_grpc(&headers), grpc, "{value}");
+            assert_eq!(is_grpc(&http::Method::POST, &headers), grpc, "{value}");
+            assert!(!is_grpc(&http::Method::GET, &headers), "{value}");
         }
-        assert!(!is_grpc(&HeaderMap::new()));
+        assert!(!is_grpc(&http::Method::POST, &HeaderMap::new()));
     }
 
     #[tokio::test]

@@ -112,7 +112,7 @@ pub(crate) async fn forward(
 ) -> Response<ServeBody> {
     let limiter = state.limiter();
     let limiter = &*limiter;
-    let grpc = grpc::is_grpc(request.headers())
+    let grpc = grpc::is_grpc(request.method(), request.headers())
         .then(|| state.proxy.as_ref().map_or_else(Default::default, |p| p.grpc_denial));
     let own = |response: Response<ServeBody>| match grpc {
         Some(denial) => grpc::answer(response, denial),
