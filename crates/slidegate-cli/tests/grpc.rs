@@ -374,3 +374,31 @@ async fn python_grpcio_reads_answers_streams_and_the_denial() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_post_saying_grpc_gets_a_grpc_denial() {
+    let (upstream, calls) = start_cart().await;
+    let sg = Slidegate::start(&config(upstream, "", "", RULES));
+    let addr = sg.addr;
+    tokio::task::spawn_blocking(move || {
+        let grpc = [("content-type", "application/grpc")];
+        // Over HTTP/1.1 the upstream (HTTP/2 only to slidegate) answers what it can; spend the quota.
+        for _ in 0..2 {
+            common::request(addr, "POST", ADD, &grpc, b"");
+        }
+        let denied = common::request(addr, "POST", ADD, &grpc, b"");
+        assert_eq!(denied.status, 200, "{denied:?}");
+        assert_eq!(denied.header("grpc-status"), Some("8"));
+        assert_eq!(denied.header("content-type"), Some("application/grpc"));
+        assert_eq!(denied.header("ratelimit"), Some("\"add\";r=0;t=60"));
+        assert_eq!(denied.body, "");
+        // A GET claiming to be gRPC gets HTTP's answer: a cache could keep a 200.
+        let get = common::request(addr, "GET", ADD, &grpc, b"");
+        assert_eq!(get.status, 429, "{get:?}");
+        assert_eq!(get.header("grpc-status"), None);
+        assert_eq!(get.header("content-type"), Some("application/problem+json"));
+    })
+    .await
+    .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
