@@ -162,25 +162,7 @@ pub(crate) async fn forward(
     prepare(&mut request, &proxy.upstream, peer_value, grpc.is_some());
     let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
     let pending = verdict.as_mut().and_then(Verdict::take_pending);
-    let exchange = match (upgrade, pending) {
-        (Upgrade::WebSocket, pending) => {
-            let limits = proxy.upstream.limits();
-            match websocket::open(&proxy.upstream, request, client, limits.tunnel_idle).await {
-                Ok(response) => Ok(charge_handshake(limiter, pending, response).await),
-                Err(err) => Err(err),
-            }
-        }
-        (_, None) => proxy
-            .upstream
-            .send(request, client)
-            .await
-            .map(|response| (response.map(|body| body.map_err(Into::into).boxed()), None)),
-        (_, Some(pending)) => {
-            exchange_charged(&proxy.upstream, limiter, &state.settling, request, client, pending)
-                .await
-                .map(|(response, charged)| (response.map(|body| body.map_err(Into::into).boxed()), charged))
-        }
-    };
+    let exchange = exchange(state, limiter, &proxy.upstream, request, client, upgrade, pending).await;
     let response = match exchange {
         Ok((response, charged)) => relay(response, limiter, charged, verdict.as_ref()),
         // 400/408 when the client's body failed, 429 over the client's
@@ -188,6 +170,31 @@ pub(crate) async fn forward(
         Err(err) => own(err.response(uri.path())),
     };
     access_log::logged(log, entry, response)
+}
+
+/// Sends a decided request: a WebSocket handshake to a tunnel of its own,
+/// anything else on the pool (charged after its response if its rule says so).
+async fn exchange(
+    state: &State,
+    limiter: &RateLimiter<crate::store::AnyStore>,
+    upstream: &Arc<Upstream>,
+    request: Request<Incoming>,
+    client: ClientKey,
+    upgrade: Upgrade,
+    pending: Option<PendingCharge>,
+) -> Result<(Response<ServeBody>, Option<RateHeaders>), UpstreamError> {
+    let boxed = |response: Response<PooledBody>| response.map(|body| body.map_err(Into::into).boxed());
+    match (upgrade, pending) {
+        (Upgrade::WebSocket, pending) => {
+            let idle = upstream.limits().tunnel_idle;
+            let response = websocket::open(upstream, request, client, idle).await?;
+            Ok(charge_handshake(limiter, pending, response).await)
+        }
+        (_, None) => upstream.send(request, client).await.map(|response| (boxed(response), None)),
+        (_, Some(pending)) => exchange_charged(upstream, limiter, &state.settling, request, client, pending)
+            .await
+            .map(|(response, charged)| (boxed(response), charged)),
+    }
 }
 
 /// Readies a decided request for the upstream: origin-form, HTTP/1.1, a
