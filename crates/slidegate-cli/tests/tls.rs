@@ -149,9 +149,10 @@ fn an_upstream_that_does_not_verify_gets_a_502_and_nothing_in_clear() {
     let upstream = ProtoUpstream::tls("127.0.0.1", &certs);
     let ca = format!("upstream_ca = {:?}", certs.ca_cert);
     // The system roots do not know the test CA.
-    let sg = start(&format!("https://localhost:{}", upstream.addr.port()), "", "");
+    let sg = start(&format!("https://localhost:{}", upstream.addr.port()), "admin_on_public = true", "");
     let reply = get(sg.addr, "/a", &[]);
     assert_eq!(reply.status, 502, "{reply:?}");
+    assert_eq!(sg.metric("slidegate_upstream_tls_failures_total"), 1.0);
     assert!(reply.body.contains("the upstream's TLS could not be verified"), "{}", reply.body);
     wait_for("the failure in the log", Duration::from_secs(5), || {
         sg.log.lock().unwrap().contains("UnknownIssuer")

@@ -169,6 +169,9 @@ pub(crate) async fn handle(
             let mut body = state.limiter().render_metrics();
             store_states(state, &mut body);
             state.reloader.render_metrics(&mut body);
+            if let Some(proxy) = &state.proxy {
+                proxy.render_metrics(&mut body);
+            }
             if let Some(log) = &state.access_log {
                 super::access_log::render_metrics(log, &mut body);
             }

@@ -49,6 +49,11 @@ impl Proxy {
         let grpc_denial = limits.grpc_denial;
         Some(Self { upstream: Upstream::new(upstream.authority()?.clone(), limits), grpc_denial })
     }
+
+    /// The upstream's counters (TLS failures), as Prometheus text.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        self.upstream.render_metrics(out);
+    }
 }
 
 /// Removes hop-by-hop headers, those the `Connection` header names included.

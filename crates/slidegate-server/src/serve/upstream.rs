@@ -250,6 +250,19 @@ impl Upstream {
         Arc::new(Self { authority, host, port, idle, shared, limits })
     }
 
+    /// `slidegate_upstream_tls_failures_total`, as Prometheus text.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let failures = self.limits.transport.tls_failures.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = write!(
+            out,
+            "# HELP slidegate_upstream_tls_failures_total TLS handshakes with the upstream that failed \
+             (certificate not verified, wrong name, no TLS): each answered 502.\n\
+             # TYPE slidegate_upstream_tls_failures_total counter\n\
+             slidegate_upstream_tls_failures_total {failures}\n"
+        );
+    }
+
     /// The upstream's `host:port`, for requests that came without `Host`.
     pub(crate) fn authority(&self) -> &Authority {
         &self.authority

@@ -116,3 +116,39 @@ impl Validator<'_> {
         self.path.parent().unwrap_or(std::path::Path::new("")).join(name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Http2Limits};
+
+    fn parse(server: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::parse(&format!("[server]\nupstream = \"http://127.0.0.1:9000\"\n{server}\n"), "t.toml")
+    }
+
+    #[test]
+    fn http2_bounds_default_on_and_are_set_one_by_one() {
+        let config = parse("").unwrap();
+        assert_eq!(config.server.http2, Http2Limits::default());
+        assert!(!config.server.upstream_http2);
+        let config = parse("upstream_http2 = true\nhttp2 = { max_concurrent_streams = 7 }").unwrap();
+        assert_eq!(config.server.http2.max_concurrent_streams, 7);
+        assert_eq!(config.server.http2.max_header_list_size, 32 * 1024);
+        assert!(config.server.upstream_http2);
+    }
+
+    #[test]
+    fn a_zero_http2_bound_or_an_unknown_key_is_a_located_error() {
+        let err = parse("http2 = { max_pending_reset_streams = 0 }").unwrap_err();
+        assert_eq!(err.location(), Some((3, 39)));
+        assert!(err.to_string().contains("http2.max_pending_reset_streams must be at least 1"), "{err}");
+        let err = parse("http2 = { max_streams = 10 }").unwrap_err();
+        assert_eq!(err.location().map(|(line, _)| line), Some(3), "{err}");
+    }
+
+    #[test]
+    fn a_missing_certificate_is_located_at_its_path() {
+        let err = parse("tls = { cert = \"nowhere.crt\", key = \"nowhere.key\" }").unwrap_err();
+        assert_eq!(err.location(), Some((3, 16)));
+        assert!(err.to_string().contains("tls: cannot read nowhere.crt"), "{err}");
+    }
+}
