@@ -392,3 +392,35 @@ async fn a_handshake_while_redis_is_down_follows_the_rules_failure_policy() {
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(upstream.accepted(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_instance_opens_no_tunnels() {
+    let upstream = EchoUpstream::start().await;
+    let sg = Slidegate::start(&config(
+        upstream.addr,
+        "drain_delay = \"5s\"\nshutdown_grace = \"10s\"",
+        "",
+        CHAT_RULE,
+    ));
+    let mut open_before = open(&sg, A).await;
+    let pid = sg.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // Within the drain delay the listener still accepts; a handshake gets 503.
+    let mut refused_now = None;
+    for _ in 0..40 {
+        match handshake(&sg, B, "/chat").await {
+            Err(response) => {
+                refused_now = Some(response);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
+    let refused_now = refused_now.expect("a handshake refused while draining");
+    assert_eq!(refused_now.status(), 503);
+    assert_eq!(refused_now.headers()["retry-after"], "1");
+    assert!(body(&refused_now).contains("opens no WebSocket tunnels"), "{}", body(&refused_now));
+    // The tunnel opened before goes on until the shutdown.
+    open_before.send(Message::text("still here")).await.unwrap();
+    assert_eq!(next_text(&mut open_before).await, "still here");
+}

@@ -137,6 +137,19 @@ pub(crate) async fn forward(
     if let Upgrade::Refused(reason) = upgrade {
         return bad_request(request.uri().path(), reason);
     }
+    if upgrade == Upgrade::WebSocket && state.readiness.is_draining() {
+        // A tunnel opened now would be cut by the shutdown (and a 101 cannot
+        // carry the drain's `Connection: close`): the client reconnects elsewhere.
+        let mut response = boxed(headers::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "about:blank",
+            "Service Unavailable",
+            "this instance is shutting down and opens no WebSocket tunnels; reconnect",
+            Some(request.uri().path()),
+        ));
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
     if limiter.identity().api_key_is_ambiguous(request.headers()) {
         return own(bad_request(
             request.uri().path(),

@@ -14,8 +14,9 @@
 //! `[server] websocket_idle_timeout` (5 minutes by default) is closed, both
 //! sockets with it: a client that opens a tunnel and goes silent (or half
 //! closes and never finishes) would otherwise keep its slots forever. Keep
-//! the timeout above the application's ping interval. A shutdown does not
-//! wait for open tunnels: they end with their worker's runtime.
+//! the timeout above the application's ping interval. A draining instance
+//! answers a handshake 503 (the proxy checks); a shutdown does not wait for
+//! open tunnels: they end with their worker's runtime.
 //!
 //! What is refused or ignored, and why:
 //! - A WebSocket handshake that is not a `GET` or carries a body (a
