@@ -72,6 +72,8 @@ struct Running {
     config: Config,
     limiter: RateLimiter<AnyStore>,
     workers: Vec<Arc<Current>>,
+    /// The Envoy rate limit service's limiter and descriptors.
+    envoy: Vec<Arc<crate::envoy::Current>>,
 }
 
 /// What a reload changed.
@@ -109,7 +111,7 @@ pub enum ReloadError {
 
 impl Reloader {
     pub(super) fn new(path: Option<PathBuf>, config: Config, limiter: RateLimiter<AnyStore>) -> Self {
-        let running = Running { config, limiter, workers: Vec::new() };
+        let running = Running { config, limiter, workers: Vec::new(), envoy: Vec::new() };
         Self {
             inner: Arc::new(Shared {
                 path,
@@ -125,6 +127,15 @@ impl Reloader {
         let mut running = self.lock();
         let current = Arc::new(Current::new(&running.limiter));
         running.workers.push(Arc::clone(&current));
+        current
+    }
+
+    /// The Envoy rate limit service's handle on the current limiter and
+    /// descriptors, replaced on every reload.
+    pub(super) fn envoy(&self) -> Arc<crate::envoy::Current> {
+        let mut running = self.lock();
+        let current = Arc::new(crate::envoy::Current::new(&running.limiter, &running.config.envoy));
+        running.envoy.push(Arc::clone(&current));
         current
     }
 
@@ -183,6 +194,9 @@ impl Reloader {
         applied.limiter.plans.keys.forget_raw_keys();
         for worker in &running.workers {
             worker.set(&limiter);
+        }
+        for envoy in &running.envoy {
+            envoy.set(&limiter, &applied.envoy);
         }
         running.config = applied;
         running.limiter = limiter;
