@@ -165,7 +165,8 @@ mod tests {
         assert!(!root.insert("k".into(), Some("v".into()), node(None, Level::default())));
         let mut config = EnvoyConfig::default();
         assert!(config.insert_domain("d".into(), root));
-        let rule = |entries: &[(&str, &str)]| config.find("d", entries.iter().copied()).map(|l| l.rule.clone());
+        let rule =
+            |entries: &[(&str, &str)]| config.find("d", entries.iter().copied()).map(|l| l.rule.clone());
         assert_eq!(rule(&[("k", "v")]).as_deref(), Some("exact"));
         assert_eq!(rule(&[("k", "w")]).as_deref(), Some("any"));
         assert_eq!(rule(&[("k", "w"), ("path", "/x")]).as_deref(), Some("path"));

@@ -154,7 +154,11 @@ async fn decide_one<'l>(
     let code = |over: bool| if over && !limit.shadow { Code::OverLimit } else { Code::Ok };
     let quota = match limit.kind {
         LimitKind::Unlimited => {
-            return DescriptorStatus { code: Code::Ok.into(), limit_remaining: u32::MAX, ..Default::default() };
+            return DescriptorStatus {
+                code: Code::Ok.into(),
+                limit_remaining: u32::MAX,
+                ..Default::default()
+            };
         }
         LimitKind::Blocked => {
             return DescriptorStatus { code: code(true).into(), current_limit, ..Default::default() };
@@ -197,7 +201,8 @@ async fn decide_one<'l>(
 /// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so
 /// that no two lists of entries write the same key.
 fn identity_key(descriptor: &RateLimitDescriptor) -> String {
-    let mut key = String::with_capacity(descriptor.entries.iter().map(|e| e.key.len() + e.value.len() + 8).sum());
+    let mut key =
+        String::with_capacity(descriptor.entries.iter().map(|e| e.key.len() + e.value.len() + 8).sum());
     for entry in &descriptor.entries {
         let _ = write!(key, "{}:{}{}:{}", entry.key.len(), entry.key, entry.value.len(), entry.value);
     }

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use slidegate::{Algorithm, Limit, Quota};
 use slidegate_http::config::{IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits};
 
-use super::descriptors::{EnvoyConfig, LimitKind, Level, Node, NodeLimit};
+use super::descriptors::{EnvoyConfig, Level, LimitKind, Node, NodeLimit};
 use super::proto::Unit;
 use crate::config::ConfigError;
 
@@ -61,15 +61,15 @@ struct RawDescriptor {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
-    unit: Option<String>,
+    unit: Option<UnitName>,
     requests_per_unit: Option<u32>,
     #[serde(default)]
     unlimited: bool,
-    name: Option<String>,
+    name: Option<PolicyName>,
     #[serde(default)]
     replaces: Vec<RawReplaces>,
-    algorithm: Option<String>,
-    window: Option<String>,
+    algorithm: Option<AlgorithmName>,
+    window: Option<WindowText>,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +77,33 @@ struct RawRateLimit {
 struct RawReplaces {
     name: String,
 }
+
+/// A value checked as it is read, so that its error carries the parser's
+/// position: `FromStr` of the string, its error the message.
+macro_rules! checked_scalar {
+    ($name:ident($inner:ty), $parse:expr) => {
+        struct $name($inner);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                let parse: fn(&str) -> Result<$inner, String> = $parse;
+                parse(&text).map($name).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+checked_scalar!(UnitName((Unit, u64)), |text| {
+    unit(text).ok_or_else(|| {
+        format!("rate_limit unit {text:?}: expected one of second, minute, hour, day, month, year")
+    })
+});
+checked_scalar!(PolicyName(String), |text| policy_name(text).map(|()| text.to_owned()));
+checked_scalar!(AlgorithmName(Algorithm), |text| {
+    text.parse::<Algorithm>().map_err(|e| format!("rate_limit algorithm: {e}"))
+});
+checked_scalar!(WindowText(Duration), window);
 
 /// A `rate_limit` checked while it is read, so its errors carry the
 /// parser's position.
@@ -100,32 +127,25 @@ impl TryFrom<RawRateLimit> for RateLimitSpec {
     type Error = String;
 
     fn try_from(raw: RawRateLimit) -> Result<Self, String> {
-        let unit_text = raw.unit.as_deref().unwrap_or("");
-        let (unit, unit_ms) = unit(unit_text).ok_or_else(|| {
-            format!(
-                "rate_limit unit {unit_text:?}: expected one of second, minute, hour, day, month, year"
-            )
-        })?;
-        let name = raw.name.map(|n| policy_name(&n).map(|()| n)).transpose()?;
+        let name = raw.name.map(|n| n.0);
         let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
         let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
-        let kind = if raw.unlimited {
-            SpecKind::Unlimited
-        } else if raw.requests_per_unit.is_none() {
+        if raw.unlimited {
+            let unit = raw.unit.map_or(Unit::Unknown, |u| u.0 .0);
+            return Ok(Self { kind: SpecKind::Unlimited, requests_per_unit, unit, name, replaces });
+        }
+        let Some(UnitName((unit, unit_ms))) = raw.unit else {
+            return Err("rate_limit needs a unit: second, minute, hour, day, month or year".into());
+        };
+        let kind = if raw.requests_per_unit.is_none() {
             return Err("rate_limit needs requests_per_unit (or unlimited: true)".into());
         } else if requests_per_unit == 0 {
             SpecKind::Blocked
         } else {
-            let window = match raw.window.as_deref() {
-                None => Duration::from_millis(unit_ms),
-                Some(text) => window(text)?,
-            };
-            let algorithm = match raw.algorithm.as_deref() {
-                None => Algorithm::SlidingWindowCounter,
-                Some(text) => text.parse::<Algorithm>().map_err(|e| format!("rate_limit algorithm: {e}"))?,
-            };
+            let window = raw.window.map_or(Duration::from_millis(unit_ms), |w| w.0);
+            let algorithm = raw.algorithm.map_or(Algorithm::SlidingWindowCounter, |a| a.0);
             let quota = Quota::new(u64::from(requests_per_unit), window)
-                .map_err(|e| format!("rate_limit {requests_per_unit} per {unit_text}: {e}"))?;
+                .map_err(|e| format!("rate_limit {requests_per_unit} per {window:?}: {e}"))?;
             let limit = Limit::new(algorithm, quota);
             slidegate::check_charge(&limit, 1).map_err(|e| format!("rate_limit: {e}"))?;
             SpecKind::Limit(limit)
@@ -152,7 +172,8 @@ fn unit(text: &str) -> Option<(Unit, u64)> {
 
 /// `window: 90s`: a number and `ms`, `s`, `m`, `h` or `d`.
 fn window(text: &str) -> Result<Duration, String> {
-    let bad = || format!("rate_limit window {text:?}: expected a duration such as \"1500ms\", \"90s\" or \"2h\"");
+    let bad =
+        || format!("rate_limit window {text:?}: expected a duration such as \"1500ms\", \"90s\" or \"2h\"");
     let digits = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let n: u64 = text[..digits].parse().map_err(|_| bad())?;
     let ms = match &text[digits..] {
@@ -203,8 +224,9 @@ pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConf
     let mut rules = Vec::new();
     for file in files {
         let bytes = std::fs::read(&file).map_err(|e| read_err(&file, e))?;
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|e| ConfigError::at(&file, "", None, format!("invalid UTF-8 at byte {}", e.valid_up_to())))?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            ConfigError::at(&file, "", None, format!("invalid UTF-8 at byte {}", e.valid_up_to()))
+        })?;
         let at = |index: Option<usize>, message: String| {
             ConfigError::at(&file, text, index.map(|i| i..i + 1), message)
         };
@@ -277,7 +299,13 @@ impl Compile<'_> {
             SpecKind::Unlimited => LimitKind::Unlimited,
             SpecKind::Blocked => LimitKind::Blocked,
             SpecKind::Limit(limit) => {
-                self.rules.push(rule_config(&rule, policy(spec.name.as_deref(), place), limit, shadow, self.on_error));
+                self.rules.push(rule_config(
+                    &rule,
+                    policy(spec.name.as_deref(), place),
+                    limit,
+                    shadow,
+                    self.on_error,
+                ));
                 LimitKind::Quota(limit.quota)
             }
         };
@@ -315,7 +343,8 @@ fn rule_config(rule: &str, policy: String, limit: Limit, shadow: bool, on_error:
         Err(_) => Vec::new(),
     };
     let path = NO_HTTP_PATH.parse().unwrap_or_else(|_| unreachable_pattern());
-    let mut config = RuleConfig::new(rule, path, RuleLimits::Shared { identity: IdentityKind::ApiKey, limits });
+    let mut config =
+        RuleConfig::new(rule, path, RuleLimits::Shared { identity: IdentityKind::ApiKey, limits });
     // A method no client sends, besides the path no request has.
     config.methods = Method::from_bytes(b"ENVOY-RLS").into_iter().collect();
     config.shadow = shadow;

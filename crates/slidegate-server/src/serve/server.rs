@@ -96,7 +96,9 @@ impl Server {
         let grpc = match config.server.grpc_listen {
             None => None,
             Some(addr) => Some(
-                crate::envoy::GrpcListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?,
+                crate::envoy::GrpcListener::bind(addr)
+                    .await
+                    .map_err(|source| ServeError::Bind { addr, source })?,
             ),
         };
         // The limiter holds the digests of the keys file's keys; the copy kept

@@ -31,7 +31,10 @@ impl Validator<'_> {
         if let Some(taken) = envoy_rules.iter().find(|r| rules.iter().any(|t| t.name == r.name)) {
             return Err(self.err(
                 raw.config.span(),
-                format!("rule name {:?} is taken by a [[rules]] entry: rules named envoy/… are the descriptors'", taken.name),
+                format!(
+                    "rule name {:?} is taken by a [[rules]] entry: rules named envoy/… are the descriptors'",
+                    taken.name
+                ),
             ));
         }
         rules.extend(envoy_rules);
