@@ -21,4 +21,4 @@ mod yaml;
 pub use descriptors::EnvoyConfig;
 pub use grpc::{GrpcHandle, GrpcListener};
 pub use service::{Current, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES};
-pub use yaml::{load, RULE_PREFIX};
+pub use yaml::{load, YamlError, RULE_PREFIX};

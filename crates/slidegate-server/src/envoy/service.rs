@@ -109,18 +109,26 @@ async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitRespo
     let replaced: HashSet<&str> =
         matched.iter().flatten().flat_map(|l| l.replaces.iter().map(String::as_str)).collect();
     let request_hits = if request.hits_addend == 0 { 1 } else { u64::from(request.hits_addend) };
-    let mut statuses = Vec::with_capacity(matched.len());
-    let mut policies: Vec<PolicyResult<'_>> = Vec::new();
-    for (descriptor, limit) in request.descriptors.iter().zip(matched) {
-        let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
-        let status = match limit {
-            None => DescriptorStatus { code: Code::Ok.into(), ..Default::default() },
-            Some(limit) => {
-                let hits = descriptor.hits_addend.unwrap_or(request_hits);
-                decide_one(&running.limiter, limit, descriptor, hits, &mut policies).await
+    // Decided concurrently: with Redis, one round trip for all of them.
+    let decided =
+        futures_util::future::join_all(request.descriptors.iter().zip(matched).map(|(descriptor, limit)| {
+            let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
+            async move {
+                match limit {
+                    None => (DescriptorStatus { code: Code::Ok.into(), ..Default::default() }, Vec::new()),
+                    Some(limit) => {
+                        let hits = descriptor.hits_addend.unwrap_or(request_hits);
+                        decide_one(&running.limiter, limit, descriptor, hits).await
+                    }
+                }
             }
-        };
+        }))
+        .await;
+    let mut statuses = Vec::with_capacity(decided.len());
+    let mut policies: Vec<PolicyResult<'_>> = Vec::new();
+    for (status, decided) in decided {
         statuses.push(status);
+        policies.extend(decided);
     }
     let over = statuses.iter().any(|s| s.code == i32::from(Code::OverLimit));
     let mut response_headers_to_add = Vec::new();
@@ -137,15 +145,13 @@ async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitRespo
     }
 }
 
-/// One matched descriptor's status; the policies decided are added to
-/// `policies` for the headers.
+/// One matched descriptor's status, and the policies decided (for the headers).
 async fn decide_one<'l>(
     limiter: &'l RateLimiter<AnyStore>,
     limit: &NodeLimit,
     descriptor: &RateLimitDescriptor,
     hits: u64,
-    policies: &mut Vec<PolicyResult<'l>>,
-) -> DescriptorStatus {
+) -> (DescriptorStatus, Vec<PolicyResult<'l>>) {
     let current_limit = Some(RateLimit {
         requests_per_unit: limit.requests_per_unit,
         unit: limit.unit.into(),
@@ -154,19 +160,20 @@ async fn decide_one<'l>(
     let code = |over: bool| if over && !limit.shadow { Code::OverLimit } else { Code::Ok };
     let quota = match limit.kind {
         LimitKind::Unlimited => {
-            return DescriptorStatus {
-                code: Code::Ok.into(),
-                limit_remaining: u32::MAX,
-                ..Default::default()
-            };
+            let status =
+                DescriptorStatus { code: Code::Ok.into(), limit_remaining: u32::MAX, ..Default::default() };
+            return (status, Vec::new());
         }
         LimitKind::Blocked => {
-            return DescriptorStatus { code: code(true).into(), current_limit, ..Default::default() };
+            return (
+                DescriptorStatus { code: code(true).into(), current_limit, ..Default::default() },
+                Vec::new(),
+            );
         }
         LimitKind::Quota(quota) => quota,
     };
     let key = identity_key(descriptor);
-    match limiter.check_key(&limit.rule, &key, hits, false).await {
+    let status = match limiter.check_key(&limit.rule, &key, hits, false).await {
         Ok(verdict) => {
             let decisive = verdict.decisive().map(|p| p.decision);
             let (remaining, wait) = match decisive {
@@ -176,13 +183,13 @@ async fn decide_one<'l>(
                 None => (0, quota.window()),
             };
             let over = !verdict.allowed();
-            policies.extend(verdict.policies.iter().cloned());
-            DescriptorStatus {
+            let status = DescriptorStatus {
                 code: code(over).into(),
                 current_limit,
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(duration(wait)),
-            }
+            };
+            return (status, verdict.policies);
         }
         // More hits than the limit holds: no such request could pass.
         Err(CheckError::CostExceedsLimit { .. }) => DescriptorStatus {
@@ -195,7 +202,8 @@ async fn decide_one<'l>(
             tracing::error!(rule = %limit.rule, %err, "envoy descriptor not decided");
             DescriptorStatus { code: Code::Ok.into(), current_limit, ..Default::default() }
         }
-    }
+    };
+    (status, Vec::new())
 }
 
 /// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so

@@ -20,7 +20,31 @@ use slidegate_http::config::{IdentityKind, LimitConfig, OnError, RuleConfig, Rul
 
 use super::descriptors::{EnvoyConfig, Level, LimitKind, Node, NodeLimit};
 use super::proto::Unit;
-use crate::config::ConfigError;
+
+/// Why an `[envoy] config` could not be read; the configuration's
+/// validation turns it into a located `ConfigError`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum YamlError {
+    /// A file or directory could not be read.
+    Read {
+        /// What could not be read.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A file is not a valid configuration.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Its text, to locate `index` in.
+        text: String,
+        /// The byte offset of the problem, when known.
+        index: Option<usize>,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+}
 
 /// The prefix of every rule made from an Envoy descriptor.
 pub const RULE_PREFIX: &str = "envoy/";
@@ -205,10 +229,10 @@ fn policy_name(name: &str) -> Result<(), String> {
 /// files are each one domain (read in name order).
 ///
 /// # Errors
-/// [`ConfigError::Read`] for a file or directory that cannot be read,
-/// [`ConfigError::Invalid`] at the line and column of anything wrong.
-pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConfig>), ConfigError> {
-    let read_err = |path: &Path, source| ConfigError::Read { path: path.to_owned(), source };
+/// [`YamlError::Read`] for a file or directory that cannot be read,
+/// [`YamlError::Invalid`] at the position of anything wrong.
+pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConfig>), YamlError> {
+    let read_err = |path: &Path, source| YamlError::Read { path: path.to_owned(), source };
     let files: Vec<PathBuf> = if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(|e| read_err(path, e))?
@@ -224,11 +248,17 @@ pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConf
     let mut rules = Vec::new();
     for file in files {
         let bytes = std::fs::read(&file).map_err(|e| read_err(&file, e))?;
-        let text = std::str::from_utf8(&bytes).map_err(|e| {
-            ConfigError::at(&file, "", None, format!("invalid UTF-8 at byte {}", e.valid_up_to()))
+        let text = std::str::from_utf8(&bytes).map_err(|e| YamlError::Invalid {
+            path: file.clone(),
+            text: String::new(),
+            index: None,
+            message: format!("invalid UTF-8 at byte {}: expected a UTF-8 text file", e.valid_up_to()),
         })?;
-        let at = |index: Option<usize>, message: String| {
-            ConfigError::at(&file, text, index.map(|i| i..i + 1), message)
+        let at = |index: Option<usize>, message: String| YamlError::Invalid {
+            path: file.clone(),
+            text: text.to_owned(),
+            index,
+            message,
         };
         let raw: RawFile = serde_norway::from_str(text).map_err(|e| {
             let message = e.to_string();

@@ -8,7 +8,7 @@ use slidegate_http::config::{OnError, RuleConfig};
 use super::super::error::ConfigError;
 use super::super::raw::RawEnvoy;
 use super::Validator;
-use crate::envoy::EnvoyConfig;
+use crate::envoy::{EnvoyConfig, YamlError};
 
 impl Validator<'_> {
     /// The descriptors of `[envoy] config`, their rules appended to `rules`.
@@ -27,7 +27,12 @@ impl Validator<'_> {
                 format!("[envoy] config {}: no such file or directory: expected a YAML file or a directory of them", path.display()),
             ));
         }
-        let (config, envoy_rules) = crate::envoy::load(&path, on_error)?;
+        let (config, envoy_rules) = crate::envoy::load(&path, on_error).map_err(|err| match err {
+            YamlError::Read { path, source } => ConfigError::Read { path, source },
+            YamlError::Invalid { path, text, index, message } => {
+                ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)
+            }
+        })?;
         if let Some(taken) = envoy_rules.iter().find(|r| rules.iter().any(|t| t.name == r.name)) {
             return Err(self.err(
                 raw.config.span(),
