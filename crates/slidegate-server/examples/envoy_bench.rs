@@ -8,6 +8,10 @@
 //! cargo run --release -p slidegate-server --example envoy_bench -- [SECONDS] [REDIS_URL]
 //! ```
 //!
+//! The server runs in a child process: besides the rates (which on a shared
+//! machine follow its load), each line gives the server's CPU time per
+//! decision, which does not.
+//!
 //! Both APIs decide through the same limiter and rule
 //! (`envoy/bench/user`); each call charges fresh identities drawn from a
 //! large key space, so nothing is denied and every decision reaches the store.
@@ -49,14 +53,16 @@ impl Tally {
         self.latencies.lock().unwrap().saturating_record(us);
     }
 
-    fn report(&self, store: &str, api: &str, seconds: f64) {
+    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration) {
         let h = self.latencies.lock().unwrap();
         let decisions = self.decisions.load(Relaxed);
         println!(
             "{{\"store\":\"{store}\",\"api\":\"{api}\",\"callers\":{CALLERS},\"decisions\":{decisions},\
-             \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
+             \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"server_cpu_us_per_decision\":{:.1},\
+             \"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
             decisions as f64 / seconds,
             h.len() as f64 / seconds,
+            server_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
             h.value_at_quantile(0.999),
@@ -64,9 +70,33 @@ impl Tally {
     }
 }
 
-/// Starts `serve` on its own runtime (2 threads, which also serve gRPC;
-/// 2 worker threads serve HTTP): the gRPC and the admin address.
-fn start(store: &str, dir: &std::path::Path) -> (SocketAddr, SocketAddr) {
+/// The server, in a child process (this program with `serve STORE`), so
+/// its CPU time is its own: the child, its gRPC and admin addresses.
+fn start(store: &str) -> (std::process::Child, SocketAddr, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["serve", store])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (grpc, admin) = line.trim().split_once(' ').unwrap();
+    (child, grpc.parse().unwrap(), admin.parse().unwrap())
+}
+
+/// The child's user + system CPU time (Linux `/proc/PID/stat`).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// `serve STORE`: runs `serve` on a runtime of 2 threads, which also serve
+/// gRPC (2 worker threads serve HTTP), and prints its addresses.
+fn serve(store: &str, dir: &std::path::Path) {
     std::fs::write(dir.join("rl.yaml"), YAML).unwrap();
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\n\
@@ -75,17 +105,12 @@ fn start(store: &str, dir: &std::path::Path) -> (SocketAddr, SocketAddr) {
     );
     let env = |name: &str| (name == "BENCH_SECRET").then(|| "bench".to_owned());
     let config = Config::parse_with_env(&toml, dir.join("s.toml"), &env).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        runtime.block_on(async move {
-            let server = Server::bind(&config).await.unwrap();
-            tx.send((server.grpc_addr().unwrap(), server.admin_addr().unwrap())).unwrap();
-            server.run(std::future::pending()).await;
-        });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let server = Server::bind(&config).await.unwrap();
+        println!("{} {}", server.grpc_addr().unwrap(), server.admin_addr().unwrap());
+        server.run(std::future::pending()).await;
     });
-    rx.recv().unwrap()
 }
 
 fn descriptors(n: u64, next: &AtomicU64) -> Vec<RateLimitDescriptor> {
@@ -181,23 +206,35 @@ async fn check(addr: SocketAddr, seconds: u64) -> Arc<Tally> {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let seconds: u64 = args.next().map_or(5, |s| s.parse().unwrap());
-    let redis = args.next();
+    let first = args.next();
+    if first.as_deref() == Some("serve") {
+        let dir = tempfile::tempdir().unwrap();
+        return serve(&args.next().unwrap_or_default(), dir.path());
+    }
+    let seconds: u64 = first.map_or(5, |s| s.parse().unwrap());
     let mut stores = vec![("embedded", String::new())];
-    if let Some(url) = redis {
+    if let Some(url) = args.next() {
         stores.push(("redis", format!("[store]\nurl = \"{url}\"\n")));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     for (name, store) in stores {
-        let dir = tempfile::tempdir().unwrap();
-        let (grpc_addr, admin_addr) = start(&store, dir.path());
+        let (mut child, grpc_addr, admin_addr) = start(&store);
+        let pid = child.id();
         runtime.block_on(async {
             // Alternated, each twice, so drift in the machine's load hits both.
             for _ in 0..2 {
-                check(admin_addr, seconds).await.report(name, "v1_check", seconds as f64);
-                grpc(grpc_addr, seconds, Some(1)).await.report(name, "grpc_1_descriptor", seconds as f64);
-                grpc(grpc_addr, seconds, None).await.report(name, "grpc_1_to_3_descriptors", seconds as f64);
+                let cpu = cpu_time(pid);
+                let tally = check(admin_addr, seconds).await;
+                tally.report(name, "v1_check", seconds as f64, cpu_time(pid) - cpu);
+                let cpu = cpu_time(pid);
+                let tally = grpc(grpc_addr, seconds, Some(1)).await;
+                tally.report(name, "grpc_1_descriptor", seconds as f64, cpu_time(pid) - cpu);
+                let cpu = cpu_time(pid);
+                let tally = grpc(grpc_addr, seconds, None).await;
+                tally.report(name, "grpc_1_to_3_descriptors", seconds as f64, cpu_time(pid) - cpu);
             }
         });
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

@@ -106,8 +106,11 @@ async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitRespo
         .map(|d| config.find(&request.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))))
         .collect();
     // A limit another matched limit replaces is not applied.
-    let replaced: HashSet<&str> =
-        matched.iter().flatten().flat_map(|l| l.replaces.iter().map(String::as_str)).collect();
+    let replaced: HashSet<&str> = if matched.iter().flatten().any(|l| !l.replaces.is_empty()) {
+        matched.iter().flatten().flat_map(|l| l.replaces.iter().map(String::as_str)).collect()
+    } else {
+        HashSet::new()
+    };
     let request_hits = if request.hits_addend == 0 { 1 } else { u64::from(request.hits_addend) };
     // Decided concurrently: with Redis, one round trip for all of them.
     let decided =
