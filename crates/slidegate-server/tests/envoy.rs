@@ -392,6 +392,27 @@ async fn redis_counts_then_dies_fail_open_and_fail_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_is_answered_within_the_deadline() {
+    let mut redis = RedisServer::spawn();
+    let store = format!("[store]\nurl = \"{}\"\non_error = \"deny\"\ntimeout_ms = 100\n", redis.url());
+    let server = start(&store).await;
+    let mut c = client(server.grpc).await;
+    let r = ask(&mut c, "edge_proxy_per_ip", &[("remote_address", "6.6.6.6")]).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 9));
+    redis.pause();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let r = ask(&mut c, "edge_proxy_per_ip", &[("remote_address", "6.6.6.6")]).await;
+        assert_eq!(r.overall_code, OVER, "fail closed while Redis answers nothing");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+    // Unlimited and unmatched descriptors never ask the store.
+    let r = ask(&mut c, "edge_proxy_per_ip", &[("free", "a")]).await;
+    assert_eq!(r.overall_code, OK);
+    redis.resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_reads_the_yaml_again() {
     let server = start("").await;
     let mut c = client(server.grpc).await;
