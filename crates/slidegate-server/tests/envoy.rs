@@ -452,6 +452,20 @@ fn a_bad_yaml_is_located_by_file_line_and_column() {
     let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
     assert_eq!(err.location(), Some((4, 5)), "{err}");
     assert!(err.to_string().contains("unknown field `rate_limt`"), "{err}");
+    // A descriptor configured twice: located at the descriptor holding both
+    // (the parser gives a list no position of its own); an empty key, at its descriptor.
+    std::fs::write(
+        dir.path().join("rl.yaml"),
+        "domain: d\ndescriptors:\n  - key: b\n  - key: p\n    descriptors:\n      - key: a\n        value: x\n      - key: a\n        value: x\n",
+    )
+    .unwrap();
+    let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
+    assert!(err.to_string().contains("descriptor key \"a\" with value \"x\" is configured twice"), "{err}");
+    assert_eq!(err.location(), Some((4, 5)), "{err}");
+    std::fs::write(dir.path().join("rl.yaml"), "domain: d\ndescriptors:\n  - key: \"\"\n").unwrap();
+    let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
+    assert_eq!(err.location(), Some((3, 5)), "{err}");
+    assert!(err.to_string().contains("descriptor key is empty"), "{err}");
     // A missing file is located in the TOML.
     let err = Config::parse("[envoy]\nconfig = \"none.yaml\"\n", dir.path().join("s.toml")).unwrap_err();
     assert_eq!(err.location(), Some((2, 10)), "{err}");

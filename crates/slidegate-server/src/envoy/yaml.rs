@@ -62,17 +62,42 @@ const MAX_DEPTH: usize = 16;
 struct RawFile {
     domain: String,
     #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
+    descriptors: Siblings,
+}
+
+/// The descriptors of one level, each `key` and `value` at most once:
+/// checked as they are read, so a repeated one is located.
+#[derive(Deserialize, Default)]
+#[serde(try_from = "Vec<RawDescriptor>")]
+struct Siblings(Vec<RawDescriptor>);
+
+impl TryFrom<Vec<RawDescriptor>> for Siblings {
+    type Error = String;
+
+    fn try_from(list: Vec<RawDescriptor>) -> Result<Self, String> {
+        let mut seen = std::collections::HashSet::new();
+        for d in &list {
+            if !seen.insert((d.key.0.as_str(), d.value.as_deref())) {
+                return Err(match &d.value {
+                    Some(value) => {
+                        format!("descriptor key {:?} with value {value:?} is configured twice", d.key.0)
+                    }
+                    None => format!("descriptor key {:?} without a value is configured twice", d.key.0),
+                });
+            }
+        }
+        Ok(Self(list))
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDescriptor {
-    key: String,
+    key: DescriptorKey,
     value: Option<String>,
     rate_limit: Option<RateLimitSpec>,
     #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
+    descriptors: Siblings,
     #[serde(default)]
     shadow_mode: bool,
     /// Accepted: metrics are per configured descriptor, never per value
@@ -122,6 +147,13 @@ checked_scalar!(UnitName((Unit, u64)), |text| {
     unit(text).ok_or_else(|| {
         format!("rate_limit unit {text:?}: expected one of second, minute, hour, day, month, year")
     })
+});
+checked_scalar!(DescriptorKey(String), |text| {
+    if text.is_empty() {
+        Err("descriptor key is empty: expected a name such as \"remote_address\"".to_owned())
+    } else {
+        Ok(text.to_owned())
+    }
 });
 checked_scalar!(PolicyName(String), |text| policy_name(text).map(|()| text.to_owned()));
 checked_scalar!(AlgorithmName(Algorithm), |text| {
@@ -272,7 +304,7 @@ pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConf
         let mut root = Level::default();
         let mut path = Vec::new();
         let mut ctx = Compile { domain: &raw.domain, on_error, rules: &mut rules };
-        for descriptor in raw.descriptors {
+        for descriptor in raw.descriptors.0 {
             ctx.descriptor(&mut root, descriptor, &mut path).map_err(|m| at(text.find(&raw.domain), m))?;
         }
         if !config.insert_domain(raw.domain.clone(), root) {
@@ -299,24 +331,22 @@ impl Compile<'_> {
         raw: RawDescriptor,
         path: &mut Vec<String>,
     ) -> Result<(), String> {
-        if raw.key.is_empty() {
-            return Err(format!("domain {:?}: a descriptor has an empty key", self.domain));
-        }
         if path.len() >= MAX_DEPTH {
             return Err(format!("domain {:?}: descriptors nested deeper than {MAX_DEPTH}", self.domain));
         }
+        let key = raw.key.0;
         path.push(match &raw.value {
-            Some(value) => format!("{}_{}", raw.key, value),
-            None => raw.key.clone(),
+            Some(value) => format!("{key}_{value}"),
+            None => key.clone(),
         });
         let place = path.join(".");
         let limit = raw.rate_limit.map(|spec| self.limit(spec, &place, raw.shadow_mode));
         let mut children = Level::default();
-        for child in raw.descriptors {
+        for child in raw.descriptors.0 {
             self.descriptor(&mut children, child, path)?;
         }
         path.pop();
-        if !level.insert(raw.key, raw.value, Node { limit, children }) {
+        if !level.insert(key, raw.value, Node { limit, children }) {
             return Err(format!("domain {:?}: descriptor {place:?} is configured twice", self.domain));
         }
         Ok(())
