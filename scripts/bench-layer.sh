@@ -5,11 +5,14 @@
 # The server is crates/slidegate-http/examples/layer_bench.rs: axum 0.8, one
 # route answering "ok", a single-threaded tokio runtime, limited by
 #   slidegate         RateLimitLayer, embedded MemoryStore, keyed by x-api-key,
-#                     set up as examples/axum.rs (with the PeerAddr copy); headers on
+#                     the peer read from axum's ConnectInfo (peer_from); headers on
 #   governor          tower_governor 0.8, a header key extractor, its defaults
 #                     (no headers on allowed responses; a 429 carries retry-after)
 # and, when BENCH_LAYER_VARIANTS names them, for reference:
-#   slidegate-bare    slidegate without the map_request copying ConnectInfo into PeerAddr
+#   slidegate-map-request  slidegate set up as examples/axum.rs (a map_request copying
+#                     ConnectInfo into PeerAddr)
+#   slidegate-bare    slidegate reading no peer at all
+#   slidegate-no-legacy  slidegate with headers.legacy = false (2 header lines, not 5)
 #   governor-headers  tower_governor with use_headers() (x-ratelimit-limit/remaining)
 # Scenarios, each with wrk -t1 -c32 (one core for wrk, one for the server):
 #   one    every request with the same API key, limit far above what is sent
@@ -22,7 +25,7 @@
 # ranges. Bounded: warm-up + rounds x scenarios x variants x SECS.
 # Needs: wrk (apt-get install wrk), python3.
 # Usage: scripts/bench-layer.sh [seconds per run, default 3] [rounds, default 5]
-#   BENCH_LAYER_VARIANTS="slidegate governor slidegate-bare governor-headers"
+#   BENCH_LAYER_VARIANTS="slidegate governor slidegate-map-request slidegate-bare slidegate-no-legacy governor-headers"
 #   BENCH_LAYER_JSON=path   also write every run and the summary as JSON there
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -47,6 +47,9 @@ enum Target {
     /// Polite and abusive identities: store calls and Redis CPU per request
     /// with and without the deny cache and the penalty box (loopback Redis only).
     Attack(crate::bench_attack::AttackArgs),
+    /// Quota leases: Redis calls and CPU per request for a hot identity and
+    /// for ordinary ones, leases off and on, three instances (loopback Redis only).
+    Lease(crate::bench_lease::LeaseArgs),
 }
 
 /// Arguments of `slidegate bench redis`.
@@ -111,6 +114,7 @@ pub fn run(args: BenchArgs) -> crate::CommandResult {
             runtime.block_on(bench_redis(args))
         }
         Target::Attack(args) => crate::bench_attack::run(args),
+        Target::Lease(args) => crate::bench_lease::run(args),
     }
 }
 

@@ -17,6 +17,7 @@ mod accuracy;
 mod args;
 mod bench;
 mod bench_attack;
+mod bench_lease;
 mod demo;
 mod docs;
 mod heap;

@@ -158,6 +158,47 @@ fn a_denied_key_gets_403_and_never_reaches_the_upstream_and_a_rule_list_applies_
 }
 
 #[test]
+fn the_check_api_answers_a_listed_key_as_its_requests_are_answered() {
+    // Before: `/v1/check` skipped the lists, so a key on the deny list was
+    // told "allowed" by the decision service and refused by the proxy.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.jsonl");
+    let (abusers, partners) = (dir.path().join("abusers.txt"), dir.path().join("partners.txt"));
+    std::fs::write(&abusers, "abuser-key\n").unwrap();
+    std::fs::write(&partners, "partner-key\n").unwrap();
+    let upstream = Upstream::start();
+    let global = format!("deny = {{ keys_file = \"{}\" }}", abusers.display());
+    let search = format!("allow = {{ keys_file = \"{}\" }}", partners.display());
+    let sg = Slidegate::start(&lists_config(&upstream, "", &global, &search, &log));
+    let check = |rule: &str, key: &str, anonymous: bool| {
+        let body = format!(r#"{{"rule":"{rule}","key":"{key}","anonymous":{anonymous}}}"#);
+        let reply =
+            request(sg.addr, "POST", "/v1/check", &[("content-type", "application/json")], body.as_bytes());
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        (
+            json["allowed"].as_bool().unwrap(),
+            json["listed"].as_str().map(str::to_owned),
+            has_rate_headers(&reply),
+        )
+    };
+    let deny = (false, Some("deny".to_owned()), false);
+    assert_eq!(check("search", "abuser-key", false), deny);
+    assert_eq!(check("feed", "abuser-key", false), deny);
+    let exempt = (true, Some("allow".to_owned()), false);
+    assert!((0..5).all(|_| check("search", "partner-key", false) == exempt));
+    // The search rule's allow list is not the feed rule's: 2 a minute there.
+    let feed: Vec<_> = (0..3).map(|_| check("feed", "partner-key", false).0).collect();
+    assert_eq!(feed, [true, true, false]);
+    // An anonymous check's key names no API key: the rule decides.
+    assert_eq!(check("search", "abuser-key", true), (true, None, true));
+    let metrics = sg.metrics();
+    assert_eq!(metrics["slidegate_requests_listed_denied_total{list=\"global\"}"], 2.0);
+    assert_eq!(metrics["slidegate_requests_exempt_total{rule=\"search\"}"], 5.0);
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
 fn a_reload_adds_a_denied_network_and_a_broken_keys_file_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.jsonl");

@@ -40,8 +40,7 @@ fn identity_hash(config: &Path, flag: &str, value: &str) -> String {
 #[test]
 fn identity_hash_prints_what_the_offenders_page_shows() {
     let upstream = Upstream::start();
-    let text =
-        config(&upstream, "", "").replace("admin_on_public = true\n", "admin_listen = \"127.0.0.1:0\"\n");
+    let text = config_with(upstream.addr, "admin_listen = \"127.0.0.1:0\"", "", "");
     let sg = Slidegate::start(&text);
     // "search" allows 2 a minute per identity: one denial each.
     for _ in 0..3 {

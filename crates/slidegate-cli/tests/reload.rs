@@ -75,7 +75,7 @@ fn changed_and_kept_limits(store: &str) {
     assert_eq!(answer.header("content-type"), Some("application/json"));
     assert_eq!(
         answer.body,
-        r#"{"reloaded":true,"rules_added":[],"rules_removed":[],"rules_changed":["changed"],"limits_restarted":["changed/changed"],"restart_required":[]}"#
+        r#"{"reloaded":true,"rules_added":[],"rules_removed":[],"rules_changed":["changed"],"limits_restarted":["changed/changed"],"plans_changed":[],"plan_keys_changed":false,"lists_changed":false,"restart_required":[]}"#
     );
     assert_eq!(remaining(&key(&sg, "/kept")), 2, "the unchanged limit kept its count");
     assert_eq!(remaining(&key(&sg, "/changed")), 9, "the new limit, from zero");

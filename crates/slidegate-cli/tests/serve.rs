@@ -231,7 +231,7 @@ fn the_check_api_decides_for_a_given_key() {
 #[test]
 fn admin_endpoints_move_under_a_prefix_and_health_answers() {
     let upstream = Upstream::start();
-    let text = config(&upstream, "", "").replace("[server]\n", "[server]\nadmin_prefix = \"/_slidegate\"\n");
+    let text = config_with(upstream.addr, "admin_on_public = true\nadmin_prefix = \"/_slidegate\"", "", "");
     let sg = Slidegate::start(&text);
     let health = sg.get("/_slidegate/healthz", &[]);
     assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
@@ -246,9 +246,7 @@ fn admin_endpoints_move_under_a_prefix_and_health_answers() {
 #[test]
 fn with_admin_listen_the_admin_endpoints_leave_the_public_listener() {
     let upstream = Upstream::start();
-    let text = config(&upstream, "", "")
-        .replace("admin_on_public = true\n", "")
-        .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    let text = config_with(upstream.addr, "admin_listen = \"127.0.0.1:0\"", "", "");
     let sg = Slidegate::start(&text);
     let admin = sg.admin_addr();
     assert_ne!(admin, sg.addr);

@@ -5,14 +5,18 @@
 //!
 //! ```text
 //! cargo run --release -p slidegate-http --example layer_bench -- \
-//!     --limiter slidegate|slidegate-bare|governor|governor-headers [--limit N] 127.0.0.1:PORT
+//!     --limiter slidegate|slidegate-map-request|slidegate-bare|slidegate-no-legacy|governor|governor-headers [--limit N] 127.0.0.1:PORT
 //! ```
 //!
-//! - `slidegate`: the layer as `examples/axum.rs` sets it up, with the
-//!   `map_request` that copies `ConnectInfo` into `PeerAddr` (the docs ask
-//!   for it: anonymous clients are counted by address). Headers on.
-//! - `slidegate-bare`: the same layer without that `map_request`, to show
-//!   what the copy costs (every request here carries an API key).
+//! - `slidegate`: the layer reading the peer from axum's `ConnectInfo`
+//!   (`RateLimitLayer::peer_from`, as its docs show). Headers on.
+//! - `slidegate-map-request`: the layer as `examples/axum.rs` sets it up,
+//!   with the `map_request` that copies `ConnectInfo` into `PeerAddr`.
+//! - `slidegate-bare`: the layer with no peer at all, to show what reading
+//!   it costs (every request here carries an API key).
+//! - `slidegate-no-legacy`: `slidegate` with `headers.legacy = false`: two
+//!   header lines on an allowed response (`RateLimit-Policy`, `RateLimit`)
+//!   instead of five, to show what the `X-RateLimit-*` trio costs.
 //! - `governor`: `GovernorLayer` with a header key extractor, default
 //!   configuration: no headers on allowed responses; a 429 carries
 //!   `retry-after` and `x-ratelimit-after`.
@@ -42,7 +46,9 @@ use tower_governor::{GovernorError, GovernorLayer};
 #[derive(Debug, Clone, Copy)]
 enum Limiter {
     Slidegate,
+    SlidegateMapRequest,
     SlidegateBare,
+    SlidegateNoLegacy,
     Governor,
     GovernorHeaders,
 }
@@ -51,7 +57,9 @@ impl Limiter {
     fn named(name: &str) -> Option<Self> {
         Some(match name {
             "slidegate" => Limiter::Slidegate,
+            "slidegate-map-request" => Limiter::SlidegateMapRequest,
             "slidegate-bare" => Limiter::SlidegateBare,
+            "slidegate-no-legacy" => Limiter::SlidegateNoLegacy,
             "governor" => Limiter::Governor,
             "governor-headers" => Limiter::GovernorHeaders,
             _ => return None,
@@ -89,13 +97,17 @@ fn routes() -> Router {
 
 fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
     match limiter {
-        Limiter::Slidegate | Limiter::SlidegateBare => {
+        Limiter::Slidegate
+        | Limiter::SlidegateMapRequest
+        | Limiter::SlidegateBare
+        | Limiter::SlidegateNoLegacy => {
             // One rule, "api": `limit` an hour per API key (else per client address).
             let quota = Quota::new(limit, Duration::from_secs(3600)).map_err(|e| e.to_string())?;
             let limit = Limit::new(Algorithm::SlidingWindowCounter, quota);
             let limits = vec![LimitConfig::new("api", limit, 1).map_err(|e| e.to_string())?];
             let mut config = LimiterConfig::default();
             config.identity.api_key_header = Some(http::HeaderName::from_static("x-api-key"));
+            config.headers.legacy = !matches!(limiter, Limiter::SlidegateNoLegacy);
             let path = "/*".parse().map_err(|e: slidegate_http::PathPatternError| e.to_string())?;
             config.rules.push(RuleConfig::new(
                 "api",
@@ -104,10 +116,14 @@ fn app(limiter: Limiter, limit: u64) -> Result<Router, String> {
             ));
             let rate_limiter =
                 RateLimiter::from_config(&config, MemoryStore::new()).map_err(|e| e.to_string())?;
-            let app = routes().layer(RateLimitLayer::new(rate_limiter));
+            let layer = RateLimitLayer::new(rate_limiter);
             Ok(match limiter {
-                Limiter::Slidegate => app.layer(middleware::map_request(peer_addr)),
-                _ => app,
+                Limiter::Slidegate | Limiter::SlidegateNoLegacy => routes()
+                    .layer(layer.peer_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|info| info.0))),
+                Limiter::SlidegateMapRequest => {
+                    routes().layer(layer).layer(middleware::map_request(peer_addr))
+                }
+                _ => routes().layer(layer),
             })
         }
         Limiter::Governor | Limiter::GovernorHeaders => {
@@ -147,7 +163,7 @@ fn parse_args() -> Result<Args, String> {
             "--limiter" => {
                 let name = args.next().unwrap_or_default();
                 limiter = Some(Limiter::named(&name).ok_or_else(|| {
-                    format!("--limiter {name:?}: expected slidegate, slidegate-bare, governor or governor-headers")
+                    format!("--limiter {name:?}: expected slidegate, slidegate-map-request, slidegate-bare, slidegate-no-legacy, governor or governor-headers")
                 })?);
             }
             "--limit" => {
@@ -170,7 +186,7 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
-            eprintln!("layer_bench: {message}\nusage: layer_bench --limiter slidegate|slidegate-bare|governor|governor-headers [--limit N] ADDR");
+            eprintln!("layer_bench: {message}\nusage: layer_bench --limiter slidegate|slidegate-map-request|slidegate-bare|slidegate-no-legacy|governor|governor-headers [--limit N] ADDR");
             return ExitCode::from(64);
         }
     };

@@ -369,6 +369,11 @@ impl<S: Store> Store for DenyCached<S> {
         self.inner.tables()
     }
 
+    /// The store's own (the lease layer, below, takes them).
+    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+        self.inner.leases()
+    }
+
     /// Forgets the identity's cached denials first: whatever the store
     /// answers, this instance no longer answers for it.
     async fn lift_penalty(

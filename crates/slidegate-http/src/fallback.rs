@@ -134,6 +134,11 @@ impl<S: Store> Store for Fallback<S> {
         self.inner.tables()
     }
 
+    /// The store's own (the lease layer, below, takes them).
+    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+        self.inner.leases()
+    }
+
     /// Forgets what the store last said of the identity (a block's denials
     /// among it) first, so the fallback does not keep a lifted block either.
     async fn lift_penalty(
@@ -306,6 +311,10 @@ mod tests {
 
         fn tables(&self) -> Option<impl SharedTables + '_> {
             None::<slidegate::NoTables>
+        }
+
+        fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+            None::<slidegate::NoLeases>
         }
 
         async fn lift_penalty(

@@ -190,6 +190,12 @@ impl<S: Store + 'static> Store for Guarded<S> {
         Some(GuardedDistinct { guard: self, inner })
     }
 
+    /// The store's own, unguarded: the lease layer sits below the guard, so
+    /// its lease calls are a decision's and carry its deadline.
+    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+        self.shared.store.leases()
+    }
+
     fn tables(&self) -> Option<impl SharedTables + '_> {
         let inner = self.shared.store.tables()?;
         Some(GuardedTables { guard: self, inner })

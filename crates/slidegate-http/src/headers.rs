@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::lists::ListScope;
-use crate::verdict::{DecisionSource, PolicyResult, Verdict};
+use crate::verdict::{DecisionSource, PolicyResult, SetValues, Verdict};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -145,7 +145,14 @@ fn policy_items<'p, 'a: 'p>(out: &mut impl Out, policies: impl Iterator<Item = &
     }
 }
 
-fn ratelimit_items<'p, 'a: 'p>(out: &mut impl Out, policies: impl Iterator<Item = &'p PolicyResult<'a>>) {
+/// Writes `RateLimit` items; returns where the numbers of `decisive`'s item
+/// (`r` and `t`) lie in `out`, when it is among `policies`.
+fn ratelimit_items<'p, 'a: 'p>(
+    out: &mut impl Out,
+    policies: impl Iterator<Item = &'p PolicyResult<'a>>,
+    decisive: Option<&PolicyResult<'a>>,
+) -> Option<[std::ops::Range<usize>; 2]> {
+    let mut numbers = None;
     for (i, p) in policies.enumerate() {
         if i > 0 {
             out.put(b", ");
@@ -153,10 +160,17 @@ fn ratelimit_items<'p, 'a: 'p>(out: &mut impl Out, policies: impl Iterator<Item 
         out.put(b"\"");
         out.put(p.name.as_bytes());
         out.put(b"\";r=");
+        let remaining = out.len();
         push_u64(out, p.decision.remaining);
+        let remaining = remaining..out.len();
         out.put(b";t=");
+        let reset = out.len();
         push_u64(out, ceil_secs(p.decision.reset_after));
+        if decisive.is_some_and(|d| std::ptr::eq(d, p)) {
+            numbers = Some([remaining, reset..out.len()]);
+        }
     }
+    numbers
 }
 
 /// `RateLimit-Policy` items: `"name";q=10;w=1, "name2";q=500;w=3600`.
@@ -170,7 +184,7 @@ pub fn policy_header(policies: &[&PolicyResult<'_>]) -> String {
 /// `RateLimit` items: `"name";r=9;t=1`.
 pub fn ratelimit_header(policies: &[&PolicyResult<'_>]) -> String {
     let mut out = Vec::with_capacity(48);
-    ratelimit_items(&mut out, policies.iter().copied());
+    ratelimit_items(&mut out, policies.iter().copied(), None);
     String::from_utf8_lossy(&out).into_owned()
 }
 
@@ -213,19 +227,23 @@ impl RateHeaders {
     /// The headers of `verdict`.
     pub fn of(verdict: &Verdict, legacy: bool) -> Self {
         let mut values: [Option<HeaderValue>; 6] = Default::default();
-        if verdict.decisive().is_none() {
-            return Self { values };
+        let Some(decisive) = verdict.decisive() else { return Self { values } };
+        if let Some(set) = verdict.set_values {
+            if verdict.allowed() {
+                // Every policy of the set, as the limiter rendered it once.
+                values[0] = Some(set.policy.clone());
+            }
+            if legacy {
+                let index = verdict.policies.iter().position(|p| std::ptr::eq(p, decisive));
+                values[2] = index.and_then(|i| set.limits.get(i)).cloned();
+            }
         }
-        if let (true, Some(listed)) = (verdict.allowed(), verdict.policy_value) {
-            // Every policy of the set, as the limiter rendered it once.
-            values[0] = Some(listed.clone());
-        }
-        let policies = values[0].is_none();
+        let rendered = Rendered { policies: values[0].is_none(), limit: values[2].is_none() };
         let mut inline = Inline::new();
-        let spans = render(verdict, legacy, policies, &mut inline);
+        let spans = render(verdict, legacy, rendered, &mut inline);
         let (bytes, spans) = if inline.overflowed {
             let mut out = Vec::with_capacity(2 * INLINE);
-            let spans = render(verdict, legacy, policies, &mut out);
+            let spans = render(verdict, legacy, rendered, &mut out);
             (Bytes::from(out), spans)
         } else {
             (Bytes::from_owner(inline), spans)
@@ -261,30 +279,50 @@ impl RateHeaders {
     }
 }
 
+/// Which of the values the limiter may have rendered once are rendered per
+/// response.
+#[derive(Clone, Copy)]
+struct Rendered {
+    /// `RateLimit-Policy`.
+    policies: bool,
+    /// `X-RateLimit-Limit`.
+    limit: bool,
+}
+
 /// Writes the values of `verdict`'s headers made per request into `out`,
-/// the `RateLimit-Policy` items only when `policies` (else the limiter's
-/// rendering of them is used).
-fn render(verdict: &Verdict, legacy: bool, policies: bool, out: &mut impl Out) -> Spans {
+/// `RateLimit-Policy` and `X-RateLimit-Limit` only as `rendered` says (else
+/// the limiter's rendering of them is used).
+fn render(verdict: &Verdict, legacy: bool, rendered: Rendered, out: &mut impl Out) -> Spans {
     let mut spans: Spans = Default::default();
     let Some(decisive) = verdict.decisive() else { return spans };
     let allowed = verdict.allowed();
     let shown = || verdict.policies.iter().filter(|p| allowed || !p.decision.allowed);
-    if policies {
+    if rendered.policies {
         let from = out.len();
         policy_items(out, shown());
         spans[0] = Some(from..out.len());
     }
     let from = out.len();
-    ratelimit_items(out, shown());
+    let decisive_numbers = ratelimit_items(out, shown(), Some(decisive));
     spans[1] = Some(from..out.len());
     if legacy {
-        let numbers =
-            [decisive.quota.permits(), decisive.decision.remaining, ceil_secs(decisive.decision.reset_after)];
-        for (span, n) in spans[2..5].iter_mut().zip(numbers) {
+        if rendered.limit {
             let from = out.len();
-            push_u64(out, n);
-            *span = Some(from..out.len());
+            push_u64(out, decisive.quota.permits());
+            spans[2] = Some(from..out.len());
         }
+        // `X-RateLimit-Remaining` and `-Reset` are the decisive policy's
+        // `r` and `t`: the same bytes, sliced from its `RateLimit` item.
+        let numbers = decisive_numbers.unwrap_or_else(|| {
+            [decisive.decision.remaining, ceil_secs(decisive.decision.reset_after)].map(|n| {
+                let from = out.len();
+                push_u64(out, n);
+                from..out.len()
+            })
+        });
+        let [remaining, reset] = numbers;
+        spans[3] = Some(remaining);
+        spans[4] = Some(reset);
     }
     if let Some(wait) = decisive.decision.retry_after.filter(|_| verdict.blocks()) {
         let from = out.len();
@@ -299,16 +337,19 @@ pub fn apply(headers: &mut HeaderMap, verdict: &Verdict, legacy: bool) {
     RateHeaders::of(verdict, legacy).insert_into(headers);
 }
 
-/// `RateLimit-Policy` items of every policy of a set, rendered once when the
-/// limiter is built.
-pub(crate) fn policy_value<'a>(
+/// The values of a policy set's headers that never change, rendered once
+/// when the limiter is built: `RateLimit-Policy` items of every policy, and
+/// each policy's `X-RateLimit-Limit`.
+pub(crate) fn set_values<'a>(
     policies: impl Iterator<Item = (&'a str, slidegate::Quota)>,
-) -> Option<HeaderValue> {
+) -> Option<SetValues> {
     let mut out = Vec::new();
+    let mut limits = Vec::new();
     for (i, (name, quota)) in policies.enumerate() {
         push_policy(&mut out, i, name, &quota);
+        limits.push(number(quota.permits()));
     }
-    value(out)
+    Some(SetValues { policy: value(out)?, limits })
 }
 
 /// An RFC 9457 problem, members in the order the RFC lists them.
@@ -460,12 +501,12 @@ mod tests {
     fn verdict(policies: Vec<PolicyResult<'static>>, shadow: bool) -> Verdict<'static> {
         Verdict {
             rule: "search",
-            policies,
+            policies: policies.into(),
             source: DecisionSource::Store,
             shadow,
             pending: None,
             blocked: false,
-            policy_value: None,
+            set_values: None,
             cost_header: None,
             over_in_flight: None,
             identity: (&slidegate::Identity::named("search", "client")).into(),
@@ -536,6 +577,53 @@ mod tests {
         let mut quiet = HeaderMap::new();
         apply(&mut quiet, &v, false);
         assert_eq!(quiet.len(), 2);
+    }
+
+    /// The values the limiter rendered once (`RateLimit-Policy`,
+    /// `X-RateLimit-Limit`) and the trio sliced from the decisive item of
+    /// `RateLimit` read as rendering them per response would: here the
+    /// second policy binds.
+    #[test]
+    fn prebuilt_and_sliced_values_are_the_decisive_policys() {
+        let quota = |permits, secs| Quota::new(permits, Duration::from_secs(secs)).unwrap();
+        let set =
+            set_values([("search-1s", quota(10, 1)), ("search-1h", quota(500, 3600))].into_iter()).unwrap();
+        let allowed = vec![
+            policy("search-1s", 10, 1000, 9, 100, None),
+            policy("search-1h", 500, 3_600_000, 3, 3_599_001, None),
+        ];
+        let denied = vec![
+            policy("search-1s", 10, 1000, 9, 100, None),
+            policy("search-1h", 500, 3_600_000, 0, 3_000_000, Some(3_000_000)),
+        ];
+        for (policies, status) in [(allowed, "allowed"), (denied, "denied")] {
+            let mut bare = verdict(policies, false);
+            let plain = RateHeaders::of(&bare, true);
+            bare.set_values = Some(&set);
+            let mut prebuilt = HeaderMap::new();
+            RateHeaders::of(&bare, true).insert_into(&mut prebuilt);
+            let mut rendered = HeaderMap::new();
+            plain.insert_into(&mut rendered);
+            assert_eq!(prebuilt, rendered, "{status}");
+            assert_eq!(header(&prebuilt, "x-ratelimit-limit"), Some("500"), "{status}");
+        }
+        let mut h = HeaderMap::new();
+        let mut v = verdict(
+            vec![
+                policy("search-1s", 10, 1000, 9, 100, None),
+                policy("search-1h", 500, 3_600_000, 3, 3_599_001, None),
+            ],
+            false,
+        );
+        v.set_values = Some(&set);
+        apply(&mut h, &v, true);
+        assert_eq!(
+            header(&h, "ratelimit-policy"),
+            Some("\"search-1s\";q=10;w=1, \"search-1h\";q=500;w=3600")
+        );
+        assert_eq!(header(&h, "ratelimit"), Some("\"search-1s\";r=9;t=1, \"search-1h\";r=3;t=3600"));
+        assert_eq!(header(&h, "x-ratelimit-remaining"), Some("3"));
+        assert_eq!(header(&h, "x-ratelimit-reset"), Some("3600"));
     }
 
     #[test]
@@ -610,12 +698,12 @@ mod tests {
     fn fail_closed_is_503_not_429() {
         let v = Verdict {
             rule: "search",
-            policies: vec![],
+            policies: Default::default(),
             source: DecisionSource::FailClosed,
             shadow: false,
             pending: None,
             blocked: false,
-            policy_value: None,
+            set_values: None,
             cost_header: None,
             over_in_flight: None,
             identity: (&slidegate::Identity::named("search", "client")).into(),

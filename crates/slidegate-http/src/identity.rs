@@ -224,8 +224,9 @@ impl IdentityExtractor {
 
     /// The identity of `value` from `source` under `scope` (a rule's name):
     /// its keyed hash, made once here and never parsed back. Written into
-    /// store keys as `{scope}:k:{32 hex}` for an API key, `{scope}:ip:{32 hex}`
-    /// for a client IP (IPv6 grouped by the prefix).
+    /// Redis keys as `{scope}:k:{22 base64url digits}` for an API key,
+    /// `{scope}:ip:{…}` for a client IP (IPv6 grouped by the prefix); shown
+    /// to people (logs, the offenders page) as 32 hex digits.
     pub fn identity(&self, scope: &Arc<str>, source: Source, value: &[u8]) -> Identity {
         self.hasher.identity(Arc::clone(scope), source, value)
     }

@@ -7,12 +7,15 @@
 //!
 //! The client address comes from the [`PeerAddr`] request extension; each
 //! server keeps the socket peer somewhere of its own, so one line per server
-//! copies it there. Without it, every client is counted as one.
+//! copies it there, or [`RateLimitLayer::peer_from`] reads it where the
+//! server keeps it. Without it, every client is counted as one.
 //!
 //! - axum: `Router::layer(RateLimitLayer::new(limiter))`, then
 //!   `.layer(axum::middleware::map_request(..))` outside it copying
 //!   `ConnectInfo<SocketAddr>` into [`PeerAddr`] (shown on [`PeerAddr`];
-//!   `examples/axum.rs`).
+//!   `examples/axum.rs`); or, with no copy per request,
+//!   `RateLimitLayer::new(limiter).peer_from(..)` reading `ConnectInfo`
+//!   (shown on [`RateLimitLayer::peer_from`]).
 //! - hyper: wrap the service with `hyper_util::service::TowerToHyperService`
 //!   and insert [`PeerAddr`] per connection, where the socket is accepted
 //!   (`examples/hyper.rs`).
@@ -37,7 +40,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -110,12 +113,26 @@ pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
 /// ```
 pub struct RateLimitLayer<S> {
     limiter: RateLimiter<S>,
+    peer: PeerFn,
+}
+
+/// Where a request's socket peer is read from, in its extensions: the
+/// [`PeerAddr`] extension unless [`RateLimitLayer::peer_from`] says otherwise.
+///
+/// A plain function, so the layer needs to know no server's types: in axum,
+/// `|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|info| info.0)` reads the
+/// peer axum already keeps, with no `map_request` copying it per request.
+pub type PeerFn = fn(&http::Extensions) -> Option<SocketAddr>;
+
+/// The default [`PeerFn`]: the [`PeerAddr`] extension.
+fn peer_addr_extension(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions.get::<PeerAddr>().map(|peer| peer.0)
 }
 
 // By hand: a derive would ask for `S: Clone`, and the limiter shares its store.
 impl<S> Clone for RateLimitLayer<S> {
     fn clone(&self) -> Self {
-        Self { limiter: self.limiter.clone() }
+        Self { limiter: self.limiter.clone(), peer: self.peer }
     }
 }
 
@@ -123,7 +140,36 @@ impl<S> RateLimitLayer<S> {
     /// A layer deciding with `limiter`; the client address comes from the
     /// [`PeerAddr`] extension.
     pub fn new(limiter: RateLimiter<S>) -> Self {
-        Self { limiter }
+        Self { limiter, peer: peer_addr_extension }
+    }
+
+    /// Reads the client address with `peer` instead of from [`PeerAddr`]:
+    /// from the extension the server itself keeps it in. A request `peer`
+    /// finds no address for is counted as an unknown client, as one
+    /// without [`PeerAddr`] is.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    ///
+    /// use axum::extract::ConnectInfo;
+    /// use axum::{routing::get, Router};
+    /// use slidegate::{Algorithm, Limit, MemoryStore, Quota};
+    /// use slidegate_http::config::{IdentityKind, LimitConfig, RuleConfig, RuleLimits};
+    /// use slidegate_http::{LimiterConfig, RateLimitLayer, RateLimiter};
+    ///
+    /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
+    /// let limits = vec![LimitConfig::new("all", limit, 1)?];
+    /// let mut config = LimiterConfig::default();
+    /// config.rules.push(RuleConfig::new("all", "/*".parse()?, RuleLimits::Shared { identity: IdentityKind::Ip, limits }));
+    /// let layer = RateLimitLayer::new(RateLimiter::from_config(&config, MemoryStore::new())?)
+    ///     .peer_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|info| info.0));
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// // Serve with `app.into_make_service_with_connect_info::<SocketAddr>()`.
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peer_from(mut self, peer: PeerFn) -> Self {
+        self.peer = peer;
+        self
     }
 }
 
@@ -131,7 +177,7 @@ impl<S, Inner> Layer<Inner> for RateLimitLayer<S> {
     type Service = RateLimit<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit::new(inner, self.limiter.clone())
+        RateLimit { inner, limiter: self.limiter.clone(), peer: self.peer }
     }
 }
 
@@ -139,18 +185,20 @@ impl<S, Inner> Layer<Inner> for RateLimitLayer<S> {
 pub struct RateLimit<Inner, S> {
     inner: Inner,
     limiter: RateLimiter<S>,
+    peer: PeerFn,
 }
 
 impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), limiter: self.limiter.clone() }
+        Self { inner: self.inner.clone(), limiter: self.limiter.clone(), peer: self.peer }
     }
 }
 
 impl<Inner, S> RateLimit<Inner, S> {
-    /// `inner`, rate-limited by `limiter`.
+    /// `inner`, rate-limited by `limiter`; the client address comes from
+    /// the [`PeerAddr`] extension.
     pub fn new(inner: Inner, limiter: RateLimiter<S>) -> Self {
-        Self { inner, limiter }
+        Self { inner, limiter, peer: peer_addr_extension }
     }
 
     /// The inner service.
@@ -177,31 +225,27 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = ResponseFuture<Inner::Future>;
+    type Future = ResponseFuture<Inner, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The service that was driven to readiness serves this request; a
-        // clone, not yet ready, stays behind for the next one.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
-        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let check = async move {
+        let peer = (self.peer)(request.extensions()).map(|addr| addr.ip());
+        let mut check: CheckFuture<B> = Box::pin(async move {
             let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
             let mut verdict = limiter.check_request(request.method(), target, request.headers(), peer).await;
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
             let pending = verdict.as_mut().and_then(Verdict::take_pending);
             let cost_header = limiter.cost_headers().clone();
-            let added = match verdict {
+            let headers = match verdict {
                 Some(verdict) if verdict.blocks() => {
                     let response =
                         headers::blocked_response(&verdict, limiter.legacy_headers(), request.uri().path());
-                    return Checked::Blocked(match grpc_content_type(&request) {
+                    return Decided::Blocked(match grpc_content_type(&request) {
                         Some(content_type) => grpc_denial(response, content_type),
                         None => response,
                     });
@@ -212,9 +256,29 @@ where
             // A rule counting responses charges when the inner service has
             // answered: the charge runs on its own clone of the limiter.
             let charge = pending.map(|pending| AfterResponse::new(limiter.clone(), pending));
-            Checked::Allowed { future: inner.call(request), headers: added, cost_header, charge }
+            Decided::Allowed { request, headers, cost_header, charge }
+        });
+        // The check is polled here once: the embedded store, the deny cache
+        // and the breaker answer at once, and then the service driven to
+        // readiness is called now, with no clone of it kept for later. A
+        // check that waits (a remote store, a rule's `delay`) is polled again
+        // by the response future with the caller's waker; spurious polls are
+        // allowed, so the one here with a waker that does nothing loses no
+        // wake-up.
+        let state = match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Decided::Blocked(response)) => State::Blocked { response: Some(response) },
+            Poll::Ready(Decided::Allowed { request, headers, cost_header, charge }) => {
+                State::Forwarding { future: self.inner.call(request), headers, cost_header, charge }
+            }
+            Poll::Pending => {
+                // The service that was driven to readiness serves this
+                // request; a clone, not yet ready, stays behind for the next one.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                State::Checking { check, inner: Some(inner) }
+            }
         };
-        ResponseFuture { state: State::Checking { check: Box::pin(check) } }
+        ResponseFuture { state }
     }
 }
 
@@ -253,12 +317,16 @@ fn grpc_denial(denial: Response<Full<Bytes>>, content_type: HeaderValue) -> Resp
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
-/// What the check decided: answer here, or the inner service's call and the
-/// headers to add to its response (and the cost header to take out of it).
-enum Checked<F> {
+/// What the check decided: answer here, or the request to pass to the
+/// inner service with the headers to add to its response (and the cost
+/// header to take out of it).
+// Moved once, out of the check: boxing the allowed request to even the
+// variants out would cost an allocation on every request.
+#[allow(clippy::large_enum_variant)]
+enum Decided<B> {
     Blocked(Response<Full<Bytes>>),
     Allowed {
-        future: F,
+        request: Request<B>,
         headers: RateHeaders,
         cost_header: crate::CostHeaders,
         charge: Option<AfterResponse>,
@@ -348,42 +416,60 @@ fn finish_detached(charge: ChargeFuture) {
 
 /// The check, boxed: the store's `decide` is an `async fn` of the [`Store`]
 /// trait, whose future has no name a field could hold.
-type CheckFuture<F> = Pin<Box<dyn Future<Output = Checked<F>> + Send>>;
+type CheckFuture<B> = Pin<Box<dyn Future<Output = Decided<B>> + Send>>;
 
 pin_project! {
-    /// The response future of [`RateLimit`]: the rate limit check, then the
-    /// inner service's future `F`, polled in place.
-    pub struct ResponseFuture<F: Future> {
+    /// The response future of [`RateLimit`]: the rate limit check when it
+    /// did not answer at once, then the inner service's future, polled in
+    /// place.
+    pub struct ResponseFuture<Inner, B>
+    where
+        Inner: Service<Request<B>>,
+    {
         #[pin]
-        state: State<F>,
+        state: State<Inner, B>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F: Future> {
-        Checking { check: CheckFuture<F> },
-        Forwarding { #[pin] future: F, headers: RateHeaders, cost_header: crate::CostHeaders, charge: Option<AfterResponse> },
-        Charging { charge: Charging, response: Option<F::Output>, headers: RateHeaders },
+    enum State<Inner, B>
+    where
+        Inner: Service<Request<B>>,
+    {
+        Checking { check: CheckFuture<B>, inner: Option<Inner> },
+        Blocked { response: Option<Response<Full<Bytes>>> },
+        Forwarding { #[pin] future: Inner::Future, headers: RateHeaders, cost_header: crate::CostHeaders, charge: Option<AfterResponse> },
+        Charging { charge: Charging, response: Option<Result<Inner::Response, Inner::Error>>, headers: RateHeaders },
     }
 }
 
-impl<F, ResBody, E> Future for ResponseFuture<F>
+impl<Inner, B, ResBody> Future for ResponseFuture<Inner, B>
 where
-    F: Future<Output = Result<Response<ResBody>, E>>,
+    Inner: Service<Request<B>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, E>;
+    type Output = Result<Response<RateLimitBody<ResBody>>, Inner::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Checking { check } => match ready!(check.as_mut().poll(cx)) {
-                    Checked::Blocked(response) => return Poll::Ready(Ok(response.map(Either::Right))),
-                    Checked::Allowed { future, headers, cost_header, charge } => {
+                StateProj::Checking { check, inner } => match ready!(check.as_mut().poll(cx)) {
+                    Decided::Blocked(response) => return Poll::Ready(Ok(response.map(Either::Right))),
+                    Decided::Allowed { request, headers, cost_header, charge } => {
+                        let Some(mut inner) = inner.take() else {
+                            panic!("ResponseFuture polled after completion");
+                        };
+                        let future = inner.call(request);
                         state.set(State::Forwarding { future, headers, cost_header, charge })
                     }
                 },
+                StateProj::Blocked { response } => {
+                    let Some(response) = response.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    return Poll::Ready(Ok(response.map(Either::Right)));
+                }
                 StateProj::Forwarding { future, headers, cost_header, charge } => {
                     let mut response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
@@ -421,7 +507,7 @@ where
     }
 }
 
-impl<F: Future> std::fmt::Debug for ResponseFuture<F> {
+impl<Inner: Service<Request<B>>, B> std::fmt::Debug for ResponseFuture<Inner, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -57,6 +57,7 @@ pub mod headers;
 mod identity;
 mod in_flight;
 mod layer;
+pub mod lease;
 pub mod lift;
 mod limiter;
 mod lists;
@@ -77,7 +78,7 @@ pub use duration::{parse_duration, Delay, DurationError};
 pub use fallback::Fallback;
 pub use guard::Guarded;
 pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
-pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
+pub use layer::{PeerAddr, PeerFn, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{CheckError, LimiterError, RateLimiter};
 pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
 pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
@@ -86,4 +87,4 @@ pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,
 };
-pub use verdict::{DecisionSource, PendingCharge, PolicyResult, Verdict};
+pub use verdict::{DecisionSource, PendingCharge, Policies, PolicyResult, Verdict};

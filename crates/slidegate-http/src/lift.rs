@@ -68,7 +68,7 @@ pub(crate) struct PenaltyRule<'a> {
 }
 
 /// The layered store a limiter asks.
-type Layered<S> = Fallback<DenyCached<Guarded<S>>>;
+type Layered<S> = Fallback<DenyCached<Guarded<crate::lease::Leased<S>>>>;
 
 /// Lifts `hash`'s blocks under `rule` (or every rule with a penalty) and
 /// records each in the shared table.

@@ -18,6 +18,117 @@ pub struct PolicyResult<'a> {
     pub decision: Decision,
 }
 
+/// The policies of a [`Verdict`], in the rule's order. Derefs to a slice;
+/// the common rule's one policy is kept inline, so its verdict allocates
+/// nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Policies<'a>(PoliciesRepr<'a>);
+
+#[derive(Debug, Clone)]
+enum PoliciesRepr<'a> {
+    One(PolicyResult<'a>),
+    Many(Vec<PolicyResult<'a>>),
+}
+
+impl Default for PoliciesRepr<'_> {
+    fn default() -> Self {
+        Self::Many(Vec::new())
+    }
+}
+
+impl<'a> Policies<'a> {
+    /// Adds `policy` after the others.
+    pub fn push(&mut self, policy: PolicyResult<'a>) {
+        match &mut self.0 {
+            PoliciesRepr::Many(many) if many.is_empty() => self.0 = PoliciesRepr::One(policy),
+            PoliciesRepr::Many(many) => many.push(policy),
+            PoliciesRepr::One(_) => {
+                let PoliciesRepr::One(first) = std::mem::take(&mut self.0) else { return };
+                self.0 = PoliciesRepr::Many(vec![first, policy]);
+            }
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Policies<'a> {
+    type Target = [PolicyResult<'a>];
+
+    fn deref(&self) -> &[PolicyResult<'a>] {
+        match &self.0 {
+            PoliciesRepr::One(policy) => std::slice::from_ref(policy),
+            PoliciesRepr::Many(many) => many,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Policies<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match &mut self.0 {
+            PoliciesRepr::One(policy) => std::slice::from_mut(policy),
+            PoliciesRepr::Many(many) => many,
+        }
+    }
+}
+
+/// Equal when they list the same policies, kept inline or not.
+impl PartialEq for Policies<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Policies<'_> {}
+
+impl<'p, 'a> IntoIterator for &'p Policies<'a> {
+    type Item = &'p PolicyResult<'a>;
+    type IntoIter = std::slice::Iter<'p, PolicyResult<'a>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<'p, 'a> IntoIterator for &'p mut Policies<'a> {
+    type Item = &'p mut PolicyResult<'a>;
+    type IntoIter = std::slice::IterMut<'p, PolicyResult<'a>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter_mut()
+    }
+}
+
+impl<'a> From<Vec<PolicyResult<'a>>> for Policies<'a> {
+    fn from(many: Vec<PolicyResult<'a>>) -> Self {
+        Self(PoliciesRepr::Many(many))
+    }
+}
+
+impl<'a> FromIterator<PolicyResult<'a>> for Policies<'a> {
+    fn from_iter<I: IntoIterator<Item = PolicyResult<'a>>>(iter: I) -> Self {
+        let mut iter = iter.into_iter();
+        let Some(first) = iter.next() else { return Self::default() };
+        match iter.next() {
+            None => Self(PoliciesRepr::One(first)),
+            Some(second) => {
+                let mut many = Vec::with_capacity(2 + iter.size_hint().0);
+                many.extend([first, second]);
+                many.extend(iter);
+                Self(PoliciesRepr::Many(many))
+            }
+        }
+    }
+}
+
+/// The header values of a rule's policy set that are the same on every
+/// response, rendered when the limiter is built.
+#[derive(Debug, Clone)]
+pub(crate) struct SetValues {
+    /// `RateLimit-Policy` listing every policy of the set.
+    pub(crate) policy: http::HeaderValue,
+    /// `X-RateLimit-Limit` of each policy, in the set's order.
+    pub(crate) limits: Vec<http::HeaderValue>,
+}
+
 /// Who decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecisionSource {
@@ -45,7 +156,7 @@ pub struct Verdict<'a> {
     /// The rule's name.
     pub rule: &'a str,
     /// Every limit of the rule with its decision; empty when nobody decided.
-    pub policies: Vec<PolicyResult<'a>>,
+    pub policies: Policies<'a>,
     /// Who decided.
     pub source: DecisionSource,
     /// Whether the rule is in shadow mode (never blocks).
@@ -56,9 +167,10 @@ pub struct Verdict<'a> {
     /// Whether the identity is in the rule's penalty box: every policy is
     /// denied until the block ends, whatever the limits say.
     pub blocked: bool,
-    /// `RateLimit-Policy` listing exactly `policies`, rendered once per rule
-    /// by the limiter; `None` when the list differs (a breadth policy added).
-    pub(crate) policy_value: Option<&'a http::HeaderValue>,
+    /// The header values of exactly `policies` that never change, rendered
+    /// once per rule by the limiter; `None` when the list differs (a breadth
+    /// policy added).
+    pub(crate) set_values: Option<&'a SetValues>,
     /// The rule's `cost_header`: the upstream's word to the limiter, removed
     /// from the response before the client sees it.
     pub(crate) cost_header: Option<&'a http::HeaderName>,
@@ -169,5 +281,46 @@ impl<'a> Verdict<'a> {
             // min_by_key keeps the first of equals: the rule's first limit.
             self.policies.iter().min_by_key(|p| p.decision.remaining)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn policy(name: &str) -> PolicyResult<'_> {
+        let quota = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let decision = Decision {
+            allowed: true,
+            limit: 10,
+            remaining: 9,
+            reset_after: Duration::from_secs(1),
+            retry_after: None,
+        };
+        PolicyResult { name, quota, decision }
+    }
+
+    /// One policy inline, then every push kept in order, whichever way the
+    /// list was made.
+    #[test]
+    fn policies_keep_their_order_inline_or_not() {
+        let mut pushed = Policies::default();
+        assert!(pushed.is_empty());
+        for (n, name) in ["a", "b", "c"].into_iter().enumerate() {
+            pushed.push(policy(name));
+            assert_eq!(pushed.iter().map(|p| p.name).collect::<Vec<_>>(), ["a", "b", "c"][..=n]);
+        }
+        for n in 0..4 {
+            let names = &["a", "b", "c"][..n.min(3)];
+            let collected: Policies<'_> = names.iter().map(|name| policy(name)).collect();
+            let from_vec = Policies::from(names.iter().map(|name| policy(name)).collect::<Vec<_>>());
+            assert_eq!(collected.iter().map(|p| p.name).collect::<Vec<_>>(), names);
+            assert_eq!(collected, from_vec, "inline or not, the same list");
+        }
+        let mut one: Policies<'_> = std::iter::once(policy("a")).collect();
+        one[0].decision.allowed = false;
+        assert!(!one[0].decision.allowed);
     }
 }

@@ -48,8 +48,9 @@
 //! replicating a command, the server clock, raw key values, absolute
 //! expiry, the replication watchers) are made directly, each with a
 //! `SAFETY` note. The need is measured: a decision
-//! costs 0.2–0.3× the article's script's server CPU here (0.07–0.24× in
-//! instructions), against about the same as the script in Lua (BENCHMARKS.md).
+//! costs 0.08–0.14× the article's script's instructions with no replica,
+//! 0.16–0.25× with one, against about the same as the script in Lua
+//! (BENCHMARKS.md, "Native Redis module").
 
 mod clock;
 mod commands;

@@ -45,6 +45,10 @@ impl Store for AnyStore {
         Some(self)
     }
 
+    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+        Some(self)
+    }
+
     async fn lift_penalty(
         &self,
         identity: &Identity,
@@ -93,6 +97,37 @@ impl SharedTables for AnyStore {
         match self {
             AnyStore::Memory(store) => store.read_table_sync(table),
             AnyStore::Redis(store) => store.connected()?.read_table(table, deadline).await,
+        }
+    }
+}
+
+/// Both stores grant leases.
+impl slidegate::LeaseStore for AnyStore {
+    async fn lease(
+        &self,
+        identity: &Identity,
+        charge: slidegate::Charge,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<slidegate::Lease, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.lease_sync(identity, charge),
+            AnyStore::Redis(store) => {
+                slidegate::LeaseStore::lease(store.connected()?, identity, charge, deadline).await
+            }
+        }
+    }
+
+    async fn give_back(
+        &self,
+        identity: &Identity,
+        back: slidegate::GiveBack,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.give_back_sync(identity, back),
+            AnyStore::Redis(store) => {
+                slidegate::LeaseStore::give_back(store.connected()?, identity, back, deadline).await
+            }
         }
     }
 }

@@ -124,6 +124,10 @@ impl Store for Shared {
         None::<slidegate::NoTables>
     }
 
+    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+        None::<slidegate::NoLeases>
+    }
+
     async fn lift_penalty(
         &self,
         identity: &slidegate::Identity,

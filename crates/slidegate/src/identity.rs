@@ -4,8 +4,9 @@
 //! the [`Source`] it was derived from (an API key, a client address, a name
 //! the application chose) and a fixed-size [`Digest`] of that value. A
 //! personal value (an API key, an address) is never kept: [`IdentityHasher`]
-//! keeps only its BLAKE3 hash keyed with an instance secret, and its Redis
-//! key reads `<scope>:<k|ip>:<32 hex digits>`. An application's own name
+//! keeps only its BLAKE3 hash keyed with an instance secret, shown as
+//! `<scope>:<k|ip>:<32 hex digits>` and written in Redis keys as
+//! `<scope>:<k|ip>:<22 base64url digits>` (the same 128 bits, shorter). An application's own name
 //! ([`Identity::named`]) is kept as given, so its key stays short and
 //! readable: `<scope>:n:<name>`. Every store, cache and summary keys its
 //! state by the identity; a Redis key is written from it once, and nothing
@@ -149,6 +150,13 @@ impl Identity {
         }
     }
 
+    /// The name an application chose ([`Identity::named`]), `None` for a
+    /// hashed value: what a store key writes instead of the digest.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// The identity folded into 64 bits (not stable across versions): for
     /// keying in-process tables, which hash it again with their own seed.
     pub fn folded(&self) -> u64 {
@@ -185,9 +193,10 @@ impl Identity {
 }
 
 impl fmt::Display for Identity {
-    /// The form written into store keys: `<scope>:<tag>:<32 hex digits>`,
-    /// or for an application's name `<scope>:n:<name>` (`<name>` alone in
-    /// the empty scope).
+    /// The form shown: `<scope>:<tag>:<32 hex digits>`, or for an
+    /// application's name `<scope>:n:<name>` (`<name>` alone in the empty
+    /// scope). A Redis key writes the same but for the digest, in 22
+    /// base64url digits (`store/redis/key.rs`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.name {
             Some(name) if self.scope.is_empty() => f.write_str(name),
@@ -226,13 +235,28 @@ impl IdentityHasher {
     /// The digest of `value` from `source`: the source's tag, a zero byte,
     /// then the value, so an API key never hashes like an address.
     pub fn digest(&self, source: Source, value: &[u8]) -> Digest {
+        let tag = source.tag().as_bytes();
+        // A short value (an API key, an address) is hashed in one call from
+        // a buffer on the stack: the same bytes, so the same digest, without
+        // the streaming hasher's state and three updates.
+        let mut buffer = [0u8; ONE_SHOT];
+        if let Some(input) = buffer.get_mut(..tag.len() + 1 + value.len()) {
+            let (head, rest) = input.split_at_mut(tag.len());
+            head.copy_from_slice(tag);
+            rest[1..].copy_from_slice(value);
+            return truncate(blake3::keyed_hash(&self.key, input).as_bytes());
+        }
         let mut hasher = blake3::Hasher::new_keyed(&self.key);
-        hasher.update(source.tag().as_bytes());
+        hasher.update(tag);
         hasher.update(&[0]);
         hasher.update(value);
         truncate(hasher.finalize().as_bytes())
     }
 }
+
+/// The longest input [`IdentityHasher::digest`] hashes in one call: one
+/// BLAKE3 block.
+const ONE_SHOT: usize = 64;
 
 impl fmt::Debug for IdentityHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -249,6 +273,22 @@ fn truncate(hash: &[u8; 32]) -> Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_and_long_values_hash_as_one_stream() {
+        let hasher = IdentityHasher::new(b"s");
+        // Either side of the one-call buffer's length, and at it.
+        for len in [0, 1, 60, 61, 62, 63, 64, 200] {
+            let value = vec![b'x'; len];
+            for source in [Source::ApiKey, Source::Ip, Source::Named] {
+                let mut streamed = blake3::Hasher::new_keyed(&hasher.key);
+                streamed.update(source.tag().as_bytes());
+                streamed.update(&[0]);
+                streamed.update(&value);
+                assert_eq!(hasher.digest(source, &value), truncate(streamed.finalize().as_bytes()), "{len}");
+            }
+        }
+    }
 
     #[test]
     fn identities_differ_by_every_part() {

@@ -138,7 +138,7 @@ fn search_left(gate: &Slidegate, key: &str) -> Option<u64> {
 /// Waits until `key` has `left` permits under the search rule: the charges
 /// of requests whose clients hung up land when the upstream answers.
 fn wait_for_search_left(gate: &Slidegate, key: &str, left: u64) {
-    wait_for(&format!("{key} to have {left} left"), Duration::from_secs(10), || {
+    wait_for(&format!("{key} to have {left} left"), Duration::from_secs(20), || {
         search_left(gate, key) == Some(left)
     });
 }
@@ -180,7 +180,7 @@ fn hung_up_requests_pay_what_the_upstream_did(store: &str) {
     // One client hangs up before its answer: the upstream still did the
     // work, priced 5.
     hang_up(gate.addr, "/api/search/slow/1", "k", HANG_UP);
-    wait_for("the upstream to answer", Duration::from_secs(5), || upstream.hits() == 1);
+    wait_for("the upstream to answer", Duration::from_secs(20), || upstream.hits() == 1);
     wait_for_search_left(&gate, "k", 5);
     // 40 more at once, held at the upstream until every client has hung up
     // (so no place in flight frees early): at most `max_in_flight` (8 by
@@ -272,7 +272,7 @@ fn hung_up_requests_of_an_ordinary_rule(limit: u64) {
     let gate = gate(&upstream, "", "", limit);
     hang_up_all(gate.addr, "/api/plain/slow/", "k", 10);
     let reached = limit.min(10);
-    wait_for("the upstream to answer", Duration::from_secs(5), || upstream.hits() as u64 == reached);
+    wait_for("the upstream to answer", Duration::from_secs(20), || upstream.hits() as u64 == reached);
     let next = gate.get("/api/plain/1", &[("x-api-key", "k")]);
     if limit <= 10 {
         assert_eq!((next.status, remaining(&next)), (429, Some(0)));
@@ -298,7 +298,7 @@ fn hung_up_requests_pay_the_status_the_upstream_gave(store: &str) {
     let reached = upstream.hits();
     hang_up_all(gate.addr, "/api/probe/held/missing/", "k", 4);
     hang_up_all(gate.addr, "/api/probe/held/found/", "k", 3);
-    wait_for("7 probes at the upstream", Duration::from_secs(5), || upstream.hits() == reached + 7);
+    wait_for("7 probes at the upstream", Duration::from_secs(20), || upstream.hits() == reached + 7);
     upstream.release();
     wait_for("the 404s to be charged", Duration::from_secs(10), || probes_left() == Some(6));
     // The 200s cost nothing: a probe answered after them still sees 6.

@@ -8,7 +8,7 @@ use crate::common::*;
 /// The test configuration with the admin endpoints on their own listener:
 /// the top offenders are served there.
 fn admin_config(upstream: &Upstream) -> String {
-    config(upstream, "", "").replace("admin_on_public = true\n", "admin_listen = \"127.0.0.1:0\"\n")
+    config_with(upstream.addr, "admin_listen = \"127.0.0.1:0\"", "", "")
 }
 
 #[test]

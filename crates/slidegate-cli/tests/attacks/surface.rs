@@ -13,9 +13,7 @@ use crate::common::*;
 /// The test configuration without the opt-in that puts the admin endpoints
 /// on the public listener: what an operator gets by default.
 fn default_admin_config(upstream: &Upstream) -> String {
-    let text = config(upstream, "", "");
-    assert!(text.contains("admin_on_public = true\n"));
-    text.replace("admin_on_public = true\n", "")
+    config_with(upstream.addr, "", "", "")
 }
 
 fn check(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> Reply {
@@ -70,9 +68,11 @@ fn by_default_the_admin_endpoints_are_not_on_the_public_listener() {
 fn the_check_api_requires_its_bearer_token_when_one_is_configured() {
     let upstream = Upstream::start();
     // The harness sets SECRET_ENV in serve's environment; it serves as the token here.
-    let text = config(&upstream, "", "").replace(
-        "admin_on_public = true\n",
-        &format!("admin_on_public = true\ncheck_token_env = \"{SECRET_ENV}\"\n"),
+    let text = config_with(
+        upstream.addr,
+        &format!("admin_on_public = true\ncheck_token_env = \"{SECRET_ENV}\""),
+        "",
+        "",
     );
     let sg = Slidegate::start(&text);
     let body = r#"{"rule":"search","key":"k"}"#;
@@ -171,9 +171,8 @@ fn host_echo_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
 
 #[test]
 fn an_absolute_form_target_names_the_host_whatever_host_says() {
-    let upstream = Upstream::start();
     let (host_echo, _) = host_echo_upstream();
-    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
+    let text = config_with(host_echo, "admin_on_public = true", "", "");
     let sg = Slidegate::start(&text);
     let reply = raw(
         sg.addr,
@@ -211,9 +210,8 @@ fn an_absolute_form_target_with_userinfo_is_refused() {
 fn http_1_1_without_host_is_refused_and_http_1_0_is_given_the_upstreams() {
     // Before: an HTTP/1.1 request without Host was forwarded (RFC 9112 §3.2
     // requires 400), with the upstream's authority as its Host.
-    let upstream = Upstream::start();
     let (host_echo, hits) = host_echo_upstream();
-    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &host_echo.to_string());
+    let text = config_with(host_echo, "admin_on_public = true", "", "");
     let sg = Slidegate::start(&text);
     for head in [
         &b"GET /api/x HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
@@ -314,11 +312,8 @@ fn stall_body(from: Ipv4Addr, addr: SocketAddr) -> (Option<u16>, bool, Duration)
 #[test]
 fn a_stalled_request_body_times_out_and_releases_its_upstream_connection() {
     // Before: a client trickling its body held its upstream connection for ever.
-    let upstream = Upstream::start();
     let sink = SinkUpstream::start();
-    let text = config(&upstream, "", "")
-        .replace(&upstream.addr.to_string(), &sink.addr.to_string())
-        .replace("[server]\n", "[server]\nbody_timeout = \"300ms\"\n");
+    let text = config_with(sink.addr, "admin_on_public = true\nbody_timeout = \"300ms\"", "", "");
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
     let clients: Vec<_> =
@@ -337,14 +332,16 @@ fn a_stalled_request_body_times_out_and_releases_its_upstream_connection() {
 
 #[test]
 fn upstream_connections_are_bounded_and_the_excess_is_refused_promptly() {
-    let upstream = Upstream::start();
     let sink = SinkUpstream::start();
     // The body timeout (3 s) outlasts the wait for a free connection (1 s):
     // the first four hold every connection while the other four wait. Eight
     // clients, each within its share of the pool (4 / 16, so 1).
-    let text = config(&upstream, "", "")
-        .replace(&upstream.addr.to_string(), &sink.addr.to_string())
-        .replace("[server]\n", "[server]\nbody_timeout = \"3s\"\nmax_upstream_connections = 4\n");
+    let text = config_with(
+        sink.addr,
+        "admin_on_public = true\nbody_timeout = \"3s\"\nmax_upstream_connections = 4",
+        "",
+        "",
+    );
     let sg = Slidegate::start(&text);
     let addr = sg.addr;
     let clients: Vec<_> =

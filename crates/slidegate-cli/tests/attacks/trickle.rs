@@ -50,11 +50,13 @@ fn start_trickle(from: Ipv4Addr, addr: SocketAddr) -> TcpStream {
 fn trickled_bodies_from_a_few_clients_cannot_take_the_whole_upstream_pool() {
     // Before: 50 trickling bodies held all 50 upstream connections, and
     // every other client waited 1 s for one and got 503.
-    let upstream = Upstream::start();
     let (target, accepted) = counting_upstream();
-    let text = config(&upstream, "", "")
-        .replace(&upstream.addr.to_string(), &target.to_string())
-        .replace("[server]\n", "[server]\nbody_timeout = \"60s\"\nmax_upstream_connections = 50\n");
+    let text = config_with(
+        target,
+        "admin_on_public = true\nbody_timeout = \"60s\"\nmax_upstream_connections = 50",
+        "",
+        "",
+    );
     let sg = Slidegate::start(&text);
     // One client opens 60; ten others open 2 each.
     let one = Ipv4Addr::new(127, 0, 0, 2);
@@ -98,12 +100,10 @@ fn trickled_bodies_from_a_few_clients_cannot_take_the_whole_upstream_pool() {
 
 #[test]
 fn the_per_client_refusal_says_why_and_when_to_retry() {
-    let upstream = Upstream::start();
     let (target, accepted) = counting_upstream();
-    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &target.to_string()).replace(
-        "[server]\n",
-        "[server]\nbody_timeout = \"60s\"\nmax_upstream_connections = 8\nmax_upstream_connections_per_client = 1\n",
-    );
+    let server = "admin_on_public = true\nbody_timeout = \"60s\"\nmax_upstream_connections = 8\n\
+                  max_upstream_connections_per_client = 1";
+    let text = config_with(target, server, "", "");
     let sg = Slidegate::start(&text);
     let from = Ipv4Addr::new(127, 0, 0, 7);
     let mut held = start_trickle(from, sg.addr);
@@ -179,10 +179,9 @@ fn a_body_slower_than_the_minimum_rate_gets_408_after_the_grace() {
     // Before: only a body silent for `body_timeout` was cut; one byte every
     // 250 ms (4 bytes/s) kept its upstream connection for the body's whole 10 s.
     let upstream = Upstream::start();
-    let text = config(&upstream, "", "").replace(
-        "[server]\n",
-        "[server]\nbody_timeout = \"30s\"\nmin_body_rate = 100\nbody_rate_grace = \"1s\"\n",
-    );
+    let server =
+        "admin_on_public = true\nbody_timeout = \"30s\"\nmin_body_rate = 100\nbody_rate_grace = \"1s\"";
+    let text = config_with(upstream.addr, server, "", "");
     let sg = Slidegate::start(&text);
     let started = Instant::now();
     let (status, reply) = paced_body(sg.addr, 40, 1, Duration::from_millis(250));
@@ -203,11 +202,8 @@ fn a_request_waiting_for_the_pool_is_served_by_a_connection_that_comes_back() {
     // Before: a finished request's connection went back to an idle pool
     // while another client's request waited for a slot, which then waited
     // its whole second and got 503.
-    let upstream = Upstream::start();
     let (target, accepted) = counting_upstream();
-    let text = config(&upstream, "", "")
-        .replace(&upstream.addr.to_string(), &target.to_string())
-        .replace("[server]\n", "[server]\nmax_upstream_connections = 1\n");
+    let text = config_with(target, "admin_on_public = true\nmax_upstream_connections = 1", "", "");
     let sg = Slidegate::start(&text);
     let mut first = connect_from(Ipv4Addr::new(127, 0, 0, 31), sg.addr);
     first.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello").unwrap();
@@ -245,12 +241,9 @@ fn seventeen_clients_at_their_share_cannot_take_the_whole_upstream_pool() {
     // has 16 /64s) held all 64 connections, and every other client waited
     // 1 s and got 503. A body above `min_body_rate` is never cut; here the
     // grace outlasts the test, which is the same to the pool.
-    let upstream = Upstream::start();
     let (target, accepted) = counting_upstream();
-    let text = config(&upstream, "", "").replace(&upstream.addr.to_string(), &target.to_string()).replace(
-        "[server]\n",
-        "[server]\nbody_timeout = \"60s\"\nbody_rate_grace = \"60s\"\nmax_upstream_connections = 64\n",
-    );
+    let server = "admin_on_public = true\nbody_timeout = \"60s\"\nbody_rate_grace = \"60s\"\nmax_upstream_connections = 64";
+    let text = config_with(target, server, "", "");
     let sg = Slidegate::start(&text);
     let clients: Vec<Ipv4Addr> = (40..57).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
     // Round by round (each client's first body, then each one's second...),

@@ -288,8 +288,16 @@ pub fn config_head(upstream: SocketAddr, server: &str, store: &str) -> String {
     format!("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n{server}\n\n{store}\n")
 }
 
-/// The test configuration: quotas small enough to exhaust, exact by algorithm.
+/// The test configuration: quotas small enough to exhaust, exact by algorithm,
+/// with the admin endpoints on the public listener.
 pub fn config(upstream: &Upstream, store: &str, trusted: &str) -> String {
+    config_with(upstream.addr, "admin_on_public = true", store, trusted)
+}
+
+/// [`config`]'s rules and identity forwarding to `upstream`, with `server`
+/// as the `[server]` table's own lines (`""` for none: the admin endpoints
+/// then stay off the public listener, as an operator gets by default).
+pub fn config_with(upstream: SocketAddr, server: &str, store: &str, trusted: &str) -> String {
     format!(
         r#"{head}
 [identity]
@@ -309,7 +317,7 @@ name = "search"
 path = "/api/search*"
 limits = [{{ limit = 2, window = "60s", algorithm = "sliding_log" }}, {{ limit = 100, window = "1h", algorithm = "sliding_log" }}]
 "#,
-        head = config_head(upstream.addr, "admin_on_public = true", store),
+        head = config_head(upstream, server, store),
     )
 }
 

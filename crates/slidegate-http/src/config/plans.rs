@@ -58,7 +58,7 @@ impl PlanConfig {
 /// hash, or hashed where the secret is known. A key given as it is waits
 /// here only until a limiter hashes it with its own secret (a random one
 /// drawn by the process); its `Debug` form never shows it.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq)]
 pub struct PlanKeys {
     digests: Vec<(Digest, usize)>,
     raw: Vec<(Box<[u8]>, usize)>,

@@ -364,6 +364,9 @@ pub struct StoreGuard {
     pub instances: u32,
     /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
     pub deny_cache: usize,
+    /// Quota leases (`docs/leases.md`): `None`, the default, decides every
+    /// request in the store.
+    pub lease: Option<crate::lease::LeasePolicy>,
 }
 
 impl Default for StoreGuard {
@@ -374,6 +377,7 @@ impl Default for StoreGuard {
             breaker: BreakerPolicy::default(),
             instances: 1,
             deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
+            lease: None,
         }
     }
 }

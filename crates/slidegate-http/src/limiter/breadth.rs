@@ -6,7 +6,7 @@ use slidegate::{DistinctStore, Identity, Store};
 
 use super::RateLimiter;
 use crate::config::OnError;
-use crate::verdict::{DecisionSource, PolicyResult, Verdict};
+use crate::verdict::{DecisionSource, Policies, PolicyResult, Verdict};
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// The breadth decision for a request whose path read as `reading` when
@@ -61,12 +61,12 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
         Err(Verdict {
             rule: &rule.name,
-            policies: vec![policy],
+            policies: Policies::from_iter([policy]),
             source: DecisionSource::Store,
             shadow: rule.shadow,
             pending: None,
             blocked: false,
-            policy_value: None,
+            set_values: None,
             cost_header: None,
             over_in_flight: None,
             identity: identity.into(),

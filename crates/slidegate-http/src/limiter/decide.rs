@@ -12,7 +12,7 @@ use super::{CheckError, RateLimiter};
 use crate::config::OnError;
 use crate::metrics::RuleCounters;
 use crate::offenders::Event;
-use crate::verdict::{DecisionSource, PolicyResult, Verdict};
+use crate::verdict::{DecisionSource, Policies, PolicyResult, Verdict};
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// Decides `cost` times each limit's cost for the opaque identity `key`
@@ -37,6 +37,13 @@ impl<S: Store + 'static> RateLimiter<S> {
             .ok_or_else(|| CheckError::UnknownRule(rule.to_owned()))?;
         if key.is_empty() {
             return Err(CheckError::EmptyKey);
+        }
+        // A key the lists name is answered as a request carrying it would be
+        // (an anonymous check names no API key, so only a rule decides it).
+        if !anonymous {
+            if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
+                return Ok(listed);
+            }
         }
         let rule = &self.inner.rules[index];
         // Checked before anything is charged: a large cost is a large write
@@ -110,7 +117,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 }
             }
         }
-        let policies: Vec<PolicyResult<'s>> = decisions
+        let policies: Policies<'s> = decisions
             .iter()
             .zip(set.names.iter().zip(charges))
             .map(|(&decision, (name, charge))| PolicyResult {
@@ -126,7 +133,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             shadow: rule.shadow,
             pending: None,
             blocked,
-            policy_value: set.policy_value.as_ref(),
+            set_values: set.values.as_ref(),
             cost_header: rule.response_cost.cost_header.as_ref(),
             over_in_flight: None,
             identity: identity.into(),

@@ -11,7 +11,7 @@ use slidegate::Source;
 use super::RateLimiter;
 use crate::lists::ListScope;
 use crate::offenders::IdentityHash;
-use crate::verdict::{DecisionSource, Verdict};
+use crate::verdict::{DecisionSource, Policies, Verdict};
 
 impl<S> RateLimiter<S> {
     /// The verdict of a request the lists name, counted; `None` when they
@@ -32,7 +32,20 @@ impl<S> RateLimiter<S> {
         // untrusted peer is never read.
         let ip = peer.filter(|_| lists.needs_ip()).map(|p| extractor.client_ip(p, headers));
         let key = if lists.needs_key() { extractor.api_key(headers) } else { None };
-        let listed = lists.judge(rule, ip, key)?;
+        self.listed_client(rule, ip, key)
+    }
+
+    /// The verdict of a client at `ip` with `key` that the lists name,
+    /// counted: [`RateLimiter::listed`] once the request is read, and
+    /// `/v1/check` for the key it is asked about.
+    pub(super) fn listed_client(
+        &self,
+        rule: Option<usize>,
+        ip: Option<IpAddr>,
+        key: Option<&[u8]>,
+    ) -> Option<Verdict<'_>> {
+        let extractor = &self.inner.identity;
+        let listed = self.inner.lists.judge(rule, ip, key)?;
         let counters = match (listed.scope, rule) {
             (ListScope::Rule, Some(rule)) => &self.inner.metrics.rule(rule).lists,
             _ => self.inner.metrics.global_lists(),
@@ -56,12 +69,12 @@ impl<S> RateLimiter<S> {
         };
         Some(Verdict {
             rule: name,
-            policies: Vec::new(),
+            policies: Policies::default(),
             source,
             shadow: false,
             pending: None,
             blocked: false,
-            policy_value: None,
+            set_values: None,
             cost_header: None,
             over_in_flight: None,
             identity: IdentityHash::from(&identity),

@@ -31,6 +31,7 @@ use crate::fallback::Fallback;
 use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
+use crate::lease::Leased;
 use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
@@ -55,7 +56,7 @@ use rule::{Mode, Rule};
 
 /// The store as the limiter asks it: behind the guard, the deny cache and
 /// the fallback.
-type Layered<S> = Fallback<DenyCached<Guarded<S>>>;
+type Layered<S> = Fallback<DenyCached<Guarded<Leased<S>>>>;
 
 /// A limiter: what one configuration says (rules, identity, headers), and
 /// what outlives it, shared with the limiters [`RateLimiter::reconfigure`]
@@ -163,7 +164,7 @@ impl<S> RateLimiter<S> {
 
     /// The store, without the layers in front of it.
     pub fn store(&self) -> &S {
-        self.inner.store.get_ref().get_ref().get_ref()
+        self.inner.store.get_ref().get_ref().get_ref().get_ref()
     }
 
     /// The identities refused most over the last minutes (the admin
@@ -308,7 +309,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let plans = Plans::compile(plans, &identity);
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
         let ticks = Ticks::start();
-        let guarded = Guarded::new(store, &guard, Arc::clone(&metrics), ticks);
+        let guarded = Guarded::new(Leased::new(store, guard.lease), &guard, Arc::clone(&metrics), ticks);
         let cached = DenyCached::new(guarded, guard.deny_cache, Arc::clone(&metrics), ticks);
         // The default failure policy: off only when every rule opted out.
         let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);
@@ -402,21 +403,25 @@ impl<S: Store + 'static> RateLimiter<S> {
         let set = rule.set(anonymous, plan);
         // Breadth first: its denial is never charged to the rate limits.
         let breadth = match &rule.breadth {
-            Some(breadth) => match self.decide_breadth(index, &identity, breadth, &matched.path, query).await
-            {
-                Ok(policy) => policy,
-                Err(verdict) => {
-                    // A crawler refused for breadth is an offender like one
-                    // refused for rate (shadow refusals too, as `count` does).
-                    self.record_offence(index, &identity, Event::Denied);
-                    self.record_network(index, headers, peer);
-                    return Some(verdict);
+            // Boxed, as the other rare paths below: the future of every
+            // request is as large as its largest branch, and the common one
+            // (a charge, no breadth, no delay) is far smaller.
+            Some(breadth) => {
+                match Box::pin(self.decide_breadth(index, &identity, breadth, &matched.path, query)).await {
+                    Ok(policy) => policy,
+                    Err(verdict) => {
+                        // A crawler refused for breadth is an offender like one
+                        // refused for rate (shadow refusals too, as `count` does).
+                        self.record_offence(index, &identity, Event::Denied);
+                        self.record_network(index, headers, peer);
+                        return Some(verdict);
+                    }
                 }
-            },
+            }
             None => None,
         };
         let mut verdict = if rule.response_cost.is_deferred() {
-            let mut verdict = self.ask(index, &identity, set, 0, Mode::Peek).await;
+            let mut verdict = Box::pin(self.ask(index, &identity, set, 0, Mode::Peek)).await;
             if matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback) && !verdict.blocks()
             {
                 let slot = self.inner.in_flight.enter(&identity, rule.max_in_flight);
@@ -437,13 +442,13 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.count(index, &identity, &verdict, Mode::Peek);
             verdict
         } else if let Some(delay) = &rule.delay {
-            self.decide_delayed(index, &identity, set, delay).await
+            Box::pin(self.decide_delayed(index, &identity, set, delay)).await
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
         };
         if let Some(breadth) = breadth {
             verdict.policies.push(breadth);
-            verdict.policy_value = None;
+            verdict.set_values = None;
         }
         // What `count` recorded as an offence, also by client network.
         let recorded =

@@ -8,16 +8,16 @@ use slidegate::{Charge, Penalty};
 use crate::config::{IdentityKind, LimitConfig, OnError, PlansConfig, RuleConfig, RuleLimits};
 use crate::metrics::RuleCounters;
 use crate::plans::PlanId;
-use crate::verdict::DecisionSource;
+use crate::verdict::{DecisionSource, SetValues};
 
 /// The named limits one identity is charged together.
 #[derive(Debug, Clone)]
 pub(super) struct PolicySet {
     pub(super) names: Vec<String>,
     pub(super) charges: Vec<Charge>,
-    /// `RateLimit-Policy` listing every limit of the set: the same on every
-    /// allowed response, so rendered once.
-    pub(super) policy_value: Option<http::HeaderValue>,
+    /// `RateLimit-Policy` listing every limit of the set and each limit's
+    /// `X-RateLimit-Limit`: the same on every response, so rendered once.
+    pub(super) values: Option<SetValues>,
 }
 
 impl PolicySet {
@@ -25,9 +25,7 @@ impl PolicySet {
         Self {
             names: limits.iter().map(|l| l.name.clone()).collect(),
             charges: limits.iter().map(|l| Charge::new(l.limit, l.cost)).collect(),
-            policy_value: crate::headers::policy_value(
-                limits.iter().map(|l| (l.name.as_str(), l.limit.quota)),
-            ),
+            values: crate::headers::set_values(limits.iter().map(|l| (l.name.as_str(), l.limit.quota))),
         }
     }
 

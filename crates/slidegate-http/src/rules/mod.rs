@@ -334,7 +334,8 @@ impl RuleMatcher {
 /// (`A-Z a-z 0-9 - . _ ~`) decoded, repeated `/` merged, `.` and `..`
 /// segments resolved (`..` never climbs above the root) and a trailing `/`
 /// dropped except for the root itself. Other escapes (`%2F`, `%20`, …) stay
-/// as they are. Borrows, allocating nothing, when `path` is already normal;
+/// as they are, and so does a `%` starting none, unless decoding put an
+/// escape's two hex digits after it: that one is written `%25`. Borrows, allocating nothing, when `path` is already normal;
 /// a path not starting with `/` (`*`, an absolute URI) is returned as is.
 ///
 /// ```
@@ -349,6 +350,10 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         return Cow::Borrowed(path);
     }
     let mut decoded = String::with_capacity(path.len());
+    // Where a `%` starting no escape went: a decoding beside it may make it
+    // start one (`/%4%41` reads `/%4A`), which a second normalising would
+    // decode again (`/J`); such a `%` is written as its own escape, `%25`.
+    let mut bare = Vec::new();
     let mut rest = path;
     while let Some(i) = rest.find('%') {
         decoded.push_str(&rest[..i]);
@@ -358,12 +363,20 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
                 rest = &rest[i + 3..];
             }
             None => {
+                if !is_escape(&rest.as_bytes()[i..]) {
+                    bare.push(decoded.len());
+                }
                 decoded.push('%');
                 rest = &rest[i + 1..];
             }
         }
     }
     decoded.push_str(rest);
+    for &at in bare.iter().rev() {
+        if is_escape(&decoded.as_bytes()[at..]) {
+            decoded.insert_str(at + 1, "25");
+        }
+    }
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
         match segment {
@@ -527,6 +540,11 @@ fn is_normal(path: &str) -> bool {
         return false;
     }
     path[1..].split('/').all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// Whether `bytes` starts with an escape: `%` and two hex digits.
+fn is_escape(bytes: &[u8]) -> bool {
+    bytes.len() >= 3 && bytes[0] == b'%' && bytes[1].is_ascii_hexdigit() && bytes[2].is_ascii_hexdigit()
 }
 
 /// The unreserved character `%XX` at the start of `bytes` encodes, if any.

@@ -306,10 +306,16 @@ fn normal_paths_are_borrowed_and_others_rewritten() {
         ("/a/./b/../c", "/a/c"),
         ("/%7Euser/%41%2f%25", "/~user/A%2f%25"),
         ("/a/%2E%2E/b", "/b"),
+        // A bare `%` that decoding puts before two hex digits: normalising
+        // again would decode those (`/%4A` into `/J`), so it is escaped.
+        ("/%4%41", "/%254A"),
+        ("/%%341", "/%2541"),
+        ("/%%41F/%4", "/%25AF/%4"),
     ] {
         let normalised = normalize_path(path);
         assert!(matches!(normalised, Cow::Owned(_)), "{path}");
         assert_eq!(normalised, expected, "{path}");
+        assert_eq!(normalize_path(expected), expected, "{expected} is not normal");
     }
 }
 

@@ -15,12 +15,14 @@
 //! per file.
 
 mod error;
+mod protocols;
 mod raw;
 mod types;
 mod validate;
 mod values;
 
 pub use error::ConfigError;
+pub use protocols::{load_roots, Http2Limits, ListenerTls, TlsFileError};
 pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, ServerConfig, StoreConfig};
 
 #[cfg(test)]

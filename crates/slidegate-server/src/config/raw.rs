@@ -99,6 +99,29 @@ pub(super) struct RawServer {
     pub(super) watch_config: Option<bool>,
     /// The limiter's cap on requests held by rules' `delay` (`LimiterConfig::max_delayed`).
     pub(super) max_delayed: Option<Spanned<u32>>,
+    // Protocols: TLS on the listener, https:// upstreams, HTTP/2.
+    pub(super) tls: Option<Spanned<RawTls>>,
+    pub(super) upstream_ca: Option<Spanned<String>>,
+    pub(super) upstream_http2: Option<Spanned<bool>>,
+    pub(super) http2: Option<Spanned<RawHttp2>>,
+}
+
+/// `tls = { cert = "server.crt", key = "server.key" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert: Spanned<String>,
+    pub(super) key: Spanned<String>,
+}
+
+/// `http2 = { max_concurrent_streams = 100, max_header_list_size = 32768, ... }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp2 {
+    pub(super) max_concurrent_streams: Option<Spanned<u32>>,
+    pub(super) max_header_list_size: Option<Spanned<u32>>,
+    pub(super) max_pending_reset_streams: Option<Spanned<u32>>,
+    pub(super) max_local_error_resets: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -129,6 +152,16 @@ pub(super) struct RawStore {
     pub(super) tls_ca: Option<Spanned<String>>,
     pub(super) deny_cache: Option<Spanned<u32>>,
     pub(super) engine: Option<Spanned<String>>,
+    /// Quota leases: `lease = { max = 64, horizon = "50ms" }`.
+    pub(super) lease: Option<Spanned<RawLease>>,
+}
+
+/// `[store] lease`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLease {
+    pub(super) max: Spanned<u64>,
+    pub(super) horizon: Option<WindowValue>,
 }
 
 #[derive(Deserialize, Default)]

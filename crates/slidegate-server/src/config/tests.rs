@@ -126,9 +126,9 @@ fn bad_values_are_located_and_say_what_was_expected() {
     let (l, c, m) = err("[[rules]]\nname = \"a\"\npath = \"/\"\nmethods = [\"GET\", \"G-T\"]\nlimits = [{ limit = 1, window = \"1s\" }]\n");
     assert_eq!((l, c), (4, 19));
     assert!(m.starts_with("invalid method \"G-T\": expected an HTTP method"), "{m}");
-    let (l, c, m) = err("[server]\nupstream = \"https://example.test\"\n");
+    let (l, c, m) = err("[server]\nupstream = \"ftp://example.test\"\n");
     assert_eq!((l, c), (2, 12));
-    assert!(m.contains("https is not supported"), "{m}");
+    assert!(m.contains("expected http://host:port or https://host:port"), "{m}");
     let (l, c, _) = err("[identity]\nip_hash_secret_env = \"SLIDEGATE_IP_SECRET\"\n");
     assert_eq!((l, c), (2, 22));
     let set = |_: &str| Some(String::new());
@@ -539,6 +539,22 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
     assert!(m.contains("100 to 599"), "{m}");
     let (_, _, m) = err(&format!("{rule}cost_header = \"bad header\"\n"));
     assert!(m.contains("invalid cost_header"), "{m}");
+}
+
+#[test]
+fn store_lease_is_read_and_checked() {
+    assert_eq!(parse("").unwrap().limiter.guard.lease, None);
+    let lease = parse("[store]\nlease = { max = 32, horizon = \"20ms\" }\n").unwrap().limiter.guard.lease;
+    assert_eq!(lease, Some(slidegate_http::lease::LeasePolicy { max: 32, horizon: Delay::from_millis(20) }));
+    let lease = parse("[store]\nlease = { max = 64 }\n").unwrap().limiter.guard.lease;
+    assert_eq!(lease.map(|l| l.horizon), Some(Delay::from_millis(50)));
+    let err = parse("[store]\nlease = { max = 1 }\n").unwrap_err().to_string();
+    assert!(err.contains("lease max is 2 to 10000 permits, got 1") && err.contains(":2:"), "{err}");
+    let err = parse("[store]\nlease = { max = 8, horizon = \"1h\" }\n").unwrap_err().to_string();
+    assert!(err.contains("lease horizon is 1ms to 10s"), "{err}");
+    let err = parse("[store]\nlease = { max = 8, size = 3 }\n").unwrap_err().to_string();
+    assert!(err.contains("size"), "{err}");
+    assert!(parse("[store]\nlease = { max = -3 }\n").is_err());
 }
 
 #[test]

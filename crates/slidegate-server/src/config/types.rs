@@ -72,7 +72,7 @@ pub enum LogFormat {
 pub struct ServerConfig {
     /// The address `serve` listens on (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// The one upstream every non-admin request is forwarded to (`http://host:port`).
+    /// The one upstream every non-admin request is forwarded to (`http://host:port` or `https://host:port`).
     pub upstream: Option<Uri>,
     /// The prefix of the admin endpoints (`{prefix}/v1/check`, `/metrics`, `/healthz`); empty by default.
     pub admin_prefix: String,
@@ -117,6 +117,17 @@ pub struct ServerConfig {
     /// Whether `slidegate serve` re-reads its configuration file when it
     /// changes (`watch_config`), as on `SIGHUP`; off by default.
     pub watch_config: bool,
+    /// TLS on the listener (`tls`): its certificate and key, re-read by a
+    /// reload; `None`: cleartext (HTTP/1.1 and prior-knowledge HTTP/2).
+    pub tls: Option<super::ListenerTls>,
+    /// The CA (PEM) an `https://` upstream's certificate must chain to
+    /// (`upstream_ca`); `None`: the system's roots.
+    pub upstream_ca: Option<std::path::PathBuf>,
+    /// Whether requests go to the upstream over HTTP/2 (`upstream_http2`,
+    /// gRPC needs it); HTTP/1.1 by default.
+    pub upstream_http2: bool,
+    /// What one client HTTP/2 connection may ask for (`http2`).
+    pub http2: super::Http2Limits,
 }
 
 impl ServerConfig {
@@ -152,6 +163,10 @@ impl Default for ServerConfig {
             max_upstream_connections_per_client: None,
             log_format: LogFormat::Text,
             watch_config: false,
+            tls: None,
+            upstream_ca: None,
+            upstream_http2: false,
+            http2: super::Http2Limits::default(),
         }
     }
 }

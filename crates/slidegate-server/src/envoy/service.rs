@@ -192,7 +192,7 @@ async fn decide_one<'l>(
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(duration(wait)),
             };
-            return (status, verdict.policies);
+            return (status, verdict.policies.to_vec());
         }
         // More hits than the limit holds: no such request could pass.
         Err(CheckError::CostExceedsLimit { .. }) => DescriptorStatus {

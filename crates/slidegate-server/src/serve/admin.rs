@@ -133,6 +133,10 @@ struct CheckResponse<'a> {
     /// Set when the store was unavailable and the fallback limiter answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     degraded: Option<&'static str>,
+    /// Set when an allow (`"allow"`) or deny (`"deny"`) list named the key:
+    /// no limit was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listed: Option<&'static str>,
 }
 
 pub(crate) async fn handle(
@@ -169,6 +173,9 @@ pub(crate) async fn handle(
             let mut body = state.limiter().render_metrics();
             store_states(state, &mut body);
             state.reloader.render_metrics(&mut body);
+            if let Some(proxy) = &state.proxy {
+                proxy.render_metrics(&mut body);
+            }
             if let Some(log) = &state.access_log {
                 super::access_log::render_metrics(log, &mut body);
             }
@@ -303,7 +310,22 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
         // rule would map the configuration for whoever asks.
         Err(err) => return bad_request(StatusCode::BAD_REQUEST, &path, &err.to_string()),
     };
+    let listed = match verdict.source {
+        DecisionSource::AllowList(_) => Some("allow"),
+        DecisionSource::DenyList(_) => Some("deny"),
+        _ => None,
+    };
     let answer = match verdict.decisive() {
+        _ if listed.is_some() => CheckResponse {
+            allowed: verdict.allowed(),
+            limit: 0,
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: None,
+            policy: verdict.rule,
+            degraded: None,
+            listed,
+        },
         Some(p) => CheckResponse {
             allowed: verdict.allowed(),
             limit: p.quota.permits(),
@@ -312,6 +334,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             retry_after_ms: if verdict.allowed() { None } else { p.decision.retry_after.map(duration_ms) },
             policy: p.name,
             degraded: (verdict.source == DecisionSource::Fallback).then_some("fallback"),
+            listed: None,
         },
         // The store failed and nobody decided: say what `on_error` chose.
         None => CheckResponse {
@@ -322,6 +345,7 @@ async fn check(state: &State, request: Request<Incoming>) -> Response<ServeBody>
             retry_after_ms: (!verdict.allowed()).then_some(1000),
             policy: verdict.rule,
             degraded: Some(if verdict.allowed() { "fail_open" } else { "fail_closed" }),
+            listed: None,
         },
     };
     let bytes = serde_json::to_vec(&answer).unwrap_or_default();

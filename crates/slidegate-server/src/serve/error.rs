@@ -25,6 +25,10 @@ pub enum ServeError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// TLS could not be set up: the listener's (`[server] tls`) or the
+    /// `https://` upstream's (its roots, its host name).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A rule needs what the store cannot do.
     #[error(transparent)]
     Limiter(#[from] slidegate_http::LimiterError),

@@ -23,11 +23,15 @@
 //!   (`SIGHUP` in the binary, `POST /admin/reload`).
 //! - `access_log`: one JSON line per decision, written by a thread of its own.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
+//! - `connection`: one client connection: TLS, then HTTP/1.1 or HTTP/2 and
+//!   HTTP/2's bounds; `tls`: rustls on both sides (the listener's
+//!   certificate, swapped by a reload; the upstream's, verified).
 
 mod access_log;
 mod admin;
 mod body;
 mod client_holds;
+mod connection;
 mod error;
 mod lifts;
 mod offenders;
@@ -39,6 +43,7 @@ mod reload;
 mod server;
 mod slots;
 mod sweeper;
+mod tls;
 mod token;
 mod upstream;
 mod worker;

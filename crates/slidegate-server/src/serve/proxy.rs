@@ -42,6 +42,11 @@ impl Proxy {
     pub(crate) fn new(upstream: &Uri, limits: UpstreamLimits) -> Option<Self> {
         Some(Self { upstream: Upstream::new(upstream.authority()?.clone(), limits) })
     }
+
+    /// The upstream's counters (TLS failures), as Prometheus text.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        self.upstream.render_metrics(out);
+    }
 }
 
 /// Removes hop-by-hop headers, those the `Connection` header names included.

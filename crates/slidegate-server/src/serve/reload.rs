@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
-use slidegate_http::config::{LimitConfig, RuleConfig, RuleLimits};
+use slidegate_http::config::{LimitConfig, PlansConfig, RuleConfig, RuleLimits};
 use slidegate_http::RateLimiter;
 
 use crate::config::{Config, ConfigError};
@@ -65,6 +65,9 @@ struct Shared {
     running: Mutex<Running>,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    /// The TLS listener's certificate: a reload presents the file's from
+    /// the next handshake on (open connections keep theirs).
+    certs: Option<Arc<super::tls::ListenerCerts>>,
 }
 
 /// What the server runs with now.
@@ -91,6 +94,14 @@ pub struct Reloaded {
     /// Limits (`rule/policy`) whose algorithm or quota changed: their
     /// counters start from zero, since each limit's state is kept apart.
     pub limits_restarted: Vec<String>,
+    /// Plans (`[[plans]]`) added, removed, or whose limits changed, by name.
+    pub plans_changed: Vec<String>,
+    /// Whether the keys file maps keys to other plans, or `default_plan`
+    /// names another plan.
+    pub plan_keys_changed: bool,
+    /// Whether the global allow or deny list (`[lists]`) names other
+    /// clients; a rule's own lists count as a change of its rule.
+    pub lists_changed: bool,
     /// Settings the file changes that the running process keeps until a
     /// restart (`server.listen`, `store`, …).
     pub restart_required: Vec<String>,
@@ -110,7 +121,12 @@ pub enum ReloadError {
 }
 
 impl Reloader {
-    pub(super) fn new(path: Option<PathBuf>, config: Config, limiter: RateLimiter<AnyStore>) -> Self {
+    pub(super) fn new(
+        path: Option<PathBuf>,
+        config: Config,
+        limiter: RateLimiter<AnyStore>,
+        certs: Option<Arc<super::tls::ListenerCerts>>,
+    ) -> Self {
         let running = Running { config, limiter, workers: Vec::new(), envoy: Vec::new() };
         Self {
             inner: Arc::new(Shared {
@@ -118,6 +134,7 @@ impl Reloader {
                 running: Mutex::new(running),
                 reloads_ok: AtomicU64::new(0),
                 reloads_failed: AtomicU64::new(0),
+                certs,
             }),
         }
     }
@@ -160,6 +177,9 @@ impl Reloader {
                     removed = ?reloaded.rules_removed,
                     changed = ?reloaded.rules_changed,
                     limits_restarted = ?reloaded.limits_restarted,
+                    plans_changed = ?reloaded.plans_changed,
+                    plan_keys_changed = reloaded.plan_keys_changed,
+                    lists_changed = reloaded.lists_changed,
                     "configuration reloaded"
                 );
                 if !reloaded.restart_required.is_empty() {
@@ -182,6 +202,7 @@ impl Reloader {
         let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(located(&err)))?;
         let mut running = self.lock();
         let restart_required = restart_required(&running.config, &file);
+        let file_tls = file.server.tls.clone();
         let mut applied = file;
         applied.server = running.config.server.clone();
         applied.store = running.config.store.clone();
@@ -197,6 +218,10 @@ impl Reloader {
         }
         for envoy in &running.envoy {
             envoy.set(&limiter, &applied.envoy);
+        }
+        if let (Some(certs), Some(tls)) = (&self.inner.certs, file_tls) {
+            certs.replace(tls.certified_key());
+            applied.server.tls = Some(tls);
         }
         running.config = applied;
         running.limiter = limiter;
@@ -255,12 +280,34 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
             }
         }
     }
+    let (old_plans, new_plans) = (&old.limiter.plans, &new.limiter.plans);
+    let plan_names = |a: &PlansConfig, b: &PlansConfig| -> Vec<String> {
+        a.plans.iter().filter(|p| b.position(&p.name).is_none()).map(|p| p.name.clone()).collect()
+    };
+    let mut plans_changed = plan_names(new_plans, old_plans);
+    plans_changed.extend(plan_names(old_plans, new_plans));
+    for plan in &new_plans.plans {
+        let before = old_plans.position(&plan.name).map(|i| &old_plans.plans[i]);
+        if before.is_some_and(|before| differs(&before.limits, &plan.limits)) {
+            plans_changed.push(plan.name.clone());
+        }
+    }
+    // Plans are named by their index: a default naming the same plan may
+    // have another index after plans were added or removed.
+    fn default_name(plans: &PlansConfig) -> Option<&str> {
+        plans.default_plan.and_then(|i| plans.plans.get(i)).map(|plan| plan.name.as_str())
+    }
+    let plan_keys_changed =
+        old_plans.keys != new_plans.keys || default_name(old_plans) != default_name(new_plans);
     Reloaded {
         reloaded: true,
         rules_added: names(new_rules, old_rules),
         rules_removed: names(old_rules, new_rules),
         rules_changed,
         limits_restarted,
+        plans_changed,
+        plan_keys_changed,
+        lists_changed: old.limiter.lists != new.limiter.lists,
         restart_required: Vec::new(),
     }
 }
@@ -288,6 +335,11 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.check_token_env", a.check_token != b.check_token),
         ("server.shutdown_grace", differs(&a.shutdown_grace, &b.shutdown_grace)),
         ("server.watch_config", a.watch_config != b.watch_config),
+        // A new certificate is presented at once; TLS on or off, a restart.
+        ("server.tls", a.tls.is_some() != b.tls.is_some()),
+        ("server.upstream_ca", differs(&a.upstream_ca, &b.upstream_ca)),
+        ("server.upstream_http2", a.upstream_http2 != b.upstream_http2),
+        ("server.http2", a.http2 != b.http2),
         ("server.body_timeout", differs(&a.body_timeout, &b.body_timeout)),
         ("server.min_body_rate", differs(&a.min_body_rate, &b.min_body_rate)),
         ("server.body_rate_grace", differs(&a.body_rate_grace, &b.body_rate_grace)),
@@ -379,6 +431,40 @@ authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
         .is_empty());
         // No secret in the file: the running one is kept.
         assert!(changes(&keyed("a-secret-long-enough-for-anyone-1"), &old).limits_restarted.is_empty());
+    }
+
+    #[test]
+    fn plans_and_lists_that_change_are_named() {
+        const PLANS: &str = r#"
+[[plans]]
+name = "free"
+limits = { search = [{ limit = 5, window = "1s" }] }
+
+[[plans]]
+name = "pro"
+limits = { search = [{ limit = 40, window = "1s" }] }
+"#;
+        let old =
+            config(&format!("[identity]\napi_key_header = \"k\"\ndefault_plan = \"free\"\n{PLANS}{RULES}"));
+        let same = changes(&old, &old);
+        assert!(same.plans_changed.is_empty() && !same.plan_keys_changed && !same.lists_changed);
+        let text = format!("[identity]\napi_key_header = \"k\"\ndefault_plan = \"pro\"\n{PLANS}{RULES}")
+            .replace("limit = 40, window", "limit = 60, window")
+            .replace("name = \"free\"", "name = \"team\"");
+        let new = config(&text.replacen(
+            "[[rules]]",
+            "[lists]\ndeny = { cidrs = [\"10.0.0.0/8\"] }\n\n[[rules]]",
+            1,
+        ));
+        let changed = changes(&old, &new);
+        assert_eq!(changed.plans_changed, ["team", "free", "pro"]);
+        assert!(changed.plan_keys_changed, "default_plan names pro now");
+        assert!(changed.lists_changed);
+        assert_eq!(
+            (changed.rules_changed, changed.limits_restarted),
+            (vec![], vec![]),
+            "plans are not rules"
+        );
     }
 
     #[test]

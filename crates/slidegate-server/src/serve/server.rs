@@ -13,10 +13,12 @@ use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
 use super::access_log::{self, AccessLog};
+use super::connection::Protocols;
 use super::error::ServeError;
 use super::readiness::{self, Readiness};
+use super::tls::{self, ListenerCerts, UpstreamTls};
 use super::upstream::UpstreamLimits;
-use super::worker::{worker, Accepted, Listener, WorkerEnd};
+use super::worker::{worker, Accepted, Listener, ListenerProtocols, WorkerEnd};
 use super::{proxy, sweeper, Reloader, State};
 use crate::config::Config;
 use crate::store::{AnyStore, LazyRedis};
@@ -54,6 +56,10 @@ pub struct Server {
     reloader: Reloader,
     /// What the reloader starts from.
     config: Config,
+    /// TLS, HTTP/1.1 and HTTP/2 on each listener.
+    protocols: ListenerProtocols,
+    /// The public listener's certificate, when it has TLS: a reload swaps it.
+    certs: Option<Arc<ListenerCerts>>,
     access_log: Option<(AccessLog, access_log::Writer)>,
     /// `[server] grpc_listen`: Envoy's rate limit service.
     grpc: Option<crate::envoy::GrpcListener>,
@@ -65,9 +71,12 @@ impl Server {
     /// runs the acceptor.
     ///
     /// # Errors
-    /// [`ServeError`] when there is no upstream or the address is taken.
+    /// [`ServeError`] when there is no upstream, the address is taken, or
+    /// TLS cannot be set up.
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
+        let upstream_tls = UpstreamTls::of(&config.server).map_err(|e| ServeError::Tls(e.to_string()))?;
+        let (protocols, certs) = listener_protocols(&config.server)?;
         let store = connect_store(config).await;
         let limiter = RateLimiter::from_config(&config.limiter, store)?;
         let threads = config
@@ -113,12 +122,14 @@ impl Server {
             admin_prefix: config.server.admin_prefix.clone(),
             admin_on_public: config.server.admin_on_public,
             check_token: config.server.check_token.clone(),
-            limits: UpstreamLimits::new(&config.server, threads),
+            limits: UpstreamLimits::new(&config.server, threads, upstream_tls),
             grace: config.server.shutdown_grace,
             drain_delay: config.server.drain_delay,
             readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
-            reloader: Reloader::new(None, kept.clone(), limiter.clone()),
+            reloader: Reloader::new(None, kept.clone(), limiter.clone(), certs.clone()),
             config: kept,
+            protocols,
+            certs,
             limiter,
             access_log,
             grpc,
@@ -130,7 +141,8 @@ impl Server {
     /// it, a reload answers that there is no file.
     #[must_use]
     pub fn reload_from(mut self, path: impl Into<PathBuf>) -> Self {
-        self.reloader = Reloader::new(Some(path.into()), self.config.clone(), self.limiter.clone());
+        self.reloader =
+            Reloader::new(Some(path.into()), self.config.clone(), self.limiter.clone(), self.certs.clone());
         self
     }
 
@@ -186,6 +198,7 @@ impl Server {
                 access_log: self.access_log.as_ref().map(|(log, _)| log.clone()),
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
+            let protocols = self.protocols.clone();
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
@@ -197,7 +210,7 @@ impl Server {
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
                     let state = State { proxy: proxy::Proxy::new(&upstream, limits), ..state };
-                    worker(connections, Arc::new(state), grace).await
+                    worker(connections, Arc::new(state), grace, protocols).await
                 })
             });
             match thread {
@@ -283,6 +296,22 @@ impl Server {
         .unwrap_or_default();
         log_end(&ends);
     }
+}
+
+/// The protocols of each listener: TLS on the public one when `[server]
+/// tls` is set (never on the admin one, which should not face the
+/// internet), HTTP/1.1 and HTTP/2 on both; and the certificate a reload swaps.
+fn listener_protocols(
+    server: &crate::config::ServerConfig,
+) -> Result<(ListenerProtocols, Option<Arc<ListenerCerts>>), ServeError> {
+    let certs = server.tls.as_ref().map(|tls| ListenerCerts::new(tls.certified_key()));
+    let acceptor = match &certs {
+        None => None,
+        Some(certs) => Some(tls::acceptor(Arc::clone(certs)).map_err(|e| ServeError::Tls(e.to_string()))?),
+    };
+    let public = Arc::new(Protocols::new(server, acceptor));
+    let admin = Arc::new(Protocols::new(server, None));
+    Ok((ListenerProtocols { public, admin }, certs))
 }
 
 /// Hands a connection to the next worker, forgetting a worker that stopped.

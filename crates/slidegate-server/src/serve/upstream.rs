@@ -33,13 +33,14 @@ use std::net::IpAddr;
 use http::uri::Authority;
 use http::{HeaderMap, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use slidegate_http::{headers, IdentityExtractor};
 
 use super::body::{BodyPace, ClientFault, FaultCell, RequestBody};
 use super::client_holds::{ClientHold, ClientHolds, ClientKey, Refusal, FREE_PER_HELD};
-use super::slots::Slots;
+use super::slots::{Slot, Slots};
+use super::tls::UpstreamTls;
 use super::{boxed, ServeBody};
 
 /// How long a new upstream connection may take.
@@ -55,6 +56,10 @@ pub(crate) enum UpstreamError {
     Connect(#[from] std::io::Error),
     #[error("upstream HTTP error: {0}")]
     Http(#[from] hyper::Error),
+    /// The TLS handshake with an `https://` upstream failed: its
+    /// certificate did not verify, or it does not speak TLS.
+    #[error("TLS with the upstream failed: {0}")]
+    Tls(std::io::Error),
     /// Every upstream slot stayed taken for the whole queue wait.
     #[error("all {0} upstream connections are busy")]
     Busy(usize),
@@ -106,6 +111,10 @@ impl UpstreamError {
                 tracing::warn!(err = %self, "upstream request failed");
                 (http::StatusCode::BAD_GATEWAY, "the upstream could not be reached".into())
             }
+            UpstreamError::Tls(_) => {
+                tracing::warn!(err = %self, "upstream TLS failed: request refused, nothing sent in clear");
+                (http::StatusCode::BAD_GATEWAY, "the upstream's TLS could not be verified".into())
+            }
         };
         let title = status.canonical_reason().unwrap_or("Error");
         let mut response = boxed(headers::problem(status, "about:blank", title, &detail, Some(path)));
@@ -153,11 +162,28 @@ pub(crate) struct UpstreamLimits {
     pub(crate) max_idle: usize,
     /// How long a request waits for a permit.
     pub(crate) queue_wait: std::time::Duration,
+    /// How connections to the upstream are made: TLS or not, HTTP/1.1 or 2.
+    pub(crate) transport: Arc<Transport>,
+}
+
+/// How connections to the upstream are made.
+pub(crate) struct Transport {
+    /// `Some` for an `https://` upstream.
+    pub(crate) tls: Option<UpstreamTls>,
+    /// `upstream_http2`: one multiplexed HTTP/2 connection per worker
+    /// thread (while it stays open) instead of a pool of HTTP/1.1 ones.
+    pub(crate) http2: bool,
+    /// TLS handshakes with the upstream that failed, over all threads.
+    pub(crate) tls_failures: std::sync::atomic::AtomicU64,
 }
 
 impl UpstreamLimits {
     /// The limits of `[server]`.
-    pub(crate) fn new(server: &crate::config::ServerConfig, threads: usize) -> Self {
+    pub(crate) fn new(
+        server: &crate::config::ServerConfig,
+        threads: usize,
+        tls: Option<UpstreamTls>,
+    ) -> Self {
         let max = server.max_upstream_connections.max(1);
         Self {
             pace: BodyPace {
@@ -170,24 +196,65 @@ impl UpstreamLimits {
             max,
             max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
             queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
+            transport: Arc::new(Transport {
+                tls,
+                http2: server.upstream_http2,
+                tls_failures: std::sync::atomic::AtomicU64::new(0),
+            }),
         }
     }
 }
 
-/// A pool of HTTP/1.1 connections to one upstream.
+/// One connection's sending half: a pooled HTTP/1.1 connection takes one
+/// request at a time; an HTTP/2 one is shared by every request of the thread.
+pub(crate) enum Sender {
+    Http1(http1::SendRequest<RequestBody>),
+    Http2(http2::SendRequest<Pin<Box<RequestBody>>>),
+}
+
+impl Sender {
+    async fn send_request(
+        &mut self,
+        request: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        match self {
+            Sender::Http1(s) => s.send_request(request).await,
+            Sender::Http2(s) => s.send_request(request.map(Box::pin)).await,
+        }
+    }
+}
+
+/// The connections of one worker thread to the upstream: a pool of
+/// HTTP/1.1 ones, or one shared HTTP/2 connection.
 pub(crate) struct Upstream {
     authority: Authority,
     host: String,
     port: u16,
-    idle: Mutex<Vec<SendRequest<RequestBody>>>,
+    idle: Mutex<Vec<http1::SendRequest<RequestBody>>>,
+    /// HTTP/2's connection sends a body it can move: boxed, pinned.
+    shared: Mutex<Option<http2::SendRequest<Pin<Box<RequestBody>>>>>,
     limits: UpstreamLimits,
 }
 
 impl Upstream {
     pub(crate) fn new(authority: Authority, limits: UpstreamLimits) -> Arc<Self> {
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
-        let port = authority.port_u16().unwrap_or(80);
-        Arc::new(Self { authority, host, port, idle: Mutex::new(Vec::new()), limits })
+        let port = authority.port_u16().unwrap_or(if limits.transport.tls.is_some() { 443 } else { 80 });
+        let (idle, shared) = (Mutex::new(Vec::new()), Mutex::new(None));
+        Arc::new(Self { authority, host, port, idle, shared, limits })
+    }
+
+    /// `slidegate_upstream_tls_failures_total`, as Prometheus text.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let failures = self.limits.transport.tls_failures.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = write!(
+            out,
+            "# HELP slidegate_upstream_tls_failures_total TLS handshakes with the upstream that failed \
+             (certificate not verified, wrong name, no TLS): each answered 502.\n\
+             # TYPE slidegate_upstream_tls_failures_total counter\n\
+             slidegate_upstream_tls_failures_total {failures}\n"
+        );
     }
 
     /// The upstream's `host:port`, for requests that came without `Host`.
@@ -215,8 +282,11 @@ impl Upstream {
     ) -> Result<Response<PooledBody>, UpstreamError> {
         let hold = self.limits.clients.hold(client).map_err(UpstreamError::ClientBusy)?;
         let fault = Arc::new(FaultCell::default());
-        let request = request.map(|body| RequestBody::new(body, self.limits.pace, Arc::clone(&fault)));
+        let mut request = request.map(|body| RequestBody::new(body, self.limits.pace, Arc::clone(&fault)));
         let mut sender = self.checkout(hold.held()).await?;
+        if matches!(sender, Sender::Http2(_)) {
+            self.to_http2(&mut request);
+        }
         let response = match sender.send_request(request).await {
             Ok(response) => response,
             // hyper reports the client's body failing as its own error: say whose it was.
@@ -232,16 +302,40 @@ impl Upstream {
         Ok(response.map(|body| PooledBody { body, sender: Some(sender), pool, hold: Some(hold) }))
     }
 
-    /// A pooled connection, or a new one once a slot is free: each open
-    /// connection holds one of `max_upstream_connections` slots until it
-    /// closes. `held`: the requests the client has forwarded, this one included.
-    async fn checkout(&self, held: usize) -> Result<SendRequest<RequestBody>, UpstreamError> {
-        loop {
-            let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
-            let Some(mut sender) = pooled else { break };
-            // A connection the upstream closed while idle fails here, and is dropped.
-            if !sender.is_closed() && sender.ready().await.is_ok() {
-                return Ok(sender);
+    /// An HTTP/2 request's target: the absolute form HTTP/2 sends as
+    /// `:scheme` and `:authority`, the authority the client's `Host` (which
+    /// it then replaces) or the upstream's.
+    fn to_http2(&self, request: &mut Request<RequestBody>) {
+        let scheme = if self.limits.transport.tls.is_some() { "https" } else { "http" };
+        let host =
+            request.headers().get(http::header::HOST).and_then(|h| Authority::try_from(h.as_bytes()).ok());
+        let authority = host.unwrap_or_else(|| self.authority.clone());
+        let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        if let Ok(uri) = http::Uri::try_from(format!("{scheme}://{authority}{path}")) {
+            *request.uri_mut() = uri;
+            request.headers_mut().remove(http::header::HOST);
+        }
+        *request.version_mut() = http::Version::HTTP_2;
+    }
+
+    /// A pooled connection (the shared one for HTTP/2), or a new one once a
+    /// slot is free: each open connection holds one of
+    /// `max_upstream_connections` slots until it closes. `held`: the
+    /// requests the client has forwarded, this one included.
+    async fn checkout(&self, held: usize) -> Result<Sender, UpstreamError> {
+        if self.limits.transport.http2 {
+            let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            if let Some(sender) = shared.filter(|s| !s.is_closed()) {
+                return Ok(Sender::Http2(sender));
+            }
+        } else {
+            loop {
+                let pooled = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                let Some(mut sender) = pooled else { break };
+                // A connection the upstream closed while idle fails here, and is dropped.
+                if !sender.is_closed() && sender.ready().await.is_ok() {
+                    return Ok(Sender::Http1(sender));
+                }
             }
         }
         let Some(slot) = self.limits.slots.acquire(held, self.limits.queue_wait).await else {
@@ -252,18 +346,55 @@ impl Upstream {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting to the upstream")
         })??;
         stream.set_nodelay(true)?;
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
+        let sender = match &self.limits.transport.tls {
+            None => self.handshake(TokioIo::new(stream), slot).await?,
+            Some(tls) => {
+                let tls = match tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(err)) => return Err(self.tls_failed(err)),
+                    Err(_) => return Err(self.tls_failed(std::io::ErrorKind::TimedOut.into())),
+                };
+                self.handshake(TokioIo::new(tls), slot).await?
+            }
+        };
+        if let Sender::Http2(shared) = &sender {
+            *self.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(shared.clone());
+        }
+        Ok(sender)
+    }
+
+    fn tls_failed(&self, err: std::io::Error) -> UpstreamError {
+        self.limits.transport.tls_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        UpstreamError::Tls(err)
+    }
+
+    /// HTTP over a new connection `io`, which holds `slot` until it closes.
+    async fn handshake<I>(&self, io: I, slot: Slot) -> Result<Sender, hyper::Error>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let release = |result: Result<(), hyper::Error>| {
+            if let Err(err) = result {
                 tracing::debug!(%err, "upstream connection ended with an error");
             }
             // The socket is closed by now: its slot is free.
             drop(slot);
-        });
-        Ok(sender)
+        };
+        if self.limits.transport.http2 {
+            let (sender, connection) =
+                http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).handshake(io).await?;
+            tokio::spawn(async move { release(connection.await) });
+            Ok(Sender::Http2(sender))
+        } else {
+            let (sender, connection) = http1::handshake(io).await?;
+            tokio::spawn(async move { release(connection.await) });
+            Ok(Sender::Http1(sender))
+        }
     }
 
-    fn release(&self, sender: SendRequest<RequestBody>) {
+    fn release(&self, sender: Sender) {
+        // The shared HTTP/2 connection stays open for the next request.
+        let Sender::Http1(sender) = sender else { return };
         // With a request waiting for a slot, closing the connection (dropping
         // its sender) serves that request; kept idle, it would serve only a
         // later one on this thread.
@@ -283,7 +414,7 @@ impl Upstream {
 /// when it is dropped.
 pub(crate) struct PooledBody {
     body: Incoming,
-    sender: Option<SendRequest<RequestBody>>,
+    sender: Option<Sender>,
     pool: Arc<Upstream>,
     hold: Option<ClientHold>,
 }

@@ -10,11 +10,11 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use slidegate_http::config::Delay;
 
 use super::body::ServeBody;
+use super::connection::Protocols;
 use super::{admin, proxy, State};
 
 /// A connection handed to a worker thread, and the listener it came in on.
@@ -27,6 +27,13 @@ pub(super) enum Listener {
     Public,
     /// `[server] admin_listen`: the admin endpoints only.
     Admin,
+}
+
+/// How each listener's connections are spoken to (TLS, HTTP/1.1, HTTP/2).
+#[derive(Clone)]
+pub(super) struct ListenerProtocols {
+    pub(super) public: Arc<Protocols>,
+    pub(super) admin: Arc<Protocols>,
 }
 
 /// How a worker's shutdown ended.
@@ -48,6 +55,7 @@ pub(super) async fn worker(
     mut connections: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     state: Arc<State>,
     grace: Delay,
+    protocols: ListenerProtocols,
 ) -> WorkerEnd {
     let graceful = GracefulShutdown::new();
     let open = tokio_util::task::TaskTracker::new();
@@ -88,15 +96,12 @@ pub(super) async fn worker(
                 Ok::<_, Infallible>(response)
             }
         });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
-        open.spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, %peer, "connection ended with an error");
-            }
-        });
+        let watcher = graceful.watcher();
+        let protocols = match listener {
+            Listener::Public => Arc::clone(&protocols.public),
+            Listener::Admin => Arc::clone(&protocols.admin),
+        };
+        open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
     }
     heartbeat.abort();
     // A grace too long to add (a `Delay` built in code) is as good as none.

@@ -54,8 +54,8 @@ use self::shared_table::Tables;
 use self::slots::slot_id;
 use crate::distinct::DistinctTable;
 use crate::store::{
-    check_charge, check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store,
-    StoreError, TableEntry, TableName,
+    check_charge, check_time, lease, validate, Charge, DistinctStore, GiveBack, Lease, LeaseStore, Outcome,
+    Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
 use crate::{Clock, Decision, Identity, Quota, SystemClock};
 
@@ -261,6 +261,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self)
     }
 
+    fn leases(&self) -> Option<impl LeaseStore + '_> {
+        Some(self)
+    }
+
     fn tables(&self) -> Option<impl SharedTables + '_> {
         Some(self)
     }
@@ -276,6 +280,56 @@ impl<C: Clock> Store for MemoryStore<C> {
     /// In the process: never unreachable, never late.
     fn has_outages(&self) -> bool {
         false
+    }
+}
+
+/// Leases as the shared store would grant them, so that a limiter leasing
+/// from the embedded store (in tests, in `replay`) decides as it would on
+/// Redis; in one process a lease saves nothing.
+impl<C: Clock> LeaseStore for MemoryStore<C> {
+    fn lease(
+        &self,
+        identity: &Identity,
+        charge: Charge,
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
+        std::future::ready(self.lease_sync(identity, charge))
+    }
+
+    fn give_back(
+        &self,
+        identity: &Identity,
+        back: GiveBack,
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        std::future::ready(self.give_back_sync(identity, back))
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// [`LeaseStore::lease`], answered at once.
+    ///
+    /// # Errors
+    /// As [`MemoryStore::decide_sync`], and [`StoreError::NotLeased`].
+    pub fn lease_sync(&self, identity: &Identity, charge: Charge) -> Result<Lease, StoreError> {
+        if !lease::leasable(charge.limit.algorithm) {
+            return Err(StoreError::NotLeased(charge.limit.algorithm));
+        }
+        let now = check_time(self.clock.now_ms())?;
+        let decision = self.decide_one(self.identity(identity), now, &charge)?;
+        Ok(Lease::decided(&charge.limit, decision, now))
+    }
+
+    /// [`LeaseStore::give_back`], answered at once.
+    ///
+    /// # Errors
+    /// [`StoreError::TimeOutOfRange`] when the clock reads past
+    /// [`crate::store::MAX_TIME_MS`].
+    pub fn give_back_sync(&self, identity: &Identity, back: GiveBack) -> Result<u64, StoreError> {
+        let now = check_time(self.clock.now_ms())?;
+        let id = self.identity(identity);
+        let mut shard = self.lock(id);
+        Ok(shard.table(&back.limit, now).states.give_back(id, now, back.window, back.unused))
     }
 }
 

@@ -5,11 +5,13 @@
 //! same decisions for the same trace — the conformance suite and the property
 //! test in `tests/` hold them to it.
 
+pub mod lease;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod table;
 
+pub use self::lease::{GiveBack, Lease, LeaseStore, NoLeases};
 pub use self::table::{NoTables, SharedTables, TableEntry, TableName};
 
 use std::future::Future;
@@ -44,6 +46,10 @@ pub enum StoreError {
         /// The rejected limit.
         limit: u64,
     },
+    /// A lease asked for under an algorithm that is not leased
+    /// ([`lease::leasable`]).
+    #[error("{0} limits are not leased (only fixed_window and sliding_window_counter are)")]
+    NotLeased(Algorithm),
     /// Redis failed or could not be reached.
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
@@ -97,6 +103,7 @@ impl StoreError {
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
             | StoreError::SlidingLogTooLarge { .. }
+            | StoreError::NotLeased(_)
             | StoreError::InvalidTableEntry(_)
             | StoreError::TableFull { .. } => false,
             #[cfg(feature = "redis")]
@@ -133,6 +140,7 @@ impl StoreError {
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
             | StoreError::SlidingLogTooLarge { .. }
+            | StoreError::NotLeased(_)
             | StoreError::NotConnected(_)
             | StoreError::Expired
             | StoreError::TimeOutOfRange { .. }
@@ -309,6 +317,9 @@ pub enum Origin {
     Cache,
     /// A stand-in that decided because the store could not.
     Fallback,
+    /// A permit of a lease ([`LeaseStore`]): charged in the store before it
+    /// was handed out, and used where the store counts it.
+    Lease,
 }
 
 impl Outcome {
@@ -342,7 +353,7 @@ impl Outcome {
 /// A store keeps one state per [`Identity`] and [`Limit`]; the same identity
 /// under two limits has two independent states. What not every store can do
 /// is a separate trait the caller asks for ([`Store::distinct`],
-/// [`Store::tables`]), so a
+/// [`Store::tables`], [`Store::leases`]), so a
 /// missing ability is visible where a feature is configured, never a feature
 /// silently off. The trait has no provided methods: a store (or a layer
 /// wrapping one) states every behaviour it has.
@@ -377,6 +388,12 @@ pub trait Store: Send + Sync {
     /// `None` when it keeps none. A feature that needs them refuses to be
     /// configured on a store answering `None`.
     fn tables(&self) -> Option<impl SharedTables + '_>;
+
+    /// The store's quota leases ([`LeaseStore`]: permits charged ahead in
+    /// one call, unused ones given back), or `None` when it grants none. A
+    /// limiter configured to lease on a store answering `None` decides every
+    /// request in the store, as without leases.
+    fn leases(&self) -> Option<impl LeaseStore + '_>;
 
     /// Lifts `identity`'s penalty box: forgets its penalty state (a block,
     /// the denials counting toward the next, the strikes doubling it), so

@@ -17,6 +17,7 @@ mod envoy;
 mod identity;
 mod lists;
 mod plans;
+mod protocols;
 mod rules;
 mod server;
 mod store;

@@ -16,8 +16,9 @@ use super::Validator;
 const MAX_DRAIN_DELAY: Delay = Delay::from_secs(300);
 
 impl Validator<'_> {
-    pub(super) fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+    pub(super) fn server(&self, mut raw: RawServer) -> Result<ServerConfig, ConfigError> {
         let mut server = ServerConfig::default();
+        let protocols = super::protocols::RawProtocols::take(&mut raw);
         if let Some(format) = raw.log_format {
             server.log_format = match format.get_ref().as_str() {
                 "text" => LogFormat::Text,
@@ -114,15 +115,16 @@ impl Validator<'_> {
             server.threads = Some(usize::from(*t.get_ref()));
         }
         server.watch_config = raw.watch_config.unwrap_or_default();
+        self.protocols(protocols, &mut server)?;
         Ok(server)
     }
 
-    /// `upstream`: `http://host:port`, nothing more.
+    /// `upstream`: `http://host:port` or `https://host:port`, nothing more.
     fn upstream(&self, u: Spanned<String>) -> Result<Uri, ConfigError> {
         let invalid = |why: &str| self.err(u.span(), format!("invalid upstream {:?}: {why}", u.get_ref()));
         let uri: Uri = u.get_ref().parse().map_err(|_| invalid("expected http://host:port"))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            return Err(invalid("expected http://host:port (https is not supported)"));
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(invalid("expected http://host:port or https://host:port"));
         }
         if let Some(authority) = uri.authority() {
             if authority.as_str().contains('@') {

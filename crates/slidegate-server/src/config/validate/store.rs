@@ -4,14 +4,16 @@
 
 use std::ops::Range;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use slidegate::{Engine, RedisTarget};
 use slidegate_http::config::{Delay, OnError};
+use slidegate_http::lease::LeasePolicy;
 use slidegate_http::StoreGuard;
 use toml::Spanned;
 
 use super::super::error::ConfigError;
-use super::super::raw::RawStore;
+use super::super::raw::{RawLease, RawStore};
 use super::super::types::{Password, StoreConfig};
 use super::super::values::Millis;
 use super::Validator;
@@ -267,7 +269,28 @@ impl Validator<'_> {
             // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
             guard.deny_cache = *n.get_ref() as usize;
         }
+        if let Some(lease) = raw.lease {
+            guard.lease = Some(self.lease(lease.into_inner())?);
+        }
         Ok(guard)
+    }
+
+    /// `lease = { max = …, horizon = "…" }`: max 2 to 10000 permits (1 would
+    /// lease nothing), the horizon from 1 ms to 10 s.
+    fn lease(&self, raw: RawLease) -> Result<LeasePolicy, ConfigError> {
+        let mut policy = LeasePolicy::default();
+        let max = *raw.max.get_ref();
+        if !(2..=10_000).contains(&max) {
+            return Err(self.err(raw.max.span(), format!("lease max is 2 to 10000 permits, got {max}")));
+        }
+        policy.max = max;
+        if let Some(h) = raw.horizon {
+            if h.duration < Duration::from_millis(1) || h.duration > Duration::from_secs(10) {
+                return Err(self.err(h.span, format!("lease horizon is 1ms to 10s, got {:?}", h.text)));
+            }
+            policy.horizon = Delay::from_millis(h.duration.as_millis() as u64);
+        }
+        Ok(policy)
     }
 
     /// Sets `field` to `value`, which must be at least `least_ms`, when the key is there.

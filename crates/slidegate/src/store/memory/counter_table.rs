@@ -9,6 +9,7 @@ use super::shared_slots::SharedSlots;
 use super::tables::{PackedStates, Swept};
 use crate::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
 use crate::algorithm::Definition;
+use crate::store::lease::GivesBack;
 use crate::Decision;
 
 /// The sliding window counter's packed states, in a table whose states a
@@ -141,5 +142,26 @@ impl PackedStates for CounterTable {
 
     fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Through the slot's compare-and-swap, as a decision without the lock
+    /// would: a hot handle on the same slot sees the state given back.
+    fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
+        let (packing, reference) = (self.packing, self.swept.reference);
+        let Some(index) = self.slots.find(id) else { return 0 };
+        if let Some((_, held, packed)) = &mut self.held {
+            if *held == index {
+                let (state, back) =
+                    SlidingWindowCounter::give_back(packing.unpack(*packed, reference), window, unused);
+                *packed = packing.pack(state);
+                return back;
+            }
+        }
+        let given = self.slots.update(index, |packed| {
+            let (state, back) =
+                SlidingWindowCounter::give_back(packing.unpack(packed, reference), window, unused);
+            (back, (back > 0).then(|| packing.pack(state)))
+        });
+        given.unwrap_or(0)
     }
 }

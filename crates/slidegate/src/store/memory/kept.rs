@@ -95,6 +95,12 @@ macro_rules! memory_states {
                     $(Self::$variant(t) => t.handle(id),)*
                 }
             }
+
+            pub(super) fn give_back(&mut self, id: u64, now: u64, window: u64, unused: u64) -> u64 {
+                match self {
+                    $(Self::$variant(t) => LimitTable::give_back(t, id, now, window, unused),)*
+                }
+            }
         }
     };
 }

@@ -45,12 +45,13 @@ use std::marker::PhantomData;
 use crate::algorithm::fixed_window::{self, FixedWindow};
 use crate::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
 use crate::algorithm::Definition;
+use crate::store::lease::GivesBack;
 use crate::Quota;
 
 /// How one algorithm's states, under one quota, are stored in table slots.
 pub(crate) trait Packing: Copy {
     /// The algorithm whose states are packed; they must be plain values.
-    type Algorithm: Definition<State: Copy>;
+    type Algorithm: Definition<State: Copy> + GivesBack;
     /// What a slot holds.
     type Packed: Copy + Default;
     /// The packing for `quota`, or `None` when the quota leaves it no room.
@@ -120,7 +121,7 @@ impl<A> Clone for Plain<A> {
 }
 impl<A> Copy for Plain<A> {}
 
-impl<A: Definition<State: Copy>> Packing for Plain<A> {
+impl<A: Definition<State: Copy> + GivesBack> Packing for Plain<A> {
     type Algorithm = A;
     type Packed = A::State;
     fn new(quota: Quota) -> Option<Self> {

@@ -6,6 +6,7 @@ use super::hot;
 use super::packing::{self, Packing, Plain, Reach};
 use super::slots::Slots;
 use crate::algorithm::Definition;
+use crate::store::lease::GivesBack;
 use crate::{Decision, Quota};
 
 /// How the embedded store keeps the states of one limit: each algorithm
@@ -29,6 +30,9 @@ pub(super) trait LimitTable {
     fn release(&mut self);
     /// A handle for deciding on `id`'s state without the lock, where the table allows it.
     fn handle(&self, id: u64) -> Option<hot::Handle>;
+    /// Undoes up to `unused` permits a lease charged `id` in window
+    /// `window` (`GivesBack`); how many it undid.
+    fn give_back(&mut self, id: u64, now: u64, window: u64, unused: u64) -> u64;
 }
 
 /// When a table of packed states was last re-referenced: what unpacking
@@ -132,12 +136,22 @@ impl<P: Packing> Keyed<P> {
     pub(super) fn len(&self) -> usize {
         self.slots.len()
     }
+
+    /// As [`LimitTable::give_back`], at a time within the table's reach.
+    pub(super) fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
+        let (packing, reference) = (self.packing, self.swept.reference);
+        let Some(slot) = self.slots.get_mut(id) else { return 0 };
+        let (state, back) = P::Algorithm::give_back(packing.unpack(*slot, reference), window, unused);
+        // Fewer permits in the same window: it packs wherever the state did.
+        *slot = packing.pack(state);
+        back
+    }
 }
 
 /// States stored as they are, for algorithms whose state has no spare bits.
 pub(super) type PlainTable<A> = Keyed<Plain<A>>;
 
-impl<A: Definition<State: Copy>> LimitTable for PlainTable<A> {
+impl<A: Definition<State: Copy> + GivesBack> LimitTable for PlainTable<A> {
     fn new(quota: Quota, now: u64) -> Self {
         Keyed::new(Plain::of(quota), now)
     }
@@ -156,6 +170,9 @@ impl<A: Definition<State: Copy>> LimitTable for PlainTable<A> {
     fn release(&mut self) {}
     fn handle(&self, _id: u64) -> Option<hot::Handle> {
         None
+    }
+    fn give_back(&mut self, id: u64, _now: u64, window: u64, unused: u64) -> u64 {
+        Keyed::give_back(self, id, window, unused)
     }
 }
 
@@ -182,6 +199,8 @@ pub(super) trait PackedStates: Sized {
     fn hold(&mut self, id: u64);
     fn release(&mut self);
     fn handle(&self, id: u64) -> Option<hot::Handle>;
+    /// As [`LimitTable::give_back`], at a time within the table's reach.
+    fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64;
 }
 
 impl<P: Packing> PackedStates for Keyed<P> {
@@ -219,6 +238,9 @@ impl<P: Packing> PackedStates for Keyed<P> {
     fn release(&mut self) {}
     fn handle(&self, _id: u64) -> Option<hot::Handle> {
         None
+    }
+    fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
+        Keyed::give_back(self, id, window, unused)
     }
 }
 
@@ -333,6 +355,21 @@ impl<T: PackedStates> LimitTable for PackedTable<T> {
         match self {
             Self::Packed(t) => t.handle(id),
             Self::Plain(_) | Self::Unpacked(_) => None,
+        }
+    }
+    fn give_back(&mut self, id: u64, now: u64, window: u64, unused: u64) -> u64 {
+        let out_of_reach = match self {
+            Self::Packed(t) => !t.swept().reach.covers(now),
+            Self::Plain(_) => false,
+            Self::Unpacked(u) => !u.reach.covers(now),
+        };
+        if out_of_reach {
+            self.rereference(now);
+        }
+        match self {
+            Self::Packed(t) => t.give_back(id, window, unused),
+            Self::Plain(t) => Keyed::give_back(t, id, window, unused),
+            Self::Unpacked(u) => Keyed::give_back(&mut u.table, id, window, unused),
         }
     }
 }

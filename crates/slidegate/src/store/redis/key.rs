@@ -1,9 +1,17 @@
 //! The Redis key of one identity's state under one limit.
 //!
 //! `<prefix>{<identity>}:<tag>:<limit>:<window_ms>`, the identity written as
-//! `<scope>:<source tag>:<32 hex digits>` (an application's name as
+//! `<scope>:<source tag>:<22 base64url digits>` (an application's name as
 //! `<scope>:n:<name>`, or the bare name in the empty scope), e.g.
-//! `slidegate:{api:k:5f0c…}:swc:100:60000`. The `{identity}` hash tag puts
+//! `slidegate:{api:k:XwzL…}:swc:100:60000`. The digits are the digest's 128
+//! bits in the URL-safe base64 alphabet without padding (`A–Z a–z 0–9 - _`:
+//! no `{`, `}` or glob character), 10 characters shorter than the 32 hex
+//! digits an identity is shown with (offenders, penalty ids), which moves a
+//! typical key into a jemalloc size class 16 bytes smaller (BENCHMARKS.md,
+//! "Bytes per identity in Redis"). Keys written before in hex are not read:
+//! they expire by themselves (README, "Keys": what an upgrade sees).
+//!
+//! The `{identity}` hash tag puts
 //! every key of one identity in one Redis Cluster slot, so one script may
 //! decide several of its limits. Redis takes the tag from the first `{` to
 //! the first `}` after it; all keys of an identity share everything up to the
@@ -16,6 +24,8 @@
 
 use std::fmt;
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
 use super::scripts;
@@ -36,7 +46,7 @@ impl fmt::Display for StateKey<'_> {
             "{}{{{}{}}}:{}:{}:{}",
             self.prefix,
             escape(self.identity),
-            self.identity,
+            KeyText(self.identity),
             scripts::tag(self.limit.algorithm),
             self.limit.quota.permits(),
             self.limit.quota.window_ms()
@@ -54,7 +64,36 @@ pub(super) struct PenaltyKey<'a> {
 
 impl fmt::Display for PenaltyKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{{{}{}}}:penalty", self.prefix, escape(self.identity), self.identity)
+        write!(f, "{}{{{}{}}}:penalty", self.prefix, escape(self.identity), KeyText(self.identity))
+    }
+}
+
+/// Bytes of a 128-bit digest in unpadded base64: ⌈128 / 6⌉.
+const DIGEST_DIGITS: usize = 22;
+
+/// An identity as its keys write it inside the hash tag: an application's
+/// name as given (`<scope>:n:<name>`, or the bare name in the empty
+/// scope), a hashed value as `<scope>:<source tag>:<22 base64url digits>`.
+/// The first character is the one `Identity`'s `Display` starts with,
+/// which [`escape`] reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyText<'a>(pub(super) &'a Identity);
+
+impl fmt::Display for KeyText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let identity = self.0;
+        let tag = identity.source().tag();
+        match identity.name() {
+            Some(name) if identity.scope().is_empty() => f.write_str(name),
+            Some(name) => write!(f, "{}:{tag}:{name}", identity.scope()),
+            None => {
+                let mut digits = [0u8; DIGEST_DIGITS];
+                let n =
+                    URL_SAFE_NO_PAD.encode_slice(identity.digest().0, &mut digits).map_err(|_| fmt::Error)?;
+                let digits = std::str::from_utf8(&digits[..n]).map_err(|_| fmt::Error)?;
+                write!(f, "{}:{tag}:{digits}", identity.scope())
+            }
+        }
     }
 }
 
@@ -130,12 +169,38 @@ mod tests {
     fn layout_names_prefix_identity_algorithm_and_quota() {
         let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100).expect("valid"));
         let user = Identity::new("api", Source::ApiKey, Digest([0xab; 16]));
-        assert_eq!(key(&user, &limit), format!("slidegate:{{api:k:{}}}:swc:100:60000", "ab".repeat(16)));
+        // 0xab × 16 in unpadded base64url: `q6ur` per three bytes, the last byte `qw`.
+        let digits = format!("{}qw", "q6ur".repeat(5));
+        assert_eq!(key(&user, &limit), format!("slidegate:{{api:k:{digits}}}:swc:100:60000"));
         let gcra = Limit::new(Algorithm::Gcra, Quota::per_second(7).expect("valid"));
         let client = Identity::new("search", Source::Ip, Digest([0x01; 16]));
-        assert_eq!(key(&client, &gcra), format!("slidegate:{{search:ip:{}}}:gcra:7:1000", "01".repeat(16)));
+        assert_eq!(key(&client, &gcra), "slidegate:{search:ip:AQEBAQEBAQEBAQEBAQEBAQ}:gcra:7:1000");
         let penalty = PenaltyKey { prefix: "slidegate:", identity: &user }.to_string();
-        assert_eq!(penalty, format!("slidegate:{{api:k:{}}}:penalty", "ab".repeat(16)));
+        assert_eq!(penalty, format!("slidegate:{{api:k:{digits}}}:penalty"));
+        // An application's names are written as given.
+        let named = Identity::named("app", "user:42");
+        assert_eq!(key(&named, &limit), "slidegate:{app:n:user:42}:swc:100:60000");
+        assert_eq!(key(&Identity::named("", "user-42"), &limit), "slidegate:{user-42}:swc:100:60000");
+    }
+
+    #[test]
+    fn the_digest_is_22_url_safe_digits_of_all_its_bits() {
+        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100).expect("valid"));
+        let mut seen = HashSet::new();
+        for byte in 0..=255u8 {
+            // Multiplying by an odd number is one-to-one: 256 distinct digests.
+            let digest = u128::from(byte).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+            let identity = Identity::new("api", Source::ApiKey, Digest(digest.to_be_bytes()));
+            let text = KeyText(&identity).to_string();
+            let digits = text.strip_prefix("api:k:").expect("scope and tag first");
+            assert_eq!(digits.len(), DIGEST_DIGITS, "{text}");
+            assert!(digits.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{text}");
+            assert!(seen.insert(text), "two digests, one key text");
+        }
+        // The production default prefix and a short rule name: 54 bytes, a
+        // 64-byte sds allocation (3 header bytes and a NUL) instead of 80.
+        let identity = Identity::new("api", Source::ApiKey, Digest([0xff; 16]));
+        assert_eq!(key(&identity, &limit).len(), 54);
     }
 
     /// Every free-form text a key can start with: a scope, or an
@@ -154,7 +219,7 @@ mod tests {
             assert_eq!(tags.len(), 1, "{scope:?} spreads over tags {tags:?}");
             let tag = tags.into_iter().next().expect("one tag");
             // The tag never reaches past the identity into the limit's part.
-            let written = format!("{}{identity}", escape(&identity));
+            let written = format!("{}{}", escape(&identity), KeyText(&identity));
             assert!(!tag.is_empty() && written.starts_with(&tag), "{scope:?} got tag {tag:?}");
         }
     }

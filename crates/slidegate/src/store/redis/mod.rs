@@ -20,8 +20,8 @@
 //! - Time comes from Redis `TIME` inside the script by default
 //!   ([`TimeSource::Server`]), so app servers with skewed clocks agree.
 //! - One key per identity and limit, `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`,
-//!   the identity written as `<scope>:<source tag>:<32 hex digits>`
-//!   (see [`RedisStore::keys_for`]); the `{identity}` hash tag keeps all keys of
+//!   the identity written as `<scope>:<source tag>:<22 base64url digits>`
+//!   (see [`RedisStore::keys_for`] and `key.rs`); the `{identity}` hash tag keeps all keys of
 //!   an identity in one Redis Cluster slot. The sliding window counter, fixed
 //!   window and token bucket keep a packed string (12 bytes for limits below
 //!   2^32), GCRA a 13-byte string (ms and a fraction of one), the sliding
@@ -55,6 +55,7 @@
 
 mod engine;
 mod key;
+mod lease;
 mod link;
 mod options;
 mod scripts;
@@ -114,7 +115,7 @@ enum Connection {
 /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(100)?);
 /// let user = Identity::new("api", Source::Named, Digest([0x42; 16]));
 /// let outcome = store.decide(Request::new(&user, &[Charge::new(limit, 1)])).await?;
-/// assert_eq!(store.keys_for(&user, &limit), [format!("myapp:{{api:n:{}}}:swc:100:60000", "42".repeat(16))]);
+/// assert_eq!(store.keys_for(&user, &limit), ["myapp:{api:n:QkJCQkJCQkJCQkJCQkJCQg}:swc:100:60000"]);
 /// # let _ = outcome;
 /// # Ok(())
 /// # }
@@ -355,8 +356,10 @@ impl RedisStore {
 
     /// The Redis keys that hold `identity`'s state under `limit` (for tests,
     /// `MEMORY USAGE`, cleanup). Every algorithm uses exactly one key:
-    /// `<prefix>{<scope>:<source tag>:<32 hex digits>}:<alg>:<limit>:<window_ms>`
-    /// with `<alg>` one of `swc`, `fw`, `log`, `tb`, `gcra`.
+    /// `<prefix>{<scope>:<source tag>:<22 base64url digits>}:<alg>:<limit>:<window_ms>`
+    /// with `<alg>` one of `swc`, `fw`, `log`, `tb`, `gcra` (an application's
+    /// name is written as given, `<scope>:n:<name>`; the digits are the
+    /// digest's 128 bits, shown elsewhere as 32 hex digits).
     ///
     /// An identity whose scope starts with `{` or `}` is written with one
     /// more `{` in front, so that its hash tag is never empty.
@@ -564,6 +567,10 @@ impl Store for RedisStore {
         Some(self)
     }
 
+    fn leases(&self) -> Option<impl crate::store::LeaseStore + '_> {
+        Some(self)
+    }
+
     async fn lift_penalty(
         &self,
         identity: &Identity,
@@ -645,7 +652,7 @@ impl RedisStore {
     /// `<prefix>{<identity>}:hll:<limit>:<window_ms>`, in the identity's slot
     /// (its window number lives in the same key plus `:w`).
     pub fn distinct_key(&self, identity: &Identity, quota: &Quota) -> String {
-        let escape = key::escape(identity);
-        format!("{}{{{escape}{identity}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
+        let (escape, text) = (key::escape(identity), key::KeyText(identity));
+        format!("{}{{{escape}{text}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
     }
 }

@@ -121,6 +121,7 @@ for_each_algorithm!(scripted);
 const PRELUDE: &str = include_str!("prelude.lua");
 const DECIDE: &str = include_str!("decide.lua");
 const DECIDE_ALL: &str = include_str!("decide_all.lua");
+const LEASE: &str = include_str!("lease.lua");
 const PENALTY: &str = include_str!("penalty.lua");
 
 /// An algorithm's number in `decide_all.lua`'s ARGV: its place in
@@ -254,6 +255,12 @@ pub(super) fn decide_source(algorithm: Algorithm) -> String {
     assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
 }
 
+/// The source of the lease script for `algorithm`: `decide.lua`'s
+/// decision, answering the window charged too (`lease.lua`).
+pub(super) fn lease_source(algorithm: Algorithm) -> String {
+    assemble(&LEASE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
+}
+
 /// The source of the all-or-nothing script over several limits.
 pub(super) fn decide_all_source() -> String {
     assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table()))
@@ -344,6 +351,27 @@ pub(super) fn lift() -> &'static Lua {
     &LIFT
 }
 
+/// The script leasing permits of a limit of `algorithm`, for the algorithms
+/// that are leased (`store::lease::leasable`); loaded by its first call's
+/// `EVAL` fallback.
+pub(super) fn lease(algorithm: Algorithm) -> Option<&'static Lua> {
+    static LEASES: LazyLock<[Lua; 2]> = LazyLock::new(|| {
+        [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow].map(|a| Lua::new(lease_source(a)))
+    });
+    match algorithm {
+        Algorithm::SlidingWindowCounter => Some(&LEASES[0]),
+        Algorithm::FixedWindow => Some(&LEASES[1]),
+        Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::Gcra => None,
+    }
+}
+
+/// The script giving a lease's unused permits back (`give_back.lua`):
+/// standalone, loaded by its first call's `EVAL` fallback.
+pub(super) fn give_back() -> &'static Lua {
+    static GIVE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("give_back.lua").to_owned()));
+    &GIVE_BACK
+}
+
 /// The script deciding several limits inside the penalty box.
 pub(super) fn penalty() -> &'static Lua {
     &SCRIPTS.penalty
@@ -373,6 +401,11 @@ mod tests {
             assert!(!source.contains("--! "));
             // One flat chunk: nothing for Lua to allocate a closure for.
             assert!(!code(&source).contains("function"), "{source}");
+        }
+        for a in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+            let source = lease_source(a);
+            assert!(source.starts_with(&format!("-- slidegate lease, {}:", a.name())), "{source}");
+            assert!(!source.contains("--! ") && !code(&source).contains("function"), "{source}");
         }
         let all = decide_all_source();
         assert!(all.starts_with("-- slidegate decide_all:"));

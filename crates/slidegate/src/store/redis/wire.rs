@@ -174,6 +174,27 @@ pub(super) fn single_decision(reply: &Value, limit: u64) -> Result<Decision, Sto
     }
 }
 
+/// The decision and the window number (modulo 2^32) in a `lease.lua` reply.
+pub(super) fn leased(reply: &Value, limit: u64) -> Result<(Decision, u64), StoreError> {
+    let bytes = match reply {
+        Value::BulkString(bytes) if bytes.len() == DECISION_BYTES + 8 => bytes,
+        other => {
+            return Err(StoreError::UnexpectedReply(format!(
+                "expected {} bytes (a lease), got {other:?}",
+                DECISION_BYTES + 8
+            )))
+        }
+    };
+    let (chunk, window) = bytes.split_at(DECISION_BYTES);
+    let mut le = [0u8; 8];
+    le.copy_from_slice(window);
+    let window = f64::from_le_bytes(le);
+    if !(0.0..4_294_967_296.0).contains(&window) || window.fract() != 0.0 {
+        return Err(StoreError::UnexpectedReply(format!("lease window {window}")));
+    }
+    Ok((decision(chunk, limit)?, window as u64))
+}
+
 /// remaining × 2^32 + reset_after ms, as `decide.lua` replies an allowed decision.
 fn allowed_decision(packed: i64, limit: u64) -> Result<Decision, StoreError> {
     const REMAINING_BELOW: u64 = 1 << 21;
