@@ -343,3 +343,26 @@ fn stars_and_params_combine() {
     assert!(p("/é*").matches("/éa") && p("*é").matches("/aé") && !p("*é").matches("/ae"));
     assert!(p("/*").matches("/") && !p("/*x").matches("/"));
 }
+
+#[test]
+fn grpc_paths_match_with_their_dots_and_stars() {
+    // gRPC calls `/package.Service/Method`: dots are text, never segments
+    // to resolve or suffixes to cut, in both readings of the path.
+    for path in ["/shop.Cart/Add", "/grpc.health.v1.Health/Check", "/a.b.c.D/Watch"] {
+        assert!(matches!(normalize_path(path), Cow::Borrowed(_)), "{path}");
+        assert_eq!(lenient_path(path), path);
+    }
+    assert!(p("/shop.Cart/Add").matches("/shop.Cart/Add"));
+    assert!(!p("/shop.Cart/Add").matches("/shop.Cart/AddMany"));
+    assert!(!p("/shop.Cart/Add").matches("/shopXCart/Add"));
+    // A whole service, every method of every service of a package, one method anywhere.
+    assert!(p("/shop.Cart/*").matches("/shop.Cart/Watch"));
+    assert!(!p("/shop.Cart/*").matches("/shop.Carts/Watch"));
+    assert!(p("/shop.*").matches("/shop.Cart/Add") && p("/shop.*").matches("/shop.v2.Orders/Get"));
+    assert!(!p("/shop.*").matches("/shopping.Cart/Add"));
+    assert!(p("*/Check").matches("/grpc.health.v1.Health/Check"));
+    // `{param}` fills the method segment.
+    assert!(p("/shop.Cart/{method}").matches("/shop.Cart/Add"));
+    // A format suffix never cuts into a service name: only the last segment has one.
+    assert!(!p("/shop").format_suffix(true).matches("/shop.Cart/Add"));
+}

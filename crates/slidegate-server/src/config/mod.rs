@@ -23,7 +23,9 @@ mod values;
 
 pub use error::ConfigError;
 pub use protocols::{load_roots, Http2Limits, ListenerTls, TlsFileError};
-pub use types::{AccessLogConfig, AccessLogPath, Config, LogFormat, Password, ServerConfig, StoreConfig};
+pub use types::{
+    AccessLogConfig, AccessLogPath, Config, GrpcDenialStatus, LogFormat, Password, ServerConfig, StoreConfig,
+};
 
 #[cfg(test)]
 mod lists_tests;

@@ -99,6 +99,8 @@ pub(super) struct RawServer {
     pub(super) watch_config: Option<bool>,
     /// The limiter's cap on requests held by rules' `delay` (`LimiterConfig::max_delayed`).
     pub(super) max_delayed: Option<Spanned<u32>>,
+    pub(super) websocket_idle_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) grpc_denial_status: Option<Spanned<String>>,
     // Protocols: TLS on the listener, https:// upstreams, HTTP/2.
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) upstream_ca: Option<Spanned<String>>,

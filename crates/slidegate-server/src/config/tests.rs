@@ -963,3 +963,24 @@ fn delay_is_read_and_every_bad_value_is_located() {
     assert!(err("[server]\nmax_delayed = -1\n").2.contains("u32"), "a negative cap is a type error");
     assert!(parse(&rule("delay = { per_identity = 2 }\n")).is_err(), "max_wait is required");
 }
+
+#[test]
+fn websocket_idle_timeout_and_grpc_denial_status_have_defaults_and_located_errors() {
+    use crate::config::GrpcDenialStatus;
+    let c = parse("[server]\n").unwrap();
+    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(300));
+    assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::ResourceExhausted);
+    let c =
+        parse("[server]\nwebsocket_idle_timeout = \"45s\"\ngrpc_denial_status = \"unavailable\"\n").unwrap();
+    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(45));
+    assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::Unavailable);
+    let (l, c, m) = err("[server]\nwebsocket_idle_timeout = \"0s\"\n");
+    assert_eq!((l, c), (2, 26));
+    assert!(m.starts_with("websocket_idle_timeout must be longer than 0"), "{m}");
+    let (l, c, m) = err("[server]\n\ngrpc_denial_status = \"RESOURCE_EXHAUSTED\"\n");
+    assert_eq!((l, c), (3, 22));
+    assert_eq!(
+        m,
+        "unknown grpc_denial_status \"RESOURCE_EXHAUSTED\": expected \"resource_exhausted\" or \"unavailable\""
+    );
+}

@@ -66,6 +66,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// `[server] grpc_denial_status`: the gRPC status of a rate limit denial
+/// of a gRPC call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GrpcDenialStatus {
+    /// `RESOURCE_EXHAUSTED` (8), what gRPC names a quota exhausted (the default).
+    #[default]
+    ResourceExhausted,
+    /// `UNAVAILABLE` (14), for clients whose retry policy retries only that.
+    Unavailable,
+}
+
 /// `[server]`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -117,6 +129,11 @@ pub struct ServerConfig {
     /// Whether `slidegate serve` re-reads its configuration file when it
     /// changes (`watch_config`), as on `SIGHUP`; off by default.
     pub watch_config: bool,
+    /// How long a WebSocket tunnel may pass no byte either way before it
+    /// is closed (`websocket_idle_timeout`), its upstream slot with it.
+    pub websocket_idle_timeout: Delay,
+    /// The gRPC status a denied gRPC call gets (`grpc_denial_status`).
+    pub grpc_denial_status: GrpcDenialStatus,
     /// TLS on the listener (`tls`): its certificate and key, re-read by a
     /// reload; `None`: cleartext (HTTP/1.1 and prior-knowledge HTTP/2).
     pub tls: Option<super::ListenerTls>,
@@ -163,6 +180,8 @@ impl Default for ServerConfig {
             max_upstream_connections_per_client: None,
             log_format: LogFormat::Text,
             watch_config: false,
+            websocket_idle_timeout: Delay::from_secs(300),
+            grpc_denial_status: GrpcDenialStatus::ResourceExhausted,
             tls: None,
             upstream_ca: None,
             upstream_http2: false,

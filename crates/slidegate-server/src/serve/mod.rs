@@ -18,6 +18,8 @@
 //! - `proxy` and `upstream`: forwarding to the upstream; `client_holds`:
 //!   each client's share of the upstream connections; `slots`: the pool's
 //!   slots, handed to the clients holding least first.
+//! - `websocket`: WebSocket handshakes tunnelled to the upstream; `grpc`:
+//!   the gRPC answers `serve` makes itself (denials as `grpc-status`).
 //! - `sweeper`: gives the embedded store's memory back on a timer.
 //! - `reload`: [`Reloader`] reloads the configuration file while serving
 //!   (`SIGHUP` in the binary, `POST /admin/reload`).
@@ -33,6 +35,7 @@ mod body;
 mod client_holds;
 mod connection;
 mod error;
+mod grpc;
 mod lifts;
 mod offenders;
 mod overrides;
@@ -46,6 +49,7 @@ mod sweeper;
 mod tls;
 mod token;
 mod upstream;
+mod websocket;
 mod worker;
 
 pub use access_log::AccessLogReopen;

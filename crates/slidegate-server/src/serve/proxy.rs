@@ -1,5 +1,7 @@
 //! Forwarding to the upstream: bodies streamed both ways, hop-by-hop headers
-//! dropped, `X-Forwarded-For` appended.
+//! dropped, `X-Forwarded-For` appended; a WebSocket handshake to a tunnel
+//! of its own (`websocket`), a gRPC call answered in gRPC when refused here
+//! (`grpc`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,12 +19,16 @@ use slidegate_http::{PendingCharge, RateLimiter, Verdict};
 
 use super::access_log;
 use super::client_holds::ClientKey;
+use super::grpc;
 use super::upstream::{PooledBody, Upstream, UpstreamError, UpstreamLimits};
+use super::websocket::{self, Upgrade};
 use super::{boxed, ServeBody, State};
 
 /// The one upstream, as one worker thread reaches it.
 pub(crate) struct Proxy {
     upstream: Arc<Upstream>,
+    /// What a denied gRPC call is told (`[server] grpc_denial_status`).
+    grpc_denial: crate::config::GrpcDenialStatus,
 }
 
 /// Headers meaningful for one connection only (RFC 9110 §7.6.1), never forwarded.
@@ -40,7 +46,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 impl Proxy {
     /// A proxy to `upstream` (`http://host:port`, checked by the config).
     pub(crate) fn new(upstream: &Uri, limits: UpstreamLimits) -> Option<Self> {
-        Some(Self { upstream: Upstream::new(upstream.authority()?.clone(), limits) })
+        let grpc_denial = limits.grpc_denial;
+        Some(Self { upstream: Upstream::new(upstream.authority()?.clone(), limits), grpc_denial })
     }
 
     /// The upstream's counters (TLS failures), as Prometheus text.
@@ -99,6 +106,9 @@ pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue) 
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
+/// Decides `request` and, unless denied, forwards it: a WebSocket
+/// handshake to a tunnel of its own (`websocket.rs`), anything else on the
+/// pool. A gRPC call refused here gets a gRPC answer (`grpc.rs`).
 pub(crate) async fn forward(
     state: &State,
     mut request: Request<Incoming>,
@@ -107,6 +117,14 @@ pub(crate) async fn forward(
 ) -> Response<ServeBody> {
     let limiter = state.limiter();
     let limiter = &*limiter;
+    let grpc = grpc::is_grpc(request.method(), request.headers())
+        .then(|| state.proxy.as_ref().map_or_else(Default::default, |p| p.grpc_denial));
+    let own = |response: Response<ServeBody>| match grpc {
+        Some(denial) => grpc::answer(response, denial),
+        None => response,
+    };
+    // Read before the stripping below removes `Connection` and `Upgrade`.
+    let upgrade = Upgrade::of(&request);
     // Decide on the headers the upstream will receive: a header the client
     // names in `Connection` (its API key, say) is removed before forwarding,
     // so counting the request under it would let a random key per request
@@ -114,14 +132,30 @@ pub(crate) async fn forward(
     strip_hop_by_hop(request.headers_mut());
     limiter.identity().strip_header_aliases(request.headers_mut());
     if let Some(reason) = slidegate_http::refused_path(request.uri().path()) {
+        return own(bad_request(request.uri().path(), reason));
+    }
+    if let Upgrade::Refused(reason) = upgrade {
         return bad_request(request.uri().path(), reason);
     }
+    if upgrade == Upgrade::WebSocket && state.readiness.is_draining() {
+        // A tunnel opened now would be cut by the shutdown (and a 101 cannot
+        // carry the drain's `Connection: close`): the client reconnects elsewhere.
+        let mut response = boxed(headers::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "about:blank",
+            "Service Unavailable",
+            "this instance is shutting down and opens no WebSocket tunnels; reconnect",
+            Some(request.uri().path()),
+        ));
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
     if limiter.identity().api_key_is_ambiguous(request.headers()) {
-        return bad_request(
+        return own(bad_request(
             request.uri().path(),
             "the API key header must appear once, with one value (no comma): \
              which of several keys the upstream uses is its choice, not slidegate's",
-        );
+        ));
     }
     let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
     let started = state.access_log.as_ref().map(|_| std::time::Instant::now());
@@ -135,15 +169,55 @@ pub(crate) async fn forward(
     if let Some(v) = &verdict {
         if v.blocks() {
             let response = headers::blocked_response(v, limiter.legacy_headers(), request.uri().path());
-            return access_log::logged(log, entry, boxed(response));
+            return access_log::logged(log, entry, own(boxed(response)));
         }
     }
     // Kept for a 502: a Uri clone shares its bytes.
     let uri = request.uri().clone();
     let Some(proxy) = &state.proxy else {
-        return access_log::logged(log, entry, bad_gateway(uri.path(), "no upstream client"));
+        return access_log::logged(log, entry, own(bad_gateway(uri.path(), "no upstream client")));
     };
-    // Origin-form towards the upstream: the path and query only.
+    prepare(&mut request, &proxy.upstream, peer_value, grpc.is_some());
+    let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
+    let pending = verdict.as_mut().and_then(Verdict::take_pending);
+    let exchange = exchange(state, limiter, &proxy.upstream, request, client, upgrade, pending).await;
+    let response = match exchange {
+        Ok((response, charged)) => relay(response, limiter, charged, verdict.as_ref()),
+        // 400/408 when the client's body failed, 429 over the client's
+        // share, 503 when saturated, 502 otherwise.
+        Err(err) => own(err.response(uri.path())),
+    };
+    access_log::logged(log, entry, response)
+}
+
+/// Sends a decided request: a WebSocket handshake to a tunnel of its own,
+/// anything else on the pool (charged after its response if its rule says so).
+async fn exchange(
+    state: &State,
+    limiter: &RateLimiter<crate::store::AnyStore>,
+    upstream: &Arc<Upstream>,
+    request: Request<Incoming>,
+    client: ClientKey,
+    upgrade: Upgrade,
+    pending: Option<PendingCharge>,
+) -> Result<(Response<ServeBody>, Option<RateHeaders>), UpstreamError> {
+    let boxed = |response: Response<PooledBody>| response.map(|body| body.map_err(Into::into).boxed());
+    match (upgrade, pending) {
+        (Upgrade::WebSocket, pending) => {
+            let idle = upstream.limits().tunnel_idle;
+            let response = websocket::open(upstream, request, client, idle).await?;
+            Ok(charge_handshake(limiter, pending, response).await)
+        }
+        (_, None) => upstream.send(request, client).await.map(|response| (boxed(response), None)),
+        (_, Some(pending)) => exchange_charged(upstream, limiter, &state.settling, request, client, pending)
+            .await
+            .map(|(response, charged)| (boxed(response), charged)),
+    }
+}
+
+/// Readies a decided request for the upstream: origin-form, HTTP/1.1, a
+/// `Host`, `X-Forwarded-For`, and a gRPC call's `te: trailers`.
+fn prepare(request: &mut Request<Incoming>, upstream: &Upstream, peer_value: &HeaderValue, grpc: bool) {
     let target =
         request.uri().path_and_query().map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
     *request.uri_mut() = target;
@@ -151,39 +225,55 @@ pub(crate) async fn forward(
     if !request.headers().contains_key(header::HOST) {
         // Only HTTP/1.0 comes without Host (`worker::refuse` answers an
         // HTTP/1.1 request without one 400); forwarded as HTTP/1.1, it needs one.
-        if let Ok(host) = HeaderValue::from_str(proxy.upstream.authority().as_str()) {
+        if let Ok(host) = HeaderValue::from_str(upstream.authority().as_str()) {
             request.headers_mut().insert(header::HOST, host);
         }
     }
-    let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
     append_forwarded_for(request.headers_mut(), peer_value);
-    let exchange = match verdict.as_mut().and_then(Verdict::take_pending) {
-        None => proxy.upstream.send(request, client).await.map(|response| (response, None)),
-        Some(pending) => {
-            exchange_charged(&proxy.upstream, limiter, &state.settling, request, client, pending).await
-        }
+    if grpc {
+        grpc::keep_te_trailers(request.headers_mut());
+    }
+}
+
+/// The upstream's answer as the client gets it: HTTP/1.1, hop-by-hop and
+/// cost headers gone (a `101`'s upgrade headers put back), the rate limit
+/// headers of the charge or of the decision.
+fn relay(
+    mut response: Response<ServeBody>,
+    limiter: &RateLimiter<crate::store::AnyStore>,
+    charged: Option<RateHeaders>,
+    verdict: Option<&Verdict<'_>>,
+) -> Response<ServeBody> {
+    // Speak HTTP/1.1 to the client whatever the upstream spoke.
+    *response.version_mut() = http::Version::HTTP_11;
+    strip_hop_by_hop(response.headers_mut());
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        websocket::switching(response.headers_mut());
+    }
+    // The upstream's word to slidegate, not the client's business:
+    // every rule's cost header, whichever rule matched, if any.
+    limiter.cost_headers().strip(response.headers_mut());
+    match (charged, verdict) {
+        (Some(charged), _) => charged.insert_into(response.headers_mut()),
+        (None, Some(v)) => headers::apply(response.headers_mut(), v, limiter.legacy_headers()),
+        (None, None) => {}
+    }
+    response
+}
+
+/// A handshake's answer, charged now if its rule charges after the
+/// response: the tunnel's traffic is not the request, its handshake is.
+async fn charge_handshake(
+    limiter: &RateLimiter<crate::store::AnyStore>,
+    pending: Option<PendingCharge>,
+    response: Response<Incoming>,
+) -> (Response<ServeBody>, Option<RateHeaders>) {
+    let charged = match pending {
+        Some(pending) => limiter.charge_response(&pending, response.status(), response.headers()).await,
+        None => None,
     };
-    let response = match exchange {
-        Ok((response, charged)) => {
-            let mut response = response.map(|body| body.map_err(Into::into).boxed());
-            // Speak HTTP/1.1 to the client whatever the upstream spoke.
-            *response.version_mut() = http::Version::HTTP_11;
-            strip_hop_by_hop(response.headers_mut());
-            // The upstream's word to slidegate, not the client's business:
-            // every rule's cost header, whichever rule matched, if any.
-            limiter.cost_headers().strip(response.headers_mut());
-            match (charged, &verdict) {
-                (Some(charged), _) => charged.insert_into(response.headers_mut()),
-                (None, Some(v)) => headers::apply(response.headers_mut(), v, limiter.legacy_headers()),
-                (None, None) => {}
-            }
-            response
-        }
-        // 400/408 when the client's body failed, 429 over the client's
-        // share, 503 when saturated, 502 otherwise.
-        Err(err) => err.response(uri.path()),
-    };
-    access_log::logged(log, entry, response)
+    let headers = charged.filter(Verdict::allowed).map(|v| RateHeaders::of(&v, limiter.legacy_headers()));
+    (response.map(|body| body.map_err(Into::into).boxed()), headers)
 }
 
 /// Sends a request whose rule charges after the response, and charges what

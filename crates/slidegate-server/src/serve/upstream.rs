@@ -162,6 +162,10 @@ pub(crate) struct UpstreamLimits {
     pub(crate) max_idle: usize,
     /// How long a request waits for a permit.
     pub(crate) queue_wait: std::time::Duration,
+    /// How long a WebSocket tunnel may stay silent (`websocket_idle_timeout`).
+    pub(crate) tunnel_idle: std::time::Duration,
+    /// What a denied gRPC call is told (`grpc_denial_status`).
+    pub(crate) grpc_denial: crate::config::GrpcDenialStatus,
     /// How connections to the upstream are made: TLS or not, HTTP/1.1 or 2.
     pub(crate) transport: Arc<Transport>,
 }
@@ -196,6 +200,8 @@ impl UpstreamLimits {
             max,
             max_idle: (max / (2 * threads.max(1))).clamp(1, MAX_IDLE),
             queue_wait: crate::config::ServerConfig::UPSTREAM_QUEUE_WAIT.get(),
+            tunnel_idle: server.websocket_idle_timeout.get(),
+            grpc_denial: server.grpc_denial_status,
             transport: Arc::new(Transport {
                 tls,
                 http2: server.upstream_http2,
@@ -260,6 +266,17 @@ impl Upstream {
     /// The upstream's `host:port`, for requests that came without `Host`.
     pub(crate) fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    /// What bounds this upstream's use: WebSocket tunnels take their slot
+    /// and client share from the same limits (`websocket.rs`).
+    pub(crate) fn limits(&self) -> &UpstreamLimits {
+        &self.limits
+    }
+
+    /// The host and port connections are opened to.
+    pub(crate) fn address(&self) -> (&str, u16) {
+        (&self.host, self.port)
     }
 
     /// Who `send` counts a request against: the client address of a request

@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::super::error::ConfigError;
 use super::super::raw::RawServer;
-use super::super::types::{LogFormat, ServerConfig};
+use super::super::types::{GrpcDenialStatus, LogFormat, ServerConfig};
 use super::super::values::Parsed;
 use super::Validator;
 
@@ -115,8 +115,42 @@ impl Validator<'_> {
             server.threads = Some(usize::from(*t.get_ref()));
         }
         server.watch_config = raw.watch_config.unwrap_or_default();
+        self.tunnels_and_grpc(&mut server, raw.websocket_idle_timeout, raw.grpc_denial_status)?;
         self.protocols(protocols, &mut server)?;
         Ok(server)
+    }
+
+    /// `websocket_idle_timeout` (above 0) and `grpc_denial_status`.
+    fn tunnels_and_grpc(
+        &self,
+        server: &mut ServerConfig,
+        idle: Option<Spanned<Parsed<Delay>>>,
+        grpc: Option<Spanned<String>>,
+    ) -> Result<(), ConfigError> {
+        if let Some(t) = idle {
+            if t.get_ref().0.get().is_zero() {
+                return Err(self.err(
+                    t.span(),
+                    "websocket_idle_timeout must be longer than 0: expected a duration such as \"300s\"",
+                ));
+            }
+            server.websocket_idle_timeout = t.into_inner().0;
+        }
+        if let Some(status) = grpc {
+            server.grpc_denial_status = match status.get_ref().as_str() {
+                "resource_exhausted" => GrpcDenialStatus::ResourceExhausted,
+                "unavailable" => GrpcDenialStatus::Unavailable,
+                other => {
+                    return Err(self.err(
+                        status.span(),
+                        format!(
+                            "unknown grpc_denial_status {other:?}: expected \"resource_exhausted\" or \"unavailable\""
+                        ),
+                    ))
+                }
+            };
+        }
+        Ok(())
     }
 
     /// `upstream`: `http://host:port` or `https://host:port`, nothing more.
