@@ -76,6 +76,9 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
                 "slidegate: admin endpoints off: set [server] admin_listen or admin_on_public to serve them"
             );
         }
+        if let Some(grpc) = server.grpc_addr() {
+            eprintln!("slidegate: envoy rate limit service (gRPC) on {grpc}");
+        }
         eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
         server.run(shutdown).await;
         Ok(ExitCode::SUCCESS)
@@ -124,7 +127,15 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
             }
             _ => String::new(),
         };
+        if rule.name.starts_with(slidegate_server::envoy::RULE_PREFIX) {
+            // An Envoy descriptor's limit: no HTTP path or method to show.
+            outln!("  envoy descriptor {}: {limits}", rule.name);
+            continue;
+        }
         outln!("  rule {} {methods} {}: {limits}", rule.name, rule.path);
+    }
+    if let Some(addr) = config.server.grpc_listen {
+        outln!("  envoy rate limit service on {addr}, domains: {}", config.envoy.domains().join(", "));
     }
     let plans = &config.limiter.plans;
     for (i, plan) in plans.plans.iter().enumerate() {

@@ -38,6 +38,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod config;
+pub mod envoy;
 pub mod serve;
 mod store;
 

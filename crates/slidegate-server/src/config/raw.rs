@@ -30,6 +30,16 @@ pub(super) struct RawConfig {
     pub(super) lists: RawLists,
     #[serde(default)]
     pub(super) plans: Vec<Spanned<RawPlan>>,
+    /// `[envoy]`: the rate limit service's descriptors (`grpc_listen`).
+    pub(super) envoy: Option<RawEnvoy>,
+}
+
+/// `[envoy] config = "ratelimit.yaml"`: envoyproxy/ratelimit's YAML, a
+/// file or a directory of them, relative to this file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEnvoy {
+    pub(super) config: Spanned<String>,
 }
 
 /// `[[plans]] name = "pro"` with `limits.<rule> = [ … ]`: the limits that
@@ -73,6 +83,8 @@ pub(super) struct RawServer {
     pub(super) upstream: Option<Spanned<String>>,
     pub(super) admin_prefix: Option<Spanned<String>>,
     pub(super) admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
+    /// The Envoy rate limit service's gRPC listener.
+    pub(super) grpc_listen: Option<Spanned<Parsed<SocketAddr>>>,
     pub(super) shutdown_grace: Option<Parsed<Delay>>,
     pub(super) drain_delay: Option<Spanned<Parsed<Delay>>>,
     pub(super) threads: Option<Spanned<u16>>,

@@ -28,6 +28,9 @@ pub struct Config {
     pub limiter: LimiterConfig,
     /// `[access_log]`: one JSON line per decision; `None` (no table): off.
     pub access_log: Option<AccessLogConfig>,
+    /// `[envoy] config`: the descriptors Envoy's requests are matched to
+    /// (their limits are rules of `limiter`, named `envoy/…`); empty without it.
+    pub envoy: std::sync::Arc<crate::envoy::EnvoyConfig>,
 }
 
 /// `[access_log]`: where decisions are logged, one JSON object a line, and
@@ -88,6 +91,9 @@ pub struct ServerConfig {
     /// A separate address for the admin endpoints; when set they are served
     /// only there, and the public listener forwards those paths upstream.
     pub admin_listen: Option<SocketAddr>,
+    /// Where Envoy's rate limit service (gRPC, `ShouldRateLimit`) is
+    /// served; `None`: nowhere. See docs/envoy.md.
+    pub grpc_listen: Option<SocketAddr>,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Delay,
     /// How long after `SIGTERM` new connections are still accepted, with
@@ -161,6 +167,7 @@ impl Default for ServerConfig {
             upstream: None,
             admin_prefix: String::new(),
             admin_listen: None,
+            grpc_listen: None,
             shutdown_grace: Delay::from_secs(10),
             drain_delay: Delay::from_secs(0),
             threads: None,

@@ -75,6 +75,8 @@ struct Running {
     config: Config,
     limiter: RateLimiter<AnyStore>,
     workers: Vec<Arc<Current>>,
+    /// The Envoy rate limit service's limiter and descriptors.
+    envoy: Vec<Arc<crate::envoy::Current>>,
 }
 
 /// What a reload changed.
@@ -125,7 +127,7 @@ impl Reloader {
         limiter: RateLimiter<AnyStore>,
         certs: Option<Arc<super::tls::ListenerCerts>>,
     ) -> Self {
-        let running = Running { config, limiter, workers: Vec::new() };
+        let running = Running { config, limiter, workers: Vec::new(), envoy: Vec::new() };
         Self {
             inner: Arc::new(Shared {
                 path,
@@ -142,6 +144,15 @@ impl Reloader {
         let mut running = self.lock();
         let current = Arc::new(Current::new(&running.limiter));
         running.workers.push(Arc::clone(&current));
+        current
+    }
+
+    /// The Envoy rate limit service's handle on the current limiter and
+    /// descriptors, replaced on every reload.
+    pub(super) fn envoy(&self) -> Arc<crate::envoy::Current> {
+        let mut running = self.lock();
+        let current = Arc::new(crate::envoy::Current::new(&running.limiter, &running.config.envoy));
+        running.envoy.push(Arc::clone(&current));
         current
     }
 
@@ -204,6 +215,9 @@ impl Reloader {
         applied.limiter.plans.keys.forget_raw_keys();
         for worker in &running.workers {
             worker.set(&limiter);
+        }
+        for envoy in &running.envoy {
+            envoy.set(&limiter, &applied.envoy);
         }
         if let (Some(certs), Some(tls)) = (&self.inner.certs, file_tls) {
             certs.replace(tls.certified_key());
@@ -315,6 +329,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.threads", differs(&a.threads, &b.threads)),
         ("server.upstream", differs(&a.upstream, &b.upstream)),
         ("server.admin_listen", differs(&a.admin_listen, &b.admin_listen)),
+        ("server.grpc_listen", differs(&a.grpc_listen, &b.grpc_listen)),
         ("server.admin_on_public", differs(&a.admin_on_public, &b.admin_on_public)),
         ("server.admin_prefix", differs(&a.admin_prefix, &b.admin_prefix)),
         ("server.check_token_env", a.check_token != b.check_token),

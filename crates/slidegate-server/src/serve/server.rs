@@ -61,6 +61,8 @@ pub struct Server {
     /// The public listener's certificate, when it has TLS: a reload swaps it.
     certs: Option<Arc<ListenerCerts>>,
     access_log: Option<(AccessLog, access_log::Writer)>,
+    /// `[server] grpc_listen`: Envoy's rate limit service.
+    grpc: Option<crate::envoy::GrpcListener>,
 }
 
 impl Server {
@@ -100,6 +102,14 @@ impl Server {
                 Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
             }
         };
+        let grpc = match config.server.grpc_listen {
+            None => None,
+            Some(addr) => Some(
+                crate::envoy::GrpcListener::bind(addr)
+                    .await
+                    .map_err(|source| ServeError::Bind { addr, source })?,
+            ),
+        };
         // The limiter holds the digests of the keys file's keys; the copy kept
         // to reload from holds no key as it is.
         let mut kept = config.clone();
@@ -122,6 +132,7 @@ impl Server {
             certs,
             limiter,
             access_log,
+            grpc,
         })
     }
 
@@ -149,6 +160,12 @@ impl Server {
     /// admin_listen` is set.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The address of Envoy's rate limit service when `[server]
+    /// grpc_listen` is set.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.as_ref().and_then(crate::envoy::GrpcListener::local_addr)
     }
 
     /// What has the access log reopen its file (after a rotation moved it),
@@ -219,6 +236,7 @@ impl Server {
         let lifts = super::lifts::spawn(self.reloader.worker());
         let overrides = super::overrides::spawn_poller(self.limiter.clone());
         let (mut workers, threads) = self.spawn_workers();
+        let grpc = self.grpc.map(|listener| listener.spawn(self.reloader.envoy()));
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
         let mut next = 0;
@@ -259,6 +277,9 @@ impl Server {
             lifts.abort();
         }
         overrides.abort();
+        if let Some(grpc) = grpc {
+            grpc.stop(self.grace.get()).await;
+        }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         let access_log = self.access_log.map(|(_, writer)| writer);

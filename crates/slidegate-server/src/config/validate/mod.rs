@@ -13,6 +13,7 @@
 
 mod access_log;
 mod document;
+mod envoy;
 mod identity;
 mod lists;
 mod plans;
@@ -280,8 +281,9 @@ impl Validator<'_> {
         let plans = identity
             .as_ref()
             .and_then(|identity| found.part(self.plans(raw.plans, plan_keys, &rules, identity, partial)));
-        let ((server, max_delayed), (store, guard), identity, access_log, lists, plans) =
-            (server?, store?, identity?, access_log?, lists?, plans?);
+        let envoy = found.part(self.envoy(raw.envoy, on_error, &mut rules));
+        let ((server, max_delayed), (store, guard), identity, access_log, lists, plans, envoy) =
+            (server?, store?, identity?, access_log?, lists?, plans?, envoy?);
         let mut limiter = LimiterConfig::default();
         limiter.guard = guard;
         limiter.identity = identity;
@@ -290,7 +292,7 @@ impl Validator<'_> {
         limiter.headers = headers;
         limiter.max_delayed = max_delayed;
         limiter.lists = lists;
-        Some(Config { server, store, limiter, access_log })
+        Some(Config { server, store, limiter, access_log, envoy })
     }
 
     /// `[server]`, which `serve` needs for its upstream, and the limiter's

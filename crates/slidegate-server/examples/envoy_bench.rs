@@ -1,0 +1,240 @@
+//! Envoy-like load on `slidegate serve`, in one run: `ShouldRateLimit` over
+//! gRPC (HTTP/2, many concurrent streams, 1–3 descriptors a request) side
+//! by side with `POST /v1/check` (HTTP/1.1 keep-alive connections, one
+//! decision a call), on the embedded store and on Redis. Prints one JSON
+//! line per (store, api): decisions/s and latency percentiles.
+//!
+//! ```text
+//! cargo run --release -p slidegate-server --example envoy_bench -- [SECONDS] [REDIS_URL]
+//! ```
+//!
+//! The server runs in a child process: besides the rates (which on a shared
+//! machine follow its load), each line gives the server's CPU time per
+//! decision, which does not.
+//!
+//! Both APIs decide through the same limiter and rule
+//! (`envoy/bench/user`); each call charges fresh identities drawn from a
+//! large key space, so nothing is denied and every decision reaches the store.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use slidegate_server::envoy::proto::{Entry, RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+use slidegate_server::{Config, Server};
+
+const YAML: &str = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000000\n";
+/// Concurrent callers (Envoy keeps many streams open on few connections).
+const CALLERS: usize = 64;
+/// HTTP/2 connections for gRPC, shared by the callers.
+const CHANNELS: usize = 2;
+
+struct Tally {
+    decisions: AtomicU64,
+    latencies: Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+impl Tally {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            decisions: AtomicU64::new(0),
+            latencies: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
+        })
+    }
+
+    fn record(&self, decisions: u64, started: Instant) {
+        self.decisions.fetch_add(decisions, Relaxed);
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX).max(1);
+        self.latencies.lock().unwrap().saturating_record(us);
+    }
+
+    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration) {
+        let h = self.latencies.lock().unwrap();
+        let decisions = self.decisions.load(Relaxed);
+        println!(
+            "{{\"store\":\"{store}\",\"api\":\"{api}\",\"callers\":{CALLERS},\"decisions\":{decisions},\
+             \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"server_cpu_us_per_decision\":{:.1},\
+             \"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
+            decisions as f64 / seconds,
+            h.len() as f64 / seconds,
+            server_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.value_at_quantile(0.999),
+        );
+    }
+}
+
+/// The server, in a child process (this program with `serve STORE`), so
+/// its CPU time is its own: the child, its gRPC and admin addresses.
+fn start(store: &str) -> (std::process::Child, SocketAddr, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["serve", store])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (grpc, admin) = line.trim().split_once(' ').unwrap();
+    (child, grpc.parse().unwrap(), admin.parse().unwrap())
+}
+
+/// The child's user + system CPU time (Linux `/proc/PID/stat`).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// `serve STORE`: runs `serve` on a runtime of 2 threads, which also serve
+/// gRPC (2 worker threads serve HTTP), and prints its addresses.
+fn serve(store: &str, dir: &std::path::Path) {
+    std::fs::write(dir.join("rl.yaml"), YAML).unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\n\
+         upstream = \"http://127.0.0.1:9\"\nthreads = 2\n[identity]\nip_hash_secret_env = \"BENCH_SECRET\"\n\
+         {store}\n[envoy]\nconfig = \"rl.yaml\"\n"
+    );
+    let env = |name: &str| (name == "BENCH_SECRET").then(|| "bench".to_owned());
+    let config = Config::parse_with_env(&toml, dir.join("s.toml"), &env).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let server = Server::bind(&config).await.unwrap();
+        println!("{} {}", server.grpc_addr().unwrap(), server.admin_addr().unwrap());
+        server.run(std::future::pending()).await;
+    });
+}
+
+fn descriptors(n: u64, next: &AtomicU64) -> Vec<RateLimitDescriptor> {
+    (0..n)
+        .map(|_| RateLimitDescriptor {
+            entries: vec![Entry { key: "user".into(), value: format!("u{}", next.fetch_add(1, Relaxed)) }],
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn grpc(addr: SocketAddr, seconds: u64, per_call: Option<u64>) -> Arc<Tally> {
+    let tally = Tally::new();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..CHANNELS {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        clients.push(RateLimitServiceClient::new(channel));
+    }
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let (mut client, tally, next) =
+                (clients[i % CHANNELS].clone(), Arc::clone(&tally), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut call = i as u64;
+                while Instant::now() < end {
+                    // 1, 2, 3 descriptors in turn, unless fixed.
+                    let n = per_call.unwrap_or(call % 3 + 1);
+                    call += 1;
+                    let request = RateLimitRequest {
+                        domain: "bench".into(),
+                        descriptors: descriptors(n, &next),
+                        hits_addend: 0,
+                    };
+                    let started = Instant::now();
+                    let answer = client.should_rate_limit(request).await.unwrap();
+                    assert_eq!(answer.overall_code, 1);
+                    tally.record(n, started);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    tally
+}
+
+async fn check(addr: SocketAddr, seconds: u64) -> Arc<Tally> {
+    let tally = Tally::new();
+    let next = Arc::new(AtomicU64::new(1 << 40));
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (tally, next) = (Arc::clone(&tally), Arc::clone(&next));
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                        .unwrap();
+                tokio::spawn(conn);
+                while Instant::now() < end {
+                    let body = format!(
+                        "{{\"rule\":\"envoy/bench/user\",\"key\":\"u{}\"}}",
+                        next.fetch_add(1, Relaxed)
+                    );
+                    let request = http::Request::post("/v1/check")
+                        .header("host", "bench")
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap();
+                    let started = Instant::now();
+                    let response = sender.send_request(request).await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.into_body().collect().await.unwrap();
+                    tally.record(1, started);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    tally
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let first = args.next();
+    if first.as_deref() == Some("serve") {
+        let dir = tempfile::tempdir().unwrap();
+        return serve(&args.next().unwrap_or_default(), dir.path());
+    }
+    let seconds: u64 = first.map_or(5, |s| s.parse().unwrap());
+    let mut stores = vec![("embedded", String::new())];
+    if let Some(url) = args.next() {
+        stores.push(("redis", format!("[store]\nurl = \"{url}\"\n")));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for (name, store) in stores {
+        let (mut child, grpc_addr, admin_addr) = start(&store);
+        let pid = child.id();
+        runtime.block_on(async {
+            // Alternated, each twice, so drift in the machine's load hits both.
+            for _ in 0..2 {
+                let cpu = cpu_time(pid);
+                let tally = check(admin_addr, seconds).await;
+                tally.report(name, "v1_check", seconds as f64, cpu_time(pid) - cpu);
+                let cpu = cpu_time(pid);
+                let tally = grpc(grpc_addr, seconds, Some(1)).await;
+                tally.report(name, "grpc_1_descriptor", seconds as f64, cpu_time(pid) - cpu);
+                let cpu = cpu_time(pid);
+                let tally = grpc(grpc_addr, seconds, None).await;
+                tally.report(name, "grpc_1_to_3_descriptors", seconds as f64, cpu_time(pid) - cpu);
+            }
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

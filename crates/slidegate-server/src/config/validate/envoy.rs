@@ -1,0 +1,48 @@
+//! `[envoy] config`: envoyproxy/ratelimit's YAML, read next to this file;
+//! its limits join the rules (errors located in the YAML's own lines).
+
+use std::sync::Arc;
+
+use slidegate_http::config::{OnError, RuleConfig};
+
+use super::super::error::ConfigError;
+use super::super::raw::RawEnvoy;
+use super::Validator;
+use crate::envoy::{EnvoyConfig, YamlError};
+
+impl Validator<'_> {
+    /// The descriptors of `[envoy] config`, their rules appended to `rules`.
+    pub(super) fn envoy(
+        &self,
+        raw: Option<RawEnvoy>,
+        on_error: OnError,
+        rules: &mut Vec<RuleConfig>,
+    ) -> Result<Arc<EnvoyConfig>, ConfigError> {
+        let Some(raw) = raw else { return Ok(Arc::default()) };
+        let dir = self.path.parent().unwrap_or(std::path::Path::new(""));
+        let path = dir.join(raw.config.get_ref());
+        if !path.exists() {
+            return Err(self.err(
+                raw.config.span(),
+                format!("[envoy] config {}: no such file or directory: expected a YAML file or a directory of them", path.display()),
+            ));
+        }
+        let (config, envoy_rules) = crate::envoy::load(&path, on_error).map_err(|err| match err {
+            YamlError::Read { path, source } => ConfigError::Read { path, source },
+            YamlError::Invalid { path, text, index, message } => {
+                ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)
+            }
+        })?;
+        if let Some(taken) = envoy_rules.iter().find(|r| rules.iter().any(|t| t.name == r.name)) {
+            return Err(self.err(
+                raw.config.span(),
+                format!(
+                    "rule name {:?} is taken by a [[rules]] entry: rules named envoy/… are the descriptors'",
+                    taken.name
+                ),
+            ));
+        }
+        rules.extend(envoy_rules);
+        Ok(Arc::new(config))
+    }
+}

@@ -1,0 +1,260 @@
+//! The messages and the service of Envoy's rate limit service API, written
+//! by hand from the public definitions (`envoy/service/ratelimit/v3/rls.proto`,
+//! `envoy/extensions/common/ratelimit/v3/ratelimit.proto`,
+//! `envoy/config/core/v3/base.proto`): the same package, service, message
+//! names and field numbers, so Envoy's client talks to it unchanged. Only the
+//! fields slidegate reads or answers are written; prost skips the others on
+//! the wire, as protobuf requires.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+
+/// The full gRPC name of the service.
+pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// The path of `ShouldRateLimit`.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// `envoy.service.ratelimit.v3.RateLimitRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitRequest {
+    /// The domain the descriptors are looked up in.
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    /// Each descriptor is decided; any over limit makes the request over limit.
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<RateLimitDescriptor>,
+    /// Hits the request adds to every matched limit; 0 (unset) means 1.
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitDescriptor {
+    /// The hierarchical entries.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<Entry>,
+    /// A limit the client asks for instead of the configured one (not honoured: see docs/envoy.md).
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
+    /// Hits for this descriptor, overriding the request's `hits_addend`
+    /// (`google.protobuf.UInt64Value`).
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<u64>,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Entry {
+    /// The descriptor key.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// The descriptor value.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitOverride {
+    /// Requests per unit.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// The unit (`envoy.type.v3.RateLimitUnit`, numbered as [`Unit`]).
+    #[prost(enumeration = "Unit", tag = "2")]
+    pub unit: i32,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitResponse {
+    /// Over limit when any descriptor is.
+    #[prost(enumeration = "Code", tag = "1")]
+    pub overall_code: i32,
+    /// One status per descriptor of the request, in its order.
+    #[prost(message, repeated, tag = "2")]
+    pub statuses: Vec<DescriptorStatus>,
+    /// Headers Envoy adds to its response (`RateLimit`, `RateLimit-Policy`).
+    #[prost(message, repeated, tag = "3")]
+    pub response_headers_to_add: Vec<HeaderValue>,
+    /// Headers Envoy adds to the request it forwards.
+    #[prost(message, repeated, tag = "4")]
+    pub request_headers_to_add: Vec<HeaderValue>,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse.Code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum Code {
+    /// Not known.
+    Unknown = 0,
+    /// Under the limit.
+    Ok = 1,
+    /// Over the limit.
+    OverLimit = 2,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum Unit {
+    /// Not known.
+    Unknown = 0,
+    /// A second.
+    Second = 1,
+    /// A minute.
+    Minute = 2,
+    /// An hour.
+    Hour = 3,
+    /// A day.
+    Day = 4,
+    /// A month.
+    Month = 5,
+    /// A year.
+    Year = 6,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimit {
+    /// Requests per unit.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// The unit.
+    #[prost(enumeration = "Unit", tag = "2")]
+    pub unit: i32,
+    /// A name of the limit.
+    #[prost(string, tag = "3")]
+    pub name: String,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DescriptorStatus {
+    /// This descriptor's answer.
+    #[prost(enumeration = "Code", tag = "1")]
+    pub code: i32,
+    /// The limit that applied, if any.
+    #[prost(message, optional, tag = "2")]
+    pub current_limit: Option<RateLimit>,
+    /// Permits left.
+    #[prost(uint32, tag = "3")]
+    pub limit_remaining: u32,
+    /// Until the limit has all its permits again.
+    #[prost(message, optional, tag = "4")]
+    pub duration_until_reset: Option<prost_types::Duration>,
+}
+
+/// `envoy.config.core.v3.HeaderValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeaderValue {
+    /// The header name.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// The header value.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// What answers `ShouldRateLimit`.
+pub trait RateLimitService: Send + Sync + 'static {
+    /// Decides one request.
+    fn should_rate_limit(
+        &self,
+        request: RateLimitRequest,
+    ) -> impl std::future::Future<Output = Result<RateLimitResponse, tonic::Status>> + Send;
+}
+
+/// The gRPC server of a [`RateLimitService`]: routes `ShouldRateLimit` and
+/// answers `UNIMPLEMENTED` for every other method.
+#[derive(Debug)]
+pub struct RateLimitServiceServer<T> {
+    inner: Arc<T>,
+    max_message: usize,
+}
+
+impl<T> Clone for RateLimitServiceServer<T> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner), max_message: self.max_message }
+    }
+}
+
+impl<T: RateLimitService> RateLimitServiceServer<T> {
+    /// Serves `inner`, decoding messages of at most `max_message` bytes.
+    pub fn new(inner: T, max_message: usize) -> Self {
+        Self { inner: Arc::new(inner), max_message }
+    }
+}
+
+impl<T> tonic::server::NamedService for RateLimitServiceServer<T> {
+    const NAME: &'static str = SERVICE;
+}
+
+/// `ShouldRateLimit` as tonic's unary service.
+struct ShouldRateLimit<T>(Arc<T>);
+
+impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<tonic::Response<RateLimitResponse>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        Box::pin(async move { inner.should_rate_limit(request.into_inner()).await.map(tonic::Response::new) })
+    }
+}
+
+impl<T, B> Service<http::Request<B>> for RateLimitServiceServer<T>
+where
+    T: RateLimitService,
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async { Ok(tonic::Status::unimplemented("unknown method").into_http()) });
+        }
+        let (inner, max_message) = (Arc::clone(&self.inner), self.max_message);
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
+            let mut grpc = tonic::server::Grpc::new(codec).max_decoding_message_size(max_message);
+            Ok(grpc.unary(ShouldRateLimit(inner), request).await)
+        })
+    }
+}
+
+/// A client of the service (for tests, benches and tools).
+#[derive(Debug, Clone)]
+pub struct RateLimitServiceClient {
+    inner: tonic::client::Grpc<tonic::transport::Channel>,
+}
+
+impl RateLimitServiceClient {
+    /// A client over `channel`.
+    pub fn new(channel: tonic::transport::Channel) -> Self {
+        Self { inner: tonic::client::Grpc::new(channel) }
+    }
+
+    /// Calls `ShouldRateLimit`.
+    ///
+    /// # Errors
+    /// The call's [`tonic::Status`].
+    pub async fn should_rate_limit(
+        &mut self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        self.inner.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let codec = tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
+        let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
+        Ok(self.inner.unary(tonic::Request::new(request), path, codec).await?.into_inner())
+    }
+}

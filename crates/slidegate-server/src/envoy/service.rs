@@ -1,0 +1,253 @@
+//! `ShouldRateLimit`: a request's descriptors matched in its domain, each
+//! matched limit decided by the limiter (`RateLimiter::check_key`, through
+//! the same layered store, failure policy, deny cache, penalty box and
+//! metrics as the proxy), and the answer Envoy reads.
+//!
+//! The descriptor's entries are the identity: written as one key (each key
+//! and value prefixed by its length, so no two descriptors spell the same
+//! key) and hashed with the instance secret, under the rule of the matched
+//! node as scope, before any store, cache or log sees it.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use slidegate_http::headers::{policy_header, ratelimit_header};
+use slidegate_http::{CheckError, PolicyResult, RateLimiter};
+
+use super::descriptors::{EnvoyConfig, LimitKind, NodeLimit};
+use super::proto::{
+    Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
+    RateLimitService,
+};
+use crate::store::AnyStore;
+
+/// The most descriptors one request may carry (Envoy sends a handful).
+pub const MAX_DESCRIPTORS: usize = 256;
+/// The most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 64;
+
+/// What the service decides by now: the limiter and the descriptor tree
+/// of one configuration, replaced together by a reload.
+pub struct Current(Mutex<Arc<Running>>);
+
+/// One configuration's limiter and descriptors.
+pub struct Running {
+    limiter: RateLimiter<AnyStore>,
+    config: Arc<EnvoyConfig>,
+}
+
+impl Current {
+    /// The service's view of `limiter` and `config`.
+    pub fn new(limiter: &RateLimiter<AnyStore>, config: &Arc<EnvoyConfig>) -> Self {
+        Self(Mutex::new(Arc::new(Running { limiter: limiter.clone(), config: Arc::clone(config) })))
+    }
+
+    /// Replaces both, for a reload.
+    pub fn set(&self, limiter: &RateLimiter<AnyStore>, config: &Arc<EnvoyConfig>) {
+        let running = Arc::new(Running { limiter: limiter.clone(), config: Arc::clone(config) });
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = running;
+    }
+
+    fn get(&self) -> Arc<Running> {
+        Arc::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The rate limit service.
+pub struct EnvoyService {
+    current: Arc<Current>,
+}
+
+impl EnvoyService {
+    /// Decides by whatever `current` holds at each request.
+    pub fn new(current: Arc<Current>) -> Self {
+        Self { current }
+    }
+}
+
+impl RateLimitService for EnvoyService {
+    async fn should_rate_limit(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        check_shape(&request)?;
+        let running = self.current.get();
+        Ok(decide(&running, &request).await)
+    }
+}
+
+/// Refuses what no configuration could decide, as the reference service does.
+fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
+    if request.domain.is_empty() {
+        return Err(tonic::Status::invalid_argument("rate limit domain must not be empty"));
+    }
+    if request.descriptors.is_empty() {
+        return Err(tonic::Status::invalid_argument("rate limit descriptor list must not be empty"));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{} descriptors: at most {MAX_DESCRIPTORS} are decided per request",
+            request.descriptors.len()
+        )));
+    }
+    if request.descriptors.iter().any(|d| d.entries.len() > MAX_ENTRIES) {
+        return Err(tonic::Status::invalid_argument(format!(
+            "a descriptor has more than {MAX_ENTRIES} entries"
+        )));
+    }
+    Ok(())
+}
+
+/// One request decided: every descriptor, then the overall code and headers.
+async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitResponse {
+    let config = &running.config;
+    let matched: Vec<Option<&NodeLimit>> = request
+        .descriptors
+        .iter()
+        .map(|d| config.find(&request.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))))
+        .collect();
+    // A limit another matched limit replaces is not applied.
+    let replaced: HashSet<&str> = if matched.iter().flatten().any(|l| !l.replaces.is_empty()) {
+        matched.iter().flatten().flat_map(|l| l.replaces.iter().map(String::as_str)).collect()
+    } else {
+        HashSet::new()
+    };
+    let request_hits = if request.hits_addend == 0 { 1 } else { u64::from(request.hits_addend) };
+    // Decided concurrently: with Redis, one round trip for all of them.
+    let decided =
+        futures_util::future::join_all(request.descriptors.iter().zip(matched).map(|(descriptor, limit)| {
+            let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
+            async move {
+                match limit {
+                    None => (DescriptorStatus { code: Code::Ok.into(), ..Default::default() }, Vec::new()),
+                    Some(limit) => {
+                        let hits = descriptor.hits_addend.unwrap_or(request_hits);
+                        decide_one(&running.limiter, limit, descriptor, hits).await
+                    }
+                }
+            }
+        }))
+        .await;
+    let mut statuses = Vec::with_capacity(decided.len());
+    let mut policies: Vec<PolicyResult<'_>> = Vec::new();
+    for (status, decided) in decided {
+        statuses.push(status);
+        policies.extend(decided);
+    }
+    let over = statuses.iter().any(|s| s.code == i32::from(Code::OverLimit));
+    let mut response_headers_to_add = Vec::new();
+    if !policies.is_empty() {
+        let policies: Vec<&PolicyResult<'_>> = policies.iter().collect();
+        response_headers_to_add.push(header("RateLimit-Policy", policy_header(&policies)));
+        response_headers_to_add.push(header("RateLimit", ratelimit_header(&policies)));
+    }
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add,
+        request_headers_to_add: Vec::new(),
+    }
+}
+
+/// One matched descriptor's status, and the policies decided (for the headers).
+async fn decide_one<'l>(
+    limiter: &'l RateLimiter<AnyStore>,
+    limit: &NodeLimit,
+    descriptor: &RateLimitDescriptor,
+    hits: u64,
+) -> (DescriptorStatus, Vec<PolicyResult<'l>>) {
+    let current_limit = Some(RateLimit {
+        requests_per_unit: limit.requests_per_unit,
+        unit: limit.unit.into(),
+        name: limit.name.clone().unwrap_or_default(),
+    });
+    let code = |over: bool| if over && !limit.shadow { Code::OverLimit } else { Code::Ok };
+    let quota = match limit.kind {
+        LimitKind::Unlimited => {
+            let status =
+                DescriptorStatus { code: Code::Ok.into(), limit_remaining: u32::MAX, ..Default::default() };
+            return (status, Vec::new());
+        }
+        LimitKind::Blocked => {
+            return (
+                DescriptorStatus { code: code(true).into(), current_limit, ..Default::default() },
+                Vec::new(),
+            );
+        }
+        LimitKind::Quota(quota) => quota,
+    };
+    let key = identity_key(descriptor);
+    let status = match limiter.check_key(&limit.rule, &key, hits, false).await {
+        Ok(verdict) => {
+            let decisive = verdict.decisive().map(|p| p.decision);
+            let (remaining, wait) = match decisive {
+                Some(d) if !d.allowed => (0, d.retry_after.unwrap_or(d.reset_after)),
+                Some(d) => (d.remaining, d.reset_after),
+                // Failed open or closed: the store said nothing.
+                None => (0, quota.window()),
+            };
+            let over = !verdict.allowed();
+            let status = DescriptorStatus {
+                code: code(over).into(),
+                current_limit,
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(duration(wait)),
+            };
+            return (status, verdict.policies.to_vec());
+        }
+        // More hits than the limit holds: no such request could pass.
+        Err(CheckError::CostExceedsLimit { .. }) => DescriptorStatus {
+            code: code(true).into(),
+            current_limit,
+            limit_remaining: 0,
+            duration_until_reset: Some(duration(quota.window())),
+        },
+        Err(err) => {
+            tracing::error!(rule = %limit.rule, %err, "envoy descriptor not decided");
+            DescriptorStatus { code: Code::Ok.into(), current_limit, ..Default::default() }
+        }
+    };
+    (status, Vec::new())
+}
+
+/// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so
+/// that no two lists of entries write the same key.
+fn identity_key(descriptor: &RateLimitDescriptor) -> String {
+    let mut key =
+        String::with_capacity(descriptor.entries.iter().map(|e| e.key.len() + e.value.len() + 8).sum());
+    for entry in &descriptor.entries {
+        let _ = write!(key, "{}:{}{}:{}", entry.key.len(), entry.key, entry.value.len(), entry.value);
+    }
+    key
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue { key: key.to_owned(), value }
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    let seconds = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    prost_types::Duration { seconds, nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::proto::Entry;
+    use super::*;
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn identity_keys_do_not_collide() {
+        let a = identity_key(&descriptor(&[("ab", "c")]));
+        let b = identity_key(&descriptor(&[("a", "bc")]));
+        let c = identity_key(&descriptor(&[("a", "b"), ("c", "")]));
+        assert_eq!(a, "2:ab1:c");
+        assert_ne!(a, b);
+        assert_ne!(b, c);
+    }
+}
