@@ -617,3 +617,74 @@ fn what_outlasts_the_grace_is_cut_and_counted() {
     DrainUpstream::release(&upstream.slow_gate);
     DrainUpstream::release(&upstream.held_gate);
 }
+
+// ---------------------------------------------------------------- leases
+
+/// `serve` on `redis` with one rule of 1,000 an hour, fixed window (a leased
+/// algorithm), and `lease` in `[store]` (`""`: none).
+fn leasing(upstream: &Upstream, redis: &RedisServer, lease: &str) -> Slidegate {
+    Slidegate::start(&format!(
+        r#"{head}
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[[rules]]
+name = "search"
+path = "/search"
+limits = [{{ limit = 1000, window = "1h", algorithm = "fixed_window" }}]
+"#,
+        head = config_head(
+            upstream.addr,
+            "",
+            &format!("[store]\nurl = \"{}\"\ntimeout_ms = 5000\ndeny_cache = 0\n{lease}\n", redis.url())
+        ),
+    ))
+}
+
+/// The `r=` of a reply's `RateLimit` header.
+fn left(reply: &Reply) -> u64 {
+    let header = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit header: {reply:?}"));
+    header.split(';').find_map(|p| p.strip_prefix("r=")).unwrap().parse().unwrap()
+}
+
+/// Before: the permits an instance had leased and not used stayed charged
+/// after it stopped, so every other instance saw fewer until the window's end.
+#[test]
+fn at_shutdown_unused_leased_permits_go_back_to_the_store() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::spawn();
+    // A long horizon: a few hundred requests a second make leases of `max`.
+    let mut leased = leasing(&upstream, &redis, "lease = { max = 64, horizon = \"10s\" }");
+    let plain = leasing(&upstream, &redis, "");
+    let hot = [("x-api-key", "hot")];
+    let mut admitted = 0;
+    for _ in 0..300 {
+        assert_eq!(leased.get("/search", &hot).status, 200);
+        admitted += 1;
+    }
+    let stats = redis.command_stats();
+    let scripts = stats.calls("evalsha") + stats.calls("eval");
+    assert!(scripts < 200, "300 requests took {scripts} script calls: no lease was granted");
+    // What the store has charged beyond the admitted requests (the other
+    // instance's own checks included) is the leased permits not used yet;
+    // one more request uses one up when none is left over.
+    let (mut checks, mut unused) = (0, 0);
+    for _ in 0..70 {
+        let left_now = left(&plain.get("/search", &hot));
+        checks += 1;
+        unused = 1000 - admitted - checks - left_now;
+        if unused > 0 {
+            break;
+        }
+        assert_eq!(leased.get("/search", &hot).status, 200);
+        admitted += 1;
+    }
+    assert!(unused > 0, "no leased permit was left unused");
+    assert!(leased.terminate().success());
+    let log = leased.log.lock().unwrap().clone();
+    assert!(log.contains("unused leased permits given back to the store permits="), "{log}");
+    assert!(log.contains(&format!("permits={unused}")), "{unused} were unused: {log}");
+    // The other instance now sees exactly what was admitted and checked.
+    assert_eq!(left(&plain.get("/search", &hot)), 1000 - admitted - checks - 1);
+}

@@ -207,6 +207,14 @@ impl<S> RateLimiter<S> {
 }
 
 impl<S: Store + 'static> RateLimiter<S> {
+    /// Gives every unused leased permit back to the store and forgets the
+    /// leases (`serve` at shutdown): how many permits the store took back,
+    /// `0` without `[store] lease`. A give-back that fails is logged at
+    /// debug level; its permits stay charged until their window ends.
+    pub async fn give_back_leases(&self) -> u64 {
+        self.inner.store.get_ref().get_ref().get_ref().give_back_all().await
+    }
+
     /// A limiter for `config`'s rules, identity and store guard, deciding on `store`.
     ///
     /// # Errors

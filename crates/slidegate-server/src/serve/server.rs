@@ -294,6 +294,16 @@ impl Server {
         })
         .await
         .unwrap_or_default();
+        // Every request is answered: leased permits nobody will use go back
+        // to the store, so other instances may admit them (within the
+        // grace: a store that does not answer keeps them until their window ends).
+        match tokio::time::timeout(self.grace.get(), self.limiter.give_back_leases()).await {
+            Ok(0) => {}
+            Ok(given) => tracing::info!(permits = given, "unused leased permits given back to the store"),
+            Err(_) => {
+                tracing::warn!("shutdown grace over: unused leased permits stay charged in their window")
+            }
+        }
         log_end(&ends);
     }
 }
