@@ -573,8 +573,7 @@ fn sigterm_drains_then_stops_and_loses_no_request() {
     // The charge reached Redis: another instance sees it.
     let next = Slidegate::start(&drain_config(&upstream, &redis, ""));
     let left = next.get("/api/search/free/1", &[("x-api-key", "k")]);
-    let remaining = left.header("ratelimit").and_then(|h| h.split(';').find_map(|p| p.strip_prefix("r=")));
-    assert_eq!(remaining, Some("5"), "charged 5 of 10: {left:?}");
+    assert_eq!(remaining(&left), Some(5), "charged 5 of 10: {left:?}");
 }
 
 /// `drain_delay` left out: the listener closes as the signal arrives, and
@@ -644,8 +643,7 @@ limits = [{{ limit = 1000, window = "1h", algorithm = "fixed_window" }}]
 
 /// The `r=` of a reply's `RateLimit` header.
 fn left(reply: &Reply) -> u64 {
-    let header = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit header: {reply:?}"));
-    header.split(';').find_map(|p| p.strip_prefix("r=")).unwrap().parse().unwrap()
+    remaining(reply).unwrap_or_else(|| panic!("no RateLimit header: {reply:?}"))
 }
 
 /// Before: the permits an instance had leased and not used stayed charged

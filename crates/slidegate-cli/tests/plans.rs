@@ -63,8 +63,7 @@ fn as_key(sg: &Slidegate, path: &str, key: &str) -> Reply {
 /// `RateLimit-Policy` and the `r=` of `RateLimit`.
 fn policy(reply: &Reply) -> (String, u64) {
     assert_eq!(reply.status, 200, "{reply:?}");
-    let limit = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit: {reply:?}"));
-    let r = limit.split(';').find_map(|p| p.strip_prefix("r=")).unwrap().parse().unwrap();
+    let r = remaining(reply).unwrap_or_else(|| panic!("no RateLimit: {reply:?}"));
     (reply.header("ratelimit-policy").unwrap().to_owned(), r)
 }
 

@@ -46,9 +46,7 @@ limits = [{{ limit = {changed_limit}, window = "60s", algorithm = "sliding_windo
 
 /// The `r=` of a reply's `RateLimit` header: what is left.
 fn remaining(reply: &Reply) -> u64 {
-    let value = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit header: {reply:?}"));
-    let r = value.split(';').find_map(|p| p.strip_prefix("r=")).unwrap();
-    r.parse().unwrap()
+    common::remaining(reply).unwrap_or_else(|| panic!("no RateLimit header: {reply:?}"))
 }
 
 fn reload(sg: &Slidegate, headers: &[(&str, &str)]) -> Reply {

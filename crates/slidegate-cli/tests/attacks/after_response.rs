@@ -123,12 +123,6 @@ fn hang_up_all(addr: SocketAddr, target: &str, key: &str, n: usize) {
     }
 }
 
-/// The `r=` value of the first item of a `RateLimit` header.
-fn remaining(reply: &Reply) -> Option<u64> {
-    let header = reply.header("ratelimit")?;
-    header.split(';').find_map(|p| p.strip_prefix("r=")).and_then(|r| r.parse().ok())
-}
-
 /// What `key` has left under the search rule, asked with a request the
 /// upstream prices 0 (so asking charges nothing).
 fn search_left(gate: &Slidegate, key: &str) -> Option<u64> {

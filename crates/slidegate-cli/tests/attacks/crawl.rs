@@ -12,12 +12,6 @@ use std::thread;
 #[allow(unused_imports)]
 use crate::common::*;
 
-/// The `r=` value of the first item of a `RateLimit` header.
-fn remaining(reply: &Reply) -> Option<u64> {
-    let header = reply.header("ratelimit")?;
-    header.split(';').find_map(|p| p.strip_prefix("r=")).and_then(|r| r.parse().ok())
-}
-
 #[test]
 fn a_catalogue_walk_is_denied_past_its_breadth_on_redis() {
     let redis = RedisServer::spawn();

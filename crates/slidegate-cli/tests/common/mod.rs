@@ -146,6 +146,13 @@ impl Reply {
     }
 }
 
+/// The `r=` of the first item of `reply`'s `RateLimit` header: what is
+/// left; `None` without the header.
+pub fn remaining(reply: &Reply) -> Option<u64> {
+    let header = reply.header("ratelimit")?;
+    header.split(';').find_map(|p| p.strip_prefix("r=")).and_then(|r| r.parse().ok())
+}
+
 pub fn request(addr: SocketAddr, method: &str, target: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
     let start = Instant::now();
     let mut stream = TcpStream::connect(addr).unwrap();
