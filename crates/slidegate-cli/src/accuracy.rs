@@ -168,7 +168,7 @@ fn leases_json(leased: &Leased, reports: &[(Algorithm, AlgorithmReport)]) -> Val
                 "allowed": s.allowed,
                 "allowed_without_leases": allowed_without(reports, *algorithm),
                 "from_leases": s.from_leases,
-                "from_leases_pct": s.from_leases_pct(),
+                "from_leases_pct": s.leased_pct(),
                 "refused_while_store_had_permits": s.refused_with_permits,
                 "refused_while_store_had_permits_pct": s.refused_with_permits_pct(),
                 "over_admitted": s.over_admitted,
@@ -210,7 +210,7 @@ fn print_leases(leased: &Leased, reports: &[(Algorithm, AlgorithmReport)]) {
             algorithm.name(),
             s.allowed,
             allowed_without(reports, *algorithm),
-            s.from_leases_pct(),
+            s.leased_pct(),
             format!("{} ({:.4})", s.refused_with_permits, s.refused_with_permits_pct()),
             s.over_admitted
         );

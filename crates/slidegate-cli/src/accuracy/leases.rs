@@ -55,7 +55,7 @@ impl LeaseScore {
     }
 
     /// Answered from leases, % of the allowed requests.
-    pub fn from_leases_pct(&self) -> f64 {
+    pub fn leased_pct(&self) -> f64 {
         pct(self.from_leases, self.allowed)
     }
 }
