@@ -174,29 +174,57 @@ mod tests {
     /// under-admission 2. From leases: 6 of source 0's; and 7 of source 1's
     /// 12 requests on B (leases of 2, 4, 3, 2 after one single call), all
     /// allowed.
-    #[test]
-    fn a_lease_stuck_on_another_instance_is_counted_as_refused_with_permits() {
+    /// The trace above, then a second window: B's first request of
+    /// source 0 in it ends B's lease and gives its 2 unused permits back.
+    fn stuck_then_next_window() -> Traffic {
         let mut requests: Vec<At> = (0..8).map(|_| At { at_ms: T0, source: 0 }).collect();
         for i in 0..24 {
             requests.push(At { at_ms: T0, source: i % 2 });
         }
-        let traffic = Traffic { requests, classes: vec![Class::Steady; 2] };
+        // Now A (even) gets source 1 and B (odd) source 0, at the window's start.
+        for i in 0..6 {
+            requests.push(At { at_ms: T0 + 1_000, source: 1 - i % 2 });
+        }
+        Traffic { requests, classes: vec![Class::Steady; 2] }
+    }
+
+    #[test]
+    fn a_lease_stuck_on_another_instance_is_counted_as_refused_with_permits() {
+        let traffic = stuck_then_next_window();
         let policy = LeasePolicy::default();
-        let score = replay(Algorithm::FixedWindow, &traffic, &quota(), 2, policy, |_| {}).unwrap();
-        assert_eq!(
-            score,
-            LeaseScore {
+        let first = Traffic { requests: traffic.requests[..32].to_vec(), classes: traffic.classes.clone() };
+        // The first window is the same for both algorithms (no previous
+        // window weighs at its start).
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+            let score = replay(algorithm, &first, &quota(), 2, policy, |_| {}).unwrap();
+            let expected = LeaseScore {
                 requests: 32,
                 allowed: 30,
                 from_leases: 6 + 7,
                 refused_with_permits: 2,
-                over_admitted: 0
-            }
+                over_admitted: 0,
+            };
+            assert_eq!(score, expected, "{}", algorithm.name());
+            assert_eq!(score.refused_with_permits_pct(), 100.0 * 2.0 / 32.0);
+        }
+        // Second window, fixed: a fresh count; source 0's 3 and source 1's 3 all fit.
+        let fixed = replay(Algorithm::FixedWindow, &traffic, &quota(), 2, policy, |_| {}).unwrap();
+        assert_eq!(
+            (fixed.requests, fixed.allowed, fixed.refused_with_permits, fixed.over_admitted),
+            (38, 36, 2, 0)
         );
-        assert_eq!(score.refused_with_permits_pct(), 100.0 * 2.0 / 32.0);
-        // One instance has nothing stuck elsewhere: all 20 of source 0's
-        // first 20 requests are admitted, and no refusal is under-admission.
-        let one = replay(Algorithm::FixedWindow, &traffic, &quota(), 1, policy, |_| {}).unwrap();
+        // Second window, counter: the previous window weighs fully at its
+        // start. B gives back its 2 (prev 20 → 18), so source 0 gets 2 more
+        // (estimate 18, 19) and the third is refused at 20 — rightly: the
+        // algorithm on the admitted requests alone refuses it too.
+        let counter = replay(Algorithm::SlidingWindowCounter, &traffic, &quota(), 2, policy, |_| {}).unwrap();
+        assert_eq!(
+            (counter.requests, counter.allowed, counter.refused_with_permits, counter.over_admitted),
+            (38, 35, 2, 0)
+        );
+        // One instance has nothing stuck elsewhere: source 0's first 20
+        // requests are admitted, and no refusal is under-admission.
+        let one = replay(Algorithm::FixedWindow, &first, &quota(), 1, policy, |_| {}).unwrap();
         assert_eq!((one.allowed, one.refused_with_permits, one.over_admitted), (20 + 12, 0, 0));
     }
 
