@@ -229,7 +229,9 @@ mod tests {
     }
 
     /// Leases never over-admit on the generated mix, for both leased
-    /// algorithms and several instance counts, and do lease.
+    /// algorithms and several instance counts, and do lease. (A lease layer
+    /// that used a lease past its window end — `now < held.until` dropped
+    /// in `Leased::find` — fails it: 11 over-admitted on one instance.)
     #[test]
     fn leases_never_over_admit_the_generated_traffic() {
         let q = Quota::new(50, Duration::from_secs(10)).unwrap();
