@@ -1,7 +1,9 @@
 //! `slidegate accuracy`: synthetic traffic replayed through every algorithm
 //! and scored against the exact sliding log (see `accuracy/replay.rs` for the
-//! precise definitions of the three figures).
+//! precise definitions of the three figures), and again with quota leases
+//! on for the algorithms that lease (`accuracy/leases.rs`).
 
+mod leases;
 mod replay;
 mod traffic;
 
@@ -10,8 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
+use slidegate::store::lease::leasable;
 use slidegate::{Algorithm, Quota};
+use slidegate_http::lease::LeasePolicy;
 
+use self::leases::LeaseScore;
 use self::replay::AlgorithmReport;
 use self::traffic::Class;
 
@@ -33,6 +38,10 @@ pub struct AccuracyArgs {
     /// The window, in seconds.
     #[arg(long, default_value_t = 60)]
     window_secs: u64,
+    /// Lease layers (instances) sharing one store, requests dealt to them
+    /// round-robin, for the leased section (0: leave it out).
+    #[arg(long, default_value_t = 3, value_parser = crate::args::count(0..=64))]
+    lease_instances: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -46,7 +55,9 @@ pub fn run(args: AccuracyArgs) -> crate::CommandResult {
     let quota = Quota::new(args.limit, std::time::Duration::from_secs(args.window_secs))?;
     let traffic =
         traffic::generate(args.requests, args.sources, quota.permits(), quota.window_ms(), args.seed);
-    let total = traffic.requests.len() as u64 * Algorithm::ALL.len() as u64;
+    let leased: Vec<Algorithm> =
+        Algorithm::ALL.into_iter().filter(|a| args.lease_instances > 0 && leasable(*a)).collect();
+    let total = traffic.requests.len() as u64 * (Algorithm::ALL.len() + leased.len()) as u64;
     let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
@@ -63,15 +74,27 @@ pub fn run(args: AccuracyArgs) -> crate::CommandResult {
         let report = replay::replay(algorithm, &traffic, &quota, |n| bar.inc(n));
         reports.push((algorithm, report));
     }
+    let policy = LeasePolicy::default();
+    let mut leased_reports = Vec::new();
+    for algorithm in leased {
+        bar.set_message(format!("{} leased", algorithm.name()));
+        let score =
+            leases::replay(algorithm, &traffic, &quota, args.lease_instances, policy, |n| bar.inc(n))?;
+        leased_reports.push((algorithm, score));
+    }
     bar.finish_and_clear();
 
     if let Some(dir) = &args.plot {
         plot(dir, &quota, &reports)?;
     }
+    let leased = Leased { instances: args.lease_instances, policy, scores: leased_reports };
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&to_json(&args, &traffic, &quota, &reports))?);
+        let mut json = to_json(&args, &traffic, &quota, &reports);
+        json["leases"] = leases_json(&leased, &reports);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print_table(&args, &traffic, &quota, &reports);
+        print_leases(&leased, &reports);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -122,6 +145,76 @@ fn to_json(
         "window_ms": quota.window_ms(),
         "algorithms": algorithms,
     })
+}
+
+/// The leased section: how it was run and each leased algorithm's score.
+struct Leased {
+    instances: usize,
+    policy: LeasePolicy,
+    scores: Vec<(Algorithm, LeaseScore)>,
+}
+
+/// What `algorithm` allowed without leases (one store, every request asked).
+fn allowed_without(reports: &[(Algorithm, AlgorithmReport)], algorithm: Algorithm) -> u64 {
+    reports.iter().find(|(a, _)| *a == algorithm).map_or(0, |(_, r)| r.total.allowed)
+}
+
+fn leases_json(leased: &Leased, reports: &[(Algorithm, AlgorithmReport)]) -> Value {
+    let mut algorithms = Map::new();
+    for (algorithm, s) in &leased.scores {
+        algorithms.insert(
+            algorithm.name().to_owned(),
+            json!({
+                "allowed": s.allowed,
+                "allowed_without_leases": allowed_without(reports, *algorithm),
+                "from_leases": s.from_leases,
+                "from_leases_pct": s.leased_pct(),
+                "refused_while_store_had_permits": s.refused_with_permits,
+                "refused_while_store_had_permits_pct": s.refused_with_permits_pct(),
+                "over_admitted": s.over_admitted,
+            }),
+        );
+    }
+    json!({
+        "instances": leased.instances,
+        "max": leased.policy.max,
+        "horizon_ms": leased.policy.horizon.as_millis(),
+        "algorithms": algorithms,
+    })
+}
+
+fn print_leases(leased: &Leased, reports: &[(Algorithm, AlgorithmReport)]) {
+    if leased.scores.is_empty() {
+        return;
+    }
+    outln!();
+    outln!(
+        "with quota leases: {} instances on one store, round-robin, lease max {}, horizon {} ms;",
+        leased.instances,
+        leased.policy.max,
+        leased.policy.horizon.as_millis()
+    );
+    outln!("scored against the store's algorithm fed only the requests admitted");
+    outln!(
+        "{:<24} {:>14} {:>14} {:>14} {:>22} {:>14}",
+        "algorithm",
+        "allowed",
+        "without leases",
+        "from leases %",
+        "refused w/ permits (%)",
+        "over-admitted"
+    );
+    for (algorithm, s) in &leased.scores {
+        outln!(
+            "{:<24} {:>14} {:>14} {:>14.2} {:>22} {:>14}",
+            algorithm.name(),
+            s.allowed,
+            allowed_without(reports, *algorithm),
+            s.leased_pct(),
+            format!("{} ({:.4})", s.refused_with_permits, s.refused_with_permits_pct()),
+            s.over_admitted
+        );
+    }
 }
 
 fn print_table(

@@ -17,6 +17,7 @@ fn out_of_range_values_are_rejected_with_the_flag_named() {
         (vec!["accuracy", "--requests", "0"], "--requests", "0"),
         (vec!["accuracy", "--requests", "18446744073709551615"], "--requests", "18446744073709551615"),
         (vec!["accuracy", "--sources", "0"], "--sources", "0"),
+        (vec!["accuracy", "--lease-instances", "65"], "--lease-instances", "65"),
         (vec!["demo", "--identities", "0"], "--identities", "0"),
         ([&bench[..], &["--seconds", "0"]].concat(), "--seconds", "0"),
         ([&bench[..], &["--seconds", "1e300"]].concat(), "--seconds", "1e300"),

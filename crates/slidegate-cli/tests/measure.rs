@@ -43,6 +43,18 @@ fn accuracy_json_scores_every_algorithm_and_the_exact_log_is_exact() {
         report["algorithms"]["fixed_window"]["classes"]["boundary_attacker"]["wrongly_allowed_pct"].as_f64()
             > Some(40.0)
     );
+    // With leases on (3 instances by default): the two algorithms that
+    // lease, never over-admitting, and the leaseless total beside them.
+    let leases = &report["leases"];
+    assert_eq!(leases["instances"], 3);
+    let leased: Vec<&String> = leases["algorithms"].as_object().unwrap().keys().collect();
+    assert_eq!(leased, ["fixed_window", "sliding_window_counter"]);
+    for name in leased {
+        let l = &leases["algorithms"][name];
+        assert_eq!(l["over_admitted"], 0, "{name}: {l}");
+        assert_eq!(l["allowed_without_leases"], report["algorithms"][name]["allowed"], "{name}");
+        assert!(l["from_leases"].as_u64() > Some(0), "{name}: {l}");
+    }
     assert_eq!(slidegate(&args), report, "the same seed gives the same figures");
 }
 
