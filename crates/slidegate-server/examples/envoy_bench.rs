@@ -139,7 +139,13 @@ fn serve(store: &str, dir: &std::path::Path) {
     );
     let env = |name: &str| (name == "BENCH_SECRET").then(|| "bench".to_owned());
     let config = Config::parse_with_env(&toml, dir.join("s.toml"), &env).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // `ENVOY_BENCH_RUNTIME=current_thread`: gRPC on one thread, without
+    // the work-stealing scheduler (what that scheduler costs a call).
+    let runtime = if std::env::var("ENVOY_BENCH_RUNTIME").is_ok_and(|r| r == "current_thread") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    };
     runtime.block_on(async move {
         let server = Server::bind(&config).await.unwrap();
         println!("{} {}", server.grpc_addr().unwrap(), server.admin_addr().unwrap());
