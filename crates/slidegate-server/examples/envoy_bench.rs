@@ -10,7 +10,8 @@
 //!
 //! The server runs in a child process: besides the rates (which on a shared
 //! machine follow its load), each line gives the server's CPU time per
-//! decision, which does not.
+//! decision, which does not (and the load generator's own, which the
+//! rates include).
 //!
 //! For instruction counts, `ENVOY_BENCH_WRAP` prefixes the child's command
 //! (e.g. `valgrind --tool=callgrind --instr-atstart=no`) and
@@ -19,6 +20,9 @@
 //! then turns callgrind's collection on for each run only (with
 //! `callgrind_control -i`) and dumps each run's counts (`-d`: one file a
 //! run, `OUT.1`, `OUT.2`, ...), so the counts are the runs' alone.
+//! `ENVOY_BENCH_RUNTIME=current_thread` runs the child's `serve` (and so
+//! its gRPC listener) on one current-thread runtime instead of two
+//! work-stealing threads.
 //!
 //! Both APIs decide through the same limiter and rule
 //! (`envoy/bench/user`); each call charges fresh identities drawn from a
@@ -61,16 +65,17 @@ impl Tally {
         self.latencies.lock().unwrap().saturating_record(us);
     }
 
-    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration) {
+    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration, client_cpu: Duration) {
         let h = self.latencies.lock().unwrap();
         let decisions = self.decisions.load(Relaxed);
         println!(
             "{{\"store\":\"{store}\",\"api\":\"{api}\",\"callers\":{CALLERS},\"decisions\":{decisions},\
              \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"server_cpu_us_per_decision\":{:.1},\
-             \"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
+             \"client_cpu_us_per_decision\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
             decisions as f64 / seconds,
             h.len() as f64 / seconds,
             server_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
+            client_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
             h.value_at_quantile(0.999),
@@ -269,7 +274,7 @@ fn main() {
                     if !apis.split(',').any(|a| a == api) {
                         continue;
                     }
-                    let cpu = cpu_time(pid);
+                    let (cpu, own) = (cpu_time(pid), cpu_time(std::process::id()));
                     collect(pid, true);
                     let tally = match api {
                         "v1_check" => check(admin_addr, seconds).await,
@@ -277,7 +282,8 @@ fn main() {
                         _ => grpc(grpc_addr, seconds, None).await,
                     };
                     collect(pid, false);
-                    tally.report(name, api, seconds as f64, cpu_time(pid) - cpu);
+                    let own = cpu_time(std::process::id()) - own;
+                    tally.report(name, api, seconds as f64, cpu_time(pid) - cpu, own);
                 }
             }
         });
