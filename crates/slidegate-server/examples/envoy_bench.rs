@@ -10,7 +10,19 @@
 //!
 //! The server runs in a child process: besides the rates (which on a shared
 //! machine follow its load), each line gives the server's CPU time per
-//! decision, which does not.
+//! decision, which does not (and the load generator's own, which the
+//! rates include).
+//!
+//! For instruction counts, `ENVOY_BENCH_WRAP` prefixes the child's command
+//! (e.g. `valgrind --tool=callgrind --instr-atstart=no`) and
+//! `ENVOY_BENCH_APIS` picks the runs (`v1_check`, `grpc_1_descriptor`,
+//! `grpc_1_to_3_descriptors`, comma-separated; all by default); the bench
+//! then turns callgrind's collection on for each run only (with
+//! `callgrind_control -i`) and dumps each run's counts (`-d`: one file a
+//! run, `OUT.1`, `OUT.2`, ...), so the counts are the runs' alone.
+//! `ENVOY_BENCH_RUNTIME=current_thread` runs the child's `serve` (and so
+//! its gRPC listener) on one current-thread runtime instead of two
+//! work-stealing threads.
 //!
 //! Both APIs decide through the same limiter and rule
 //! (`envoy/bench/user`); each call charges fresh identities drawn from a
@@ -53,16 +65,17 @@ impl Tally {
         self.latencies.lock().unwrap().saturating_record(us);
     }
 
-    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration) {
+    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration, client_cpu: Duration) {
         let h = self.latencies.lock().unwrap();
         let decisions = self.decisions.load(Relaxed);
         println!(
             "{{\"store\":\"{store}\",\"api\":\"{api}\",\"callers\":{CALLERS},\"decisions\":{decisions},\
              \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"server_cpu_us_per_decision\":{:.1},\
-             \"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
+             \"client_cpu_us_per_decision\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
             decisions as f64 / seconds,
             h.len() as f64 / seconds,
             server_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
+            client_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
             h.value_at_quantile(0.999),
@@ -74,15 +87,41 @@ impl Tally {
 /// its CPU time is its own: the child, its gRPC and admin addresses.
 fn start(store: &str) -> (std::process::Child, SocketAddr, SocketAddr) {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["serve", store])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let wrap = std::env::var("ENVOY_BENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut command = match words.next() {
+        Some(program) => {
+            let mut command = std::process::Command::new(program);
+            command.args(words).arg(exe);
+            command
+        }
+        None => std::process::Command::new(exe),
+    };
+    let mut child = command.args(["serve", store]).stdout(std::process::Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let (grpc, admin) = line.trim().split_once(' ').unwrap();
     (child, grpc.parse().unwrap(), admin.parse().unwrap())
+}
+
+/// Turns callgrind's collection in the child on or off, when it runs
+/// under callgrind (`ENVOY_BENCH_WRAP`); callgrind then counts only the
+/// runs' instructions.
+fn collect(pid: u32, on: bool) {
+    if std::env::var("ENVOY_BENCH_WRAP").is_ok_and(|w| w.contains("callgrind")) {
+        // Off: the run's counts dumped first (the child is killed at the end).
+        let commands: &[&[&str]] = if on { &[&["-i", "on"]] } else { &[&["-d"], &["-i", "off"]] };
+        for args in commands {
+            let done = std::process::Command::new("callgrind_control")
+                .args(*args)
+                .arg(pid.to_string())
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(done.success(), "callgrind_control {args:?} {pid} failed");
+        }
+    }
 }
 
 /// The child's user + system CPU time (Linux `/proc/PID/stat`).
@@ -105,7 +144,13 @@ fn serve(store: &str, dir: &std::path::Path) {
     );
     let env = |name: &str| (name == "BENCH_SECRET").then(|| "bench".to_owned());
     let config = Config::parse_with_env(&toml, dir.join("s.toml"), &env).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // `ENVOY_BENCH_RUNTIME=current_thread`: gRPC on one thread, without
+    // the work-stealing scheduler (what that scheduler costs a call).
+    let runtime = if std::env::var("ENVOY_BENCH_RUNTIME").is_ok_and(|r| r == "current_thread") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    };
     runtime.block_on(async move {
         let server = Server::bind(&config).await.unwrap();
         println!("{} {}", server.grpc_addr().unwrap(), server.admin_addr().unwrap());
@@ -216,6 +261,8 @@ fn main() {
     if let Some(url) = args.next() {
         stores.push(("redis", format!("[store]\nurl = \"{url}\"\n")));
     }
+    let apis = std::env::var("ENVOY_BENCH_APIS")
+        .unwrap_or_else(|_| "v1_check,grpc_1_descriptor,grpc_1_to_3_descriptors".to_owned());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     for (name, store) in stores {
         let (mut child, grpc_addr, admin_addr) = start(&store);
@@ -223,15 +270,21 @@ fn main() {
         runtime.block_on(async {
             // Alternated, each twice, so drift in the machine's load hits both.
             for _ in 0..2 {
-                let cpu = cpu_time(pid);
-                let tally = check(admin_addr, seconds).await;
-                tally.report(name, "v1_check", seconds as f64, cpu_time(pid) - cpu);
-                let cpu = cpu_time(pid);
-                let tally = grpc(grpc_addr, seconds, Some(1)).await;
-                tally.report(name, "grpc_1_descriptor", seconds as f64, cpu_time(pid) - cpu);
-                let cpu = cpu_time(pid);
-                let tally = grpc(grpc_addr, seconds, None).await;
-                tally.report(name, "grpc_1_to_3_descriptors", seconds as f64, cpu_time(pid) - cpu);
+                for api in ["v1_check", "grpc_1_descriptor", "grpc_1_to_3_descriptors"] {
+                    if !apis.split(',').any(|a| a == api) {
+                        continue;
+                    }
+                    let (cpu, own) = (cpu_time(pid), cpu_time(std::process::id()));
+                    collect(pid, true);
+                    let tally = match api {
+                        "v1_check" => check(admin_addr, seconds).await,
+                        "grpc_1_descriptor" => grpc(grpc_addr, seconds, Some(1)).await,
+                        _ => grpc(grpc_addr, seconds, None).await,
+                    };
+                    collect(pid, false);
+                    let own = cpu_time(std::process::id()) - own;
+                    tally.report(name, api, seconds as f64, cpu_time(pid) - cpu, own);
+                }
             }
         });
         let _ = child.kill();

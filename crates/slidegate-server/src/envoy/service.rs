@@ -98,9 +98,9 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
 }
 
 /// One request decided: every descriptor, then the overall code and headers.
-async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitResponse {
+async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> RateLimitResponse {
     let config = &running.config;
-    let matched: Vec<Option<&NodeLimit>> = request
+    let matched: Vec<Option<&'a NodeLimit>> = request
         .descriptors
         .iter()
         .map(|d| config.find(&request.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))))
@@ -112,21 +112,19 @@ async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitRespo
         HashSet::new()
     };
     let request_hits = if request.hits_addend == 0 { 1 } else { u64::from(request.hits_addend) };
-    // Decided concurrently: with Redis, one round trip for all of them.
-    let decided =
-        futures_util::future::join_all(request.descriptors.iter().zip(matched).map(|(descriptor, limit)| {
-            let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
-            async move {
-                match limit {
-                    None => (DescriptorStatus { code: Code::Ok.into(), ..Default::default() }, Vec::new()),
-                    Some(limit) => {
-                        let hits = descriptor.hits_addend.unwrap_or(request_hits);
-                        decide_one(&running.limiter, limit, descriptor, hits).await
-                    }
-                }
-            }
-        }))
-        .await;
+    let decide = |descriptor, limit: Option<&'a NodeLimit>| {
+        let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
+        decide_matched(&running.limiter, limit, descriptor, request_hits)
+    };
+    let decided = match (request.descriptors.as_slice(), matched.as_slice()) {
+        // Envoy's most common call: no join of futures for one.
+        ([descriptor], [limit]) => vec![decide(descriptor, *limit).await],
+        // Decided concurrently: with Redis, one round trip for all of them.
+        _ => {
+            let each = request.descriptors.iter().zip(matched.iter().copied());
+            futures_util::future::join_all(each.map(|(descriptor, limit)| decide(descriptor, limit))).await
+        }
+    };
     let mut statuses = Vec::with_capacity(decided.len());
     let mut policies: Vec<PolicyResult<'_>> = Vec::new();
     for (status, decided) in decided {
@@ -145,6 +143,23 @@ async fn decide(running: &Running, request: &RateLimitRequest) -> RateLimitRespo
         statuses,
         response_headers_to_add,
         request_headers_to_add: Vec::new(),
+    }
+}
+
+/// One descriptor's status (`Ok` when no limit applies), and the policies
+/// decided (for the headers).
+async fn decide_matched<'l>(
+    limiter: &'l RateLimiter<AnyStore>,
+    limit: Option<&NodeLimit>,
+    descriptor: &RateLimitDescriptor,
+    request_hits: u64,
+) -> (DescriptorStatus, Vec<PolicyResult<'l>>) {
+    match limit {
+        None => (DescriptorStatus { code: Code::Ok.into(), ..Default::default() }, Vec::new()),
+        Some(limit) => {
+            let hits = descriptor.hits_addend.unwrap_or(request_hits);
+            decide_one(limiter, limit, descriptor, hits).await
+        }
     }
 }
 
