@@ -335,8 +335,9 @@ impl RuleMatcher {
 /// segments resolved (`..` never climbs above the root) and a trailing `/`
 /// dropped except for the root itself. Other escapes (`%2F`, `%20`, …) stay
 /// as they are, and so does a `%` starting none, unless decoding put an
-/// escape's two hex digits after it: that one is written `%25`. Borrows, allocating nothing, when `path` is already normal;
-/// a path not starting with `/` (`*`, an absolute URI) is returned as is.
+/// escape's two hex digits after it: that one is written `%25`. Borrows,
+/// allocating nothing, when `path` is already normal; a path not starting
+/// with `/` (`*`, an absolute URI) is returned as is.
 ///
 /// ```
 /// use slidegate_http::normalize_path;
