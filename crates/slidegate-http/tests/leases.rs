@@ -7,7 +7,6 @@
 //! end, as a wrong design would, is caught.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +14,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
-    Algorithm, Charge, Clock, DistinctStore, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore,
-    Outcome, Quota, RedisOptions, RedisStore, RedisTarget, Request, SharedTables, Store, StoreError,
-    TimeSource,
+    Algorithm, Charge, Clock, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
+    RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 use slidegate_http::Delay;
@@ -26,34 +24,6 @@ use slidegate_test_redis::{RedisCluster, RedisServer};
 /// 2026-01-01T00:00:00.000Z: a time well inside the stores' range.
 const T0: u64 = 1_767_225_600_000;
 const INSTANCES: usize = 3;
-
-/// One store shared by every instance, as Redis is.
-struct Shared<S>(Arc<S>);
-
-impl<S: Store> Store for Shared<S> {
-    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.0.decide(request)
-    }
-    fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        self.0.distinct()
-    }
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        self.0.tables()
-    }
-    fn leases(&self) -> Option<impl LeaseStore + '_> {
-        self.0.leases()
-    }
-    fn lift_penalty(
-        &self,
-        identity: &Identity,
-        deadline: Option<std::time::Instant>,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        self.0.lift_penalty(identity, deadline)
-    }
-    fn has_outages(&self) -> bool {
-        self.0.has_outages()
-    }
-}
 
 /// The requests among `admitted` (time in ms, identity index) that the
 /// store's algorithm, asked for each at its own time, would have refused:
@@ -113,7 +83,7 @@ fn policy() -> Option<LeasePolicy> {
 /// Runs `steps` through one lease layer per instance over `store`, on
 /// `clock`; answers the admitted requests and how many were answered locally.
 async fn run<S: Store>(
-    layers: &[Leased<Shared<S>>],
+    layers: &[Leased<Arc<S>>],
     clock: &ManualClock,
     limit: &Limit,
     steps: &[Step],
@@ -133,9 +103,9 @@ async fn run<S: Store>(
     (admitted, local)
 }
 
-fn layers<S: Store>(store: &Arc<S>, clock: &Arc<ManualClock>) -> Vec<Leased<Shared<S>>> {
+fn layers<S: Store>(store: &Arc<S>, clock: &Arc<ManualClock>) -> Vec<Leased<Arc<S>>> {
     (0..INSTANCES)
-        .map(|_| Leased::with_clock(Shared(Arc::clone(store)), policy(), Arc::clone(clock) as Arc<dyn Clock>))
+        .map(|_| Leased::with_clock(Arc::clone(store), policy(), Arc::clone(clock) as Arc<dyn Clock>))
         .collect()
 }
 
@@ -233,8 +203,7 @@ async fn leases_survive_redis_dying() {
         .with_timeout(Duration::from_millis(300))
         .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>));
     let store = Arc::new(store);
-    let layer =
-        Leased::with_clock(Shared(Arc::clone(&store)), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
+    let layer = Leased::with_clock(Arc::clone(&store), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
     let limit = limit(true);
     let identity = Identity::named("lease", "a");
     let charges = [Charge::new(limit, 1)];
@@ -314,8 +283,7 @@ async fn unused_permits_are_given_back_to_their_window() {
     let store = Arc::new(MemoryStore::with_clock(Arc::clone(&clock)));
     let limit = limit(false);
     let identity = Identity::named("lease", "a");
-    let layer =
-        Leased::with_clock(Shared(Arc::clone(&store)), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
+    let layer = Leased::with_clock(Arc::clone(&store), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
     let charges = [Charge::new(limit, 1)];
     for _ in 0..8 {
         assert!(layer.decide(Request::new(&identity, &charges)).await.unwrap().allowed());

@@ -18,15 +18,13 @@
 //! Only the algorithms that lease (fixed window, sliding window counter)
 //! are replayed here.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use slidegate::algorithm::IdentityState;
 use slidegate::store::lease::leasable;
 use slidegate::{
-    Algorithm, Charge, Clock, DistinctStore, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Origin,
-    Outcome, Quota, Request, SharedTables, Store, StoreError,
+    Algorithm, Charge, Clock, Identity, Limit, ManualClock, MemoryStore, Origin, Quota, Request, Store,
+    StoreError,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 
@@ -68,34 +66,6 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// One store shared by every instance, as Redis is.
-struct Shared(Arc<MemoryStore<Arc<ManualClock>>>);
-
-impl Store for Shared {
-    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.0.decide(request)
-    }
-    fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        self.0.distinct()
-    }
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        self.0.tables()
-    }
-    fn leases(&self) -> Option<impl LeaseStore + '_> {
-        self.0.leases()
-    }
-    fn lift_penalty(
-        &self,
-        identity: &Identity,
-        deadline: Option<std::time::Instant>,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        self.0.lift_penalty(identity, deadline)
-    }
-    fn has_outages(&self) -> bool {
-        self.0.has_outages()
-    }
-}
-
 /// Replays `traffic` under `algorithm` (one that leases) through
 /// `instances` lease layers leasing under `policy`, calling `progress`
 /// with the number of requests done every so often.
@@ -111,10 +81,8 @@ pub fn replay(
     let start = traffic.requests.first().map_or(0, |r| r.at_ms);
     let clock = Arc::new(ManualClock::new(start));
     let store = Arc::new(MemoryStore::with_clock(Arc::clone(&clock)));
-    let layers: Vec<Leased<Shared>> = (0..instances.max(1))
-        .map(|_| {
-            Leased::with_clock(Shared(Arc::clone(&store)), Some(policy), Arc::clone(&clock) as Arc<dyn Clock>)
-        })
+    let layers: Vec<Leased<Arc<MemoryStore<Arc<ManualClock>>>>> = (0..instances.max(1))
+        .map(|_| Leased::with_clock(Arc::clone(&store), Some(policy), Arc::clone(&clock) as Arc<dyn Clock>))
         .collect();
     let identities: Vec<Identity> =
         (0..traffic.classes.len()).map(|s| Identity::named("accuracy", &s.to_string())).collect();
@@ -154,6 +122,7 @@ pub fn replay(
 mod tests {
     use super::super::traffic::{generate, Class, Request as At};
     use super::*;
+    use std::time::Duration;
 
     /// 2026-01-01T00:00:00.000Z: a window boundary for any whole-second window.
     const T0: u64 = 1_767_225_600_000;

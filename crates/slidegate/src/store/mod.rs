@@ -420,6 +420,38 @@ pub trait Store: Send + Sync {
     fn has_outages(&self) -> bool;
 }
 
+/// A store shared behind an `Arc` is the store: several limiters (or
+/// instances in a simulation) deciding on one state, as on one Redis.
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        (**self).decide(request)
+    }
+
+    fn distinct(&self) -> Option<impl DistinctStore + '_> {
+        (**self).distinct()
+    }
+
+    fn tables(&self) -> Option<impl SharedTables + '_> {
+        (**self).tables()
+    }
+
+    fn leases(&self) -> Option<impl LeaseStore + '_> {
+        (**self).leases()
+    }
+
+    fn lift_penalty(
+        &self,
+        identity: &Identity,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        (**self).lift_penalty(identity, deadline)
+    }
+
+    fn has_outages(&self) -> bool {
+        (**self).has_outages()
+    }
+}
+
 /// The ability to count distinct values per identity (crawl breadth): a
 /// capability some stores have, asked for through [`Store::distinct`].
 pub trait DistinctStore: Send + Sync {
