@@ -98,7 +98,7 @@ fn keys_get_their_plans_limits_and_unknown_keys_the_default_plan() {
 fn a_key_given_as_its_hash_gets_its_plan_on_redis() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+    let store = redis_decides(&redis);
     let (dir, keys) = keys_file("");
     let config = planned(&upstream, &store, &keys, true);
     let config_path = dir.path().join("slidegate.toml");
@@ -195,7 +195,7 @@ fn search_policy(sg: &Slidegate, key: &str) -> String {
 fn an_override_set_on_one_instance_applies_on_another_and_expires_and_is_deleted() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+    let store = redis_decides(&redis);
     let (_dir, keys) = keys_file("sk-alice free\n");
     let config = planned(&upstream, &store, &keys, true);
     let (a, b) = (Slidegate::start(&config), Slidegate::start(&config));
@@ -314,7 +314,7 @@ fn hostile_overrides_are_refused_with_a_problem() {
 fn overrides_outlive_a_redis_outage() {
     let mut redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+    let store = redis_decides(&redis);
     let (_dir, keys) = keys_file("");
     let sg = Slidegate::start(&planned(&upstream, &store, &keys, true));
     assert_eq!(put_override(&sg, "sk-alice", r#"{"plan": "pro"}"#).status, 200);

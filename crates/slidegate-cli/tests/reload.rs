@@ -92,7 +92,7 @@ fn a_changed_limit_applies_at_once_and_an_unchanged_one_keeps_its_count_on_the_e
 #[test]
 fn a_changed_limit_applies_at_once_and_an_unchanged_one_keeps_its_count_on_redis() {
     let redis = RedisServer::spawn();
-    changed_and_kept_limits(&format!("[store]\nurl = \"{}\"\n", redis.url()));
+    changed_and_kept_limits(&redis_decides(&redis));
 }
 
 /// A file that does not validate changes nothing: the endpoint says where it
@@ -244,7 +244,7 @@ fn a_penalty_block_and_a_cached_denial_survive_a_reload_on_the_embedded_store() 
 #[test]
 fn a_penalty_block_and_a_cached_denial_survive_a_reload_on_redis() {
     let redis = RedisServer::spawn();
-    penalty_and_cache_survive(&format!("[store]\nurl = \"{}\"\n", redis.url()));
+    penalty_and_cache_survive(&redis_decides(&redis));
 }
 
 /// Listener addresses, threads and the store are kept until a restart; the

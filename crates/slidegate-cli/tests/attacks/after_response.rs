@@ -200,7 +200,7 @@ fn hung_up_requests_pay_what_the_upstream_did_embedded() {
 #[test]
 fn hung_up_requests_pay_what_the_upstream_did_on_redis() {
     let redis = RedisServer::spawn();
-    hung_up_requests_pay_what_the_upstream_did(&redis_store(&redis));
+    hung_up_requests_pay_what_the_upstream_did(&redis_decides(&redis));
 }
 
 /// `n` requests of API key `k`, each from its own thread, held at the
@@ -311,7 +311,7 @@ fn hung_up_requests_pay_the_status_the_upstream_gave_embedded() {
 #[test]
 fn hung_up_requests_pay_the_status_the_upstream_gave_on_redis() {
     let redis = RedisServer::spawn();
-    hung_up_requests_pay_the_status_the_upstream_gave(&redis_store(&redis));
+    hung_up_requests_pay_the_status_the_upstream_gave(&redis_decides(&redis));
 }
 
 #[test]

@@ -172,7 +172,7 @@ fn responses_are_counted_by_status_and_priced_by_the_upstream_embedded() {
 fn responses_are_counted_by_status_and_priced_by_the_upstream_on_redis() {
     let redis = RedisServer::spawn();
     let (upstream, hits) = pricing_upstream();
-    enumeration_probes_count_and_successes_do_not(&redis_store(&redis), upstream, &hits);
+    enumeration_probes_count_and_successes_do_not(&redis_decides(&redis), upstream, &hits);
 }
 
 /// A breadth rule on `/api/videos/{id}` (20 distinct ids per 10 minutes)
@@ -262,7 +262,7 @@ fn no_spelling_of_an_id_escapes_crawl_breadth() {
 fn ids_in_the_query_are_counted_on_redis() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, &redis_store(&redis)));
+    let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, &redis_decides(&redis)));
     let first_20: Vec<u32> = (1..=20).collect();
     let long = "a".repeat(8000);
     let classes: [Spelling; 7] = [

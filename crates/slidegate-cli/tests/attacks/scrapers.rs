@@ -13,7 +13,7 @@ fn script_calls(redis: &RedisServer) -> u64 {
 }
 
 fn scraper_config(upstream: &Upstream, redis: &RedisServer, deny_cache: usize) -> String {
-    let store = format!("[store]\nurl = \"{}\"\ndeny_cache = {deny_cache}", redis.url());
+    let store = format!("{}deny_cache = {deny_cache}\n", redis_decides(redis));
     format!(
         r#"{head}
 [identity]
@@ -143,7 +143,7 @@ fn until_blocked(sg: &Slidegate) -> (usize, Reply) {
 fn a_block_earned_on_one_instance_is_honoured_by_another_without_store_calls() {
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let store = format!("[store]\nurl = \"{}\"", redis.url());
+    let store = redis_decides(&redis);
     let a = Slidegate::start(&penalty_config(&upstream, &store, false));
     let b = Slidegate::start(&penalty_config(&upstream, &store, false));
 

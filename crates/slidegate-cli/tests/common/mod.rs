@@ -344,6 +344,14 @@ pub fn redis_store(redis: &RedisServer) -> String {
     )
 }
 
+/// A Redis store for tests of what Redis decides, not of its failures: a
+/// call may wait 10 s, so a loaded machine's slow reply is still Redis's
+/// decision (a 50 ms timeout would make it the failure policy's, now and
+/// then, and an extra probe call in Redis's counts).
+pub fn redis_decides(redis: &RedisServer) -> String {
+    format!("[store]\nurl = \"{}\"\ntimeout_ms = 10000\n", redis.url())
+}
+
 pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
