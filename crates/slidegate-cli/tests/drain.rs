@@ -402,7 +402,7 @@ name = "rest"
 path = "/api/*"
 limits = [{{ limit = 100000, window = "60s" }}]
 "#,
-        head = config_head(upstream.addr, server, &redis_decides(&redis)),
+        head = config_head(upstream.addr, server, &redis_decides(redis)),
     )
 }
 

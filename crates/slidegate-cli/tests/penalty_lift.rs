@@ -48,7 +48,7 @@ limits = [{{ limit = 1, window = "1m" }}]
         head = config_head(
             upstream.addr,
             &format!("admin_listen = \"127.0.0.1:0\"\ncheck_token_env = \"{SECRET_ENV}\""),
-            &redis_decides(&redis),
+            &format!("[store]\nurl = \"{}\"\n", redis.url()),
         ),
     )
 }

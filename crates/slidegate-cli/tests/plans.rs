@@ -314,7 +314,8 @@ fn hostile_overrides_are_refused_with_a_problem() {
 fn overrides_outlive_a_redis_outage() {
     let mut redis = RedisServer::spawn();
     let upstream = Upstream::start();
-    let store = redis_decides(&redis);
+    // The default timeout: a paused Redis must fail the write promptly.
+    let store = format!("[store]\nurl = \"{}\"\n", redis.url());
     let (_dir, keys) = keys_file("");
     let sg = Slidegate::start(&planned(&upstream, &store, &keys, true));
     assert_eq!(put_override(&sg, "sk-alice", r#"{"plan": "pro"}"#).status, 200);
