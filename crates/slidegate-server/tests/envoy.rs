@@ -174,7 +174,10 @@ async fn key_only_counts_each_value_and_the_exact_value_wins() {
     let r = ask(&mut c, "edge_proxy_per_ip", &[("remote_address", "10.0.0.1")]).await;
     assert_eq!((r.overall_code, r.statuses[0].code, r.statuses[0].limit_remaining), (OVER, OVER, 0));
     let wait = r.statuses[0].duration_until_reset.unwrap();
-    assert!(wait.seconds > 0 && wait.seconds <= 60, "{wait:?}");
+    // A sliding window counter resets fully within two windows: when the ten
+    // requests straddle a window's end, the previous window's share decays
+    // over the whole next one.
+    assert!(wait.seconds > 0 && wait.seconds <= 120, "{wait:?}");
     assert_eq!(header(&r, "RateLimit-Policy"), Some("\"remote_address\";q=10;w=60"));
     assert!(header(&r, "RateLimit").unwrap().starts_with("\"remote_address\";r=0;t="));
     // Another value has its own count.
