@@ -374,6 +374,15 @@ impl<S: Store> Store for DenyCached<S> {
         self.inner.leases()
     }
 
+    /// The store's own, uncached: a joint decision is asked of the store
+    /// every time, and what it answers is not remembered (a denial of one
+    /// part is the whole request's, not that identity's alone). An identity
+    /// the cache holds denied is denied by the store too, so nothing that
+    /// passes here is charged where the cache would have refused.
+    fn joint(&self) -> Option<impl slidegate::JointStore + '_> {
+        self.inner.joint()
+    }
+
     /// Forgets the identity's cached denials first: whatever the store
     /// answers, this instance no longer answers for it.
     async fn lift_penalty(

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Charge, Decision, DistinctStore, Identity, Limit, MemoryStore, Origin, Outcome, Quota, Request,
-    SharedTables, Store, StoreError,
+    Charge, Decision, DistinctStore, Identity, JointStore, Limit, MemoryStore, Origin, Outcome, Part, Quota,
+    Request, SharedTables, Store, StoreError,
 };
 
 use crate::clock::Ticks;
@@ -139,6 +139,14 @@ impl<S: Store> Store for Fallback<S> {
         self.inner.leases()
     }
 
+    /// The store's, and while it fails the fallback limiter's own joint
+    /// decisions: every part under this instance's share of its limits, all
+    /// or nothing as the store would decide them.
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        let inner = self.inner.joint()?;
+        Some(FallbackJoint { inner, fallback: self })
+    }
+
     /// Forgets what the store last said of the identity (a block's denials
     /// among it) first, so the fallback does not keep a lifted block either.
     async fn lift_penalty(
@@ -153,6 +161,44 @@ impl<S: Store> Store for Fallback<S> {
     /// Off, the store's; on, none: every outage of the store is decided here.
     fn has_outages(&self) -> bool {
         self.seeded.is_none() && self.inner.has_outages()
+    }
+}
+
+/// Joint decisions through the fallback: what the store answers is
+/// remembered for each part as a decision is; while the store fails, the
+/// parts are decided together on the fallback store under each limit's
+/// share, denied whole when a part's remembered seed has too little left.
+struct FallbackJoint<'a, S, J> {
+    inner: J,
+    fallback: &'a Fallback<S>,
+}
+
+impl<S: Store, J: JointStore> JointStore for FallbackJoint<'_, S, J> {
+    async fn decide_joint(
+        &self,
+        parts: &[Part<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let Some(seeded) = &self.fallback.seeded else {
+            return self.inner.decide_joint(parts, deadline).await;
+        };
+        let now_ms = || self.fallback.ticks.now_ms();
+        match self.inner.decide_joint(parts, deadline).await {
+            Ok(outcomes) => {
+                if self.fallback.inner.has_outages() {
+                    let now_ms = now_ms();
+                    for (part, outcome) in parts.iter().zip(&outcomes) {
+                        seeded.remember(part.identity, &outcome.decisions, now_ms);
+                    }
+                }
+                Ok(outcomes)
+            }
+            Err(err) if err.is_unavailable() => {
+                let decisions = seeded.decide_joint(parts, now_ms())?;
+                Ok(decisions.into_iter().map(|d| Outcome::decided(d).from_origin(Origin::Fallback)).collect())
+            }
+            Err(err) => Err(err),
+        }
     }
 }
 
@@ -247,6 +293,69 @@ impl Seeded {
         decisions
     }
 
+    /// Decides every part at `now_ms` without the store, all or nothing: a
+    /// part whose live seed has less left than a charge costs denies the
+    /// whole request (nothing charged: each seeded part told its seeds'
+    /// state, the others the fallback store's); else the parts are decided together on the fallback store
+    /// under this instance's share, and each admitted part's seeds lowered.
+    fn decide_joint(&self, parts: &[Part<'_>], now_ms: u64) -> Result<Vec<Vec<Decision>>, StoreError> {
+        let live = |seed: &Seed| seed.reset_at_ms > now_ms;
+        let seeds: Vec<Option<Vec<Seed>>> = parts
+            .iter()
+            .map(|p| self.shard(p.identity).get(p.identity).filter(|s| s.len() == p.charges.len()).cloned())
+            .collect();
+        let short = parts.iter().zip(&seeds).any(|(part, seeds)| {
+            seeds.as_ref().is_some_and(|s| s.iter().zip(part.charges).any(|(s, c)| live(s) && s.remaining < c.cost))
+        });
+        // Each charge under this instance's share; a peek (cost 0) when a
+        // seed already denies the request, so that nothing is charged.
+        let shared: Vec<Vec<Charge>> = parts
+            .iter()
+            .map(|p| {
+                p.charges.iter().map(|c| Charge::new(self.share(&c.limit), if short { 0 } else { c.cost })).collect()
+            })
+            .collect();
+        let shared_parts: Vec<Part<'_>> =
+            parts.iter().zip(&shared).map(|(p, charges)| Part { identity: p.identity, charges }).collect();
+        let outcomes = match self.store.decide_joint_sync(&shared_parts) {
+            Ok(outcomes) => outcomes,
+            // A cost above this instance's share: no such request passes here.
+            Err(StoreError::CostExceedsLimit { .. }) => {
+                return Ok(shared.iter().map(|charges| denials(charges)).collect());
+            }
+            Err(err) => return Err(err),
+        };
+        if short {
+            return Ok(parts
+                .iter()
+                .zip(&seeds)
+                .zip(outcomes)
+                .map(|((part, seeds), peek)| match seeds {
+                    Some(seeds) => seeded_denials(seeds, part.charges, now_ms),
+                    None => peek.decisions.to_vec(),
+                })
+                .collect());
+        }
+        let admitted = outcomes.iter().all(|o| o.decisions.iter().all(|d| d.allowed));
+        let mut answers = Vec::with_capacity(parts.len());
+        for (part, outcome) in parts.iter().zip(outcomes) {
+            let mut decisions = outcome.decisions.to_vec();
+            let mut map = self.shard(part.identity);
+            if let Some(seeds) = map.get_mut(part.identity).filter(|s| s.len() == part.charges.len()) {
+                for ((seed, c), d) in seeds.iter_mut().zip(part.charges).zip(&mut decisions) {
+                    if live(seed) {
+                        if admitted {
+                            seed.remaining = seed.remaining.saturating_sub(c.cost);
+                        }
+                        d.remaining = d.remaining.min(seed.remaining);
+                    }
+                }
+            }
+            answers.push(decisions);
+        }
+        Ok(answers)
+    }
+
     /// `limit` with this instance's share of the quota (at least 1 permit).
     fn share(&self, limit: &Limit) -> Limit {
         let permits = (limit.quota.permits() / self.instances).max(1);
@@ -315,6 +424,10 @@ mod tests {
 
         fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
             None::<slidegate::NoLeases>
+        }
+
+        fn joint(&self) -> Option<impl JointStore + '_> {
+            Some(&self.0)
         }
 
         async fn lift_penalty(

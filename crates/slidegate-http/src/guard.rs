@@ -22,8 +22,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, Limit, Outcome, Quota, Request,
-    SharedTables, Source, Store, StoreError, TableEntry, TableName,
+    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part, Quota,
+    Request, SharedTables, Source, Store, StoreError, TableEntry, TableName,
 };
 
 use crate::breaker::{Admit, Breaker};
@@ -201,6 +201,11 @@ impl<S: Store + 'static> Store for Guarded<S> {
         Some(GuardedTables { guard: self, inner })
     }
 
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        let inner = self.shared.store.joint()?;
+        Some(GuardedJoint { guard: self, inner })
+    }
+
     async fn lift_penalty(
         &self,
         identity: &Identity,
@@ -215,6 +220,25 @@ impl<S: Store + 'static> Store for Guarded<S> {
     /// store that fails or waits.
     fn has_outages(&self) -> bool {
         self.shared.store.has_outages()
+    }
+}
+
+/// The guarded store's joint decisions, under a decision's deadline and the breaker.
+struct GuardedJoint<'a, S, J> {
+    guard: &'a Guarded<S>,
+    inner: J,
+}
+
+impl<S: Store + 'static, J: JointStore> JointStore for GuardedJoint<'_, S, J> {
+    fn decide_joint(
+        &self,
+        parts: &[Part<'_>],
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send {
+        let start = Instant::now();
+        let own = start + self.guard.shared.timeout;
+        let deadline = deadline.map_or(own, |d| d.min(own));
+        self.guard.guarded(start, self.inner.decide_joint(parts, Some(deadline)))
     }
 }
 

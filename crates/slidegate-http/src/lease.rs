@@ -332,6 +332,12 @@ impl<S: Store> Store for Leased<S> {
         None::<NoLeases>
     }
 
+    /// The store's own: a leased permit is charged in the store, so a joint
+    /// decision there counts it as any other instance's decision would.
+    fn joint(&self) -> Option<impl slidegate::JointStore + '_> {
+        self.inner.joint()
+    }
+
     fn lift_penalty(
         &self,
         identity: &Identity,

@@ -79,7 +79,7 @@ pub use fallback::Fallback;
 pub use guard::Guarded;
 pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, PeerFn, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
-pub use limiter::{CheckError, LimiterError, RateLimiter};
+pub use limiter::{CheckError, KeyCheck, LimiterError, RateLimiter};
 pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
 pub use metrics::{ListCounters, Metrics, RuleCounters, StoreCounters};
 pub use plans::{PlanOverride, PlanOverrides};

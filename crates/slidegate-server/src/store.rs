@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Decision, DistinctStore, Identity, MemoryStore, Outcome, Quota, RedisOptions, RedisStore, RedisTarget,
-    Request, SharedTables, Store, StoreError, TableEntry, TableName,
+    Decision, DistinctStore, Identity, JointStore, MemoryStore, Outcome, Part, Quota, RedisOptions, RedisStore,
+    RedisTarget, Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
 use tokio::sync::OnceCell;
 
@@ -47,6 +47,15 @@ impl Store for AnyStore {
 
     fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
         Some(self)
+    }
+
+    /// The embedded store and one Redis server decide jointly; a Redis
+    /// Cluster does not (its identities live in different slots).
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        match self {
+            AnyStore::Memory(_) => Some(self),
+            AnyStore::Redis(store) => (!matches!(store.inner.target, RedisTarget::Cluster(_))).then_some(self),
+        }
     }
 
     async fn lift_penalty(
@@ -128,6 +137,15 @@ impl slidegate::LeaseStore for AnyStore {
             AnyStore::Redis(store) => {
                 slidegate::LeaseStore::give_back(store.connected()?, identity, back, deadline).await
             }
+        }
+    }
+}
+
+impl JointStore for AnyStore {
+    async fn decide_joint(&self, parts: &[Part<'_>], deadline: Option<Instant>) -> Result<Vec<Outcome>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.decide_joint_sync(parts),
+            AnyStore::Redis(store) => store.connected()?.decide_joint(parts, deadline).await,
         }
     }
 }

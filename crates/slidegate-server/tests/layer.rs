@@ -128,6 +128,10 @@ impl Store for Shared {
         None::<slidegate::NoLeases>
     }
 
+    fn joint(&self) -> Option<impl slidegate::JointStore + '_> {
+        None::<slidegate::NoJoint>
+    }
+
     async fn lift_penalty(
         &self,
         identity: &slidegate::Identity,

@@ -47,6 +47,6 @@ pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
 pub use store::{
-    check_charge, Charge, Decisions, DistinctStore, GiveBack, Lease, LeaseStore, NoDistinct, NoLeases,
-    NoTables, Origin, Outcome, Request, SharedTables, Store, StoreError, TableEntry, TableName,
+    check_charge, Charge, Decisions, DistinctStore, GiveBack, JointStore, Lease, LeaseStore, NoDistinct,
+    NoJoint, NoLeases, NoTables, Part, Origin, Outcome, Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };

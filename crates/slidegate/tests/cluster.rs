@@ -41,6 +41,14 @@ async fn admin(urls: Vec<String>) -> ClusterConnection {
 
 conformance_suite!(conformance, |clock, case| ((), cluster_store(&clock, case).await));
 
+/// A Cluster's identities live in different slots, which no script call
+/// can write together: it makes no joint decisions, and says so.
+#[tokio::test]
+async fn a_cluster_makes_no_joint_decisions() {
+    let store = cluster_store(&ManualClock::new(support::T0), "joint").await;
+    assert!(slidegate::Store::joint(&store).is_none());
+}
+
 /// Fewer cases than on one server: each step is a round trip through the
 /// cluster client, and the single-server run covers the arithmetic broadly.
 const AGREE_CASES: u32 = 32;

@@ -29,12 +29,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         cost: u64,
         anonymous: bool,
     ) -> Result<Verdict<'_>, CheckError> {
-        let index = self
-            .inner
-            .rules
-            .iter()
-            .position(|r| r.name == rule)
-            .ok_or_else(|| CheckError::UnknownRule(rule.to_owned()))?;
+        let index = self.rule_index(rule)?;
         if key.is_empty() {
             return Err(CheckError::EmptyKey);
         }
@@ -88,7 +83,6 @@ impl<S: Store + 'static> RateLimiter<S> {
         mode: Mode,
     ) -> Verdict<'s> {
         let rule = &self.inner.rules[index];
-        let counters = self.inner.metrics.rule(index);
         let scaled: Vec<Charge>;
         let charges = if cost == 1 {
             &set.charges
@@ -103,6 +97,25 @@ impl<S: Store + 'static> RateLimiter<S> {
             OnError::Fallback => self.inner.store.decide(request).await,
             OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
         };
+        match answer {
+            Ok(outcome) => self.verdict(index, identity, set, charges, Ok(outcome), mode),
+            Err(err) => self.verdict(index, identity, set, charges, Err(&err), mode),
+        }
+    }
+
+    /// The store's answer to one rule's `charges` (`set`'s, scaled), as a
+    /// verdict not yet counted.
+    pub(super) fn verdict<'s>(
+        &'s self,
+        index: usize,
+        identity: &Identity,
+        set: &'s PolicySet,
+        charges: &[Charge],
+        answer: Result<Outcome, &StoreError>,
+        mode: Mode,
+    ) -> Verdict<'s> {
+        let rule = &self.inner.rules[index];
+        let counters = self.inner.metrics.rule(index);
         let cached = matches!(&answer, Ok(outcome) if outcome.origin == Origin::Cache);
         let (mut decisions, source, blocked) = read_answer(rule, counters, identity, charges, answer);
         if mode == Mode::Peek {
@@ -211,7 +224,7 @@ fn read_answer(
     counters: &RuleCounters,
     identity: &Identity,
     charges: &[Charge],
-    answer: Result<Outcome, StoreError>,
+    answer: Result<Outcome, &StoreError>,
 ) -> (Decisions, DecisionSource, bool) {
     match answer {
         Ok(outcome) => {

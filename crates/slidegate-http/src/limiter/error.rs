@@ -62,4 +62,8 @@ pub enum CheckError {
         /// The rule's bound.
         max_cost: u64,
     },
+    /// A joint check the store or a rule cannot make
+    /// ([`RateLimiter::check_keys_joint`](super::RateLimiter::check_keys_joint)).
+    #[error("no joint decision: {0}")]
+    NotJoint(String),
 }

@@ -45,6 +45,7 @@ mod breadth;
 mod decide;
 mod delayed;
 mod error;
+mod joint;
 mod listed;
 mod rule;
 #[cfg(test)]
@@ -52,6 +53,7 @@ mod tests;
 
 use decide::deny_in_flight;
 pub use error::{CheckError, LimiterError};
+pub use joint::KeyCheck;
 use rule::{Mode, Rule};
 
 /// The store as the limiter asks it: behind the guard, the deny cache and

@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use self::shard::{decide_locked, decide_penalized, Shard};
+use crate::store::joint::{self, JointStore, Part};
 use self::shared_table::Tables;
 use self::slots::slot_id;
 use crate::distinct::DistinctTable;
@@ -142,12 +143,36 @@ impl<C: Clock> MemoryStore<C> {
         slot_id(self.hasher.hash_one(identity.folded()))
     }
 
+    /// [`JointStore::decide_joint`], answered at once.
+    ///
+    /// # Errors
+    /// As [`JointStore::decide_joint`], and [`StoreError::TimeOutOfRange`]
+    /// when the clock reads past [`crate::store::MAX_TIME_MS`].
+    pub fn decide_joint_sync(&self, parts: &[Part<'_>]) -> Result<Vec<Outcome>, StoreError> {
+        joint::validate_parts(parts)?;
+        let now = check_time(self.clock.now_ms())?;
+        let ids: Vec<u64> = parts.iter().map(|p| self.identity(p.identity)).collect();
+        let mut order: Vec<usize> = ids.iter().map(|&id| self.shard_index(id)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let at: Vec<usize> =
+            ids.iter().map(|&id| order.binary_search(&self.shard_index(id)).unwrap_or_default()).collect();
+        // As in `lock`: a poisoned shard is still sound.
+        let mut locked: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)).collect();
+        Ok(shard::decide_joint_locked(&mut locked, &at, &ids, parts, now))
+    }
+
+    fn shard_index(&self, id: u64) -> usize {
+        (id >> 32) as usize % self.shards.len()
+    }
+
     /// The shard identity `id` lives in, locked.
     fn lock(&self, id: u64) -> MutexGuard<'_, Shard> {
         // Bits 32.. pick the shard; compact tables start probing from the
         // high bits, the sliding log's map uses the low bits for buckets and
         // the top 7 for tags: the choices stay independent.
-        let shard = &self.shards[(id >> 32) as usize % self.shards.len()];
+        let shard = &self.shards[self.shard_index(id)];
         // A panic while holding the lock cannot leave a state half-written
         // (states are replaced whole; a state left frozen is thawed by the
         // next hold or rebuild), so a poisoned shard is still sound.
@@ -269,6 +294,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self)
     }
 
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        Some(self)
+    }
+
     fn lift_penalty(
         &self,
         identity: &Identity,
@@ -280,6 +309,18 @@ impl<C: Clock> Store for MemoryStore<C> {
     /// In the process: never unreachable, never late.
     fn has_outages(&self) -> bool {
         false
+    }
+}
+
+/// Joint decisions under the locks of every shard involved, taken in shard
+/// order so that two joint decisions never wait on each other.
+impl<C: Clock> JointStore for MemoryStore<C> {
+    fn decide_joint(
+        &self,
+        parts: &[Part<'_>],
+        _deadline: Option<std::time::Instant>,
+    ) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send {
+        std::future::ready(self.decide_joint_sync(parts))
     }
 }
 

@@ -5,12 +5,14 @@
 //! same decisions for the same trace — the conformance suite and the property
 //! test in `tests/` hold them to it.
 
+pub mod joint;
 pub mod lease;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod table;
 
+pub use self::joint::{JointStore, NoJoint, Part};
 pub use self::lease::{GiveBack, Lease, LeaseStore, NoLeases};
 pub use self::table::{NoTables, SharedTables, TableEntry, TableName};
 
@@ -40,6 +42,10 @@ pub enum StoreError {
     /// The same limit appeared twice in one request.
     #[error("limit {0} appears twice in one request; merge the costs instead")]
     DuplicateLimit(Limit),
+    /// The same identity appeared in two parts of one joint request
+    /// ([`JointStore::decide_joint`]).
+    #[error("identity {0} appears in two parts of one joint request; merge its charges instead")]
+    DuplicateIdentity(String),
     /// A sliding log limit above [`crate::algorithm::sliding_log::MAX_LIMIT`].
     #[error("sliding_log limits must be at most {max} (one entry per permit), got {limit}; use sliding_window_counter for larger limits", max = crate::algorithm::sliding_log::MAX_LIMIT)]
     SlidingLogTooLarge {
@@ -102,6 +108,7 @@ impl StoreError {
             StoreError::CostExceedsLimit { .. }
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
+            | StoreError::DuplicateIdentity(_)
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotLeased(_)
             | StoreError::InvalidTableEntry(_)
@@ -139,6 +146,7 @@ impl StoreError {
             StoreError::CostExceedsLimit { .. }
             | StoreError::NoLimits
             | StoreError::DuplicateLimit(_)
+            | StoreError::DuplicateIdentity(_)
             | StoreError::SlidingLogTooLarge { .. }
             | StoreError::NotLeased(_)
             | StoreError::NotConnected(_)
@@ -395,6 +403,12 @@ pub trait Store: Send + Sync {
     /// request in the store, as without leases.
     fn leases(&self) -> Option<impl LeaseStore + '_>;
 
+    /// The store's joint decisions ([`JointStore`]: several identities'
+    /// charges all or nothing in one call), or `None` when it makes none.
+    /// A configuration that needs them refuses to load on a store answering
+    /// `None`; nothing decides them one identity at a time instead.
+    fn joint(&self) -> Option<impl JointStore + '_>;
+
     /// Lifts `identity`'s penalty box: forgets its penalty state (a block,
     /// the denials counting toward the next, the strikes doubling it), so
     /// that its next request is decided by its limits again. Answers how
@@ -437,6 +451,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn leases(&self) -> Option<impl LeaseStore + '_> {
         (**self).leases()
+    }
+
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        (**self).joint()
     }
 
     fn lift_penalty(

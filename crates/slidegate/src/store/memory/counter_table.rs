@@ -21,17 +21,18 @@ pub(super) struct CounterTable {
     slots: SharedSlots,
     /// As in [`Keyed`](super::tables::Keyed).
     swept: Swept,
-    /// `(id, slot, state)` of the state a multi-limit decision holds frozen
-    /// ([`LimitTable::hold`](super::tables::LimitTable::hold)): decisions
-    /// under the lock use this copy.
-    held: Option<(u64, usize, u64)>,
+    /// `(id, slot, state)` of each state a multi-limit or joint decision
+    /// holds frozen ([`LimitTable::hold`](super::tables::LimitTable::hold)):
+    /// decisions under the lock use these copies. Empty but for the length
+    /// of such a decision; a joint one may hold several identities here.
+    held: Vec<(u64, usize, u64)>,
 }
 
 impl PackedStates for CounterTable {
     type Packing = PackedCounter;
 
     fn new(packing: PackedCounter, now: u64) -> Self {
-        Self { packing, slots: SharedSlots::new(), swept: Swept::at(&packing, now), held: None }
+        Self { packing, slots: SharedSlots::new(), swept: Swept::at(&packing, now), held: Vec::new() }
     }
 
     fn with_states(
@@ -68,22 +69,20 @@ impl PackedStates for CounterTable {
         let (packing, reference) = (self.packing, self.swept.reference);
         let quota = *packing.quota();
         if let Some(index) = self.slots.find(id) {
-            if let Some((_, held, packed)) = &mut self.held {
-                if *held == index {
-                    let (next, decision) =
-                        SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
-                    if commit {
-                        *packed = packing.pack(next);
-                    }
-                    return decision;
+            if let Some((_, _, packed)) = self.held.iter_mut().find(|(_, held, _)| *held == index) {
+                let (next, decision) =
+                    SlidingWindowCounter::decide(packing.unpack(*packed, reference), now, cost, &quota);
+                if commit {
+                    *packed = packing.pack(next);
                 }
+                return decision;
             }
             let decided = self.slots.update(index, |packed| {
                 let state = packing.unpack(packed, reference);
                 let (next, decision) = SlidingWindowCounter::decide(state, now, cost, &quota);
                 (decision, (commit && next != state).then(|| packing.pack(next)))
             });
-            // Only `hold` freezes a state of the table in use, and that one is `held`.
+            // Only `hold` freezes a state of the table in use, and those are `held`.
             return decided.unwrap_or_else(|| unreachable!("a frozen state in a table in use"));
         }
         let fresh = crate::algorithm::sliding_window_counter::State::default();
@@ -98,10 +97,10 @@ impl PackedStates for CounterTable {
         decision
     }
 
-    /// As [`Keyed::rebuild`](super::tables::Keyed::rebuild); a state held
-    /// frozen is put back first and held again in the new array.
+    /// As [`Keyed::rebuild`](super::tables::Keyed::rebuild); the states
+    /// held frozen are put back first and held again in the new array.
     fn rebuild(&mut self, now: u64, room: usize) {
-        let held = self.held.map(|(id, _, _)| id);
+        let held: Vec<u64> = self.held.iter().map(|&(id, _, _)| id).collect();
         self.release();
         let (packing, reference) = (self.packing, self.swept.reference);
         self.slots.rebuild(
@@ -109,22 +108,26 @@ impl PackedStates for CounterTable {
             room,
         );
         self.swept = self.swept.after_sweep(&packing, now);
-        if let Some(id) = held {
+        for id in held {
             self.hold(id);
         }
     }
 
+    /// Holds `id`'s state too (a joint decision holds several identities'),
+    /// once. A hold left in place by a panic between `hold` and `release` is
+    /// sound: decisions under the lock read the held copy, hot handles find
+    /// the state frozen and take the lock; the next release ends it.
     fn hold(&mut self, id: u64) {
-        // One identity at a time. A hold still in place was left by a panic
-        // between `hold` and `release`: ending it keeps a poisoned shard sound.
-        self.release();
+        if self.held.iter().any(|&(held, _, _)| held == id) {
+            return;
+        }
         if let Some(index) = self.slots.find(id) {
-            self.held = Some((id, index, self.slots.freeze(index)));
+            self.held.push((id, index, self.slots.freeze(index)));
         }
     }
 
     fn release(&mut self) {
-        if let Some((_, index, packed)) = self.held.take() {
+        for (_, index, packed) in self.held.drain(..) {
             self.slots.thaw(index, packed);
         }
     }
@@ -149,13 +152,11 @@ impl PackedStates for CounterTable {
     fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
         let (packing, reference) = (self.packing, self.swept.reference);
         let Some(index) = self.slots.find(id) else { return 0 };
-        if let Some((_, held, packed)) = &mut self.held {
-            if *held == index {
-                let (state, back) =
-                    SlidingWindowCounter::give_back(packing.unpack(*packed, reference), window, unused);
-                *packed = packing.pack(state);
-                return back;
-            }
+        if let Some((_, _, packed)) = self.held.iter_mut().find(|(_, held, _)| *held == index) {
+            let (state, back) =
+                SlidingWindowCounter::give_back(packing.unpack(*packed, reference), window, unused);
+            *packed = packing.pack(state);
+            return back;
         }
         let given = self.slots.update(index, |packed| {
             let (state, back) =

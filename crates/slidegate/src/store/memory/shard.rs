@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use super::kept::Table;
-use crate::store::{Charge, Decisions, Outcome};
+use std::sync::MutexGuard;
+
+use crate::store::{Charge, Decisions, Outcome, Part};
 use crate::{Decision, Limit, Penalty, PenaltyState};
 
 #[derive(Default)]
@@ -83,6 +85,50 @@ pub(super) fn decide_locked(shard: &mut Shard, id: u64, now: u64, charges: &[Cha
         shard.table(&charge.limit, now).states.release();
     }
     decisions.into()
+}
+
+/// Decides every part's charges all or nothing (`JointStore::decide_joint`),
+/// under the locks of all their shards, which the caller holds: part `i` is
+/// identity `ids[i]`, living in `shards[at[i]]`. As [`decide_locked`] for one
+/// identity: every state is held (out of reach of hot handles) and checked,
+/// then all are charged or none.
+pub(super) fn decide_joint_locked(
+    shards: &mut [MutexGuard<'_, Shard>],
+    at: &[usize],
+    ids: &[u64],
+    parts: &[Part<'_>],
+    now: u64,
+) -> Vec<Outcome> {
+    let each = || parts.iter().zip(ids.iter().copied()).zip(at.iter().copied());
+    for ((part, id), s) in each() {
+        for charge in part.charges {
+            shards[s].table(&charge.limit, now).states.hold(id, now);
+        }
+    }
+    let mut decisions: Vec<Vec<Decision>> = each()
+        .map(|((part, id), s)| {
+            part.charges.iter().map(|c| shards[s].table(&c.limit, now).decide(id, now, c.cost, false)).collect()
+        })
+        .collect();
+    let admitted = decisions.iter().flatten().all(|d| d.allowed);
+    for (((part, id), s), decided) in each().zip(&mut decisions) {
+        for (c, decision) in part.charges.iter().zip(decided.iter_mut()) {
+            let table = shards[s].table(&c.limit, now);
+            if admitted {
+                // Same states, same time: the checked decision, now charged.
+                *decision = table.decide(id, now, c.cost, true);
+            } else if decision.allowed {
+                // Nothing is charged: the state without this request.
+                *decision = table.decide(id, now, 0, false);
+            }
+        }
+    }
+    for ((part, _), s) in each() {
+        for charge in part.charges {
+            shards[s].table(&charge.limit, now).states.release();
+        }
+    }
+    decisions.into_iter().map(Outcome::decided).collect()
 }
 
 /// Decides `charges` under `penalty` for identity `id`, under the shard's

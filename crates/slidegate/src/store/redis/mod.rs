@@ -83,6 +83,7 @@ use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
 use self::wire::{DecideAllArgs, DecideArgs};
+use crate::store::joint::{self, JointStore, Part};
 use crate::store::{
     check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store, StoreError,
 };
@@ -571,6 +572,12 @@ impl Store for RedisStore {
         Some(self)
     }
 
+    /// One server's: a Cluster's identities live in different slots, which
+    /// no script call can write together.
+    fn joint(&self) -> Option<impl JointStore + '_> {
+        (!matches!(self.conn, Connection::Cluster(_))).then_some(self)
+    }
+
     async fn lift_penalty(
         &self,
         identity: &Identity,
@@ -590,6 +597,28 @@ impl Store for RedisStore {
     /// A server over the network: it can be down, slow or unreachable.
     fn has_outages(&self) -> bool {
         true
+    }
+}
+
+/// Every part's state keys in one `decide_all.lua` call (always Lua: the
+/// module's `DECIDE_ALL` takes one identity's keys), all checked before any
+/// is charged.
+impl JointStore for RedisStore {
+    async fn decide_joint(
+        &self,
+        parts: &[Part<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        joint::validate_parts(parts)?;
+        let now_ms = self.client_now()?;
+        let deadline = self.deadline(deadline);
+        let charges: Vec<Charge> = parts.iter().flat_map(|p| p.charges.iter().copied()).collect();
+        let keys: Vec<StateKey<'_>> =
+            parts.iter().flat_map(|p| p.charges.iter().map(|c| self.state_key(p.identity, &c.limit))).collect();
+        let args = DecideAllArgs { now_ms, charges: &charges, deadline_ms: deadline.server_ms };
+        let reply = self.eval(scripts::decide_all(), &keys, &args, deadline).await?;
+        let flat = wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits()))?;
+        Ok(joint::split(parts, &flat))
     }
 }
 
