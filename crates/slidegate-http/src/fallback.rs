@@ -305,14 +305,19 @@ impl Seeded {
             .map(|p| self.shard(p.identity).get(p.identity).filter(|s| s.len() == p.charges.len()).cloned())
             .collect();
         let short = parts.iter().zip(&seeds).any(|(part, seeds)| {
-            seeds.as_ref().is_some_and(|s| s.iter().zip(part.charges).any(|(s, c)| live(s) && s.remaining < c.cost))
+            seeds
+                .as_ref()
+                .is_some_and(|s| s.iter().zip(part.charges).any(|(s, c)| live(s) && s.remaining < c.cost))
         });
         // Each charge under this instance's share; a peek (cost 0) when a
         // seed already denies the request, so that nothing is charged.
         let shared: Vec<Vec<Charge>> = parts
             .iter()
             .map(|p| {
-                p.charges.iter().map(|c| Charge::new(self.share(&c.limit), if short { 0 } else { c.cost })).collect()
+                p.charges
+                    .iter()
+                    .map(|c| Charge::new(self.share(&c.limit), if short { 0 } else { c.cost }))
+                    .collect()
             })
             .collect();
         let shared_parts: Vec<Part<'_>> =

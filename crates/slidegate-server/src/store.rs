@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Decision, DistinctStore, Identity, JointStore, MemoryStore, Outcome, Part, Quota, RedisOptions, RedisStore,
-    RedisTarget, Request, SharedTables, Store, StoreError, TableEntry, TableName,
+    Decision, DistinctStore, Identity, JointStore, MemoryStore, Outcome, Part, Quota, RedisOptions,
+    RedisStore, RedisTarget, Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
 use tokio::sync::OnceCell;
 
@@ -54,7 +54,9 @@ impl Store for AnyStore {
     fn joint(&self) -> Option<impl JointStore + '_> {
         match self {
             AnyStore::Memory(_) => Some(self),
-            AnyStore::Redis(store) => (!matches!(store.inner.target, RedisTarget::Cluster(_))).then_some(self),
+            AnyStore::Redis(store) => {
+                (!matches!(store.inner.target, RedisTarget::Cluster(_))).then_some(self)
+            }
         }
     }
 
@@ -142,7 +144,11 @@ impl slidegate::LeaseStore for AnyStore {
 }
 
 impl JointStore for AnyStore {
-    async fn decide_joint(&self, parts: &[Part<'_>], deadline: Option<Instant>) -> Result<Vec<Outcome>, StoreError> {
+    async fn decide_joint(
+        &self,
+        parts: &[Part<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Outcome>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.decide_joint_sync(parts),
             AnyStore::Redis(store) => store.connected()?.decide_joint(parts, deadline).await,

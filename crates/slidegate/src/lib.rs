@@ -48,5 +48,6 @@ pub use store::memory::{MemoryStore, SweepReport};
 pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
 pub use store::{
     check_charge, Charge, Decisions, DistinctStore, GiveBack, JointStore, Lease, LeaseStore, NoDistinct,
-    NoJoint, NoLeases, NoTables, Part, Origin, Outcome, Request, SharedTables, Store, StoreError, TableEntry, TableName,
+    NoJoint, NoLeases, NoTables, Origin, Outcome, Part, Request, SharedTables, Store, StoreError, TableEntry,
+    TableName,
 };

@@ -67,7 +67,11 @@ async fn joint_contract<S: Store>(store: &S, tag: &str) {
             joint(&joint_store, &[(&c, l, 1), (&d, l, 4)]).await,
             Err(StoreError::CostExceedsLimit { cost: 4, limit: 3 })
         ));
-        assert_eq!(store.decide_one(&c, &l, 3).await.expect("valid").remaining, 0, "{algorithm}: c untouched");
+        assert_eq!(
+            store.decide_one(&c, &l, 3).await.expect("valid").remaining,
+            0,
+            "{algorithm}: c untouched"
+        );
     }
 }
 

@@ -116,8 +116,11 @@ impl<S: Store + 'static> RateLimiter<S> {
                 Ok(outcomes) => Ok(outcomes[at].clone()),
                 Err(err) => Err(err),
             };
-            let verdict = self.verdict(member.index, &member.identity, member.set, &charges[at], answer, Mode::Charge);
-            if !std::mem::replace(&mut counted[at], true) {
+            let verdict =
+                self.verdict(member.index, &member.identity, member.set, &charges[at], answer, Mode::Charge);
+            // A peek (the call refused whole before it) counts for nobody.
+            let peeked = listed_denial || member.cost == 0;
+            if !peeked && !std::mem::replace(&mut counted[at], true) {
                 self.count(member.index, &member.identity, &verdict, Mode::Charge);
             }
             verdicts.push(verdict);
@@ -140,7 +143,8 @@ impl<S: Store + 'static> RateLimiter<S> {
         }
         let parts: Vec<Part<'_>> =
             members.iter().zip(charges).map(|(m, c)| Part { identity: &m.identity, charges: c }).collect();
-        let not_joint = || CheckError::NotJoint("the store makes no joint decisions (a Redis Cluster)".into());
+        let not_joint =
+            || CheckError::NotJoint("the store makes no joint decisions (a Redis Cluster)".into());
         let fallback = members.iter().all(|m| self.inner.rules[m.index].on_error == OnError::Fallback);
         Ok(if fallback {
             self.inner.store.joint().ok_or_else(not_joint)?.decide_joint(&parts, None).await

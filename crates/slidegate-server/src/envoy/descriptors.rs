@@ -9,7 +9,7 @@
 //! descriptor that stops early, or ends on a node without a limit, is not
 //! limited — as the reference service documents.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use slidegate::Quota;
 
@@ -19,6 +19,9 @@ use super::proto::Unit;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnvoyConfig {
     domains: HashMap<String, Level>,
+    /// The domains whose descriptors are decided all or nothing
+    /// (`all_or_nothing: true`, a slidegate extension).
+    joint: HashSet<String>,
 }
 
 /// One level of a domain's tree: its nodes by key, then by value.
@@ -82,6 +85,16 @@ impl EnvoyConfig {
         let mut names: Vec<&str> = self.domains.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Whether `domain`'s descriptors are decided all or nothing.
+    pub(crate) fn all_or_nothing(&self, domain: &str) -> bool {
+        !self.joint.is_empty() && self.joint.contains(domain)
+    }
+
+    /// Decides `domain`'s descriptors all or nothing.
+    pub(crate) fn set_all_or_nothing(&mut self, domain: &str) {
+        self.joint.insert(domain.to_owned());
     }
 
     pub(crate) fn insert_domain(&mut self, domain: String, root: Level) -> bool {

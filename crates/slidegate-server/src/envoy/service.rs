@@ -13,8 +13,9 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use slidegate::Quota;
 use slidegate_http::headers::{policy_header, ratelimit_header};
-use slidegate_http::{CheckError, PolicyResult, RateLimiter};
+use slidegate_http::{CheckError, KeyCheck, PolicyResult, RateLimiter, Verdict};
 
 use super::descriptors::{EnvoyConfig, LimitKind, NodeLimit};
 use super::proto::{
@@ -119,6 +120,13 @@ async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> Rate
     let decided = match (request.descriptors.as_slice(), matched.as_slice()) {
         // Envoy's most common call: no join of futures for one.
         ([descriptor], [limit]) => vec![decide(descriptor, *limit).await],
+        (descriptors, _) if config.all_or_nothing(&request.domain) => {
+            let limits: Vec<Option<&NodeLimit>> = matched
+                .iter()
+                .map(|l| l.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name))))
+                .collect();
+            decide_jointly(&running.limiter, descriptors, &limits, request_hits).await
+        }
         // Decided concurrently: with Redis, one round trip for all of them.
         _ => {
             let each = request.descriptors.iter().zip(matched.iter().copied());
@@ -170,12 +178,6 @@ async fn decide_one<'l>(
     descriptor: &RateLimitDescriptor,
     hits: u64,
 ) -> (DescriptorStatus, Vec<PolicyResult<'l>>) {
-    let current_limit = Some(RateLimit {
-        requests_per_unit: limit.requests_per_unit,
-        unit: limit.unit.into(),
-        name: limit.name.clone().unwrap_or_default(),
-    });
-    let code = |over: bool| if over && !limit.shadow { Code::OverLimit } else { Code::Ok };
     let quota = match limit.kind {
         LimitKind::Unlimited => {
             let status =
@@ -183,45 +185,138 @@ async fn decide_one<'l>(
             return (status, Vec::new());
         }
         LimitKind::Blocked => {
-            return (
-                DescriptorStatus { code: code(true).into(), current_limit, ..Default::default() },
-                Vec::new(),
-            );
+            let status = DescriptorStatus {
+                code: code(limit, true).into(),
+                current_limit: current_limit(limit),
+                ..Default::default()
+            };
+            return (status, Vec::new());
         }
         LimitKind::Quota(quota) => quota,
     };
     let key = identity_key(descriptor);
-    let status = match limiter.check_key(&limit.rule, &key, hits, false).await {
+    match limiter.check_key(&limit.rule, &key, hits, false).await {
         Ok(verdict) => {
-            let decisive = verdict.decisive().map(|p| p.decision);
-            let (remaining, wait) = match decisive {
-                Some(d) if !d.allowed => (0, d.retry_after.unwrap_or(d.reset_after)),
-                Some(d) => (d.remaining, d.reset_after),
-                // Failed open or closed: the store said nothing.
-                None => (0, quota.window()),
-            };
-            let over = !verdict.allowed();
-            let status = DescriptorStatus {
-                code: code(over).into(),
-                current_limit,
-                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                duration_until_reset: Some(duration(wait)),
-            };
-            return (status, verdict.policies.to_vec());
+            let status = status_of(limit, &quota, &verdict);
+            (status, verdict.policies.to_vec())
         }
         // More hits than the limit holds: no such request could pass.
-        Err(CheckError::CostExceedsLimit { .. }) => DescriptorStatus {
-            code: code(true).into(),
-            current_limit,
-            limit_remaining: 0,
-            duration_until_reset: Some(duration(quota.window())),
-        },
+        Err(CheckError::CostExceedsLimit { .. }) => (over_status(limit, &quota), Vec::new()),
         Err(err) => {
             tracing::error!(rule = %limit.rule, %err, "envoy descriptor not decided");
-            DescriptorStatus { code: Code::Ok.into(), current_limit, ..Default::default() }
+            (undecided_status(limit), Vec::new())
         }
+    }
+}
+
+/// The limit as Envoy is told it.
+fn current_limit(limit: &NodeLimit) -> Option<RateLimit> {
+    Some(RateLimit {
+        requests_per_unit: limit.requests_per_unit,
+        unit: limit.unit.into(),
+        name: limit.name.clone().unwrap_or_default(),
+    })
+}
+
+/// `Ok` unless over the limit and enforced (not shadow).
+fn code(limit: &NodeLimit, over: bool) -> Code {
+    if over && !limit.shadow {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+/// A matched descriptor's status from the limiter's verdict.
+fn status_of(limit: &NodeLimit, quota: &Quota, verdict: &Verdict<'_>) -> DescriptorStatus {
+    let decisive = verdict.decisive().map(|p| p.decision);
+    let (remaining, wait) = match decisive {
+        Some(d) if !d.allowed => (0, d.retry_after.unwrap_or(d.reset_after)),
+        Some(d) => (d.remaining, d.reset_after),
+        // Failed open or closed: the store said nothing.
+        None => (0, quota.window()),
     };
-    (status, Vec::new())
+    DescriptorStatus {
+        code: code(limit, !verdict.allowed()).into(),
+        current_limit: current_limit(limit),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(duration(wait)),
+    }
+}
+
+/// Over the limit without a store call: more hits than the limit holds.
+fn over_status(limit: &NodeLimit, quota: &Quota) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code(limit, true).into(),
+        current_limit: current_limit(limit),
+        limit_remaining: 0,
+        duration_until_reset: Some(duration(quota.window())),
+    }
+}
+
+/// A descriptor the limiter could not decide (logged): not limited.
+fn undecided_status(limit: &NodeLimit) -> DescriptorStatus {
+    DescriptorStatus { code: Code::Ok.into(), current_limit: current_limit(limit), ..Default::default() }
+}
+
+/// An `all_or_nothing` domain's descriptors: every enforced limit decided
+/// in one joint call (`RateLimiter::check_keys_joint`), charged only if all
+/// allow. A shadow limit, which never refuses, is decided on its own; a
+/// blocked one (`requests_per_unit: 0`) or one asked for more hits than it
+/// holds refuses the request without a store call, and the others are then
+/// only peeked (cost 0), so nothing is charged.
+async fn decide_jointly<'l>(
+    limiter: &'l RateLimiter<AnyStore>,
+    descriptors: &[RateLimitDescriptor],
+    limits: &[Option<&NodeLimit>],
+    request_hits: u64,
+) -> Vec<(DescriptorStatus, Vec<PolicyResult<'l>>)> {
+    let hits = |d: &RateLimitDescriptor| d.hits_addend.unwrap_or(request_hits);
+    let joint = |limit: &NodeLimit| !limit.shadow && matches!(limit.kind, LimitKind::Quota(_));
+    let refused = descriptors.iter().zip(limits).any(|(d, l)| match l.map(|l| (l, l.kind)) {
+        Some((l, LimitKind::Blocked)) => !l.shadow,
+        Some((l, LimitKind::Quota(q))) => joint(l) && hits(d) > q.permits(),
+        _ => false,
+    });
+    let keys: Vec<Option<String>> = descriptors
+        .iter()
+        .zip(limits)
+        .map(|(d, l)| l.filter(|l| joint(l)).map(|_| identity_key(d)))
+        .collect();
+    let checks: Vec<KeyCheck<'_>> = descriptors
+        .iter()
+        .zip(limits)
+        .zip(&keys)
+        .filter_map(|((d, l), key)| {
+            let (l, key) = (l.as_ref()?, key.as_deref()?);
+            Some(KeyCheck { rule: &l.rule, key, cost: if refused { 0 } else { hits(d) } })
+        })
+        .collect();
+    let mut verdicts = match limiter.check_keys_joint(&checks).await {
+        Ok(verdicts) => verdicts.into_iter().map(Ok).collect::<Vec<_>>(),
+        Err(err) => {
+            tracing::error!(%err, "envoy descriptors not decided jointly");
+            checks.iter().map(|_| Err(())).collect()
+        }
+    }
+    .into_iter();
+    let mut decided = Vec::with_capacity(descriptors.len());
+    for (descriptor, limit) in descriptors.iter().zip(limits) {
+        decided.push(match limit {
+            Some(l) if joint(l) => {
+                let LimitKind::Quota(quota) = l.kind else { unreachable!("a joint limit is a quota") };
+                match verdicts.next() {
+                    Some(Ok(verdict)) if hits(descriptor) > quota.permits() => {
+                        (over_status(l, &quota), verdict.policies.to_vec())
+                    }
+                    Some(Ok(verdict)) => (status_of(l, &quota, &verdict), verdict.policies.to_vec()),
+                    _ => (undecided_status(l), Vec::new()),
+                }
+            }
+            _ => decide_matched(limiter, *limit, descriptor, request_hits).await,
+        });
+    }
+    decided
 }
 
 /// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so

@@ -63,6 +63,10 @@ struct RawFile {
     domain: String,
     #[serde(default)]
     descriptors: Siblings,
+    /// slidegate's extension: the request's descriptors decided all or
+    /// nothing, in one store call.
+    #[serde(default)]
+    all_or_nothing: bool,
 }
 
 /// The descriptors of one level, each `key` and `value` at most once:
@@ -262,8 +266,14 @@ fn policy_name(name: &str) -> Result<(), String> {
 ///
 /// # Errors
 /// [`YamlError::Read`] for a file or directory that cannot be read,
-/// [`YamlError::Invalid`] at the position of anything wrong.
-pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConfig>), YamlError> {
+/// [`YamlError::Invalid`] at the position of anything wrong, and at
+/// `all_or_nothing: true` when the store cannot decide jointly (`joint`
+/// false: a Redis Cluster).
+pub fn load(
+    path: &Path,
+    on_error: OnError,
+    joint: bool,
+) -> Result<(EnvoyConfig, Vec<RuleConfig>), YamlError> {
     let read_err = |path: &Path, source| YamlError::Read { path: path.to_owned(), source };
     let files: Vec<PathBuf> = if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
@@ -312,6 +322,18 @@ pub fn load(path: &Path, on_error: OnError) -> Result<(EnvoyConfig, Vec<RuleConf
                 text.find(&raw.domain),
                 format!("domain {:?} is configured twice: expected one file per domain", raw.domain),
             ));
+        }
+        if raw.all_or_nothing {
+            if !joint {
+                return Err(at(
+                    text.find("all_or_nothing"),
+                    "all_or_nothing: true needs a store that decides several identities in one call: \
+                     the embedded store or one Redis server; a Redis Cluster keeps them in different \
+                     slots, which no single call can charge together"
+                        .into(),
+                ));
+            }
+            config.set_all_or_nothing(&raw.domain);
         }
     }
     Ok((config, rules))

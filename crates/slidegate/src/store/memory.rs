@@ -50,10 +50,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use self::shard::{decide_locked, decide_penalized, Shard};
-use crate::store::joint::{self, JointStore, Part};
 use self::shared_table::Tables;
 use self::slots::slot_id;
 use crate::distinct::DistinctTable;
+use crate::store::joint::{self, JointStore, Part};
 use crate::store::{
     check_charge, check_time, lease, validate, Charge, DistinctStore, GiveBack, Lease, LeaseStore, Outcome,
     Request, SharedTables, Store, StoreError, TableEntry, TableName,

@@ -11,11 +11,14 @@ use super::Validator;
 use crate::envoy::{EnvoyConfig, YamlError};
 
 impl Validator<'_> {
-    /// The descriptors of `[envoy] config`, their rules appended to `rules`.
+    /// The descriptors of `[envoy] config`, their rules appended to `rules`;
+    /// `joint`: whether the store decides several identities in one call
+    /// (not a Redis Cluster), which `all_or_nothing` domains need.
     pub(super) fn envoy(
         &self,
         raw: Option<RawEnvoy>,
         on_error: OnError,
+        joint: bool,
         rules: &mut Vec<RuleConfig>,
     ) -> Result<Arc<EnvoyConfig>, ConfigError> {
         let Some(raw) = raw else { return Ok(Arc::default()) };
@@ -27,7 +30,7 @@ impl Validator<'_> {
                 format!("[envoy] config {}: no such file or directory: expected a YAML file or a directory of them", path.display()),
             ));
         }
-        let (config, envoy_rules) = crate::envoy::load(&path, on_error).map_err(|err| match err {
+        let (config, envoy_rules) = crate::envoy::load(&path, on_error, joint).map_err(|err| match err {
             YamlError::Read { path, source } => ConfigError::Read { path, source },
             YamlError::Invalid { path, text, index, message } => {
                 ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)

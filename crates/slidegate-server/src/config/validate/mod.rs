@@ -220,6 +220,8 @@ impl Validator<'_> {
         let url_span = (raw.store.url.as_ref().map(Spanned::span))
             .or_else(|| raw.store.cluster.as_ref().map(Spanned::span))
             .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
+        // A Cluster's identities live in different slots: no joint decisions.
+        let joint = raw.store.cluster.is_none();
         let store =
             found.part(self.store(&mut raw.store).and_then(|store| Ok((store, self.guard(raw.store)?))));
         let plan_keys = plans::RawPlanKeys {
@@ -281,7 +283,7 @@ impl Validator<'_> {
         let plans = identity
             .as_ref()
             .and_then(|identity| found.part(self.plans(raw.plans, plan_keys, &rules, identity, partial)));
-        let envoy = found.part(self.envoy(raw.envoy, on_error, &mut rules));
+        let envoy = found.part(self.envoy(raw.envoy, on_error, joint, &mut rules));
         let ((server, max_delayed), (store, guard), identity, access_log, lists, plans, envoy) =
             (server?, store?, identity?, access_log?, lists?, plans?, envoy?);
         let mut limiter = LimiterConfig::default();

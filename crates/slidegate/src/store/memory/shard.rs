@@ -107,7 +107,10 @@ pub(super) fn decide_joint_locked(
     }
     let mut decisions: Vec<Vec<Decision>> = each()
         .map(|((part, id), s)| {
-            part.charges.iter().map(|c| shards[s].table(&c.limit, now).decide(id, now, c.cost, false)).collect()
+            part.charges
+                .iter()
+                .map(|c| shards[s].table(&c.limit, now).decide(id, now, c.cost, false))
+                .collect()
         })
         .collect();
     let admitted = decisions.iter().flatten().all(|d| d.allowed);

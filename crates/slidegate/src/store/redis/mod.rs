@@ -613,8 +613,10 @@ impl JointStore for RedisStore {
         let now_ms = self.client_now()?;
         let deadline = self.deadline(deadline);
         let charges: Vec<Charge> = parts.iter().flat_map(|p| p.charges.iter().copied()).collect();
-        let keys: Vec<StateKey<'_>> =
-            parts.iter().flat_map(|p| p.charges.iter().map(|c| self.state_key(p.identity, &c.limit))).collect();
+        let keys: Vec<StateKey<'_>> = parts
+            .iter()
+            .flat_map(|p| p.charges.iter().map(|c| self.state_key(p.identity, &c.limit)))
+            .collect();
         let args = DecideAllArgs { now_ms, charges: &charges, deadline_ms: deadline.server_ms };
         let reply = self.eval(scripts::decide_all(), &keys, &args, deadline).await?;
         let flat = wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits()))?;
