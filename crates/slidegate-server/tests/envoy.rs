@@ -746,6 +746,11 @@ fn the_reference_load_checks_are_located() {
     assert!(text.contains("rate_limit \"n\" replaces itself"), "{text}");
     // Located at the descriptor holding the rate_limit, as a rate_limit's other errors are.
     assert_eq!(at, Some((3, 5)), "{text}");
+    let (at, text) = error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+    );
+    assert!(text.contains("rate_limit with unlimited: true takes no unit"), "{text}");
+    assert_eq!(at, Some((3, 5)), "{text}");
     // An empty value is no value, as in the reference: with the key alone, it is the same descriptor.
     let (_, text) = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n    value: \"\"\n");
     assert!(text.contains("descriptor key \"a\" without a value is configured twice"), "{text}");

@@ -234,7 +234,11 @@ impl TryFrom<RawRateLimit> for RateLimitSpec {
         }
         let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
         if raw.unlimited {
-            let unit = raw.unit.map_or(Unit::Unknown, |u| u.0 .0);
+            // As the reference service: an unlimited limit has no unit to count in.
+            if raw.unit.is_some() {
+                return Err("rate_limit with unlimited: true takes no unit".into());
+            }
+            let unit = Unit::Unknown;
             return Ok(Self { kind: SpecKind::Unlimited, requests_per_unit, unit, name, replaces });
         }
         let Some(UnitName((unit, unit_ms))) = raw.unit else {
