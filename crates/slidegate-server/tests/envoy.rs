@@ -1,7 +1,8 @@
 //! Envoy's rate limit service over gRPC, with a tonic client: the
 //! reference service's documented matching examples, hits_addend, shadow
-//! mode, unlimited, replaces, over-limit statuses and headers, Redis down
-//! with fail-open and fail-closed, a bad config located, hostile requests.
+//! mode, unlimited, replaces, wildcard values, share_threshold, quota mode,
+//! the week unit, over-limit statuses and headers, Redis down with
+//! fail-open and fail-closed, a bad config located, hostile requests.
 
 #![allow(clippy::unwrap_used)]
 
@@ -78,6 +79,101 @@ descriptors:
       requests_per_unit: 100
 "#;
 
+/// The reference README's Examples 9, 10 and 11, quota mode and the week unit.
+const REFERENCE: &str = r#"
+domain: reference
+descriptors:
+  # Example 9: wildcards. The exact value wins over every pattern, the
+  # first matching pattern (in this order) over later ones and the key alone.
+  - key: path
+    value: /api/*/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: path
+    value: /api/admin/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: path
+    value: /api/*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: path
+    rate_limit:
+      unit: minute
+      requests_per_unit: 4
+  - key: route
+    value: /api/*/resource/*/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+  - key: stars
+    value: "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b*"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 6
+  - key: anything
+    value: "*"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 7
+  # Example 10.
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit:
+              unit: minute
+              requests_per_unit: 100
+  # Example 11.
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  - key: shared_route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit:
+          unit: minute
+          requests_per_unit: 2
+  # Quota mode: over limit only when every quota-mode descriptor is.
+  - key: quota_a
+    quota_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: quota_b
+    quota_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: rate
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: weekly
+    rate_limit:
+      unit: WEEK
+      requests_per_unit: 2
+"#;
+
 const SECRET: &str = "SLIDEGATE_ENVOY_TEST_SECRET";
 
 /// A running `serve` with `[server] grpc_listen`, stopped on drop.
@@ -101,6 +197,7 @@ fn write_yaml(dir: &Path) {
     std::fs::create_dir(dir.join("ratelimit")).unwrap();
     std::fs::write(dir.join("ratelimit/edge.yaml"), YAML).unwrap();
     std::fs::write(dir.join("ratelimit/messaging.yml"), MESSAGING).unwrap();
+    std::fs::write(dir.join("ratelimit/reference.yaml"), REFERENCE).unwrap();
 }
 
 async fn start(store: &str) -> Running {
@@ -479,4 +576,182 @@ fn a_bad_yaml_is_located_by_file_line_and_column() {
     let err = Config::parse("[envoy]\nconfig = \"d\"\n", dir.path().join("s.toml")).unwrap_err();
     assert!(err.to_string().contains("b.yaml:2:"), "{err}");
     assert!(err.to_string().contains("configured twice"), "{err}");
+}
+
+/// `(code, limit_remaining, requests_per_unit of current_limit)` of a one-descriptor answer.
+fn answer(r: &RateLimitResponse) -> (i32, u32, Option<u32>) {
+    let s = &r.statuses[0];
+    (s.code, s.limit_remaining, s.current_limit.as_ref().map(|l| l.requests_per_unit))
+}
+
+/// [`answer`] of the descriptor `(key, value)` in the domain `reference`.
+async fn one(c: &mut RateLimitServiceClient, key: &str, value: &str) -> (i32, u32, Option<u32>) {
+    answer(&ask(c, "reference", &[(key, value)]).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcard_values_after_the_exact_value_in_order_before_the_key_alone() {
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    assert_eq!(one(&mut c, "path", "/api/admin/action").await, (OK, 0, Some(1)));
+    assert_eq!(one(&mut c, "path", "/api/admin/action").await, (OVER, 0, Some(1)));
+    assert_eq!(one(&mut c, "path", "/api/123/action").await, (OK, 1, Some(2)));
+    // Each value a pattern matches has its own count.
+    assert_eq!(one(&mut c, "path", "/api/123/action").await, (OK, 0, Some(2)));
+    assert_eq!(one(&mut c, "path", "/api/123/action").await, (OVER, 0, Some(2)));
+    assert_eq!(one(&mut c, "path", "/api/user-id/action").await, (OK, 1, Some(2)));
+    assert_eq!(one(&mut c, "path", "/api//action").await, (OK, 1, Some(2)));
+    // The first pattern misses: the second matches.
+    assert_eq!(one(&mut c, "path", "/api/123/other").await, (OK, 2, Some(3)));
+    assert_eq!(one(&mut c, "path", "/api/").await, (OK, 2, Some(3)));
+    // No pattern matches: the key alone.
+    assert_eq!(one(&mut c, "path", "/other").await, (OK, 3, Some(4)));
+    assert_eq!(one(&mut c, "path", "").await, (OK, 3, Some(4)));
+    assert_eq!(one(&mut c, "path", "/ap").await, (OK, 3, Some(4)));
+    // Several stars, each in its turn.
+    for (value, expected) in [
+        ("/api/v1/resource/123/action", Some(5)),
+        ("/api/v2/resource/456/action", Some(5)),
+        ("/api/v1/resource/action", None),
+        ("/api/v1/resource/1/other", None),
+    ] {
+        let r = ask(&mut c, "reference", &[("route", value)]).await;
+        assert_eq!(answer(&r).2, expected, "{value}");
+        assert_eq!(r.overall_code, OK);
+    }
+    // Example 10: value_to_metric changes nothing of the decision.
+    let resource = [("user", "alice"), ("action", "readfile"), ("resource", "documents")];
+    assert_eq!(answer(&ask(&mut c, "reference", &resource).await), (OK, 99, Some(100)));
+    assert_eq!(answer(&ask(&mut c, "reference", &resource).await), (OK, 98, Some(100)));
+    let write = [("user", "alice"), ("action", "writefile"), ("resource", "documents")];
+    assert_eq!(answer(&ask(&mut c, "reference", &write).await), (OK, 0, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_values_against_wildcards_are_decided_at_once() {
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    // Half a mebibyte that almost matches a pattern of 34 stars: a
+    // backtracking matcher would never answer.
+    let almost = "a".repeat(512 * 1024);
+    let started = std::time::Instant::now();
+    assert_eq!(answer(&ask(&mut c, "reference", &[("stars", &almost)]).await), (OK, 0, None));
+    let matching = format!("{almost}b");
+    assert_eq!(answer(&ask(&mut c, "reference", &[("stars", &matching)]).await), (OK, 5, Some(6)));
+    assert_eq!(answer(&ask(&mut c, "reference", &[("path", &matching)]).await), (OK, 3, Some(4)));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    // `*` matches the empty value, which is its own identity.
+    assert_eq!(answer(&ask(&mut c, "reference", &[("anything", "")]).await), (OK, 6, Some(7)));
+    assert_eq!(answer(&ask(&mut c, "reference", &[("anything", "")]).await), (OK, 5, Some(7)));
+    assert_eq!(answer(&ask(&mut c, "reference", &[("anything", "*")]).await), (OK, 6, Some(7)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_threshold_counts_every_matching_value_as_one() {
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    // Example 11: five for a.pdf and five for b.csv exhaust files/* together.
+    for i in 0..10u32 {
+        let file = if i < 5 { "files/a.pdf" } else { "files/b.csv" };
+        assert_eq!(answer(&ask(&mut c, "reference", &[("files", file)]).await), (OK, 9 - i, Some(10)), "{i}");
+    }
+    let r = ask(&mut c, "reference", &[("files", "files/c.txt")]).await;
+    assert_eq!((r.overall_code, answer(&r)), (OVER, (OVER, 0, Some(10))));
+    // Without share_threshold, each value has its own ten.
+    for i in 0..10u32 {
+        let r = ask(&mut c, "reference", &[("files_no_share", "files_no_share/a.pdf")]).await;
+        assert_eq!(answer(&r), (OK, 9 - i, Some(10)));
+    }
+    let r = ask(&mut c, "reference", &[("files_no_share", "files_no_share/a.pdf")]).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = ask(&mut c, "reference", &[("files_no_share", "files_no_share/b.csv")]).await;
+    assert_eq!(answer(&r), (OK, 9, Some(10)));
+    // Shared above the limit: api/v1 and api/v2 count as one per method.
+    let route = |value: &'static str, method: &'static str| [("shared_route", value), ("method", method)];
+    assert_eq!(answer(&ask(&mut c, "reference", &route("api/v1", "GET")).await), (OK, 1, Some(2)));
+    assert_eq!(answer(&ask(&mut c, "reference", &route("api/v2", "GET")).await), (OK, 0, Some(2)));
+    assert_eq!(answer(&ask(&mut c, "reference", &route("api/v3", "GET")).await), (OVER, 0, Some(2)));
+    assert_eq!(answer(&ask(&mut c, "reference", &route("api/v1", "POST")).await), (OK, 1, Some(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_mode_is_over_limit_only_when_every_quota_descriptor_is() {
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    let both =
+        || request("reference", vec![descriptor(&[("quota_a", "x")]), descriptor(&[("quota_b", "x")])]);
+    let codes = |r: &RateLimitResponse| {
+        (r.overall_code, r.statuses.iter().map(|s| (s.code, s.limit_remaining)).collect::<Vec<_>>())
+    };
+    let r = c.should_rate_limit(both()).await.unwrap();
+    assert_eq!(codes(&r), (OK, vec![(OK, 0), (OK, 2)]));
+    // quota_a is over, quota_b is not: the request is not, quota_a's status still says so.
+    let r = c.should_rate_limit(both()).await.unwrap();
+    assert_eq!(codes(&r), (OK, vec![(OVER, 0), (OK, 1)]));
+    let r = c.should_rate_limit(both()).await.unwrap();
+    assert_eq!(codes(&r), (OK, vec![(OVER, 0), (OK, 0)]));
+    // Both are over: so is the request.
+    let r = c.should_rate_limit(both()).await.unwrap();
+    assert_eq!(codes(&r), (OVER, vec![(OVER, 0), (OVER, 0)]));
+    // Alone, a quota-mode descriptor over its limit is every one of them.
+    assert_eq!(ask(&mut c, "reference", &[("quota_a", "y")]).await.overall_code, OK);
+    let r = ask(&mut c, "reference", &[("quota_a", "y")]).await;
+    assert_eq!((r.overall_code, r.statuses[0].code), (OVER, OVER));
+    // A rate-limit descriptor over its limit still makes the request over.
+    let mixed = || request("reference", vec![descriptor(&[("quota_b", "z")]), descriptor(&[("rate", "z")])]);
+    assert_eq!(codes(&c.should_rate_limit(mixed()).await.unwrap()), (OK, vec![(OK, 2), (OK, 1)]));
+    assert_eq!(codes(&c.should_rate_limit(mixed()).await.unwrap()), (OK, vec![(OK, 1), (OK, 0)]));
+    assert_eq!(codes(&c.should_rate_limit(mixed()).await.unwrap()), (OVER, vec![(OK, 0), (OVER, 0)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_week_is_seven_days() {
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    let r = ask(&mut c, "reference", &[("weekly", "k")]).await;
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (2, Unit::Week as i32));
+    assert_eq!(Unit::Week as i32, 7);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"weekly\";q=2;w=604800"));
+}
+
+#[test]
+fn the_reference_load_checks_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[envoy]\nconfig = \"rl.yaml\"\n";
+    let error = |yaml: &str| {
+        std::fs::write(dir.path().join("rl.yaml"), yaml).unwrap();
+        let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
+        (err.location(), err.to_string())
+    };
+    let (at, text) =
+        error("domain: d\ndescriptors:\n  - key: a\n    value: files\n    share_threshold: true\n");
+    assert!(
+        text.contains("descriptor key \"a\": share_threshold needs a wildcard value (one holding `*`, such as \"files/*\"), found value \"files\""),
+        "{text}"
+    );
+    // At the descriptor's list item.
+    assert_eq!(at, Some((3, 3)), "{text}");
+    let (_, text) = error("domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n");
+    assert!(text.contains("found no value"), "{text}");
+    let (at, text) = error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: \"\"\n",
+    );
+    assert!(text.contains("rate_limit replaces name is empty"), "{text}");
+    assert_eq!(at, Some((8, 11)), "{text}");
+    let (at, text) = error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: n\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: n\n",
+    );
+    assert!(text.contains("rate_limit \"n\" replaces itself"), "{text}");
+    // Located at the descriptor holding the rate_limit, as a rate_limit's other errors are.
+    assert_eq!(at, Some((3, 5)), "{text}");
+    let (at, text) = error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+    );
+    assert!(text.contains("rate_limit with unlimited: true takes no unit"), "{text}");
+    assert_eq!(at, Some((3, 5)), "{text}");
+    // An empty value is no value, as in the reference: with the key alone, it is the same descriptor.
+    let (_, text) = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n    value: \"\"\n");
+    assert!(text.contains("descriptor key \"a\" without a value is configured twice"), "{text}");
 }

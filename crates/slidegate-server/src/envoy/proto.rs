@@ -114,6 +114,8 @@ pub enum Unit {
     Month = 5,
     /// A year.
     Year = 6,
+    /// A week.
+    Week = 7,
 }
 
 /// `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit`.

@@ -5,8 +5,10 @@
 //!
 //! The descriptor's entries are the identity: written as one key (each key
 //! and value prefixed by its length, so no two descriptors spell the same
-//! key) and hashed with the instance secret, under the rule of the matched
-//! node as scope, before any store, cache or log sees it.
+//! key; an entry matched by a `share_threshold` wildcard written as its
+//! pattern, so every value it matches counts as one) and hashed with the
+//! instance secret, under the rule of the matched node as scope, before any
+//! store, cache or log sees it.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -112,24 +114,23 @@ async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> Rate
     } else {
         HashSet::new()
     };
+    let applied: Vec<Option<&'a NodeLimit>> = matched
+        .iter()
+        .map(|limit| limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name))))
+        .collect();
     let request_hits = if request.hits_addend == 0 { 1 } else { u64::from(request.hits_addend) };
     let decide = |descriptor, limit: Option<&'a NodeLimit>| {
-        let limit = limit.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name)));
         decide_matched(&running.limiter, limit, descriptor, request_hits)
     };
-    let decided = match (request.descriptors.as_slice(), matched.as_slice()) {
+    let decided = match (request.descriptors.as_slice(), applied.as_slice()) {
         // Envoy's most common call: no join of futures for one.
         ([descriptor], [limit]) => vec![decide(descriptor, *limit).await],
-        (descriptors, _) if config.all_or_nothing(&request.domain) => {
-            let limits: Vec<Option<&NodeLimit>> = matched
-                .iter()
-                .map(|l| l.filter(|l| l.name.as_deref().is_none_or(|name| !replaced.contains(name))))
-                .collect();
-            decide_jointly(&running.limiter, descriptors, &limits, request_hits).await
+        (descriptors, limits) if config.all_or_nothing(&request.domain) => {
+            decide_jointly(&running.limiter, descriptors, limits, request_hits).await
         }
         // Decided concurrently: with Redis, one round trip for all of them.
         _ => {
-            let each = request.descriptors.iter().zip(matched.iter().copied());
+            let each = request.descriptors.iter().zip(applied.iter().copied());
             futures_util::future::join_all(each.map(|(descriptor, limit)| decide(descriptor, limit))).await
         }
     };
@@ -139,7 +140,8 @@ async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> Rate
         statuses.push(status);
         policies.extend(decided);
     }
-    let over = statuses.iter().any(|s| s.code == i32::from(Code::OverLimit));
+    let over =
+        over_limit(statuses.iter().zip(&applied).map(|(s, l)| (s.code == i32::from(Code::OverLimit), *l)));
     let mut response_headers_to_add = Vec::new();
     if !policies.is_empty() {
         let policies: Vec<&PolicyResult<'_>> = policies.iter().collect();
@@ -152,6 +154,26 @@ async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> Rate
         response_headers_to_add,
         request_headers_to_add: Vec::new(),
     }
+}
+
+/// Whether a request is over limit, from each descriptor's `(over, applied
+/// limit)`: when a limit that is not in `quota_mode` is over, or when every
+/// quota-mode limit is (an unlimited one never counts), as in the
+/// reference service.
+fn over_limit<'l>(descriptors: impl Iterator<Item = (bool, Option<&'l NodeLimit>)>) -> bool {
+    let (mut quotas, mut quotas_over) = (0usize, 0usize);
+    for (over, limit) in descriptors {
+        match limit {
+            Some(l) if l.kind == LimitKind::Unlimited => {}
+            Some(l) if l.quota => {
+                quotas += 1;
+                quotas_over += usize::from(over);
+            }
+            _ if over => return true,
+            _ => {}
+        }
+    }
+    quotas > 0 && quotas == quotas_over
 }
 
 /// One descriptor's status (`Ok` when no limit applies), and the policies
@@ -194,7 +216,7 @@ async fn decide_one<'l>(
         }
         LimitKind::Quota(quota) => quota,
     };
-    let key = identity_key(descriptor);
+    let key = identity_key(descriptor, &limit.shared);
     match limiter.check_key(&limit.rule, &key, hits, false).await {
         Ok(verdict) => {
             let status = status_of(limit, &quota, &verdict);
@@ -261,7 +283,8 @@ fn undecided_status(limit: &NodeLimit) -> DescriptorStatus {
 
 /// An `all_or_nothing` domain's descriptors: every enforced limit decided
 /// in one joint call (`RateLimiter::check_keys_joint`), charged only if all
-/// allow. A shadow limit, which never refuses, is decided on its own; a
+/// allow. A shadow limit, which never refuses, and a `quota_mode` one,
+/// which refuses only with every other quota, are decided on their own; a
 /// blocked one (`requests_per_unit: 0`) or one asked for more hits than it
 /// holds refuses the request without a store call, and the others are then
 /// only peeked (cost 0), so nothing is charged.
@@ -272,16 +295,17 @@ async fn decide_jointly<'l>(
     request_hits: u64,
 ) -> Vec<(DescriptorStatus, Vec<PolicyResult<'l>>)> {
     let hits = |d: &RateLimitDescriptor| d.hits_addend.unwrap_or(request_hits);
-    let joint = |limit: &NodeLimit| !limit.shadow && matches!(limit.kind, LimitKind::Quota(_));
+    let enforced = |limit: &NodeLimit| !limit.shadow && !limit.quota;
+    let joint = |limit: &NodeLimit| enforced(limit) && matches!(limit.kind, LimitKind::Quota(_));
     let refused = descriptors.iter().zip(limits).any(|(d, l)| match l.map(|l| (l, l.kind)) {
-        Some((l, LimitKind::Blocked)) => !l.shadow,
+        Some((l, LimitKind::Blocked)) => enforced(l),
         Some((l, LimitKind::Quota(q))) => joint(l) && hits(d) > q.permits(),
         _ => false,
     });
     let keys: Vec<Option<String>> = descriptors
         .iter()
         .zip(limits)
-        .map(|(d, l)| l.filter(|l| joint(l)).map(|_| identity_key(d)))
+        .map(|(d, l)| l.filter(|l| joint(l)).map(|l| identity_key(d, &l.shared)))
         .collect();
     let checks: Vec<KeyCheck<'_>> = descriptors
         .iter()
@@ -320,12 +344,14 @@ async fn decide_jointly<'l>(
 }
 
 /// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so
-/// that no two lists of entries write the same key.
-fn identity_key(descriptor: &RateLimitDescriptor) -> String {
+/// that no two lists of entries write the same key; an entry whose place in
+/// `shared` holds a wildcard is written with it in place of its value.
+fn identity_key(descriptor: &RateLimitDescriptor, shared: &[Option<String>]) -> String {
     let mut key =
         String::with_capacity(descriptor.entries.iter().map(|e| e.key.len() + e.value.len() + 8).sum());
-    for entry in &descriptor.entries {
-        let _ = write!(key, "{}:{}{}:{}", entry.key.len(), entry.key, entry.value.len(), entry.value);
+    for (i, entry) in descriptor.entries.iter().enumerate() {
+        let value = shared.get(i).and_then(Option::as_deref).unwrap_or(&entry.value);
+        let _ = write!(key, "{}:{}{}:{}", entry.key.len(), entry.key, value.len(), value);
     }
     key
 }
@@ -353,11 +379,53 @@ mod tests {
 
     #[test]
     fn identity_keys_do_not_collide() {
-        let a = identity_key(&descriptor(&[("ab", "c")]));
-        let b = identity_key(&descriptor(&[("a", "bc")]));
-        let c = identity_key(&descriptor(&[("a", "b"), ("c", "")]));
+        let a = identity_key(&descriptor(&[("ab", "c")]), &[]);
+        let b = identity_key(&descriptor(&[("a", "bc")]), &[]);
+        let c = identity_key(&descriptor(&[("a", "b"), ("c", "")]), &[]);
         assert_eq!(a, "2:ab1:c");
         assert_ne!(a, b);
         assert_ne!(b, c);
+    }
+
+    #[test]
+    fn a_shared_wildcard_stands_for_its_values() {
+        let shared = [Some("files/*".to_owned()), None];
+        let a = identity_key(&descriptor(&[("f", "files/a.pdf"), ("user", "1")]), &shared);
+        let b = identity_key(&descriptor(&[("f", "files/b.csv"), ("user", "1")]), &shared);
+        let c = identity_key(&descriptor(&[("f", "files/b.csv"), ("user", "2")]), &shared);
+        assert_eq!(a, "1:f7:files/*4:user1:1");
+        assert_eq!(a, b);
+        assert_ne!(b, c);
+    }
+
+    fn limit(kind: LimitKind, quota: bool) -> NodeLimit {
+        NodeLimit {
+            rule: "r".into(),
+            kind,
+            requests_per_unit: 1,
+            unit: super::super::proto::Unit::Second,
+            name: None,
+            replaces: Vec::new(),
+            shadow: false,
+            quota,
+            shared: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn quota_mode_limits_are_over_only_all_together() {
+        let quota = slidegate::Quota::new(1, Duration::from_secs(1)).unwrap();
+        let (rate, in_quota) = (limit(LimitKind::Quota(quota), false), limit(LimitKind::Quota(quota), true));
+        let unlimited_quota = limit(LimitKind::Unlimited, true);
+        let over = |list: &[(bool, Option<&NodeLimit>)]| over_limit(list.iter().copied());
+        assert!(!over(&[(false, Some(&rate)), (false, None)]));
+        assert!(over(&[(true, Some(&rate)), (false, Some(&in_quota))]));
+        assert!(over(&[(true, Some(&in_quota))]));
+        assert!(!over(&[(true, Some(&in_quota)), (false, Some(&in_quota))]));
+        assert!(over(&[(true, Some(&in_quota)), (true, Some(&in_quota)), (false, Some(&rate))]));
+        // An unlimited quota-mode limit is not one of them.
+        assert!(over(&[(true, Some(&in_quota)), (false, Some(&unlimited_quota))]));
+        // An unmatched descriptor is never over.
+        assert!(!over(&[(false, None), (false, Some(&in_quota))]));
     }
 }

@@ -1,9 +1,11 @@
 //! envoyproxy/ratelimit's YAML configuration, read as it is documented
-//! (`domain`, nested `descriptors` with `key` and an optional `value`,
-//! `rate_limit: {unit, requests_per_unit, unlimited, name, replaces}`,
-//! `shadow_mode`, `detailed_metric`), plus slidegate's additive keys under
-//! `rate_limit`: `algorithm` (default `sliding_window_counter`) and `window`
-//! (a duration that need not be one `unit`).
+//! (`domain`, nested `descriptors` with `key` and an optional `value`, which
+//! may be a wildcard such as `files/*`, `rate_limit: {unit,
+//! requests_per_unit, unlimited, name, replaces}`, `shadow_mode`,
+//! `quota_mode`, `share_threshold`, `detailed_metric`, `value_to_metric`),
+//! plus slidegate's additive keys under `rate_limit`: `algorithm` (default
+//! `sliding_window_counter`) and `window` (a duration that need not be one
+//! `unit`).
 //!
 //! Each configured limit becomes one limiter rule, named after its place in
 //! the tree, which no HTTP request can match: Envoy's decisions go through
@@ -72,13 +74,14 @@ struct RawFile {
 /// The descriptors of one level, each `key` and `value` at most once:
 /// checked as they are read, so a repeated one is located.
 #[derive(Deserialize, Default)]
-#[serde(try_from = "Vec<RawDescriptor>")]
+#[serde(try_from = "Vec<Descriptor>")]
 struct Siblings(Vec<RawDescriptor>);
 
-impl TryFrom<Vec<RawDescriptor>> for Siblings {
+impl TryFrom<Vec<Descriptor>> for Siblings {
     type Error = String;
 
-    fn try_from(list: Vec<RawDescriptor>) -> Result<Self, String> {
+    fn try_from(list: Vec<Descriptor>) -> Result<Self, String> {
+        let list: Vec<RawDescriptor> = list.into_iter().map(|d| d.0).collect();
         let mut seen = std::collections::HashSet::new();
         for d in &list {
             if !seen.insert((d.key.0.as_str(), d.value.as_deref())) {
@@ -104,11 +107,45 @@ struct RawDescriptor {
     descriptors: Siblings,
     #[serde(default)]
     shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    /// Only with a wildcard `value`: every value it matches counts as one.
+    #[serde(default)]
+    share_threshold: bool,
     /// Accepted: metrics are per configured descriptor, never per value
     /// (values are identities, hashed before any log or metric).
     #[serde(default)]
     #[allow(dead_code)]
     detailed_metric: bool,
+    /// Accepted, as `detailed_metric`.
+    #[serde(default)]
+    #[allow(dead_code)]
+    value_to_metric: bool,
+}
+
+/// A descriptor checked while it is read, so its errors carry the
+/// parser's position.
+#[derive(Deserialize)]
+#[serde(try_from = "RawDescriptor")]
+struct Descriptor(RawDescriptor);
+
+impl TryFrom<RawDescriptor> for Descriptor {
+    type Error = String;
+
+    fn try_from(mut raw: RawDescriptor) -> Result<Self, String> {
+        // The reference service reads an empty value as none.
+        if raw.value.as_deref() == Some("") {
+            raw.value = None;
+        }
+        if raw.share_threshold && !raw.value.as_deref().is_some_and(|v| v.contains('*')) {
+            return Err(format!(
+                "descriptor key {:?}: share_threshold needs a wildcard value (one holding `*`, such as \"files/*\"), found {}",
+                raw.key.0,
+                raw.value.as_ref().map_or_else(|| "no value".to_owned(), |v| format!("value {v:?}")),
+            ));
+        }
+        Ok(Self(raw))
+    }
 }
 
 #[derive(Deserialize)]
@@ -128,7 +165,7 @@ struct RawRateLimit {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplaces {
-    name: String,
+    name: ReplacedName,
 }
 
 /// A value checked as it is read, so that its error carries the parser's
@@ -149,7 +186,7 @@ macro_rules! checked_scalar {
 
 checked_scalar!(UnitName((Unit, u64)), |text| {
     unit(text).ok_or_else(|| {
-        format!("rate_limit unit {text:?}: expected one of second, minute, hour, day, month, year")
+        format!("rate_limit unit {text:?}: expected one of second, minute, hour, day, week, month, year")
     })
 });
 checked_scalar!(DescriptorKey(String), |text| {
@@ -160,6 +197,13 @@ checked_scalar!(DescriptorKey(String), |text| {
     }
 });
 checked_scalar!(PolicyName(String), |text| policy_name(text).map(|()| text.to_owned()));
+checked_scalar!(ReplacedName(String), |text| {
+    if text.is_empty() {
+        Err("rate_limit replaces name is empty: expected the name of another rate_limit".to_owned())
+    } else {
+        Ok(text.to_owned())
+    }
+});
 checked_scalar!(AlgorithmName(Algorithm), |text| {
     text.parse::<Algorithm>().map_err(|e| format!("rate_limit algorithm: {e}"))
 });
@@ -188,14 +232,21 @@ impl TryFrom<RawRateLimit> for RateLimitSpec {
 
     fn try_from(raw: RawRateLimit) -> Result<Self, String> {
         let name = raw.name.map(|n| n.0);
-        let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
+        let replaces: Vec<String> = raw.replaces.into_iter().map(|r| r.name.0).collect();
+        if let Some(name) = name.as_deref().filter(|name| replaces.iter().any(|r| r == name)) {
+            return Err(format!("rate_limit {name:?} replaces itself: expected the names of other limits"));
+        }
         let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
         if raw.unlimited {
-            let unit = raw.unit.map_or(Unit::Unknown, |u| u.0 .0);
+            // As the reference service: an unlimited limit has no unit to count in.
+            if raw.unit.is_some() {
+                return Err("rate_limit with unlimited: true takes no unit".into());
+            }
+            let unit = Unit::Unknown;
             return Ok(Self { kind: SpecKind::Unlimited, requests_per_unit, unit, name, replaces });
         }
         let Some(UnitName((unit, unit_ms))) = raw.unit else {
-            return Err("rate_limit needs a unit: second, minute, hour, day, month or year".into());
+            return Err("rate_limit needs a unit: second, minute, hour, day, week, month or year".into());
         };
         let kind = if raw.requests_per_unit.is_none() {
             return Err("rate_limit needs requests_per_unit (or unlimited: true)".into());
@@ -223,6 +274,7 @@ fn unit(text: &str) -> Option<(Unit, u64)> {
         "minute" => (Unit::Minute, 60 * SECOND),
         "hour" => (Unit::Hour, 3600 * SECOND),
         "day" => (Unit::Day, 86_400 * SECOND),
+        "week" => (Unit::Week, 7 * 86_400 * SECOND),
         // As the reference service counts them.
         "month" => (Unit::Month, 30 * 86_400 * SECOND),
         "year" => (Unit::Year, 365 * 86_400 * SECOND),
@@ -312,10 +364,15 @@ pub fn load(
             return Err(at(text.find("domain"), "domain is empty: expected a name such as \"envoy\"".into()));
         }
         let mut root = Level::default();
-        let mut path = Vec::new();
-        let mut ctx = Compile { domain: &raw.domain, on_error, rules: &mut rules };
+        let mut ctx = Compile {
+            domain: &raw.domain,
+            on_error,
+            rules: &mut rules,
+            path: Vec::new(),
+            shared: Vec::new(),
+        };
         for descriptor in raw.descriptors.0 {
-            ctx.descriptor(&mut root, descriptor, &mut path).map_err(|m| at(text.find(&raw.domain), m))?;
+            ctx.descriptor(&mut root, descriptor).map_err(|m| at(text.find(&raw.domain), m))?;
         }
         if !config.insert_domain(raw.domain.clone(), root) {
             return Err(at(
@@ -344,30 +401,32 @@ struct Compile<'a> {
     domain: &'a str,
     on_error: OnError,
     rules: &'a mut Vec<RuleConfig>,
+    /// The places of the descriptors above, and the one compiled.
+    path: Vec<String>,
+    /// Along `path`, each descriptor's shared wildcard value (`share_threshold`).
+    shared: Vec<Option<String>>,
 }
 
 impl Compile<'_> {
-    fn descriptor(
-        &mut self,
-        level: &mut Level,
-        raw: RawDescriptor,
-        path: &mut Vec<String>,
-    ) -> Result<(), String> {
-        if path.len() >= MAX_DEPTH {
+    fn descriptor(&mut self, level: &mut Level, raw: RawDescriptor) -> Result<(), String> {
+        if self.path.len() >= MAX_DEPTH {
             return Err(format!("domain {:?}: descriptors nested deeper than {MAX_DEPTH}", self.domain));
         }
         let key = raw.key.0;
-        path.push(match &raw.value {
+        self.path.push(match &raw.value {
             Some(value) => format!("{key}_{value}"),
             None => key.clone(),
         });
-        let place = path.join(".");
-        let limit = raw.rate_limit.map(|spec| self.limit(spec, &place, raw.shadow_mode));
+        self.shared.push(raw.value.clone().filter(|_| raw.share_threshold));
+        let place = self.path.join(".");
+        let modes = Modes { shadow: raw.shadow_mode, quota: raw.quota_mode };
+        let limit = raw.rate_limit.map(|spec| self.limit(spec, &place, modes));
         let mut children = Level::default();
         for child in raw.descriptors.0 {
-            self.descriptor(&mut children, child, path)?;
+            self.descriptor(&mut children, child)?;
         }
-        path.pop();
+        self.path.pop();
+        self.shared.pop();
         if !level.insert(key, raw.value, Node { limit, children }) {
             return Err(format!("domain {:?}: descriptor {place:?} is configured twice", self.domain));
         }
@@ -375,7 +434,8 @@ impl Compile<'_> {
     }
 
     /// A node's limit, and the rule deciding it.
-    fn limit(&mut self, spec: RateLimitSpec, place: &str, shadow: bool) -> NodeLimit {
+    fn limit(&mut self, spec: RateLimitSpec, place: &str, modes: Modes) -> NodeLimit {
+        let Modes { shadow, quota } = modes;
         let rule = format!("{RULE_PREFIX}{}/{place}", self.domain);
         let kind = match spec.kind {
             SpecKind::Unlimited => LimitKind::Unlimited,
@@ -399,8 +459,17 @@ impl Compile<'_> {
             name: spec.name,
             replaces: spec.replaces,
             shadow,
+            quota,
+            shared: if self.shared.iter().any(Option::is_some) { self.shared.clone() } else { Vec::new() },
         }
     }
+}
+
+/// A descriptor's modes, which its limit keeps.
+#[derive(Clone, Copy)]
+struct Modes {
+    shadow: bool,
+    quota: bool,
 }
 
 /// The policy name in the `RateLimit` headers: the limit's `name`, else
@@ -466,6 +535,7 @@ mod tests {
         assert_eq!(window("1500ms"), Ok(Duration::from_millis(1500)));
         assert!(window("0s").is_err() && window("s").is_err() && window("5w").is_err());
         assert_eq!(unit("MINUTE"), Some((Unit::Minute, 60_000)));
-        assert_eq!(unit("week"), None);
+        assert_eq!(unit("Week"), Some((Unit::Week, 7 * 86_400_000)));
+        assert_eq!(unit("fortnight"), None);
     }
 }
