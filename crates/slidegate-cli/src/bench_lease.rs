@@ -3,12 +3,14 @@
 //!
 //! Three limiters (three instances, as three `serve` processes would be,
 //! each with its own connection; in this process, on one thread) share one
-//! Redis and one rule. Two loads, each paced in real time for `--seconds`:
+//! Redis, or one Redis Cluster (`--redis-cluster`: the hot identity's keys
+//! all in one slot, the shard no number of masters relieves), and one rule. Two loads, each paced in real time for `--seconds`:
 //! **hot**, one identity at `--hot-rate` requests a second spread over the
 //! instances, under a limit of `--limit` per minute; **ordinary**, the same
 //! rule for `--ordinary` identities sending one request a second each. For
 //! each load, with leases off and on: Redis script calls per allowed request
-//! (`INFO commandstats`, `CONFIG RESETSTAT` before each), the server's µs of
+//! (`INFO commandstats` summed over every master, `CONFIG RESETSTAT` before
+//! each), the server's µs of
 //! those calls per request, the p99 of a decision, and the most requests
 //! admitted in one minute window against the limit. Loopback Redis only;
 //! keys under a prefix unique to the run, deleted afterwards.
@@ -18,22 +20,27 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use redis::aio::MultiplexedConnection;
 use redis::ConnectionAddr;
 use serde_json::{json, Value};
-use slidegate::{Engine, RedisOptions, RedisStore};
+use slidegate::{Engine, RedisOptions, RedisStore, RedisTarget};
 use slidegate_http::RateLimiter;
 use slidegate_server::Config;
 
-use crate::redis_errors::unreachable;
-use crate::redis_keys::{delete_prefix, run_prefix};
+use crate::redis_errors::{cluster_unreachable, unreachable};
+use crate::redis_keys::run_prefix;
+use crate::redis_nodes::Nodes;
 
 /// Arguments of `slidegate bench lease`.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("redis").required(true).args(["redis_url", "redis_cluster"])))]
 pub struct LeaseArgs {
     /// The Redis to measure, e.g. redis://127.0.0.1:7400/ (loopback only; it gets CONFIG RESETSTAT).
-    #[arg(long)]
-    redis_url: String,
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// A Redis Cluster to measure instead: seed node URLs, comma-separated
+    /// (loopback only; every master gets CONFIG RESETSTAT).
+    #[arg(long, value_name = "URL,URL,...", value_delimiter = ',', num_args = 1.., conflicts_with = "redis_url")]
+    redis_cluster: Vec<String>,
     /// Seconds of each load.
     #[arg(long, default_value_t = 5.0, value_parser = crate::args::seconds(600.0))]
     seconds: f64,
@@ -77,17 +84,23 @@ pub fn run(args: LeaseArgs) -> crate::CommandResult {
 }
 
 async fn bench(args: LeaseArgs) -> crate::CommandResult {
-    let client = redis::Client::open(args.redis_url.as_str())?;
-    let host = match client.get_connection_info().addr() {
-        ConnectionAddr::Tcp(host, _) => host.clone(),
-        other => return Err(format!("bench lease needs a TCP loopback address, got {other}").into()),
-    };
-    if !(host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())) {
-        eprintln!("slidegate bench lease: {host} is not a loopback address; this load only goes to a Redis on this machine");
-        return Ok(ExitCode::from(crate::EX_USAGE));
+    let urls: Vec<String> =
+        args.redis_url.iter().cloned().chain(args.redis_cluster.iter().cloned()).collect();
+    for url in &urls {
+        let client = redis::Client::open(url.as_str())?;
+        let host = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, _) => host.clone(),
+            other => return Err(format!("bench lease needs a TCP loopback address, got {other}").into()),
+        };
+        if !(host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())) {
+            eprintln!("slidegate bench lease: {host} is not a loopback address; this load only goes to a Redis on this machine");
+            return Ok(ExitCode::from(crate::EX_USAGE));
+        }
     }
-    let mut admin =
-        client.get_multiplexed_async_connection().await.map_err(|e| unreachable(&args.redis_url, e))?;
+    let mut admin = match &args.redis_url {
+        Some(url) => Nodes::single(url).await.map_err(|e| unreachable(url, e))?,
+        None => Nodes::cluster(&args.redis_cluster).await?,
+    };
     let prefix = run_prefix("lease");
     let mut results = Vec::new();
     for (load, hot) in [("hot", true), ("ordinary", false)] {
@@ -98,16 +111,42 @@ async fn bench(args: LeaseArgs) -> crate::CommandResult {
             results.push((load, mode, result));
         }
     }
-    // Leave the Redis as we found it, whatever happened.
-    delete_prefix(&mut admin, &prefix).await?;
+    // Leave the Redis as we found it, whatever happened: every master.
+    admin.delete_prefix(&prefix).await?;
     let mut runs = Vec::new();
     for (load, mode, result) in results {
         runs.push((load, mode, result?));
     }
-    report(&args, &runs)
+    report(&args, &runs, admin.len())
 }
 
-fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)]) -> crate::CommandResult {
+/// One instance's store: its own connection to the server, or its own
+/// cluster client.
+async fn instance_store(args: &LeaseArgs, prefix: &str) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let options = RedisOptions::new().with_engine(Engine::Lua);
+    let store = match &args.redis_url {
+        Some(url) => RedisStore::connect_with(url, options).await.map_err(|e| unreachable(url, e))?,
+        None => RedisStore::connect_to(&RedisTarget::Cluster(args.redis_cluster.clone()), options)
+            .await
+            .map_err(|e| cluster_unreachable(&args.redis_cluster, e))?,
+    };
+    Ok(store.with_prefix(prefix))
+}
+
+/// Script calls and their server µs since the last `CONFIG RESETSTAT`,
+/// summed over every master.
+async fn script_totals(admin: &mut Nodes) -> Result<(u64, u64), Box<dyn std::error::Error>> {
+    let (mut calls, mut usec) = (0, 0);
+    for conn in admin.connections() {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+        let (c, u) = crate::redis_info::command_totals(&info, &["evalsha", "eval"]).unwrap_or((0, 0));
+        calls += c;
+        usec += u;
+    }
+    Ok((calls, usec))
+}
+
+fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)], masters: usize) -> crate::CommandResult {
     if args.json {
         let loads: serde_json::Map<String, Value> = runs
             .iter()
@@ -115,6 +154,8 @@ fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)]) -> crate::CommandResult 
             .collect();
         let report = json!({
             "instances": INSTANCES,
+            "store": if args.redis_cluster.is_empty() { "redis" } else { "cluster" },
+            "masters": masters,
             "hot_rate": args.hot_rate,
             "ordinary": args.ordinary,
             "limit_per_minute": args.limit,
@@ -174,7 +215,7 @@ async fn run_load(
     hot: bool,
     leases: bool,
     prefix: &str,
-    admin: &mut MultiplexedConnection,
+    admin: &mut Nodes,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let lease = if leases {
         format!("lease = {{ max = {}, horizon = \"50ms\" }}\n", args.max)
@@ -189,16 +230,14 @@ async fn run_load(
     let config = Config::parse(&source, "bench-lease.toml")?;
     let mut limiters = Vec::new();
     for _ in 0..INSTANCES {
-        let store = RedisStore::connect_with(&args.redis_url, RedisOptions::new().with_engine(Engine::Lua))
-            .await
-            .map_err(|e| unreachable(&args.redis_url, e))?
-            .with_prefix(prefix);
-        limiters.push(RateLimiter::from_config(&config.limiter, store)?);
+        limiters.push(RateLimiter::from_config(&config.limiter, instance_store(args, prefix).await?)?);
     }
     let keys: Vec<String> =
         if hot { vec!["hot".to_owned()] } else { (0..args.ordinary).map(|i| format!("user-{i}")).collect() };
     let rate = if hot { args.hot_rate } else { args.ordinary } as f64;
-    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(admin).await?;
+    for conn in admin.connections() {
+        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+    }
     let mut latency = Histogram::<u64>::new(3)?;
     let mut run = Run::default();
     let mut windows = std::collections::HashMap::<u64, u64>::new();
@@ -228,8 +267,6 @@ async fn run_load(
     run.rate = run.requests as f64 / start.elapsed().as_secs_f64();
     run.p99_us = latency.value_at_quantile(0.99);
     run.max_per_window = windows.values().copied().max().unwrap_or(0);
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(admin).await?;
-    (run.redis_calls, run.redis_usec) =
-        crate::redis_info::command_totals(&info, &["evalsha", "eval"]).unwrap_or((0, 0));
+    (run.redis_calls, run.redis_usec) = script_totals(admin).await?;
     Ok(run)
 }

@@ -116,3 +116,103 @@ fn bench_redis_refuses_a_remote_redis() {
     assert_eq!(out.status.code(), Some(EX_USAGE));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
+
+/// `bench lease`'s four loads, tiny: the call counts are exact where they
+/// can be (one per allowed request without leases, and for identities too
+/// slow to lease), far fewer for the hot identity with leases, nothing
+/// admitted past the limit, and no key left.
+fn check_lease_report(report: &Value) {
+    let run = |name: &str| &report["runs"][name];
+    let per_allowed = |name: &str| run(name)["redis_calls_per_allowed"].as_f64().unwrap_or(f64::NAN);
+    for name in ["hot/no_leases", "hot/leases", "ordinary/no_leases", "ordinary/leases"] {
+        assert_eq!(run(name)["allowed"], run(name)["requests"], "{name}: far under the limit: {report}");
+        assert_eq!(run(name)["within_limit"], true, "{name}: {report}");
+    }
+    assert_eq!(run("hot/no_leases")["requests"], 1000, "{report}");
+    assert_eq!(per_allowed("hot/no_leases"), 1.0, "{report}");
+    assert_eq!(per_allowed("ordinary/no_leases"), 1.0, "{report}");
+    // One request a second each is one in any horizon: never leased.
+    assert_eq!(per_allowed("ordinary/leases"), 1.0, "{report}");
+    assert!(per_allowed("hot/leases") < 0.2, "hot identity with leases: {report}");
+}
+
+#[test]
+fn bench_lease_json_counts_calls_per_allowed_request_and_cleans_up() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let report = slidegate(&[
+        "bench",
+        "lease",
+        "--redis-url",
+        &url,
+        "--json",
+        "--seconds",
+        "0.5",
+        "--hot-rate",
+        "2000",
+        "--ordinary",
+        "100",
+    ]);
+    assert_eq!((report["store"].as_str(), report["masters"].as_u64()), (Some("redis"), Some(1)), "{report}");
+    check_lease_report(&report);
+    let mut conn = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).expect("connect");
+    let dbsize: u64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
+    assert_eq!(dbsize, 0, "the run left keys behind");
+}
+
+#[test]
+fn bench_lease_on_a_cluster_reads_every_master() {
+    let cluster = slidegate_test_redis::RedisCluster::shared();
+    let report = slidegate(&[
+        "bench",
+        "lease",
+        "--redis-cluster",
+        &cluster.urls().join(","),
+        "--json",
+        "--seconds",
+        "0.5",
+        "--hot-rate",
+        "2000",
+        "--ordinary",
+        "100",
+    ]);
+    assert_eq!(
+        (report["store"].as_str(), report["masters"].as_u64()),
+        (Some("cluster"), Some(3)),
+        "{report}"
+    );
+    check_lease_report(&report);
+    for port in cluster.masters() {
+        let left = cluster.cli(port, &["--scan"]);
+        assert!(left.lines().all(|k| !k.contains("lease")), "bench left keys on {port}: {left}");
+    }
+}
+
+#[test]
+fn bench_lease_refuses_a_remote_redis_and_two_targets() {
+    for args in [
+        &["--redis-url", "redis://192.0.2.1:7000/"][..],
+        &["--redis-cluster", "redis://127.0.0.1:7001,redis://192.0.2.1:7002"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_slidegate"))
+            .args(["bench", "lease", "--seconds", "0.1"])
+            .args(args)
+            .output()
+            .expect("run slidegate");
+        assert_eq!(out.status.code(), Some(EX_USAGE), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"), "{args:?}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_slidegate"))
+        .args([
+            "bench",
+            "lease",
+            "--redis-url",
+            "redis://127.0.0.1:1/",
+            "--redis-cluster",
+            "redis://127.0.0.1:2",
+        ])
+        .output()
+        .expect("run slidegate");
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"), "{out:?}");
+}

@@ -276,6 +276,18 @@ impl RedisStore {
             Ok(conn) => conn?,
             Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
         };
+        // Every node's script cache loaded now, as one server's is: the
+        // first call of each script on each master is then one call, not a
+        // `NOSCRIPT` and its fallback. Best effort: a node that does not
+        // answer yet gets the script from that fallback.
+        let load = async {
+            let mut conn = conn.clone();
+            for lua in scripts::all() {
+                redis::cmd("SCRIPT").arg("LOAD").arg(lua.source()).query_async::<()>(&mut conn).await?;
+            }
+            Ok::<_, redis::RedisError>(())
+        };
+        let _ = tokio::time::timeout(options.connect_timeout, load).await;
         let store = Self {
             conn: Connection::Cluster(conn),
             timeout: options.timeout,
