@@ -8,7 +8,8 @@
 //! **hot**, one identity at `--hot-rate` requests a second spread over the
 //! instances, under a limit of `--limit` per minute; **ordinary**, the same
 //! rule for `--ordinary` identities sending one request a second each. For
-//! each load, with leases off and on: Redis script calls per allowed request
+//! each load, with leases off and on (`--serve`: the instances are three
+//! `slidegate serve` processes asked `POST /v1/check`, see `served.rs`): Redis script calls per allowed request
 //! (`INFO commandstats` summed over every master, `CONFIG RESETSTAT` before
 //! each), the server's µs of
 //! those calls per request, the p99 of a decision, and the most requests
@@ -25,6 +26,8 @@ use serde_json::{json, Value};
 use slidegate::{Engine, RedisOptions, RedisStore, RedisTarget};
 use slidegate_http::RateLimiter;
 use slidegate_server::Config;
+
+mod served;
 
 use crate::redis_errors::{cluster_unreachable, unreachable};
 use crate::redis_keys::run_prefix;
@@ -56,6 +59,10 @@ pub struct LeaseArgs {
     /// The most permits one lease takes.
     #[arg(long, default_value_t = 64, value_parser = crate::args::count(2..=10_000))]
     max: usize,
+    /// Run the instances as three `slidegate serve` processes, asked
+    /// `POST /v1/check` over HTTP/1.1 (the p99 is then through `serve`).
+    #[arg(long)]
+    serve: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -68,8 +75,14 @@ const INSTANCES: usize = 3;
 struct Run {
     requests: u64,
     allowed: u64,
+    /// Script calls the load made (with `--serve`, less the instances'
+    /// background calls at their idle rate, measured before the load).
     redis_calls: u64,
     redis_usec: u64,
+    /// With `--serve`: the background script calls taken out of
+    /// `redis_calls` (polls of the shared tables, about one a second per
+    /// instance, whatever the load).
+    background_calls: u64,
     /// The most requests admitted in one minute window.
     max_per_window: u64,
     p99_us: u64,
@@ -133,6 +146,14 @@ async fn instance_store(args: &LeaseArgs, prefix: &str) -> Result<RedisStore, Bo
     Ok(store.with_prefix(prefix))
 }
 
+/// `CONFIG RESETSTAT` on every master.
+async fn reset_stats(admin: &mut Nodes) -> Result<(), redis::RedisError> {
+    for conn in admin.connections() {
+        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+    }
+    Ok(())
+}
+
 /// Script calls and their server µs since the last `CONFIG RESETSTAT`,
 /// summed over every master.
 async fn script_totals(admin: &mut Nodes) -> Result<(u64, u64), Box<dyn std::error::Error>> {
@@ -155,6 +176,7 @@ fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)], masters: usize) -> crate
         let report = json!({
             "instances": INSTANCES,
             "store": if args.redis_cluster.is_empty() { "redis" } else { "cluster" },
+            "instances_are": if args.serve { "serve processes" } else { "limiters in this process" },
             "masters": masters,
             "hot_rate": args.hot_rate,
             "ordinary": args.ordinary,
@@ -201,6 +223,7 @@ fn run_json(r: &Run, limit: u64) -> Value {
         "rate": r.rate,
         "allowed": r.allowed,
         "redis_calls": r.redis_calls,
+        "background_calls_subtracted": r.background_calls,
         "redis_calls_per_allowed": r.redis_calls as f64 / r.allowed.max(1) as f64,
         "redis_usec": r.redis_usec,
         "redis_usec_per_request": r.redis_usec as f64 / r.requests.max(1) as f64,
@@ -222,6 +245,27 @@ async fn run_load(
     } else {
         String::new()
     };
+    let keys: Vec<String> =
+        if hot { vec!["hot".to_owned()] } else { (0..args.ordinary).map(|i| format!("user-{i}")).collect() };
+    let rate = if hot { args.hot_rate } else { args.ordinary } as f64;
+    if args.serve {
+        let served = served::Served::start(args, &lease, prefix)?;
+        // The instances' own calls without any load: their idle rate.
+        reset_stats(admin).await?;
+        let idle = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (idle_calls, idle_usec) = script_totals(admin).await?;
+        let idle_secs = idle.elapsed().as_secs_f64();
+        reset_stats(admin).await?;
+        let started = Instant::now();
+        let mut run = served.load(args, &keys, rate, hot).await?;
+        let (calls, usec) = script_totals(admin).await?;
+        let share = started.elapsed().as_secs_f64() / idle_secs;
+        run.background_calls = ((idle_calls as f64 * share).round() as u64).min(calls);
+        run.redis_calls = calls - run.background_calls;
+        run.redis_usec = usec.saturating_sub((idle_usec as f64 * share).round() as u64);
+        return Ok(run);
+    }
     let source = format!(
         "[store]\n{lease}[[rules]]\nname = \"api\"\npath = \"/api/*\"\n\
          limits = [{{ limit = {}, window = \"1m\" }}]\n",
@@ -232,12 +276,7 @@ async fn run_load(
     for _ in 0..INSTANCES {
         limiters.push(RateLimiter::from_config(&config.limiter, instance_store(args, prefix).await?)?);
     }
-    let keys: Vec<String> =
-        if hot { vec!["hot".to_owned()] } else { (0..args.ordinary).map(|i| format!("user-{i}")).collect() };
-    let rate = if hot { args.hot_rate } else { args.ordinary } as f64;
-    for conn in admin.connections() {
-        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
-    }
+    reset_stats(admin).await?;
     let mut latency = Histogram::<u64>::new(3)?;
     let mut run = Run::default();
     let mut windows = std::collections::HashMap::<u64, u64>::new();
