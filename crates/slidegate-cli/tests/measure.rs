@@ -216,3 +216,39 @@ fn bench_lease_refuses_a_remote_redis_and_two_targets() {
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"), "{out:?}");
 }
+
+#[test]
+fn bench_lease_serve_drives_three_serve_processes() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let report = slidegate(&[
+        "bench",
+        "lease",
+        "--redis-url",
+        &url,
+        "--serve",
+        "--json",
+        "--seconds",
+        "0.5",
+        "--hot-rate",
+        "1000",
+        "--ordinary",
+        "50",
+    ]);
+    assert_eq!(report["instances_are"], "serve processes", "{report}");
+    let run = |name: &str| &report["runs"][name];
+    for name in ["hot/no_leases", "hot/leases", "ordinary/no_leases", "ordinary/leases"] {
+        assert_eq!(run(name)["allowed"], run(name)["requests"], "{name}: {report}");
+        assert_eq!(run(name)["within_limit"], true, "{name}: {report}");
+    }
+    assert_eq!(
+        (run("hot/leases")["requests"].as_u64(), run("ordinary/leases")["requests"].as_u64()),
+        (Some(500), Some(25))
+    );
+    // Each instance sees a third of 1,000 a second: 16 in a 50 ms horizon.
+    let hot = run("hot/leases")["redis_calls_per_allowed"].as_f64().unwrap_or(f64::NAN);
+    assert!(hot < 0.5, "{report}");
+    let mut conn = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).expect("connect");
+    let left: Vec<String> = redis::cmd("KEYS").arg("lease*").query(&mut conn).expect("KEYS");
+    assert!(left.is_empty(), "the run left keys behind: {left:?}");
+}
