@@ -44,7 +44,7 @@ impl LeaseStore for RedisStore {
         let by_module = || {
             let mut cmd = Cmd::with_capacity(3, 192 + self.prefix.len() + identity.scope().len());
             let charges = [charge];
-            cmd.arg(MODULE_LEASE).arg(&key).arg(DecideAllArgs { now_ms, charges: &charges, deadline_ms });
+            cmd.arg(MODULE_LEASE).arg(key).arg(DecideAllArgs { now_ms, charges: &charges, deadline_ms });
             cmd
         };
         let reply = match self.by_module(charge.limit.algorithm, by_module, deadline).await? {
@@ -81,7 +81,7 @@ impl LeaseStore for RedisStore {
         let key = self.state_key(identity, &back.limit);
         let by_module = || {
             let mut cmd = Cmd::with_capacity(7, 128 + self.prefix.len() + identity.scope().len());
-            cmd.arg(MODULE_GIVE_BACK).arg(&key).arg(&args);
+            cmd.arg(MODULE_GIVE_BACK).arg(key).arg(args);
             cmd
         };
         let reply = match self.by_module(back.limit.algorithm, by_module, deadline).await? {
