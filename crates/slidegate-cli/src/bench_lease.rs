@@ -3,11 +3,12 @@
 //!
 //! Three limiters (three instances, as three `serve` processes would be,
 //! each with its own connection; in this process, on one thread) share one
-//! Redis and one rule. Two loads, each paced in real time for `--seconds`:
+//! Redis and one rule, decided by the scripts or, with `--engine module`,
+//! by the native module. Two loads, each paced in real time for `--seconds`:
 //! **hot**, one identity at `--hot-rate` requests a second spread over the
 //! instances, under a limit of `--limit` per minute; **ordinary**, the same
 //! rule for `--ordinary` identities sending one request a second each. For
-//! each load, with leases off and on: Redis script calls per allowed request
+//! each load, with leases off and on: Redis calls per allowed request
 //! (`INFO commandstats`, `CONFIG RESETSTAT` before each), the server's µs of
 //! those calls per request, the p99 of a decision, and the most requests
 //! admitted in one minute window against the limit. Loopback Redis only;
@@ -25,7 +26,7 @@ use slidegate::{Engine, RedisOptions, RedisStore};
 use slidegate_http::RateLimiter;
 use slidegate_server::Config;
 
-use crate::redis_errors::unreachable;
+use crate::redis_errors::{require_module, unreachable};
 use crate::redis_keys::{delete_prefix, run_prefix};
 
 /// Arguments of `slidegate bench lease`.
@@ -49,10 +50,20 @@ pub struct LeaseArgs {
     /// The most permits one lease takes.
     #[arg(long, default_value_t = 64, value_parser = crate::args::count(2..=10_000))]
     max: usize,
+    /// What decides and leases inside Redis: `lua` (the scripts, the
+    /// default, as the figures in BENCHMARKS.md were taken), `module` (the
+    /// native module's commands) or `auto` (the module where the server has it).
+    #[arg(long, value_name = "auto|lua|module", default_value = "lua")]
+    engine: Engine,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
+
+/// The commands a store's calls run as, in `INFO commandstats`: the scripts
+/// (`EVALSHA`, `EVAL` after a `NOSCRIPT`) and the native module's.
+const STORE_COMMANDS: [&str; 6] =
+    ["evalsha", "eval", "slidegate.decide", "slidegate.decide_all", "slidegate.lease", "slidegate.give_back"];
 
 const INSTANCES: usize = 3;
 
@@ -88,6 +99,9 @@ async fn bench(args: LeaseArgs) -> crate::CommandResult {
     }
     let mut admin =
         client.get_multiplexed_async_connection().await.map_err(|e| unreachable(&args.redis_url, e))?;
+    if args.engine == Engine::Module {
+        require_module(&mut admin).await?;
+    }
     let prefix = run_prefix("lease");
     let mut results = Vec::new();
     for (load, hot) in [("hot", true), ("ordinary", false)] {
@@ -119,6 +133,7 @@ fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)]) -> crate::CommandResult 
             "ordinary": args.ordinary,
             "limit_per_minute": args.limit,
             "lease_max": args.max,
+            "engine": args.engine.name(),
             "seconds": args.seconds,
             "runs": loads,
         });
@@ -163,6 +178,7 @@ fn run_json(r: &Run, limit: u64) -> Value {
         "redis_calls_per_allowed": r.redis_calls as f64 / r.allowed.max(1) as f64,
         "redis_usec": r.redis_usec,
         "redis_usec_per_request": r.redis_usec as f64 / r.requests.max(1) as f64,
+        "redis_usec_per_call": r.redis_usec as f64 / r.redis_calls.max(1) as f64,
         "p99_us": r.p99_us,
         "max_admitted_per_window_hot": r.max_per_window,
         "within_limit": r.max_per_window <= limit,
@@ -189,7 +205,7 @@ async fn run_load(
     let config = Config::parse(&source, "bench-lease.toml")?;
     let mut limiters = Vec::new();
     for _ in 0..INSTANCES {
-        let store = RedisStore::connect_with(&args.redis_url, RedisOptions::new().with_engine(Engine::Lua))
+        let store = RedisStore::connect_with(&args.redis_url, RedisOptions::new().with_engine(args.engine))
             .await
             .map_err(|e| unreachable(&args.redis_url, e))?
             .with_prefix(prefix);
@@ -230,6 +246,6 @@ async fn run_load(
     run.max_per_window = windows.values().copied().max().unwrap_or(0);
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(admin).await?;
     (run.redis_calls, run.redis_usec) =
-        crate::redis_info::command_totals(&info, &["evalsha", "eval"]).unwrap_or((0, 0));
+        crate::redis_info::command_totals(&info, &STORE_COMMANDS).unwrap_or((0, 0));
     Ok(run)
 }
