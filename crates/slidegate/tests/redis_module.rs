@@ -780,3 +780,33 @@ async fn a_replica_gets_the_bytes_of_leases_and_give_backs() {
         assert_eq!(value_and_expiry(&mut replica_conn, key).await, given, "{algorithm}: given back");
     }
 }
+
+/// A module older than the lease commands (it has `DECIDE_ALL`, so `Auto`
+/// chooses it): a lease and a give-back answered "unknown command" ran
+/// nothing and go to Lua, decisions keep the module, and later leases go
+/// straight to Lua. Needs such a build, so it runs only when asked:
+/// `git worktree add /tmp/old faa8918~1 && cargo build -p
+/// slidegate-redis-module --manifest-path /tmp/old/Cargo.toml` (any commit
+/// before the lease commands), then
+/// `SLIDEGATE_REDIS_MODULE=<its target>/debug/libslidegate_redis_module.so
+/// cargo test -p slidegate --test redis_module -- --ignored older_module`.
+#[tokio::test]
+#[ignore = "needs SLIDEGATE_REDIS_MODULE set to a module built before SLIDEGATE.LEASE"]
+async fn an_older_module_leases_by_lua_and_keeps_deciding() {
+    use slidegate::{Charge, GiveBack, LeaseStore};
+    let limit = support::limit(Algorithm::FixedWindow, 40, 60_000);
+    let server = module_server();
+    let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
+    assert_eq!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").remaining, 39);
+    assert_eq!(calls(&server, "slidegate.decide").await, 1);
+    let lease = LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 29);
+    let back = GiveBack { limit, window: lease.window, unused: 4 };
+    assert_eq!(store.give_back(&id("a"), back, None).await.expect("gives back"), 4);
+    assert_eq!(calls(&server, "evalsha").await, 2);
+    assert_eq!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").remaining, 32);
+    assert_eq!(calls(&server, "slidegate.decide").await, 2, "decisions keep the module");
+    let lease = LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 22);
+    assert_eq!(calls(&server, "evalsha").await, 3, "no second try on the module");
+}
