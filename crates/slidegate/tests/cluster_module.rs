@@ -4,7 +4,7 @@
 //! store), routing by the keys the commands declare (`MOVED` from a node
 //! that does not own the slot, `CROSSSLOT` for keys of two identities), and
 //! `Engine::Auto` asking every master: the module where all have it, Lua
-//! where one lacks it.
+//! where one lacks it; and quota leases by the module on every master.
 #![cfg(feature = "redis")]
 
 mod agree_cases;

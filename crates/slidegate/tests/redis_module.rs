@@ -3,7 +3,8 @@
 //! it (single decisions by `SLIDEGATE.DECIDE`, `decide_all` by
 //! `SLIDEGATE.DECIDE_ALL`), interop with the Lua scripts on one key, engine
 //! detection, replication of its effects to a replica that does not load
-//! it, and the errors of malformed calls.
+//! it, the errors of malformed calls, and quota leases (`SLIDEGATE.LEASE`,
+//! `SLIDEGATE.GIVE_BACK`) leaving exactly the bytes the scripts leave.
 //!
 //! The module's `.so` comes from `slidegate_test_redis::slidegate_module`
 //! (`SLIDEGATE_REDIS_MODULE`, this build's target directory, or built once).
