@@ -4,14 +4,16 @@
 //! Three limiters (three instances, as three `serve` processes would be,
 //! each with its own connection; in this process, on one thread) share one
 //! Redis, or one Redis Cluster (`--redis-cluster`: the hot identity's keys
-//! all in one slot, the shard no number of masters relieves), and one rule. Two loads, each paced in real time for `--seconds`:
+//! all in one slot, the shard no number of masters relieves), and one rule,
+//! decided by the scripts or, with `--engine module`, by the native module.
+//! Two loads, each paced in real time for `--seconds`:
 //! **hot**, one identity at `--hot-rate` requests a second spread over the
 //! instances, under a limit of `--limit` per minute; **ordinary**, the same
 //! rule for `--ordinary` identities sending one request a second each. For
 //! each load, with leases off and on (`--serve`: the instances are three
-//! `slidegate serve` processes asked `POST /v1/check`, see `served.rs`): Redis script calls per allowed request
-//! (`INFO commandstats` summed over every master, `CONFIG RESETSTAT` before
-//! each), the server's µs of
+//! `slidegate serve` processes asked `POST /v1/check`, see `served.rs`):
+//! Redis calls per allowed request (`INFO commandstats` summed over every
+//! master, `CONFIG RESETSTAT` before each), the server's µs of
 //! those calls per request, the p99 of a decision, and the most requests
 //! admitted in one minute window against the limit. Loopback Redis only;
 //! keys under a prefix unique to the run, deleted afterwards.
@@ -29,7 +31,7 @@ use slidegate_server::Config;
 
 mod served;
 
-use crate::redis_errors::{cluster_unreachable, unreachable};
+use crate::redis_errors::{cluster_unreachable, require_module, unreachable};
 use crate::redis_keys::run_prefix;
 use crate::redis_nodes::Nodes;
 
@@ -63,10 +65,20 @@ pub struct LeaseArgs {
     /// `POST /v1/check` over HTTP/1.1 (the p99 is then through `serve`).
     #[arg(long)]
     serve: bool,
+    /// What decides and leases inside Redis: `lua` (the scripts, the
+    /// default, as the figures in BENCHMARKS.md were taken), `module` (the
+    /// native module's commands) or `auto` (the module where the server has it).
+    #[arg(long, value_name = "auto|lua|module", default_value = "lua")]
+    engine: Engine,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
+
+/// The commands a store's calls run as, in `INFO commandstats`: the scripts
+/// (`EVALSHA`, `EVAL` after a `NOSCRIPT`) and the native module's.
+const STORE_COMMANDS: [&str; 6] =
+    ["evalsha", "eval", "slidegate.decide", "slidegate.decide_all", "slidegate.lease", "slidegate.give_back"];
 
 const INSTANCES: usize = 3;
 
@@ -114,6 +126,11 @@ async fn bench(args: LeaseArgs) -> crate::CommandResult {
         Some(url) => Nodes::single(url).await.map_err(|e| unreachable(url, e))?,
         None => Nodes::cluster(&args.redis_cluster).await?,
     };
+    if args.engine == Engine::Module {
+        for conn in admin.connections() {
+            require_module(conn).await?;
+        }
+    }
     let prefix = run_prefix("lease");
     let mut results = Vec::new();
     for (load, hot) in [("hot", true), ("ordinary", false)] {
@@ -136,7 +153,7 @@ async fn bench(args: LeaseArgs) -> crate::CommandResult {
 /// One instance's store: its own connection to the server, or its own
 /// cluster client.
 async fn instance_store(args: &LeaseArgs, prefix: &str) -> Result<RedisStore, Box<dyn std::error::Error>> {
-    let options = RedisOptions::new().with_engine(Engine::Lua);
+    let options = RedisOptions::new().with_engine(args.engine);
     let store = match &args.redis_url {
         Some(url) => RedisStore::connect_with(url, options).await.map_err(|e| unreachable(url, e))?,
         None => RedisStore::connect_to(&RedisTarget::Cluster(args.redis_cluster.clone()), options)
@@ -160,7 +177,7 @@ async fn script_totals(admin: &mut Nodes) -> Result<(u64, u64), Box<dyn std::err
     let (mut calls, mut usec) = (0, 0);
     for conn in admin.connections() {
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-        let (c, u) = crate::redis_info::command_totals(&info, &["evalsha", "eval"]).unwrap_or((0, 0));
+        let (c, u) = crate::redis_info::command_totals(&info, &STORE_COMMANDS).unwrap_or((0, 0));
         calls += c;
         usec += u;
     }
@@ -182,6 +199,7 @@ fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)], masters: usize) -> crate
             "ordinary": args.ordinary,
             "limit_per_minute": args.limit,
             "lease_max": args.max,
+            "engine": args.engine.name(),
             "seconds": args.seconds,
             "runs": loads,
         });
@@ -227,6 +245,7 @@ fn run_json(r: &Run, limit: u64) -> Value {
         "redis_calls_per_allowed": r.redis_calls as f64 / r.allowed.max(1) as f64,
         "redis_usec": r.redis_usec,
         "redis_usec_per_request": r.redis_usec as f64 / r.requests.max(1) as f64,
+        "redis_usec_per_call": r.redis_usec as f64 / r.redis_calls.max(1) as f64,
         "p99_us": r.p99_us,
         "max_admitted_per_window_hot": r.max_per_window,
         "within_limit": r.max_per_window <= limit,

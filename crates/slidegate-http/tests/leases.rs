@@ -1,10 +1,13 @@
 //! Quota leases never over-admit: three lease layers (three instances) on
 //! one store, random traces, and every admitted request checked against an
 //! exact log — the admitted requests replayed, in time order, through the
-//! algorithm itself, each of which must be allowed. On the embedded store
-//! and on a real Redis (client time, one `ManualClock` for the store and
-//! the layers). The checker is itself tested: a lease used past its window
-//! end, as a wrong design would, is caught.
+//! algorithm itself, each of which must be allowed. On the embedded store,
+//! on a real Redis (client time, one `ManualClock` for the store and the
+//! layers), on a Redis Cluster, and on a Redis that decides and leases by
+//! the native module (`SLIDEGATE.LEASE`, `SLIDEGATE.GIVE_BACK`), which also
+//! leaves exactly the bytes the Lua scripts leave. The checker is itself
+//! tested: a lease used past its window end, as a wrong design would, is
+//! caught.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -14,12 +17,12 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
-    Algorithm, Charge, Clock, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
+    Algorithm, Charge, Clock, Engine, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
     RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 use slidegate_http::Delay;
-use slidegate_test_redis::{RedisCluster, RedisServer};
+use slidegate_test_redis::{module_args, CommandStats, RedisCluster, RedisServer};
 
 /// 2026-01-01T00:00:00.000Z: a time well inside the stores' range.
 const T0: u64 = 1_767_225_600_000;
@@ -189,6 +192,131 @@ fn leases_on_a_cluster_never_over_admit() {
         .unwrap();
 }
 
+/// A server that loads the native module.
+fn module_server() -> RedisServer {
+    let args = module_args();
+    RedisServer::spawn_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `INFO commandstats` calls of `cmd` (lower case) on `server`.
+async fn calls(server: &RedisServer, cmd: &str) -> u64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+    CommandStats::parse(&info).calls(cmd)
+}
+
+/// A store on `url` deciding by `engine` on `clock`'s time under `prefix`.
+async fn engine_store(url: &str, engine: Engine, clock: &Arc<ManualClock>, prefix: String) -> RedisStore {
+    let options = RedisOptions::new()
+        .with_timeout(Duration::from_secs(5))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_engine(engine);
+    RedisStore::connect_with(url, options)
+        .await
+        .unwrap()
+        .with_prefix(prefix)
+        .with_time_source(TimeSource::Client(Arc::clone(clock) as Arc<dyn Clock>))
+}
+
+#[test]
+fn leases_on_the_module_never_over_admit() {
+    let server = module_server();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut runner = TestRunner::new(Config { cases: 32, source_file: Some(file!()), ..Config::default() });
+    let case = std::cell::Cell::new(0);
+    runner
+        .run(&trace(), |(counter, steps)| {
+            case.set(case.get() + 1);
+            let clock = Arc::new(ManualClock::new(T0));
+            let prefix = format!("lease{}:", case.get());
+            let store =
+                Arc::new(runtime.block_on(engine_store(&server.url(), Engine::Module, &clock, prefix)));
+            let layers = layers(&store, &clock);
+            let limit = limit(counter);
+            let (admitted, _) = runtime.block_on(run(&layers, &clock, &limit, &steps));
+            prop_assert_eq!(over_admitted(&limit, &admitted), 0, "admitted {:?}", admitted);
+            Ok(())
+        })
+        .unwrap();
+    runtime.block_on(async {
+        assert!(calls(&server, "slidegate.lease").await > 0, "the module leased");
+        assert!(calls(&server, "slidegate.give_back").await > 0, "the module gave back");
+        assert_eq!(calls(&server, "evalsha").await, 0, "no script ran");
+    });
+}
+
+/// The same traces through lease layers on two servers, one leasing by the
+/// module and one by the Lua scripts: the same outcome for every request,
+/// and the same bytes in both identities' keys after every one.
+#[test]
+fn leases_by_the_module_leave_the_state_the_scripts_leave() {
+    let (with, without) = (module_server(), RedisServer::spawn());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut runner = TestRunner::new(Config { cases: 16, source_file: Some(file!()), ..Config::default() });
+    let case = std::cell::Cell::new(0);
+    let identities = [Identity::named("lease", "a"), Identity::named("lease", "b")];
+    runner
+        .run(&trace(), |(counter, steps)| {
+            case.set(case.get() + 1);
+            let prefix = format!("same{}:", case.get());
+            let clock = Arc::new(ManualClock::new(T0));
+            let (module, lua) = runtime.block_on(async {
+                (
+                    Arc::new(engine_store(&with.url(), Engine::Module, &clock, prefix.clone()).await),
+                    Arc::new(engine_store(&without.url(), Engine::Lua, &clock, prefix.clone()).await),
+                )
+            });
+            let (on_module, on_lua) = (layers(&module, &clock), layers(&lua, &clock));
+            let limit = limit(counter);
+            let charges = [Charge::new(limit, 1)];
+            let result: Result<(), TestCaseError> = runtime.block_on(async {
+                let mut with_conn = redis::Client::open(with.url())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                let mut without_conn = redis::Client::open(without.url())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                for (n, step) in steps.iter().enumerate() {
+                    clock.advance(Duration::from_millis(step.gap));
+                    let identity = &identities[step.identity];
+                    let got =
+                        on_module[step.instance].decide(Request::new(identity, &charges)).await.unwrap();
+                    let want = on_lua[step.instance].decide(Request::new(identity, &charges)).await.unwrap();
+                    prop_assert_eq!(&got, &want, "step {}", n);
+                    let key = &module.keys_for(identity, &limit)[0];
+                    let a: Option<Vec<u8>> =
+                        redis::cmd("GET").arg(key).query_async(&mut with_conn).await.unwrap();
+                    let b: Option<Vec<u8>> =
+                        redis::cmd("GET").arg(key).query_async(&mut without_conn).await.unwrap();
+                    prop_assert_eq!(a, b, "step {}: the bytes of {}", n, key);
+                }
+                for (m, l) in on_module.iter().zip(&on_lua) {
+                    prop_assert_eq!(m.give_back_all().await, l.give_back_all().await);
+                }
+                for identity in &identities {
+                    let key = &module.keys_for(identity, &limit)[0];
+                    let a: Option<Vec<u8>> =
+                        redis::cmd("GET").arg(key).query_async(&mut with_conn).await.unwrap();
+                    let b: Option<Vec<u8>> =
+                        redis::cmd("GET").arg(key).query_async(&mut without_conn).await.unwrap();
+                    prop_assert_eq!(a, b, "after giving back: the bytes of {}", key);
+                }
+                Ok(())
+            });
+            result
+        })
+        .unwrap();
+    runtime.block_on(async {
+        assert!(calls(&with, "slidegate.give_back").await > 0, "the module gave back");
+        assert_eq!(calls(&with, "evalsha").await, 0, "no script ran on the module's server");
+    });
+}
+
 /// Redis dying with leases out: the permits already charged are still
 /// handed out, every other request fails as unavailable (for the guard and
 /// the fallback above to answer), a give-back that cannot reach Redis is
@@ -235,9 +363,10 @@ async fn leases_survive_redis_dying() {
 
 /// Leasing and giving back on every layout a state takes: packed and
 /// plain in the embedded store, 32-bit and wide counts in Redis (limits
-/// from 2^32), for both leased algorithms: the store's remaining count is
-/// back where the unused permits were never charged, and a give-back to
-/// a window that no longer counts gives nothing.
+/// from 2^32), by the scripts and by the module, for both leased
+/// algorithms: the store's remaining count is back where the unused
+/// permits were never charged, and a give-back to a window that no longer
+/// counts gives nothing.
 #[tokio::test]
 async fn give_back_is_exact_on_every_layout() {
     let server = RedisServer::spawn();
@@ -247,6 +376,8 @@ async fn give_back_is_exact_on_every_layout() {
         .unwrap()
         .with_timeout(Duration::from_secs(5))
         .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>));
+    let module_server = module_server();
+    let module = engine_store(&module_server.url(), Engine::Module, &clock, "layout:".to_owned()).await;
     let memory = MemoryStore::with_clock(Arc::clone(&clock));
     for permits in [40, 1 << 25, 1 << 33] {
         for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
@@ -255,6 +386,7 @@ async fn give_back_is_exact_on_every_layout() {
             for (name, remaining) in [
                 ("memory", lease_and_give_back(&memory, &identity, limit).await),
                 ("redis", lease_and_give_back(&redis, &identity, limit).await),
+                ("module", lease_and_give_back(&module, &identity, limit).await),
             ] {
                 assert_eq!(remaining, permits - 3, "{name}, {permits} {}", algorithm.name());
             }

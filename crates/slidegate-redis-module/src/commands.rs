@@ -1,5 +1,5 @@
-//! The two commands: their handlers, registered directly with Redis, and
-//! what each does with the keys it declares.
+//! The commands: their handlers, registered directly with Redis, and what
+//! each does with the keys it declares.
 #![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::{c_int, CStr};
@@ -8,23 +8,20 @@ use redis_module::{raw, Context, RedisError};
 
 use crate::clock::Clock;
 use crate::key::OpenKey;
-use crate::stored::decide;
+use crate::stored::{self, decide};
 use crate::strings::string_bytes;
-use crate::wire::{decision_bytes, parse_limit, split_args, Args, DECISION_BYTES, LIMIT_BYTES};
+use crate::wire::{
+    decision_bytes, lease_bytes, parse_give_back, parse_limit, split_args, Args, DECISION_BYTES, LEASE_BYTES,
+    LIMIT_BYTES,
+};
 
-/// What a command replies: one decision (on the stack) or several.
+/// What a command replies: one decision (on the stack), several, a lease,
+/// or a count.
 enum Reply {
     One([u8; DECISION_BYTES]),
     All(Vec<u8>),
-}
-
-impl Reply {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Reply::One(bytes) => bytes,
-            Reply::All(bytes) => bytes,
-        }
-    }
+    Lease([u8; LEASE_BYTES]),
+    Count(u64),
 }
 
 /// `SLIDEGATE.DECIDE <key> <args>`: one limit.
@@ -81,13 +78,59 @@ fn decide_all(
     Ok(Reply::All(reply))
 }
 
-/// Replies with `result`: the decisions' bytes, or the error.
+/// `SLIDEGATE.LEASE <key> <args>`: `lease.lua`. The arguments are
+/// `SLIDEGATE.DECIDE`'s (they name the algorithm, which `lease.lua`, one
+/// script per algorithm, needs not), the decision and its write exactly
+/// `DECIDE`'s; the reply adds the window the permits were charged in.
+fn lease_one(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    args: &[u8],
+) -> Result<Reply, RedisError> {
+    let split = split_args(args, 1)?;
+    let a = parse_limit(split.limits)?;
+    let clock = Clock::read(split.client_now)?;
+    clock.check_deadline(split.deadline)?;
+    let mut key = OpenKey::open(ctx, name);
+    let (decision, write, window) = stored::lease(key.value()?, clock.now, &a)?;
+    if let Some(write) = write {
+        key.write(ctx, &write, &clock)?;
+    }
+    Ok(Reply::Lease(lease_bytes(&decision, window)))
+}
+
+/// `SLIDEGATE.GIVE_BACK <key> <algorithm> <limit> <window> <permits> <deadline>`:
+/// `give_back.lua`, with its arguments and its reply (the permits given
+/// back). A missing key gives nothing and is not created; a written one is
+/// rewritten in place, keeping its expiry, and propagated as `SET … KEEPTTL`.
+fn give_back(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    args: [&[u8]; 5],
+) -> Result<Reply, RedisError> {
+    let args = parse_give_back(args)?;
+    let clock = Clock::read(None)?;
+    clock.check_deadline(args.deadline)?;
+    let mut key = OpenKey::open(ctx, name);
+    let Some(value) = key.value()? else {
+        return Ok(Reply::Count(0));
+    };
+    let (back, write) = stored::give_back(value, args.leased, args.limit, args.window, args.unused)?;
+    if let Some(write) = write {
+        key.write(ctx, &write, &clock)?;
+    }
+    Ok(Reply::Count(back))
+}
+
+/// Replies with `result`: the decisions' bytes, the count, or the error.
 fn respond(ctx: *mut raw::RedisModuleCtx, result: Result<Reply, RedisError>) -> c_int {
+    let bytes =
+        |bytes: &[u8]| raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int;
     match result {
-        Ok(reply) => {
-            let bytes = reply.bytes();
-            raw::reply_with_string_buffer(ctx, bytes.as_ptr().cast(), bytes.len()) as c_int
-        }
+        Ok(Reply::One(reply)) => bytes(&reply),
+        Ok(Reply::All(reply)) => bytes(&reply),
+        Ok(Reply::Lease(reply)) => bytes(&reply),
+        Ok(Reply::Count(n)) => raw::reply_with_long_long(ctx, i64::try_from(n).unwrap_or(i64::MAX)) as c_int,
         Err(err) => Context::new(ctx).reply(Err(err)) as c_int,
     }
 }
@@ -140,15 +183,52 @@ extern "C" fn decide_all_command(
     respond(ctx, result)
 }
 
+/// The handler of `SLIDEGATE.LEASE`, called by Redis.
+#[allow(unsafe_code)]
+extern "C" fn lease_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        &[_, key, args] => lease_one(ctx, key, string_bytes(args)),
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
+/// The handler of `SLIDEGATE.GIVE_BACK`, called by Redis.
+#[allow(unsafe_code)]
+extern "C" fn give_back_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let result = match unsafe { arguments(argv, argc) } {
+        &[_, key, kind, limit, window, unused, deadline] => {
+            give_back(ctx, key, [kind, limit, window, unused, deadline].map(string_bytes))
+        }
+        _ => Err(RedisError::WrongArity),
+    };
+    respond(ctx, result)
+}
+
 /// At load: registers the commands with the keys they declare, which Redis
 /// Cluster routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns
-/// check (one key for `DECIDE`; for `DECIDE_ALL` every argument from the
-/// first to the one before last), then the replication watchers.
+/// check (one key for `DECIDE`, `LEASE` and `GIVE_BACK`; for `DECIDE_ALL`
+/// every argument from the first to the one before last), then the
+/// replication watchers.
 #[allow(unsafe_code)]
 pub fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redis_module::Status {
     type Handler = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
-    let commands: [(&CStr, Handler, c_int); 2] =
-        [(c"slidegate.decide", decide_command, 1), (c"slidegate.decide_all", decide_all_command, -2)];
+    let commands: [(&CStr, Handler, c_int); 4] = [
+        (c"slidegate.decide", decide_command, 1),
+        (c"slidegate.decide_all", decide_all_command, -2),
+        (c"slidegate.lease", lease_command, 1),
+        (c"slidegate.give_back", give_back_command, 1),
+    ];
     for (name, handler, last_key) in commands {
         // SAFETY: called from OnLoad with its context; the name and flags
         // are NUL-terminated literals Redis copies.

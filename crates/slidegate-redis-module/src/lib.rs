@@ -1,5 +1,6 @@
-//! `SLIDEGATE.DECIDE` and `SLIDEGATE.DECIDE_ALL`: slidegate's decisions as
-//! native Redis commands.
+//! `SLIDEGATE.DECIDE`, `SLIDEGATE.DECIDE_ALL`, `SLIDEGATE.LEASE` and
+//! `SLIDEGATE.GIVE_BACK`: slidegate's decisions and quota leases as native
+//! Redis commands.
 //!
 //! The arithmetic is `slidegate::algorithm`'s own (the functions the memory
 //! store runs); this crate only translates between those states and the
@@ -10,6 +11,8 @@
 //! ```text
 //! SLIDEGATE.DECIDE <key> <args>
 //! SLIDEGATE.DECIDE_ALL <key>... <args>
+//! SLIDEGATE.LEASE <key> <args>
+//! SLIDEGATE.GIVE_BACK <key> <algorithm> <limit> <window> <permits> <deadline>
 //! ```
 //!
 //! `<args>` is `decide_all.lua`'s `ARGV[1]`: little-endian doubles, now in ms
@@ -26,7 +29,22 @@
 //! first to the one before last), so Redis Cluster routes them, and
 //! answers `MOVED` or `CROSSSLOT` before anything runs.
 //!
-//! Replication carries effects, never the decision: a write is propagated as
+//! `LEASE` and `GIVE_BACK` are `lease.lua` and `give_back.lua` (quota
+//! leases, `docs/leases.md`), for the fixed window and the sliding window
+//! counter only. `LEASE` takes `DECIDE`'s arguments, decides and writes as
+//! `DECIDE` does, and replies `lease.lua`'s five doubles: the decision, then
+//! the number of the window it was decided in, modulo 2^32. `GIVE_BACK`
+//! takes `give_back.lua`'s five decimal integers (1 for the counter or 2
+//! for the fixed window, the limit, that window number, the unused
+//! permits, the deadline or -1) and replies the permits it gave back: from
+//! that window's count, or the counter's previous count once the stored
+//! window is the next one, never below zero, nothing otherwise; the value
+//! is rewritten in place with its expiry kept, and a missing key is never
+//! created. Both refuse a call reached after its deadline as the scripts
+//! do, and leave exactly the bytes the scripts leave.
+//!
+//! Replication carries effects, never the decision: a write (a lease's, a
+//! give-back's too) is propagated as
 //! `SET key value PXAT <absolute ms>` (or `KEEPTTL` where the script keeps the
 //! TTL), so a replica or an AOF replay neither re-decides on another clock
 //! nor needs the module loaded; where Redis would drop it (no AOF, no
@@ -70,7 +88,7 @@ mod entry {
 
     redis_module::redis_module! {
         name: "slidegate",
-        version: 3,
+        version: 4,
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
         init: register_commands,

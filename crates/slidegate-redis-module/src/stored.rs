@@ -27,17 +27,96 @@ pub enum Expiry {
 /// A decision and what it writes, if anything.
 type Outcome = Result<(Decision, Option<Write>), RedisError>;
 
+/// A window algorithm's decision, what it writes, and the number of the
+/// window it was decided in, modulo 2^32 (`lease.lua`'s fifth double).
+type Windowed = Result<(Decision, Option<Write>, u64), RedisError>;
+
 /// Decides on the value a script would have left (`None`: no key).
 pub fn decide(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome {
     match a.algorithm {
-        Algorithm::SlidingWindowCounter => sliding_window_counter(stored, now, a),
-        Algorithm::FixedWindow => fixed_window(stored, now, a),
+        Algorithm::SlidingWindowCounter => sliding_window_counter(stored, now, a).map(|(d, w, _)| (d, w)),
+        Algorithm::FixedWindow => fixed_window(stored, now, a).map(|(d, w, _)| (d, w)),
         Algorithm::Gcra => gcra(stored, now, a),
         Algorithm::TokenBucket => token_bucket(stored, now, a),
         Algorithm::SlidingLog => {
             Err(RedisError::Str("ERR slidegate: the sliding log is decided by the Lua scripts"))
         }
     }
+}
+
+/// `lease.lua`: the decision `decide` makes on a lease's permits, and the
+/// window they were charged in (modulo 2^32), which `give_back` takes. Only
+/// the window algorithms are leased (`slidegate::store::lease::leasable`).
+pub fn lease(stored: Option<&[u8]>, now: u64, a: &Args) -> Windowed {
+    match a.algorithm {
+        Algorithm::SlidingWindowCounter => sliding_window_counter(stored, now, a),
+        Algorithm::FixedWindow => fixed_window(stored, now, a),
+        Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::Gcra => Err(RedisError::Str(
+            "ERR slidegate: only the fixed window and the sliding window counter are leased",
+        )),
+    }
+}
+
+/// Which window algorithm a give-back is for: `give_back.lua`'s `ARGV[1]`.
+#[derive(Clone, Copy)]
+pub enum Leased {
+    /// 1: the sliding window counter.
+    SlidingWindowCounter,
+    /// 2: the fixed window.
+    FixedWindow,
+}
+
+/// `give_back.lua`: up to `unused` permits undone in the window `window`
+/// (modulo 2^32) was charged in, from its count while it is the stored
+/// window, or (the counter only) from the previous count while the stored
+/// window is the next one; nothing otherwise. Answers how many, and the
+/// value to write in place (the key keeps its expiry), when any.
+pub fn give_back(
+    stored: &[u8],
+    leased: Leased,
+    limit: u64,
+    window: u64,
+    unused: u64,
+) -> Result<(u64, Option<Write>), RedisError> {
+    let small = limit < TWO_32;
+    let n = if small { 4 } else { 8 };
+    let s_window = uint(stored.get(..4).ok_or_else(corrupt)?);
+    let count = |at: usize| stored.get(at..).and_then(|rest| count_at(rest, small)).ok_or_else(corrupt);
+    let mut value = Value::new();
+    push_uint(&mut value, s_window, 4);
+    let back = match leased {
+        Leased::SlidingWindowCounter => {
+            let (cur, prev) = (count(4)?, count(4 + n)?);
+            let (back, cur, prev) = if s_window == window {
+                let back = unused.min(cur);
+                (back, cur - back, prev)
+            } else if s_window == (window + 1) % TWO_32 {
+                let back = unused.min(prev);
+                (back, cur, prev - back)
+            } else {
+                (0, cur, prev)
+            };
+            push_count(&mut value, cur, small);
+            push_count(&mut value, prev, small);
+            back
+        }
+        Leased::FixedWindow => {
+            let count = count(4)?;
+            let back = if s_window == window { unused.min(count) } else { 0 };
+            push_count(&mut value, count - back, small);
+            back
+        }
+    };
+    Ok((back, (back > 0).then_some(Write { value, expiry: Expiry::Keep })))
+}
+
+/// The window a window algorithm decides in at `now`, modulo 2^32, as the
+/// scripts number it: now's, or a later one where a state that counts
+/// something lies ahead (a clock that stepped back decides in the state's
+/// window, `algorithm::skew_ms`) — on a denial too, where nothing is written.
+fn decided_window(counting_window: Option<u64>, now: u64, w: u64) -> u64 {
+    let now_window = now / w;
+    counting_window.filter(|&s| s > now_window).unwrap_or(now_window) % TWO_32
 }
 
 fn corrupt() -> RedisError {
@@ -51,7 +130,7 @@ fn charged(d: &Decision, a: &Args) -> bool {
 
 /// `sliding_window_counter.lua`: window mod 2^32 (4 bytes), then the current
 /// and previous counts (4 bytes each below 2^32, else doubles).
-fn sliding_window_counter(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome {
+fn sliding_window_counter(stored: Option<&[u8]>, now: u64, a: &Args) -> Windowed {
     let (limit, w) = (a.quota.permits(), a.quota.window_ms());
     let small = limit < TWO_32;
     let state = match stored {
@@ -64,9 +143,11 @@ fn sliding_window_counter(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome 
             unwrap_window(window, now / w).map(|window| swc::State { window, cur, prev })
         }
     };
+    let counting = state.filter(|s| s.cur > 0 || s.prev > 0).map(|s| s.window);
+    let window = decided_window(counting, now, w);
     let (after, d) = swc::decide(state.unwrap_or_default(), now, a.cost, &a.quota);
     if !charged(&d, a) {
-        return Ok((d, None));
+        return Ok((d, None, window));
     }
     let mut value = Value::new();
     push_uint(&mut value, after.window % TWO_32, 4);
@@ -74,12 +155,12 @@ fn sliding_window_counter(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome 
     push_count(&mut value, after.prev, small);
     let same_window = state.is_some_and(|s| s.window == after.window);
     let expiry = if same_window { Expiry::Keep } else { Expiry::IdleAt(now - now % w + 2 * w) };
-    Ok((d, Some(Write { value, expiry })))
+    Ok((d, Some(Write { value, expiry }), window))
 }
 
 /// `fixed_window.lua`: window mod 2^32 (4 bytes), then the count (4 bytes
 /// below 2^32, else a double).
-fn fixed_window(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome {
+fn fixed_window(stored: Option<&[u8]>, now: u64, a: &Args) -> Windowed {
     let (limit, w) = (a.quota.permits(), a.quota.window_ms());
     let small = limit < TWO_32;
     let state = match stored {
@@ -90,16 +171,18 @@ fn fixed_window(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome {
             unwrap_window(window, now / w).map(|window| fixed_window::State { window, count })
         }
     };
+    let counting = state.filter(|s| s.count > 0).map(|s| s.window);
+    let window = decided_window(counting, now, w);
     let (after, d) = fixed_window::decide(state.unwrap_or_default(), now, a.cost, &a.quota);
     if !charged(&d, a) {
-        return Ok((d, None));
+        return Ok((d, None, window));
     }
     let mut value = Value::new();
     push_uint(&mut value, after.window % TWO_32, 4);
     push_count(&mut value, after.count, small);
     let same_window = state.is_some_and(|s| s.window == after.window);
     let expiry = if same_window { Expiry::Keep } else { Expiry::IdleAt(now - now % w + w) };
-    Ok((d, Some(Write { value, expiry })))
+    Ok((d, Some(Write { value, expiry }), window))
 }
 
 /// `gcra.lua`: the theoretical arrival time in ms (6 bytes) and its
@@ -157,4 +240,73 @@ fn token_bucket(stored: Option<&[u8]>, now: u64, a: &Args) -> Outcome {
     push_uint(&mut value, after.last_ms, 6);
     let idle_at = after.last_ms + after.used.div_ceil(limit);
     Ok((d, Some(Write { value, expiry: Expiry::IdleAt(idle_at) })))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn args(algorithm: Algorithm, limit: u64, window_ms: u64, cost: u64) -> Args {
+        let quota = slidegate::Quota::new(limit, Duration::from_millis(window_ms)).expect("valid quota");
+        Args { algorithm, quota, cost }
+    }
+
+    fn written(write: Option<Write>) -> Vec<u8> {
+        write.and_then(|w| w.value.as_slice().map(<[u8]>::to_vec)).unwrap_or_default()
+    }
+
+    /// `lease.lua` answers the window a decision was made in, modulo 2^32,
+    /// on a denial too: now's, or the stored one a clock stepped back from.
+    #[test]
+    fn a_lease_answers_the_window_it_decided_in() {
+        let a = args(Algorithm::FixedWindow, 10, 250, 8);
+        let now = (TWO_32 + 5) * 250 + 17;
+        let (d, write, window) = lease(None, now, &a).expect("decides");
+        assert!(d.allowed);
+        assert_eq!(window, 5);
+        let stored = written(write);
+        assert_eq!(stored, [5, 0, 0, 0, 8, 0, 0, 0]);
+        // Denied, and a clock two windows back: still window 5, nothing written.
+        let (d, write, window) = lease(Some(&stored), now - 500, &a).expect("decides");
+        assert!(!d.allowed);
+        assert!(write.is_none());
+        assert_eq!(window, 5);
+        let counter = args(Algorithm::SlidingWindowCounter, 10, 250, 3);
+        let (d, _, window) = lease(None, now + 250, &counter).expect("decides");
+        assert_eq!((d.allowed, window), (true, 6));
+        for other in [Algorithm::SlidingLog, Algorithm::TokenBucket, Algorithm::Gcra] {
+            assert!(lease(None, now, &args(other, 10, 250, 1)).is_err(), "{other}");
+        }
+    }
+
+    #[test]
+    fn give_back_undoes_the_window_it_names_and_nothing_else() {
+        // The counter in window 9: cur 6, prev 4.
+        let stored = [9, 0, 0, 0, 6, 0, 0, 0, 4, 0, 0, 0];
+        let swc = Leased::SlidingWindowCounter;
+        let (back, write) = give_back(&stored, swc, 10, 9, 8).expect("gives back");
+        assert_eq!((back, written(write)), (6, vec![9, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]));
+        let (back, write) = give_back(&stored, swc, 10, 8, 3).expect("gives back");
+        assert_eq!((back, written(write)), (3, vec![9, 0, 0, 0, 6, 0, 0, 0, 1, 0, 0, 0]));
+        for window in [7, 10] {
+            let (back, write) = give_back(&stored, swc, 10, window, 3).expect("gives back");
+            assert_eq!((back, write.is_none()), (0, true), "window {window}");
+        }
+        // Window numbers wrap: the window before 0 is 2^32 − 1.
+        let wrapped = [0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0];
+        let (back, _) = give_back(&wrapped, swc, 10, TWO_32 - 1, 5).expect("gives back");
+        assert_eq!(back, 2);
+        // The fixed window gives back only to its own window; wide counts are doubles.
+        let mut wide = vec![3, 0, 0, 0];
+        wide.extend_from_slice(&7e9f64.to_le_bytes());
+        let fw = Leased::FixedWindow;
+        let (back, write) = give_back(&wide, fw, 1 << 33, 3, 5).expect("gives back");
+        let mut want = vec![3, 0, 0, 0];
+        want.extend_from_slice(&(7e9f64 - 5.0).to_le_bytes());
+        assert_eq!((back, written(write)), (5, want));
+        assert_eq!(give_back(&wide, fw, 1 << 33, 2, 5).expect("gives back").0, 0);
+        assert!(give_back(&[3, 0, 0], fw, 10, 3, 1).is_err(), "a value no script wrote");
+    }
 }

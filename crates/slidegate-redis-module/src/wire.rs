@@ -6,6 +6,8 @@ use std::time::Duration;
 use redis_module::RedisError;
 use slidegate::{Algorithm, Decision, Quota};
 
+use crate::stored::Leased;
+
 /// The time argument that asks for the server's clock.
 const NOW_FROM_REDIS: f64 = -1.0;
 
@@ -104,6 +106,61 @@ pub fn decision_bytes(d: &Decision) -> [u8; DECISION_BYTES] {
     out
 }
 
+/// Bytes of a lease's reply: a decision, then the window it charged.
+pub const LEASE_BYTES: usize = DECISION_BYTES + 8;
+
+/// `lease.lua`'s reply: the decision's four doubles, then the number of the
+/// window it was decided in, modulo 2^32 (what `give_back` takes).
+pub fn lease_bytes(d: &Decision, window: u64) -> [u8; LEASE_BYTES] {
+    let mut out = [0u8; LEASE_BYTES];
+    out[..DECISION_BYTES].copy_from_slice(&decision_bytes(d));
+    out[DECISION_BYTES..].copy_from_slice(&(window as f64).to_le_bytes());
+    out
+}
+
+/// `give_back.lua`'s `ARGV`, read from their decimal strings.
+pub struct GiveBackArgs {
+    pub leased: Leased,
+    pub limit: u64,
+    /// The window the lease was charged in, modulo 2^32.
+    pub window: u64,
+    pub unused: u64,
+    /// The caller's deadline on the server's clock (`None`: a negative argument).
+    pub deadline: Option<u64>,
+}
+
+/// Reads `give_back.lua`'s five arguments: the algorithm (1 for the sliding
+/// window counter, 2 for the fixed window), the limit, the window, the
+/// permits to give back and the deadline (-1: none). An argument that is
+/// not such an integer is an error naming it.
+pub fn parse_give_back(args: [&[u8]; 5]) -> Result<GiveBackArgs, RedisError> {
+    let bad = |what: &str| RedisError::String(format!("ERR slidegate: malformed arguments: {what}"));
+    let int = |bytes: &[u8], what: &str| -> Result<i64, RedisError> {
+        std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()).ok_or_else(|| bad(what))
+    };
+    let count = |bytes: &[u8], what: &str| u64::try_from(int(bytes, what)?).map_err(|_| bad(what));
+    let [kind, limit, window, unused, deadline] = args;
+    let leased = match int(kind, "the algorithm")? {
+        1 => Leased::SlidingWindowCounter,
+        2 => Leased::FixedWindow,
+        _ => return Err(bad("the algorithm (1 or 2)")),
+    };
+    let window = count(window, "the window").and_then(|w| {
+        if w < 1 << 32 {
+            Ok(w)
+        } else {
+            Err(bad("the window (below 2^32)"))
+        }
+    })?;
+    Ok(GiveBackArgs {
+        leased,
+        limit: count(limit, "the limit")?,
+        window,
+        unused: count(unused, "the permits")?,
+        deadline: u64::try_from(int(deadline, "the deadline")?).ok(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +179,40 @@ mod tests {
         let split = split_args(&timed, 2).expect("valid");
         assert_eq!((split.client_now, split.deadline), (Some(5), Some(1_700_000_000_050)));
         assert_eq!(split.limits.len(), 2 * LIMIT_BYTES);
+    }
+
+    #[test]
+    fn give_back_arguments_are_the_scripts_integers() {
+        let args = parse_give_back([b"2", b"40", b"4294967295", b"7", b"-1"]).expect("valid");
+        assert!(matches!(args.leased, Leased::FixedWindow));
+        assert_eq!((args.limit, args.window, args.unused, args.deadline), (40, (1 << 32) - 1, 7, None));
+        let args = parse_give_back([b"1", b"40", b"3", b"7", b"1700000000050"]).expect("valid");
+        assert!(matches!(args.leased, Leased::SlidingWindowCounter));
+        assert_eq!(args.deadline, Some(1_700_000_000_050));
+        for (bad, what) in [
+            ([b"3".as_slice(), b"40", b"3", b"7", b"-1"], "the algorithm"),
+            ([b"1", b"-40", b"3", b"7", b"-1"], "the limit"),
+            ([b"1", b"40", b"4294967296", b"7", b"-1"], "the window"),
+            ([b"1", b"40", b"3", b"seven", b"-1"], "the permits"),
+            ([b"1", b"40", b"3", b"7", b"1.5"], "the deadline"),
+        ] {
+            let err = parse_give_back(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(what), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_lease_replies_the_decision_then_its_window() {
+        let d = Decision {
+            allowed: true,
+            limit: 40,
+            remaining: 24,
+            reset_after: Duration::from_millis(1500),
+            retry_after: None,
+        };
+        let bytes = lease_bytes(&d, 7);
+        assert_eq!(bytes[..DECISION_BYTES], decision_bytes(&d));
+        assert_eq!(bytes[DECISION_BYTES..], 7.0f64.to_le_bytes());
     }
 
     #[test]

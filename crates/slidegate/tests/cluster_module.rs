@@ -4,7 +4,7 @@
 //! store), routing by the keys the commands declare (`MOVED` from a node
 //! that does not own the slot, `CROSSSLOT` for keys of two identities), and
 //! `Engine::Auto` asking every master: the module where all have it, Lua
-//! where one lacks it.
+//! where one lacks it; and quota leases by the module on every master.
 #![cfg(feature = "redis")]
 
 mod agree_cases;
@@ -179,4 +179,32 @@ fn auto_uses_the_module_only_where_every_master_has_it() {
     // The first store learns on the master without the module, by an
     // "unknown command" that ran nothing, and decides the same.
     decide_each(&store, "old");
+}
+
+/// Quota leases on the module cluster: `SLIDEGATE.LEASE` and
+/// `SLIDEGATE.GIVE_BACK` declare their key, so the cluster client sends
+/// each to the master of its slot, on every master, and give back exactly
+/// the unused permits.
+#[tokio::test]
+async fn leases_run_on_every_master_by_the_module() {
+    use slidegate::{Charge, GiveBack, LeaseStore};
+    let cluster = RedisCluster::shared_with_module();
+    let clock = ManualClock::new(support::T0);
+    let store = module_store(&clock, "leases").await;
+    let fixed = limit(Algorithm::FixedWindow, 40, 60_000);
+    let mut covered = HashSet::new();
+    for i in 0..30 {
+        let identity = id(&format!("lease-{i}"));
+        covered.insert(cluster.master_of_slot(slot_of(&store.keys_for(&identity, &fixed)[0])));
+        let lease = LeaseStore::lease(&store, &identity, Charge::new(fixed, 10), None).await.expect("leases");
+        assert_eq!(lease.decision.remaining, 30);
+        let back = GiveBack { limit: fixed, window: lease.window, unused: 4 };
+        assert_eq!(store.give_back(&identity, back, None).await.expect("gives back"), 4);
+        assert_eq!(store.decide_one(&identity, &fixed, 0).await.expect("peeks").remaining, 34);
+    }
+    assert_eq!(covered.len(), 3, "the identities cover every master");
+    for port in cluster.masters() {
+        assert!(calls(cluster, port, "slidegate.lease") > 0, "leases on {port}");
+        assert!(calls(cluster, port, "slidegate.give_back") > 0, "give-backs on {port}");
+    }
 }

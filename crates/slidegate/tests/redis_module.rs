@@ -3,7 +3,8 @@
 //! it (single decisions by `SLIDEGATE.DECIDE`, `decide_all` by
 //! `SLIDEGATE.DECIDE_ALL`), interop with the Lua scripts on one key, engine
 //! detection, replication of its effects to a replica that does not load
-//! it, and the errors of malformed calls.
+//! it, the errors of malformed calls, and quota leases (`SLIDEGATE.LEASE`,
+//! `SLIDEGATE.GIVE_BACK`) leaving exactly the bytes the scripts leave.
 //!
 //! The module's `.so` comes from `slidegate_test_redis::slidegate_module`
 //! (`SLIDEGATE_REDIS_MODULE`, this build's target directory, or built once).
@@ -547,4 +548,266 @@ async fn module_writes_count_toward_the_rdb_save_points() {
         assert!(!store.decide_one(&id("d"), &limit, 1).await.expect("decides").allowed, "{algorithm}");
     }
     assert_eq!(changes(&mut conn).await - before, 4 * 3, "one change per allowed decision");
+}
+
+/// The value and absolute expiry of `key` (`None` for no key).
+async fn value_and_expiry(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> (Option<Vec<u8>>, i64) {
+    let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(conn).await.expect("GET");
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query_async(conn).await.expect("PEXPIRETIME");
+    (value, at)
+}
+
+/// `SLIDEGATE.LEASE` and `SLIDEGATE.GIVE_BACK` against `lease.lua` and
+/// `give_back.lua`: the same calls on two servers, one deciding by the
+/// module and one without it, answer the same leases and give-backs and
+/// leave the same bytes after every call, with the same expiry (each
+/// server sets it on its own clock, so within the wall time between the
+/// two writes that set it, at most the slowest pair of calls). For both
+/// leased algorithms, limits below and above 2^32, a window of 250 ms
+/// (window numbers past 2^32, kept modulo 2^32), leases that are denied,
+/// give-backs to the window, the one before it, a later one, more permits
+/// than were charged, a missing key, and a client clock that steps back
+/// into an earlier window.
+#[tokio::test]
+async fn leases_by_the_module_leave_the_bytes_lua_leaves() {
+    use slidegate::{Charge, Clock, GiveBack, LeaseStore};
+    let with = module_server();
+    let without = RedisServer::spawn();
+    let clock = ManualClock::new(support::T0 + 123);
+    let time = TimeSource::Client(Arc::new(clock.clone()));
+    let module = module_store(&with).await.with_prefix("lease:").with_time_source(time.clone());
+    let lua = RedisStore::connect_with(&without.url(), options().with_engine(Engine::Lua))
+        .await
+        .expect("connect")
+        .with_prefix("lease:")
+        .with_time_source(time);
+    let (mut with_conn, mut without_conn) = (support::admin(&with).await, support::admin(&without).await);
+    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+        for (n, ms) in [(40, 1000), (7, 250), (5_000_000_000, 2000)] {
+            let limit = support::limit(algorithm, n, ms);
+            let who = id(&format!("{}-{n}-{ms}", algorithm.name()));
+            let key = &module.keys_for(&who, &limit)[0];
+            let mut window: u64 = 0;
+            // The expiry was set by some earlier call: the slowest bounds it.
+            let mut slowest = Duration::ZERO;
+            for i in 0..60u64 {
+                match i % 9 {
+                    // A clock stepping back a window and a half.
+                    8 => clock.set(clock.now_ms() - ms * 3 / 2),
+                    _ => clock.advance(Duration::from_millis(i * 71 % (ms / 2))),
+                }
+                let started = std::time::Instant::now();
+                let (got, want) = if i % 3 == 2 {
+                    let windows = [window, window.wrapping_sub(1), window + 1, window + 7];
+                    let unused = [1, n / 3, n, 2][(i / 3 % 4) as usize].max(1);
+                    let back = GiveBack { limit, window: windows[(i / 2 % 4) as usize], unused };
+                    let other = if i % 5 == 0 { id("nobody") } else { who.clone() };
+                    let got = module.give_back(&other, back, None).await.expect("module gives back");
+                    let want = lua.give_back(&other, back, None).await.expect("Lua gives back");
+                    (format!("gave back {got}"), format!("gave back {want}"))
+                } else {
+                    let cost = [n / 4, 3, n, n / 2, 1][(i % 5) as usize].max(1);
+                    let charge = Charge::new(limit, cost);
+                    let got = LeaseStore::lease(&module, &who, charge, None).await.expect("module leases");
+                    let want = LeaseStore::lease(&lua, &who, charge, None).await.expect("Lua leases");
+                    if want.decision.allowed {
+                        window = want.window;
+                    }
+                    (format!("{got:?}"), format!("{want:?}"))
+                };
+                slowest = slowest.max(started.elapsed());
+                assert_eq!(got, want, "{limit}, call {i}");
+                let (on_module, on_lua) = (
+                    value_and_expiry(&mut with_conn, key).await,
+                    value_and_expiry(&mut without_conn, key).await,
+                );
+                assert_eq!(on_module.0, on_lua.0, "{limit}, call {i}: the bytes");
+                let apart = on_module.1.abs_diff(on_lua.1);
+                assert!(
+                    apart <= slowest.as_millis() as u64 + 1,
+                    "{limit}, call {i}: expiries {} and {} are {apart} ms apart",
+                    on_module.1,
+                    on_lua.1
+                );
+            }
+            assert!(value_and_expiry(&mut with_conn, key).await.0.is_some(), "{limit}: leased");
+        }
+    }
+    assert!(calls(&with, "slidegate.lease").await > 0);
+    assert!(calls(&with, "slidegate.give_back").await > 0);
+    assert_eq!(calls(&with, "evalsha").await, 0, "no script ran on the module's server");
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg("*nobody*").query_async(&mut with_conn).await.expect("KEYS");
+    assert!(keys.is_empty(), "a give-back creates no key: {keys:?}");
+}
+
+/// Under `Auto`, leases and give-backs go to the module where decisions do,
+/// and to Lua after the module answers "unknown command" (unloaded under
+/// the live connection): nothing ran, so nothing is charged twice.
+#[tokio::test]
+async fn auto_leases_by_the_module_and_by_lua_once_it_is_gone() {
+    use slidegate::{Charge, GiveBack, LeaseStore};
+    let limit = support::limit(Algorithm::FixedWindow, 40, 60_000);
+    let server = module_server();
+    let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
+    let lease = LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 30);
+    let back = GiveBack { limit, window: lease.window, unused: 4 };
+    assert_eq!(store.give_back(&id("a"), back, None).await.expect("gives back"), 4);
+    assert_eq!(calls(&server, "slidegate.lease").await, 1);
+    assert_eq!(calls(&server, "slidegate.give_back").await, 1);
+    assert_eq!(calls(&server, "evalsha").await, 0);
+    // The Lua engine on the same server: the scripts, on the same key.
+    let lua = store.clone().with_engine(Engine::Lua);
+    let lease = LeaseStore::lease(&lua, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 24);
+    assert_eq!(calls(&server, "evalsha").await, 1);
+
+    let _: () = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("slidegate")
+        .query_async(&mut support::admin(&server).await)
+        .await
+        .expect("MODULE UNLOAD");
+    let lease =
+        LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases by Lua");
+    assert_eq!(lease.decision.remaining, 14, "charged once");
+    let back = GiveBack { limit, window: lease.window, unused: 10 };
+    assert_eq!(store.give_back(&id("a"), back, None).await.expect("gives back by Lua"), 10);
+    assert_eq!(calls(&server, "evalsha").await, 3);
+    let peek = store.decide_one(&id("a"), &limit, 0).await.expect("decides by Lua");
+    assert_eq!(peek.remaining, 24);
+}
+
+/// Bad lease and give-back calls get an error and write nothing: arity,
+/// malformed arguments, an algorithm that is not leased, a key of another
+/// type or value, and a call reached after its deadline (`EXPIRED`, as the
+/// scripts answer it).
+#[tokio::test]
+async fn malformed_or_late_lease_calls_are_errors_that_write_nothing() {
+    let server = module_server();
+    let mut conn = support::admin(&server).await;
+    let args = |now: f64, limit: [f64; 4], deadline: Option<f64>| -> Vec<u8> {
+        std::iter::once(now).chain(limit).chain(deadline).flat_map(f64::to_le_bytes).collect()
+    };
+    let ok = [2.0, 10.0, 1000.0, 4.0];
+    let _: () = redis::cmd("SET").arg("{k}:other").arg("x").query_async(&mut conn).await.expect("SET");
+    let _: () = redis::cmd("LPUSH").arg("{k}:list").arg("x").query_async(&mut conn).await.expect("LPUSH");
+    let give = |key: &str, a: [&str; 5]| -> Vec<Vec<u8>> {
+        std::iter::once(key).chain(a).map(|s| s.as_bytes().to_vec()).collect()
+    };
+    let cases: Vec<(&str, Vec<Vec<u8>>, &str)> = vec![
+        ("slidegate.lease", vec![b"{k}:a".to_vec()], "wrong number of arguments"),
+        (
+            "slidegate.lease",
+            vec![b"{k}:a".to_vec(), args(-1.0, ok, None)[..30].to_vec()],
+            "malformed arguments",
+        ),
+        (
+            "slidegate.lease",
+            vec![b"{k}:a".to_vec(), args(-1.0, [2.0, 10.0, 1000.0, 11.0], None)],
+            "malformed",
+        ),
+        (
+            "slidegate.lease",
+            vec![b"{k}:a".to_vec(), args(-1.0, [3.0, 10.0, 1000.0, 1.0], None)],
+            "are leased",
+        ),
+        (
+            "slidegate.lease",
+            vec![b"{k}:a".to_vec(), args(-1.0, [4.0, 10.0, 1000.0, 1.0], None)],
+            "are leased",
+        ),
+        ("slidegate.lease", vec![b"{k}:a".to_vec(), args(-1.0, ok, Some(1.0))], "EXPIRED"),
+        ("slidegate.lease", vec![b"{k}:list".to_vec(), args(-1.0, ok, None)], "WRONGTYPE"),
+        ("slidegate.lease", vec![b"{k}:other".to_vec(), args(-1.0, ok, None)], "value no script wrote"),
+        ("slidegate.give_back", give("{k}:a", ["2", "10", "0", "1", "-1"])[..5].to_vec(), "wrong number"),
+        ("slidegate.give_back", give("{k}:a", ["5", "10", "0", "1", "-1"]), "the algorithm"),
+        ("slidegate.give_back", give("{k}:a", ["2", "10", "-3", "1", "-1"]), "the window"),
+        ("slidegate.give_back", give("{k}:a", ["2", "10", "0", "x", "-1"]), "the permits"),
+        ("slidegate.give_back", give("{k}:other", ["2", "10", "0", "1", "1"]), "EXPIRED"),
+        ("slidegate.give_back", give("{k}:list", ["2", "10", "0", "1", "-1"]), "WRONGTYPE"),
+        ("slidegate.give_back", give("{k}:other", ["2", "10", "0", "1", "-1"]), "value no script wrote"),
+    ];
+    for (command, arguments, expected) in cases {
+        let mut cmd = redis::cmd(command);
+        for a in &arguments {
+            cmd.arg(a);
+        }
+        let err = cmd.query_async::<redis::Value>(&mut conn).await.expect_err(command);
+        assert!(err.to_string().contains(expected), "{command} {arguments:?}: {err}");
+    }
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("KEYS");
+    keys.sort();
+    assert_eq!(keys, ["{k}:list", "{k}:other"], "nothing written");
+    let other: Vec<u8> = redis::cmd("GET").arg("{k}:other").query_async(&mut conn).await.expect("GET");
+    assert_eq!(other, b"x");
+}
+
+/// A replica without the module holds the master's bytes and expiry after
+/// leases and give-backs by the module.
+#[tokio::test]
+async fn a_replica_gets_the_bytes_of_leases_and_give_backs() {
+    use slidegate::{Charge, GiveBack, LeaseStore};
+    let master = module_server();
+    let replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut master_conn = support::admin(&master).await;
+    let mut replica_conn = support::admin(&replica).await;
+    for _ in 0..200 {
+        let n: i64 = redis::cmd("WAIT").arg(0).arg(10).query_async(&mut master_conn).await.expect("WAIT");
+        if n >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let store = module_store(&master).await;
+    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+        let limit = support::limit(algorithm, 40, 60_000);
+        let key = &store.keys_for(&id("r"), &limit)[0];
+        let lease = LeaseStore::lease(&store, &id("r"), Charge::new(limit, 16), None).await.expect("leases");
+        assert!(lease.decision.allowed);
+        let n: i64 = replicated(&mut master_conn, 30_000).await;
+        assert_eq!(n, 1, "the replica acknowledged");
+        let leased = value_and_expiry(&mut master_conn, key).await;
+        assert!(leased.1 > 0, "{algorithm}: the key expires");
+        assert_eq!(value_and_expiry(&mut replica_conn, key).await, leased, "{algorithm}: leased");
+        let back = GiveBack { limit, window: lease.window, unused: 9 };
+        assert_eq!(store.give_back(&id("r"), back, None).await.expect("gives back"), 9);
+        let n: i64 = replicated(&mut master_conn, 30_000).await;
+        assert_eq!(n, 1, "the replica acknowledged");
+        let given = value_and_expiry(&mut master_conn, key).await;
+        assert_ne!(given.0, leased.0, "{algorithm}: the count changed");
+        assert_eq!(given.1, leased.1, "{algorithm}: the expiry kept");
+        assert_eq!(value_and_expiry(&mut replica_conn, key).await, given, "{algorithm}: given back");
+    }
+}
+
+/// A module older than the lease commands (it has `DECIDE_ALL`, so `Auto`
+/// chooses it): a lease and a give-back answered "unknown command" ran
+/// nothing and go to Lua, decisions keep the module, and later leases go
+/// straight to Lua. Needs such a build, so it runs only when asked:
+/// `git worktree add /tmp/old faa8918~1 && cargo build -p
+/// slidegate-redis-module --manifest-path /tmp/old/Cargo.toml` (any commit
+/// before the lease commands), then
+/// `SLIDEGATE_REDIS_MODULE=<its target>/debug/libslidegate_redis_module.so
+/// cargo test -p slidegate --test redis_module -- --ignored older_module`.
+#[tokio::test]
+#[ignore = "needs SLIDEGATE_REDIS_MODULE set to a module built before SLIDEGATE.LEASE"]
+async fn an_older_module_leases_by_lua_and_keeps_deciding() {
+    use slidegate::{Charge, GiveBack, LeaseStore};
+    let limit = support::limit(Algorithm::FixedWindow, 40, 60_000);
+    let server = module_server();
+    let store = RedisStore::connect_with(&server.url(), options()).await.expect("connect");
+    assert_eq!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").remaining, 39);
+    assert_eq!(calls(&server, "slidegate.decide").await, 1);
+    let lease = LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 29);
+    let back = GiveBack { limit, window: lease.window, unused: 4 };
+    assert_eq!(store.give_back(&id("a"), back, None).await.expect("gives back"), 4);
+    assert_eq!(calls(&server, "evalsha").await, 2);
+    assert_eq!(store.decide_one(&id("a"), &limit, 1).await.expect("decides").remaining, 32);
+    assert_eq!(calls(&server, "slidegate.decide").await, 2, "decisions keep the module");
+    let lease = LeaseStore::lease(&store, &id("a"), Charge::new(limit, 10), None).await.expect("leases");
+    assert_eq!(lease.decision.remaining, 22);
+    assert_eq!(calls(&server, "evalsha").await, 3, "no second try on the module");
 }

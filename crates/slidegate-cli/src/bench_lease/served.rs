@@ -53,9 +53,10 @@ impl Served {
         let config = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n\
              [identity]\nip_hash_secret_env = \"{SECRET_ENV}\"\n\
-             [store]\n{store}\nprefix = {prefix:?}\nengine = \"lua\"\ntimeout_ms = 1000\n{lease}\
+             [store]\n{store}\nprefix = {prefix:?}\nengine = \"{engine}\"\ntimeout_ms = 1000\n{lease}\
              [[rules]]\nname = \"api\"\npath = \"/api/*\"\nlimits = [{{ limit = {}, window = \"1m\" }}]\n",
-            args.limit
+            args.limit,
+            engine = args.engine.name(),
         );
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("slidegate.toml");

@@ -24,7 +24,10 @@ use crate::{Algorithm, Identity};
 /// every algorithm but the sliding log, a sorted set the module leaves to the
 /// scripts: a call with a sliding log among its limits runs the script
 /// whatever the engine. A request under a penalty and
-/// [`crate::DistinctStore::decide_distinct`] always use Lua.
+/// [`crate::DistinctStore::decide_distinct`] always use Lua. Quota leases
+/// ([`crate::LeaseStore`]) go where decisions go: `SLIDEGATE.LEASE` and
+/// `SLIDEGATE.GIVE_BACK`, or `lease.lua` and `give_back.lua`; under `Auto`,
+/// a module older than the lease commands leases by Lua.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Engine {
     /// The module where Redis has it (asked at connect and after each
@@ -85,6 +88,9 @@ pub(super) struct ModuleProbe {
     /// The link generation last asked, plus one; 0 before the first answer.
     asked: AtomicU64,
     present: AtomicBool,
+    /// The module answered a lease command "unknown command" (a build older
+    /// than `SLIDEGATE.LEASE`) since the last probe: leases run as Lua.
+    without_leases: AtomicBool,
 }
 
 impl RedisStore {
@@ -135,6 +141,7 @@ impl RedisStore {
 
     fn remember_probe(&self, generation: u64, present: bool) -> Result<bool, StoreError> {
         self.module.present.store(present, Ordering::Relaxed);
+        self.module.without_leases.store(false, Ordering::Relaxed);
         self.module.asked.store(generation + 1, Ordering::Release);
         Ok(present)
     }
@@ -221,6 +228,29 @@ impl RedisStore {
             self.module.present.store(false, Ordering::Relaxed);
         }
         gone
+    }
+}
+
+impl RedisStore {
+    /// Whether a lease or give-back under `algorithm` goes to the module:
+    /// where decisions do, unless the module was found without the lease
+    /// commands since the last probe.
+    pub(super) async fn lease_by_module(&self, algorithm: Algorithm) -> Result<bool, StoreError> {
+        Ok(self.use_module(std::iter::once(algorithm)).await?
+            && !(self.engine == Engine::Auto && self.module.without_leases.load(Ordering::Relaxed)))
+    }
+
+    /// After a lease command answered "unknown command" under
+    /// [`Engine::Auto`] (a module older than the lease commands, or none):
+    /// nothing ran, so leases run as Lua until the next probe. Decisions
+    /// keep the module; if it is gone altogether, their own "unknown
+    /// command" tells ([`RedisStore::module_gone`]).
+    pub(super) fn module_without_leases(&self, err: &StoreError) -> bool {
+        let without = self.engine == Engine::Auto && is_unknown_command(err);
+        if without {
+            self.module.without_leases.store(true, Ordering::Relaxed);
+        }
+        without
     }
 }
 
