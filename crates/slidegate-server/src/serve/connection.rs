@@ -1,6 +1,8 @@
 //! One client connection, from its first byte: TLS when the listener has
 //! it, then HTTP/1.1 or HTTP/2, whichever the client speaks (ALPN `h2`, or
-//! the HTTP/2 preface in clear: prior knowledge, h2c).
+//! the HTTP/2 preface in clear: prior knowledge, h2c); on the gRPC listener
+//! (`[server] grpc_listen`, no TLS) HTTP/2 in clear only, with the same
+//! bounds: a client speaking anything else gets no answer but a close.
 //!
 //! What bounds a connection before its requests reach the worker's routing:
 //! - the TLS handshake must end within [`TLS_HANDSHAKE_TIMEOUT`];
@@ -25,7 +27,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::Watcher;
 
-use super::body::ServeBody;
 use crate::config::ServerConfig;
 
 /// How long a client has to complete the TLS handshake.
@@ -61,19 +62,29 @@ impl Protocols {
         Self { tls, http }
     }
 
+    /// The gRPC listener's protocol: HTTP/2 in clear (prior knowledge, as
+    /// gRPC clients and Envoy speak it), bounded by `[server] http2`.
+    pub(super) fn grpc(server: &ServerConfig) -> Self {
+        let mut protocols = Self::new(server, None);
+        protocols.http = protocols.http.http2_only();
+        protocols
+    }
+
     /// Serves `stream` with `service` until it closes, or `watcher`'s
     /// shutdown has it finish its requests and close.
-    pub(super) async fn serve<S>(
+    pub(super) async fn serve<S, B>(
         &self,
         stream: tokio::net::TcpStream,
         service: S,
         watcher: Watcher,
         peer: std::net::SocketAddr,
     ) where
-        S: Service<Request<Incoming>, Response = Response<ServeBody>, Error = std::convert::Infallible>
+        S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
             + Send
             + 'static,
         S::Future: Send + 'static,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
         let seen = Arc::new(AtomicBool::new(false));
         let service = FirstRequest { inner: service, seen: Arc::clone(&seen) };
@@ -100,13 +111,15 @@ impl Protocols {
         }
     }
 
-    async fn http_on<I, S>(&self, io: I, service: S, watcher: Watcher) -> Result<(), BoxError>
+    async fn http_on<I, S, B>(&self, io: I, service: S, watcher: Watcher) -> Result<(), BoxError>
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-        S: Service<Request<Incoming>, Response = Response<ServeBody>, Error = std::convert::Infallible>
+        S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
             + Send
             + 'static,
         S::Future: Send + 'static,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
         // With upgrades: an HTTP/1.1 `Upgrade` is the proxy's to take.
         watcher.watch(self.http.serve_connection_with_upgrades(io, service)).await
