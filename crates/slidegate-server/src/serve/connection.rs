@@ -42,6 +42,8 @@ const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub(super) struct Protocols {
     tls: Option<tokio_rustls::TlsAcceptor>,
     http: auto::Builder<TokioExecutor>,
+    /// HTTP/1.1 and its upgrades too; without, HTTP/2 only.
+    http1: bool,
 }
 
 impl Protocols {
@@ -59,15 +61,16 @@ impl Protocols {
             .max_local_error_reset_streams(limits.max_local_error_resets)
             .keep_alive_interval(H2_KEEP_ALIVE)
             .keep_alive_timeout(H2_KEEP_ALIVE);
-        Self { tls, http }
+        Self { tls, http, http1: true }
     }
 
     /// The gRPC listener's protocol: HTTP/2 in clear (prior knowledge, as
     /// gRPC clients and Envoy speak it), bounded by `[server] http2`.
     pub(super) fn grpc(server: &ServerConfig) -> Self {
-        let mut protocols = Self::new(server, None);
-        protocols.http = protocols.http.http2_only();
-        protocols
+        let Self { http, .. } = Self::new(server, None);
+        // hyper's HTTP/2 server at once, with the bounds above: no sniffing
+        // of the first bytes, so HTTP/1.1 is a broken preface.
+        Self { tls: None, http: http.http2_only(), http1: false }
     }
 
     /// Serves `stream` with `service` until it closes, or `watcher`'s
@@ -121,6 +124,10 @@ impl Protocols {
         B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        if !self.http1 {
+            // (`serve_connection_with_upgrades` would ignore `http2_only`.)
+            return watcher.watch(self.http.serve_connection(io, service)).await;
+        }
         // With upgrades: an HTTP/1.1 `Upgrade` is the proxy's to take.
         watcher.watch(self.http.serve_connection_with_upgrades(io, service)).await
     }

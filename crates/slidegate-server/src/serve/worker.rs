@@ -94,8 +94,11 @@ pub(super) async fn worker(
             }
             Listener::Public | Listener::Admin => {
                 let service = http_service(Arc::clone(&state), listener == Listener::Admin, peer);
-                let protocols =
-                    Arc::clone(if listener == Listener::Admin { &protocols.admin } else { &protocols.public });
+                let protocols = Arc::clone(if listener == Listener::Admin {
+                    &protocols.admin
+                } else {
+                    &protocols.public
+                });
                 open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
             }
         }
@@ -176,11 +179,14 @@ fn grpc_service(
 
 /// 415 to a request on the gRPC listener that is not a gRPC call.
 fn not_grpc() -> Response<tonic::body::Body> {
-    let mut response = Response::new(tonic::body::Body::new(http_body_util::Full::new(
-        bytes::Bytes::from_static(b"this listener serves gRPC only: POST with content-type application/grpc\n"),
-    )));
+    let mut response =
+        Response::new(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"this listener serves gRPC only: POST with content-type application/grpc\n",
+        ))));
     *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     response
 }
 
