@@ -317,8 +317,8 @@ impl Server {
 /// The protocols of each listener: TLS on the public one when `[server]
 /// tls` is set (never on the admin one, which should not face the
 /// internet, nor on the gRPC one, which Envoy reaches in clear), HTTP/1.1
-/// and HTTP/2 on both, HTTP/2 only on the gRPC one; and the certificate a
-/// reload swaps.
+/// and HTTP/2 on the public and admin ones, HTTP/2 only on the gRPC one;
+/// and the certificate a reload swaps.
 fn listener_protocols(
     server: &crate::config::ServerConfig,
 ) -> Result<(ListenerProtocols, Option<Arc<ListenerCerts>>), ServeError> {
