@@ -1,8 +1,8 @@
 //! The gRPC listener (`[server] grpc_listen`) as a protocol endpoint, with
 //! the `h2` crate's client and raw sockets: an unknown method answered
 //! `UNIMPLEMENTED` trailers-only, requests that are not gRPC, HTTP/1.1 on
-//! the port, a stream-reset flood bounded by `[server] http2`, and a
-//! graceful stop with a call in flight.
+//! the port, a stream-reset flood bounded by `[server] http2`, a graceful
+//! stop with a call in flight, and a reload reaching every worker's calls.
 
 #![allow(clippy::unwrap_used)]
 
@@ -22,6 +22,8 @@ const YAML: &str = "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit:\n  
 
 struct Running {
     grpc: SocketAddr,
+    reloader: slidegate_server::Reloader,
+    dir: std::path::PathBuf,
     stop: Option<oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
@@ -33,17 +35,19 @@ async fn start(server: &str) -> Running {
     std::fs::write(dir.path().join("rl.yaml"), YAML).unwrap();
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n\
-         threads = 1\n{server}\n[envoy]\nconfig = \"rl.yaml\"\n"
+         {server}\n[envoy]\nconfig = \"rl.yaml\"\n"
     );
     let path = dir.path().join("slidegate.toml");
+    std::fs::write(&path, &toml).unwrap();
     let config = Config::parse_with_env(&toml, &path, &|_| None).unwrap();
-    let server = Server::bind(&config).await.unwrap();
+    let server = Server::bind(&config).await.unwrap().reload_from(&path);
     let grpc = server.grpc_addr().unwrap();
+    let reloader = server.reloader();
     let (stop, stopped) = oneshot::channel::<()>();
     let served = tokio::spawn(server.run(async {
         let _ = stopped.await;
     }));
-    Running { grpc, stop: Some(stop), served, _dir: dir }
+    Running { grpc, reloader, dir: dir.path().to_owned(), stop: Some(stop), served, _dir: dir }
 }
 
 impl Drop for Running {
@@ -137,7 +141,7 @@ async fn call(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_method_is_unimplemented_trailers_only_and_the_connection_serves_on() {
-    let server = start("").await;
+    let server = start("threads = 1").await;
     let (mut client, _connection) = h2_client(server.grpc).await;
     for path in
         ["/envoy.service.ratelimit.v3.RateLimitService/Nope", "/grpc.reflection.v1.ServerReflection/X", "/"]
@@ -158,7 +162,7 @@ async fn an_unknown_method_is_unimplemented_trailers_only_and_the_connection_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_is_not_grpc_gets_415_and_reaches_no_method() {
-    let server = start("").await;
+    let server = start("threads = 1").await;
     let (mut client, _connection) = h2_client(server.grpc).await;
     // A GET, and a POST of JSON to the method's own path.
     let get = http::Request::get(format!("http://{}/v1/check", server.grpc)).body(()).unwrap();
@@ -181,7 +185,7 @@ async fn a_request_that_is_not_grpc_gets_415_and_reaches_no_method() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_on_the_grpc_port_gets_a_close_and_no_answer() {
-    let server = start("").await;
+    let server = start("threads = 1").await;
     let addr = server.grpc;
     let got = tokio::task::spawn_blocking(move || {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -242,13 +246,15 @@ async fn reset_flood(addr: SocketAddr, streams: usize) -> (usize, Result<(), h2:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_reset_flood_gets_goaway_within_the_http2_bounds() {
     // The control: with the bounds raised the same loop is not cut.
-    let raised =
-        start("http2 = { max_pending_reset_streams = 1000000, max_local_error_resets = 1000000 }").await;
+    let raised = start(
+        "threads = 1\nhttp2 = { max_pending_reset_streams = 1000000, max_local_error_resets = 1000000 }",
+    )
+    .await;
     let (sent, ended) = reset_flood(raised.grpc, 2_000).await;
     assert_eq!(sent, 2_000);
     assert!(ended.is_ok(), "{ended:?}");
 
-    let server = start("").await;
+    let server = start("threads = 1").await;
     let (sent, ended) = reset_flood(server.grpc, 10_000).await;
     let err = ended.expect_err("the server kept a resetting connection open");
     // GOAWAY(ENHANCE_YOUR_CALM), or the close seen first by a client still writing.
@@ -266,7 +272,7 @@ async fn a_stream_reset_flood_gets_goaway_within_the_http2_bounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_finishes_the_call_in_flight_then_refuses_connections() {
-    let mut server = start("shutdown_grace = \"10s\"").await;
+    let mut server = start("threads = 1\nshutdown_grace = \"10s\"").await;
     let addr = server.grpc;
     let (client, connection) = h2_client(addr).await;
     let mut ready = client.ready().await.unwrap();
@@ -292,4 +298,28 @@ async fn a_graceful_stop_finishes_the_call_in_flight_then_refuses_connections() 
     assert!(stopped.elapsed() < Duration::from_secs(5), "{:?}", stopped.elapsed());
     let refused = tokio::net::TcpStream::connect(addr).await;
     assert!(refused.is_err(), "the listener accepts after the stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_the_calls_of_every_worker() {
+    let server = start("threads = 2").await;
+    // Two connections: the acceptor deals them to the two workers in turn.
+    let (mut first, _c1) = h2_client(server.grpc).await;
+    let (mut second, _c2) = h2_client(server.grpc).await;
+    for (client, ip) in [(&mut first, "6.6.6.1"), (&mut second, "6.6.6.2")] {
+        let (_, _, message) = call(client, server.grpc, &ask(ip)).await;
+        assert_eq!(message.unwrap().statuses[0].limit_remaining, 9);
+    }
+    std::fs::write(server.dir.join("rl.yaml"), YAML.replace("requests_per_unit: 10", "requests_per_unit: 4"))
+        .unwrap();
+    server.reloader.reload().unwrap();
+    for (client, ip) in [(&mut first, "6.6.6.1"), (&mut second, "6.6.6.2")] {
+        let (_, _, message) = call(client, server.grpc, &ask(ip)).await;
+        let status = &message.unwrap().statuses[0];
+        assert_eq!(
+            (status.current_limit.as_ref().unwrap().requests_per_unit, status.limit_remaining),
+            (4, 3),
+            "{ip}"
+        );
+    }
 }
