@@ -20,9 +20,13 @@
 //! then turns callgrind's collection on for each run only (with
 //! `callgrind_control -i`) and dumps each run's counts (`-d`: one file a
 //! run, `OUT.1`, `OUT.2`, ...), so the counts are the runs' alone.
-//! `ENVOY_BENCH_RUNTIME=current_thread` runs the child's `serve` (and so
-//! its gRPC listener) on one current-thread runtime instead of two
-//! work-stealing threads.
+//!
+//! The two load generators are equally lean, so that neither bounds its
+//! API's rate more than the other on a machine the server shares: gRPC is
+//! the `h2` crate's client over 2 connections, sending request messages
+//! encoded once (each call writes its fresh identities into a copy), and
+//! checking each answer's `grpc-status` and decoded `overall_code`;
+//! `/v1/check` is hyper's HTTP/1.1 client, one connection per caller.
 //!
 //! Both APIs decide through the same limiter and rule
 //! (`envoy/bench/user`); each call charges fresh identities drawn from a
@@ -35,9 +39,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
-use slidegate_server::envoy::proto::{Entry, RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+use prost::Message;
+use slidegate_server::envoy::proto::{
+    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT,
+};
 use slidegate_server::{Config, Server};
 
 const YAML: &str = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000000\n";
@@ -133,8 +140,9 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// `serve STORE`: runs `serve` on a runtime of 2 threads, which also serve
-/// gRPC (2 worker threads serve HTTP), and prints its addresses.
+/// `serve STORE`: runs `serve` as the binary does (the acceptor on a
+/// work-stealing runtime, `threads = 2` workers serving HTTP and gRPC),
+/// and prints its addresses.
 fn serve(store: &str, dir: &std::path::Path) {
     std::fs::write(dir.join("rl.yaml"), YAML).unwrap();
     let toml = format!(
@@ -144,13 +152,7 @@ fn serve(store: &str, dir: &std::path::Path) {
     );
     let env = |name: &str| (name == "BENCH_SECRET").then(|| "bench".to_owned());
     let config = Config::parse_with_env(&toml, dir.join("s.toml"), &env).unwrap();
-    // `ENVOY_BENCH_RUNTIME=current_thread`: gRPC on one thread, without
-    // the work-stealing scheduler (what that scheduler costs a call).
-    let runtime = if std::env::var("ENVOY_BENCH_RUNTIME").is_ok_and(|r| r == "current_thread") {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-    } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
         let server = Server::bind(&config).await.unwrap();
         println!("{} {}", server.grpc_addr().unwrap(), server.admin_addr().unwrap());
@@ -158,46 +160,117 @@ fn serve(store: &str, dir: &std::path::Path) {
     });
 }
 
-fn descriptors(n: u64, next: &AtomicU64) -> Vec<RateLimitDescriptor> {
-    (0..n)
-        .map(|_| RateLimitDescriptor {
-            entries: vec![Entry { key: "user".into(), value: format!("u{}", next.fetch_add(1, Relaxed)) }],
-            ..Default::default()
-        })
-        .collect()
+/// The digits of an identity (`u` and a counter, zero-padded): fixed, so
+/// that each call writes its identities into a copy of one encoded message.
+const DIGITS: usize = 16;
+
+/// A `ShouldRateLimit` request of `n` descriptors, framed as gRPC sends it
+/// (uncompressed flag, length, message), encoded once; and where each
+/// descriptor's value digits sit in it.
+struct Template {
+    framed: Vec<u8>,
+    digits: Vec<usize>,
+}
+
+impl Template {
+    fn new(n: usize) -> Self {
+        let placeholder = format!("u{}", "#".repeat(DIGITS));
+        let request = RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: (0..n)
+                .map(|_| RateLimitDescriptor {
+                    entries: vec![Entry { key: "user".into(), value: placeholder.clone() }],
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        };
+        let message = request.encode_to_vec();
+        let mut framed = vec![0];
+        framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        framed.extend_from_slice(&message);
+        let hashes = "#".repeat(DIGITS);
+        let digits: Vec<usize> = framed
+            .windows(DIGITS)
+            .enumerate()
+            .filter(|(_, w)| *w == hashes.as_bytes())
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(digits.len(), n);
+        Self { framed, digits }
+    }
+
+    /// A copy with fresh identities from `next`.
+    fn fill(&self, next: &AtomicU64) -> Bytes {
+        let mut framed = BytesMut::from(&self.framed[..]);
+        for &at in &self.digits {
+            let mut id = next.fetch_add(1, Relaxed);
+            for digit in framed[at..at + DIGITS].iter_mut().rev() {
+                *digit = b'0' + (id % 10) as u8;
+                id /= 10;
+            }
+        }
+        framed.freeze()
+    }
+}
+
+/// One `ShouldRateLimit` call on `client`: the request sent whole, the
+/// answer read and checked (`grpc-status` 0, every descriptor `OK`).
+async fn should_rate_limit(client: &mut h2::client::SendRequest<Bytes>, uri: &http::Uri, body: Bytes) {
+    let request = http::Request::post(uri.clone())
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut ready = client.clone().ready().await.unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
+    send.send_data(body, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.unwrap().expect("gRPC trailers");
+    assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]), "{trailers:?}");
+    let mut data = data.freeze();
+    assert_eq!(data.get_u8(), 0, "an uncompressed message");
+    let len = data.get_u32() as usize;
+    assert_eq!(data.len(), len);
+    assert_eq!(RateLimitResponse::decode(data).unwrap().overall_code, 1);
 }
 
 async fn grpc(addr: SocketAddr, seconds: u64, per_call: Option<u64>) -> Arc<Tally> {
     let tally = Tally::new();
     let next = Arc::new(AtomicU64::new(0));
+    let templates: Arc<Vec<Template>> = Arc::new((1..=3).map(Template::new).collect());
+    let uri: http::Uri = format!("http://{addr}{SHOULD_RATE_LIMIT}").parse().unwrap();
     let mut clients = Vec::new();
     for _ in 0..CHANNELS {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        clients.push(RateLimitServiceClient::new(channel));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        clients.push(client);
     }
     let end = Instant::now() + Duration::from_secs(seconds);
     let tasks: Vec<_> = (0..CALLERS)
         .map(|i| {
-            let (mut client, tally, next) =
-                (clients[i % CHANNELS].clone(), Arc::clone(&tally), Arc::clone(&next));
+            let mut client = clients[i % CHANNELS].clone();
+            let (tally, next, templates, uri) =
+                (Arc::clone(&tally), Arc::clone(&next), Arc::clone(&templates), uri.clone());
             tokio::spawn(async move {
                 let mut call = i as u64;
                 while Instant::now() < end {
                     // 1, 2, 3 descriptors in turn, unless fixed.
                     let n = per_call.unwrap_or(call % 3 + 1);
                     call += 1;
-                    let request = RateLimitRequest {
-                        domain: "bench".into(),
-                        descriptors: descriptors(n, &next),
-                        hits_addend: 0,
-                    };
+                    let body = templates[n as usize - 1].fill(&next);
                     let started = Instant::now();
-                    let answer = client.should_rate_limit(request).await.unwrap();
-                    assert_eq!(answer.overall_code, 1);
+                    should_rate_limit(&mut client, &uri, body).await;
                     tally.record(n, started);
                 }
             })

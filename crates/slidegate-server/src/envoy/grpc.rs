@@ -1,79 +1,79 @@
-//! The gRPC listener of `[server] grpc_listen`: the rate limit service and
-//! the standard health service (`grpc.health.v1.Health`), over HTTP/2.
+//! The gRPC methods of `[server] grpc_listen`, routed by path: Envoy's
+//! rate limit service and the standard health service
+//! (`grpc.health.v1.Health`). `serve`'s worker threads serve them over
+//! HTTP/2 with hyper, on their own current-thread runtimes, as they serve
+//! the HTTP listeners (`serve::worker`); this module only answers calls.
 
-use std::net::SocketAddr;
+use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tonic::transport::server::TcpIncoming;
+use tonic::codegen::{Body, Service, StdError};
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
 
-use super::proto::RateLimitServiceServer;
+use super::proto::{RateLimitServiceServer, SHOULD_RATE_LIMIT};
 use super::service::{Current, EnvoyService};
 
 /// The largest request message decoded (a request carries at most
 /// `MAX_DESCRIPTORS` descriptors; Envoy's are a few hundred bytes).
 const MAX_MESSAGE: usize = 1 << 20;
 
-/// The bound gRPC listener, not yet serving.
-#[derive(Debug)]
-pub struct GrpcListener {
-    listener: TcpListener,
-}
+/// The prefix of the health service's methods (`Check`, `Watch`).
+const HEALTH: &str = "/grpc.health.v1.Health/";
 
-/// The running gRPC server.
-#[derive(Debug)]
-pub struct GrpcHandle {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
+/// What `grpc.health.v1.Health` answers: SERVING for the server (`""`) and
+/// for the rate limit service, for as long as the process serves. Made once,
+/// shared by every worker.
+#[derive(Clone)]
+pub struct GrpcHealth(HealthServer<HealthService>);
 
-impl GrpcListener {
-    /// Binds `addr`.
-    ///
-    /// # Errors
-    /// What the system says when the address cannot be bound.
-    pub async fn bind(addr: SocketAddr) -> std::io::Result<Self> {
-        Ok(Self { listener: TcpListener::bind(addr).await? })
-    }
-
-    /// The address bound (useful with port 0).
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.listener.local_addr().ok()
-    }
-
-    /// Serves `ShouldRateLimit` and health checks, deciding by `current`,
-    /// on the calling runtime until [`GrpcHandle::stop`].
-    pub fn spawn(self, current: Arc<Current>) -> GrpcHandle {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let (reporter, health) = tonic_health::server::health_reporter();
-            reporter.set_serving::<RateLimitServiceServer<EnvoyService>>().await;
-            let service = RateLimitServiceServer::new(EnvoyService::new(current), MAX_MESSAGE);
-            let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
-            let served = tonic::transport::Server::builder()
-                .add_service(health)
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            if let Err(err) = served {
-                tracing::error!(%err, "the gRPC listener stopped");
-            }
-        });
-        GrpcHandle { stop, task }
+impl GrpcHealth {
+    /// Both services SERVING.
+    pub async fn serving() -> Self {
+        let reporter = HealthReporter::new();
+        reporter.set_serving::<RateLimitServiceServer<EnvoyService>>().await;
+        Self(HealthServer::new(HealthService::from_health_reporter(reporter)))
     }
 }
 
-impl GrpcHandle {
-    /// Stops accepting, and gives open calls up to `grace` to finish.
-    pub async fn stop(self, grace: Duration) {
-        let _ = self.stop.send(());
-        let mut task = self.task;
-        if tokio::time::timeout(grace, &mut task).await.is_err() {
-            task.abort();
+/// The methods of the gRPC listener, for one worker thread.
+#[derive(Clone)]
+pub struct GrpcRoutes {
+    rate_limit: RateLimitServiceServer<EnvoyService>,
+    health: HealthServer<HealthService>,
+}
+
+impl GrpcRoutes {
+    /// `ShouldRateLimit` decided by whatever `current` holds at each call
+    /// (a reload replaces it), and `health`.
+    pub fn new(current: Arc<Current>, health: &GrpcHealth) -> Self {
+        Self {
+            rate_limit: RateLimitServiceServer::new(EnvoyService::new(current), MAX_MESSAGE),
+            health: health.0.clone(),
+        }
+    }
+
+    /// Answers one gRPC call: `ShouldRateLimit`, the health service, or a
+    /// trailers-only `UNIMPLEMENTED` for any other path.
+    pub async fn call<B>(&self, request: http::Request<B>) -> http::Response<tonic::body::Body>
+    where
+        B: Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        let path = request.uri().path();
+        // Both services are always ready (their `poll_ready` is `Ready`):
+        // `call` at once.
+        let answer: Result<_, Infallible> = if path == SHOULD_RATE_LIMIT {
+            self.rate_limit.clone().call(request).await
+        } else if path.starts_with(HEALTH) {
+            self.health.clone().call(request).await
+        } else {
+            let method = path.get(..200).unwrap_or(path);
+            Ok(tonic::Status::unimplemented(format!("no method {method} on this server")).into_http())
+        };
+        match answer {
+            Ok(response) => response,
+            Err(never) => match never {},
         }
     }
 }

@@ -7,7 +7,8 @@
 //! - `yaml`: the reference service's YAML, read into the tree and into one
 //!   limiter rule per configured limit (called by `config`'s validation).
 //! - `service`: `ShouldRateLimit`, deciding through the limiter.
-//! - `grpc`: the listener, with the standard health service.
+//! - `grpc`: the gRPC methods of the listener routed by path, with the
+//!   standard health service (served by `serve`'s workers).
 //!
 //! `descriptors`, `proto` and `yaml` sit below `config`; `service` and
 //! `grpc` above `store.rs`, below `serve`.
@@ -19,6 +20,6 @@ mod service;
 mod yaml;
 
 pub use descriptors::EnvoyConfig;
-pub use grpc::{GrpcHandle, GrpcListener};
+pub use grpc::{GrpcHealth, GrpcRoutes};
 pub use service::{Current, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use yaml::{load, YamlError, RULE_PREFIX};

@@ -1,6 +1,8 @@
 //! One client connection, from its first byte: TLS when the listener has
 //! it, then HTTP/1.1 or HTTP/2, whichever the client speaks (ALPN `h2`, or
-//! the HTTP/2 preface in clear: prior knowledge, h2c).
+//! the HTTP/2 preface in clear: prior knowledge, h2c); on the gRPC listener
+//! (`[server] grpc_listen`, no TLS) HTTP/2 in clear only, with the same
+//! bounds: a client speaking anything else gets no answer but a close.
 //!
 //! What bounds a connection before its requests reach the worker's routing:
 //! - the TLS handshake must end within [`TLS_HANDSHAKE_TIMEOUT`];
@@ -25,7 +27,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::Watcher;
 
-use super::body::ServeBody;
 use crate::config::ServerConfig;
 
 /// How long a client has to complete the TLS handshake.
@@ -41,6 +42,8 @@ const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub(super) struct Protocols {
     tls: Option<tokio_rustls::TlsAcceptor>,
     http: auto::Builder<TokioExecutor>,
+    /// HTTP/1.1 and its upgrades too; without, HTTP/2 only.
+    http1: bool,
 }
 
 impl Protocols {
@@ -58,22 +61,33 @@ impl Protocols {
             .max_local_error_reset_streams(limits.max_local_error_resets)
             .keep_alive_interval(H2_KEEP_ALIVE)
             .keep_alive_timeout(H2_KEEP_ALIVE);
-        Self { tls, http }
+        Self { tls, http, http1: true }
+    }
+
+    /// The gRPC listener's protocol: HTTP/2 in clear (prior knowledge, as
+    /// gRPC clients and Envoy speak it), bounded by `[server] http2`.
+    pub(super) fn grpc(server: &ServerConfig) -> Self {
+        let Self { http, .. } = Self::new(server, None);
+        // hyper's HTTP/2 server at once, with the bounds above: no sniffing
+        // of the first bytes, so HTTP/1.1 is a broken preface.
+        Self { tls: None, http: http.http2_only(), http1: false }
     }
 
     /// Serves `stream` with `service` until it closes, or `watcher`'s
     /// shutdown has it finish its requests and close.
-    pub(super) async fn serve<S>(
+    pub(super) async fn serve<S, B>(
         &self,
         stream: tokio::net::TcpStream,
         service: S,
         watcher: Watcher,
         peer: std::net::SocketAddr,
     ) where
-        S: Service<Request<Incoming>, Response = Response<ServeBody>, Error = std::convert::Infallible>
+        S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
             + Send
             + 'static,
         S::Future: Send + 'static,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
         let seen = Arc::new(AtomicBool::new(false));
         let service = FirstRequest { inner: service, seen: Arc::clone(&seen) };
@@ -100,14 +114,20 @@ impl Protocols {
         }
     }
 
-    async fn http_on<I, S>(&self, io: I, service: S, watcher: Watcher) -> Result<(), BoxError>
+    async fn http_on<I, S, B>(&self, io: I, service: S, watcher: Watcher) -> Result<(), BoxError>
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-        S: Service<Request<Incoming>, Response = Response<ServeBody>, Error = std::convert::Infallible>
+        S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
             + Send
             + 'static,
         S::Future: Send + 'static,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
+        if !self.http1 {
+            // (`serve_connection_with_upgrades` would ignore `http2_only`.)
+            return watcher.watch(self.http.serve_connection(io, service)).await;
+        }
         // With upgrades: an HTTP/1.1 `Upgrade` is the proxy's to take.
         watcher.watch(self.http.serve_connection_with_upgrades(io, service)).await
     }

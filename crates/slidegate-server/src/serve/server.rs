@@ -21,6 +21,7 @@ use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener, ListenerProtocols, WorkerEnd};
 use super::{proxy, sweeper, Reloader, State};
 use crate::config::Config;
+use crate::envoy::{GrpcHealth, GrpcRoutes};
 use crate::store::{AnyStore, LazyRedis};
 
 /// The deadline of one Redis connection attempt: at start, before serving
@@ -36,10 +37,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// threads on the way. One acceptor deals connections to the workers in turn
 /// (`SO_REUSEPORT` would spread them by address hash, unevenly: with 32
 /// connections one worker got three times the other's load), those of the
-/// admin listener too: the decision service (`/v1/check`) runs on the same
-/// `[server] threads` as the proxy, not on a runtime of its own whose
-/// threads would compete with the workers for the cores. Only the store
-/// (and Redis' connection) is shared.
+/// admin listener and of the gRPC listener too: the decision service
+/// (`/v1/check`) and Envoy's rate limit service run on the same `[server]
+/// threads` as the proxy, not on a runtime of their own whose threads would
+/// compete with the workers for the cores (on tokio's work-stealing runtime
+/// a gRPC call cost 1.3× the server CPU it costs here: BENCHMARKS.md). Only
+/// the store (and Redis' connection) is shared.
 pub struct Server {
     listener: TcpListener,
     admin_listener: Option<TcpListener>,
@@ -61,8 +64,9 @@ pub struct Server {
     /// The public listener's certificate, when it has TLS: a reload swaps it.
     certs: Option<Arc<ListenerCerts>>,
     access_log: Option<(AccessLog, access_log::Writer)>,
-    /// `[server] grpc_listen`: Envoy's rate limit service.
-    grpc: Option<crate::envoy::GrpcListener>,
+    /// `[server] grpc_listen`: Envoy's rate limit service, and what its
+    /// health service answers.
+    grpc: Option<(TcpListener, GrpcHealth)>,
 }
 
 impl Server {
@@ -104,11 +108,10 @@ impl Server {
         };
         let grpc = match config.server.grpc_listen {
             None => None,
-            Some(addr) => Some(
-                crate::envoy::GrpcListener::bind(addr)
-                    .await
-                    .map_err(|source| ServeError::Bind { addr, source })?,
-            ),
+            Some(addr) => Some((
+                TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?,
+                GrpcHealth::serving().await,
+            )),
         };
         // The limiter holds the digests of the keys file's keys; the copy kept
         // to reload from holds no key as it is.
@@ -165,7 +168,7 @@ impl Server {
     /// The address of Envoy's rate limit service when `[server]
     /// grpc_listen` is set.
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
-        self.grpc.as_ref().and_then(crate::envoy::GrpcListener::local_addr)
+        self.grpc.as_ref().and_then(|(listener, _)| listener.local_addr().ok())
     }
 
     /// What has the access log reopen its file (after a rotation moved it),
@@ -199,6 +202,8 @@ impl Server {
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let protocols = self.protocols.clone();
+            // Each worker its own handle on the service's limiter (a reload replaces them all).
+            let grpc = self.grpc.as_ref().map(|(_, health)| GrpcRoutes::new(self.reloader.envoy(), health));
             let thread = std::thread::Builder::new().name(format!("slidegate-{i}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
@@ -210,7 +215,7 @@ impl Server {
                 runtime.block_on(async move {
                     // The pool's connections belong to this thread's runtime.
                     let state = State { proxy: proxy::Proxy::new(&upstream, limits), ..state };
-                    worker(connections, Arc::new(state), grace, protocols).await
+                    worker(connections, Arc::new(state), grace, protocols, grpc).await
                 })
             });
             match thread {
@@ -225,7 +230,7 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes; then drains: `/readyz` answers
-    /// 503 at once, both listeners keep accepting for `drain_delay`, then
+    /// 503 at once, every listener keeps accepting for `drain_delay`, then
     /// stop, and open connections, and the charges of requests whose clients
     /// left, are given up to `shutdown_grace` to finish.
     ///
@@ -236,7 +241,7 @@ impl Server {
         let lifts = super::lifts::spawn(self.reloader.worker());
         let overrides = super::overrides::spawn_poller(self.limiter.clone());
         let (mut workers, threads) = self.spawn_workers();
-        let grpc = self.grpc.map(|listener| listener.spawn(self.reloader.envoy()));
+        let grpc_listener = self.grpc.map(|(listener, _)| listener);
         let readiness = Arc::clone(&self.readiness);
         let mut shutdown = std::pin::pin!(readiness::drain(shutdown, &readiness, self.drain_delay));
         let mut next = 0;
@@ -244,6 +249,7 @@ impl Server {
             let (accepted, listener) = tokio::select! {
                 accepted = self.listener.accept() => (accepted, Listener::Public),
                 accepted = accept(self.admin_listener.as_ref()) => (accepted, Listener::Admin),
+                accepted = accept(grpc_listener.as_ref()) => (accepted, Listener::Grpc),
                 () = &mut shutdown => break,
             };
             let (stream, peer) = match accepted {
@@ -270,6 +276,9 @@ impl Server {
         for (stream, peer) in self.admin_listener.map(queued).unwrap_or_default() {
             deal(&mut workers, &mut next, (stream, peer, Listener::Admin));
         }
+        for (stream, peer) in grpc_listener.map(queued).unwrap_or_default() {
+            deal(&mut workers, &mut next, (stream, peer, Listener::Grpc));
+        }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
@@ -277,9 +286,6 @@ impl Server {
             lifts.abort();
         }
         overrides.abort();
-        if let Some(grpc) = grpc {
-            grpc.stop(self.grace.get()).await;
-        }
         // Closing the channels tells every worker to finish its connections.
         drop(workers);
         let access_log = self.access_log.map(|(_, writer)| writer);
@@ -310,7 +316,9 @@ impl Server {
 
 /// The protocols of each listener: TLS on the public one when `[server]
 /// tls` is set (never on the admin one, which should not face the
-/// internet), HTTP/1.1 and HTTP/2 on both; and the certificate a reload swaps.
+/// internet, nor on the gRPC one, which Envoy reaches in clear), HTTP/1.1
+/// and HTTP/2 on the public and admin ones, HTTP/2 only on the gRPC one;
+/// and the certificate a reload swaps.
 fn listener_protocols(
     server: &crate::config::ServerConfig,
 ) -> Result<(ListenerProtocols, Option<Arc<ListenerCerts>>), ServeError> {
@@ -321,7 +329,8 @@ fn listener_protocols(
     };
     let public = Arc::new(Protocols::new(server, acceptor));
     let admin = Arc::new(Protocols::new(server, None));
-    Ok((ListenerProtocols { public, admin }, certs))
+    let grpc = Arc::new(Protocols::grpc(server));
+    Ok((ListenerProtocols { public, admin, grpc }, certs))
 }
 
 /// Hands a connection to the next worker, forgetting a worker that stopped.

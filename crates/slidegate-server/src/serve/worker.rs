@@ -1,5 +1,6 @@
 //! One worker thread: serves the connections the acceptor deals it, and
-//! routes each request to the admin endpoints or the proxy.
+//! routes each request to the admin endpoints, the proxy, or (on `[server]
+//! grpc_listen`) Envoy's rate limit service.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use slidegate_http::config::Delay;
 use super::body::ServeBody;
 use super::connection::Protocols;
 use super::{admin, proxy, State};
+use crate::envoy::GrpcRoutes;
 
 /// A connection handed to a worker thread, and the listener it came in on.
 pub(super) type Accepted = (std::net::TcpStream, SocketAddr, Listener);
@@ -27,6 +29,8 @@ pub(super) enum Listener {
     Public,
     /// `[server] admin_listen`: the admin endpoints only.
     Admin,
+    /// `[server] grpc_listen`: Envoy's rate limit service and gRPC health, HTTP/2 only.
+    Grpc,
 }
 
 /// How each listener's connections are spoken to (TLS, HTTP/1.1, HTTP/2).
@@ -34,6 +38,7 @@ pub(super) enum Listener {
 pub(super) struct ListenerProtocols {
     pub(super) public: Arc<Protocols>,
     pub(super) admin: Arc<Protocols>,
+    pub(super) grpc: Arc<Protocols>,
 }
 
 /// How a worker's shutdown ended.
@@ -56,6 +61,7 @@ pub(super) async fn worker(
     state: Arc<State>,
     grace: Delay,
     protocols: ListenerProtocols,
+    grpc: Option<GrpcRoutes>,
 ) -> WorkerEnd {
     let graceful = GracefulShutdown::new();
     let open = tokio_util::task::TaskTracker::new();
@@ -78,30 +84,24 @@ pub(super) async fn worker(
                 continue;
             }
         };
-        let state = Arc::clone(&state);
-        let peer_value = proxy::forwarded_for_value(peer);
-        let service = service_fn(move |request: Request<Incoming>| {
-            let state = Arc::clone(&state);
-            let peer_value = peer_value.clone();
-            async move {
-                let mut response = match listener {
-                    Listener::Public => handle(&state, request, peer, &peer_value).await,
-                    Listener::Admin => admin::handle_only_admin(&state, request).await,
-                };
-                if state.readiness.is_draining() {
-                    // Keep-alive clients reconnect: elsewhere, once the
-                    // load balancer has taken this instance out.
-                    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                Ok::<_, Infallible>(response)
-            }
-        });
         let watcher = graceful.watcher();
-        let protocols = match listener {
-            Listener::Public => Arc::clone(&protocols.public),
-            Listener::Admin => Arc::clone(&protocols.admin),
-        };
-        open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
+        match listener {
+            Listener::Grpc => {
+                // Dealt only when the listener exists, which gives every worker routes.
+                let Some(routes) = grpc.clone() else { continue };
+                let protocols = Arc::clone(&protocols.grpc);
+                open.spawn(async move { protocols.serve(stream, grpc_service(routes), watcher, peer).await });
+            }
+            Listener::Public | Listener::Admin => {
+                let service = http_service(Arc::clone(&state), listener == Listener::Admin, peer);
+                let protocols = Arc::clone(if listener == Listener::Admin {
+                    &protocols.admin
+                } else {
+                    &protocols.public
+                });
+                open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
+            }
+        }
     }
     heartbeat.abort();
     // A grace too long to add (a `Delay` built in code) is as good as none.
@@ -118,6 +118,76 @@ pub(super) async fn worker(
         charges_settled: pending.saturating_sub(charges_unsettled),
         charges_unsettled,
     }
+}
+
+/// The service of one connection to the public listener, or with
+/// `admin_only` to the admin listener.
+fn http_service(
+    state: Arc<State>,
+    admin_only: bool,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ServeBody>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<ServeBody>, Infallible>> + Send,
+> + Send
+       + 'static {
+    let peer_value = proxy::forwarded_for_value(peer);
+    service_fn(move |request: Request<Incoming>| {
+        let state = Arc::clone(&state);
+        let peer_value = peer_value.clone();
+        async move {
+            let mut response = if admin_only {
+                admin::handle_only_admin(&state, request).await
+            } else {
+                handle(&state, request, peer, &peer_value).await
+            };
+            if state.readiness.is_draining() {
+                // Keep-alive clients reconnect: elsewhere, once the
+                // load balancer has taken this instance out.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(response)
+        }
+    })
+}
+
+/// The service of one connection to the gRPC listener. A request that is
+/// not a gRPC call (no `application/grpc` content type, or not a `POST`)
+/// gets 415, as the gRPC over HTTP/2 spec asks, and reaches no method.
+fn grpc_service(
+    routes: GrpcRoutes,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<tonic::body::Body>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send,
+> + Send
+       + 'static {
+    let routes = Arc::new(routes);
+    service_fn(move |request: Request<Incoming>| {
+        let routes = Arc::clone(&routes);
+        async move {
+            if !super::grpc::is_grpc(request.method(), request.headers()) {
+                return Ok(not_grpc());
+            }
+            Ok(routes.call(request).await)
+        }
+    })
+}
+
+/// 415 to a request on the gRPC listener that is not a gRPC call.
+fn not_grpc() -> Response<tonic::body::Body> {
+    let mut response =
+        Response::new(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"this listener serves gRPC only: POST with content-type application/grpc\n",
+        ))));
+    *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
 }
 
 /// One request on the public listener: refused when its framing is
