@@ -58,3 +58,4 @@ done
 [ -n "$REPL" ] && redis-cli -p $((PORT + 1)) shutdown nosave >/dev/null 2>&1 || true
 redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
 wait 2>/dev/null || true
+[ "$MODE" = callgrind ] && echo "profiles: $DIR/cg.out.*" || true

@@ -9,8 +9,15 @@
 //! name and every argument becomes an object, to be freed unread), so the
 //! module skips it exactly when Redis would drop it:
 //!
-//! - AOF is asked on every call (`REDISMODULE_CTX_FLAGS_AOF`, set from the
-//!   moment `appendonly` is turned on, before the rewrite's fork).
+//! - AOF is read at the first write after the module loaded and after every
+//!   load of data (`REDISMODULE_CTX_FLAGS_AOF`, set from the moment
+//!   `appendonly` is turned on, before the rewrite's fork) and kept: outside
+//!   a replica's sync (a change of role, watched below), only `CONFIG SET
+//!   appendonly` turns it on or off at run time. The command filter sees
+//!   that command before it runs (queued in a `MULTI`, or called by another
+//!   module, too), and from then on AOF is asked on every call, for good, as
+//!   it was before the cache (`RM_GetContextFlags`: 131 instructions a
+//!   call, the largest item the module added to a write).
 //! - A backlog appears when a replica syncs (`SYNC` or `PSYNC`, which a
 //!   command filter sees before it runs), with a change of role (this
 //!   server became a replica, or a replica was promoted with the backlog it
@@ -39,7 +46,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use redis_module::{raw, Context, RedisError, Status};
 
@@ -52,6 +59,16 @@ static REPLICATION: AtomicBool = AtomicBool::new(false);
 static BACKLOG: AtomicBool = AtomicBool::new(true);
 /// `BACKLOG` was read since the module loaded and since data was last loaded.
 static READ: AtomicBool = AtomicBool::new(false);
+/// What is known of the AOF: one of `AOF_UNREAD`, `AOF_OFF`, `AOF_ON`, `AOF_ASK`.
+static AOF: AtomicU8 = AtomicU8::new(AOF_UNREAD);
+/// Not read since the module loaded or data was last loaded.
+const AOF_UNREAD: u8 = 0;
+/// Read off, and no `CONFIG SET appendonly` seen since.
+const AOF_OFF: u8 = 1;
+/// Read on, and no `CONFIG SET appendonly` seen since.
+const AOF_ON: u8 = 2;
+/// A `CONFIG SET appendonly` was seen: asked on every call, for good.
+const AOF_ASK: u8 = 3;
 
 /// Whether a write made under `ctx` must be propagated.
 #[allow(unsafe_code)]
@@ -65,6 +82,24 @@ pub fn needed(ctx: *mut raw::RedisModuleCtx) -> bool {
     if BACKLOG.load(Ordering::Relaxed) {
         return true;
     }
+    match AOF.load(Ordering::Relaxed) {
+        AOF_OFF => false,
+        AOF_ON => true,
+        AOF_ASK => aof_on(ctx),
+        _ => {
+            let on = aof_on(ctx);
+            // Unless a `CONFIG SET appendonly` was seen meanwhile (it cannot
+            // be: the filter and the commands run on Redis's main thread).
+            let known = if on { AOF_ON } else { AOF_OFF };
+            let _ = AOF.compare_exchange(AOF_UNREAD, known, Ordering::Relaxed, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Whether the AOF is on (or being turned on) as the server says now.
+#[allow(unsafe_code)]
+fn aof_on(ctx: *mut raw::RedisModuleCtx) -> bool {
     // SAFETY: bound when the module loads; `ctx` is the running command's.
     let flags = unsafe { raw::RedisModule_GetContextFlags.map_or(-1, |f| f(ctx)) };
     flags & raw::REDISMODULE_CTX_FLAGS_AOF as c_int != 0
@@ -130,22 +165,35 @@ fn never_replicated(ctx: *mut raw::RedisModuleCtx) -> bool {
 }
 
 /// The command filter: marks replication possible before a `SYNC` or
-/// `PSYNC` runs (one atomic load per command once marked).
+/// `PSYNC` runs, and the AOF to be asked per call before a `CONFIG SET`
+/// that names `appendonly` runs (one atomic load per command once both
+/// are marked).
 #[allow(unsafe_code)]
 extern "C" fn watch_sync(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    if REPLICATION.load(Ordering::Relaxed) {
+    let replication = REPLICATION.load(Ordering::Relaxed);
+    let aof_asked = AOF.load(Ordering::Relaxed) == AOF_ASK;
+    if replication && aof_asked {
         return;
     }
-    // SAFETY: Redis calls the filter with the command's context; argument 0
-    // is the command name, a string alive while the filter runs.
-    let name =
-        unsafe { raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |get| get(fctx, 0)) };
-    if name.is_null() {
+    let arg = |i: c_int| {
+        // SAFETY: Redis calls the filter with the command's context; an
+        // argument is a string alive while the filter runs, null past the last.
+        let arg =
+            unsafe { raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |get| get(fctx, i)) };
+        (!arg.is_null()).then(|| crate::strings::string_bytes(arg))
+    };
+    let Some(name) = arg(0) else {
         return;
-    }
-    let name = crate::strings::string_bytes(name);
-    if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
+    };
+    if !replication && (name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync")) {
         REPLICATION.store(true, Ordering::Relaxed);
+    }
+    if !aof_asked
+        && name.eq_ignore_ascii_case(b"config")
+        && arg(1).is_some_and(|sub| sub.eq_ignore_ascii_case(b"set"))
+        && (2..).map_while(arg).step_by(2).any(|param| param.eq_ignore_ascii_case(b"appendonly"))
+    {
+        AOF.store(AOF_ASK, Ordering::Relaxed);
     }
 }
 
@@ -160,9 +208,9 @@ extern "C" fn role_changed(
 }
 
 /// The loading event (at start, `DEBUG RELOAD`, a replica's sync): the
-/// next write reads `INFO replication` again, once loading is over and a
-/// master restarted from its RDB file has made the backlog it keeps for
-/// its replicas.
+/// next write reads `INFO replication` (and the AOF) again, once loading
+/// is over and a master restarted from its RDB file has made the backlog it
+/// keeps for its replicas.
 extern "C" fn loading_changed(
     _ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -170,6 +218,9 @@ extern "C" fn loading_changed(
     _data: *mut c_void,
 ) {
     READ.store(false, Ordering::Relaxed);
+    for known in [AOF_OFF, AOF_ON] {
+        let _ = AOF.compare_exchange(known, AOF_UNREAD, Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 /// Counts one change toward the RDB save points (`server.dirty`) without
