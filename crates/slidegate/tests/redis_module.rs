@@ -416,24 +416,55 @@ async fn a_replica_attaching_later_gets_every_write() {
     assert_eq!(snapshot(&mut replica_conn, "late:").await, on_master);
 }
 
-/// AOF turned on while the server runs: every write from then on is in
-/// the AOF, and reloading it gives back the same values and expiries.
-#[tokio::test]
-async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
+/// How AOF comes to be on, for [`aof_keeps_every_write`].
+#[derive(Clone, Copy, Debug)]
+enum AofOn {
+    /// `--appendonly yes` at start: on before the module's first write.
+    AtStart,
+    /// `CONFIG SET appendonly yes` while the server runs.
+    ConfigSet,
+    /// The same `CONFIG SET`, queued in a `MULTI` (the module caches the
+    /// AOF state, and must see this one too).
+    ConfigSetInMulti,
+}
+
+/// Every write the module makes once AOF is on is in the AOF: reloading it
+/// gives back the same values and expiries.
+async fn aof_keeps_every_write(on: AofOn) {
     let args = module_args();
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend(["--enable-debug-command", "yes"]);
+    if matches!(on, AofOn::AtStart) {
+        args.extend(["--appendonly", "yes"]);
+    }
     let server = RedisServer::spawn_with_args(&args);
     let store = module_store(&server).await.with_prefix("aof:");
     let mut conn = support::admin(&server).await;
     decide_some(&store, 0..10).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendonly")
-        .arg("yes")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG SET");
+    match on {
+        AofOn::AtStart => {}
+        AofOn::ConfigSet => {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("appendonly")
+                .arg("yes")
+                .query_async(&mut conn)
+                .await
+                .expect("CONFIG SET");
+        }
+        AofOn::ConfigSetInMulti => {
+            let _: () = redis::pipe()
+                .atomic()
+                .cmd("CONFIG")
+                .arg("SET")
+                .arg("appendonly")
+                .arg("yes")
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .expect("MULTI CONFIG SET EXEC");
+        }
+    }
     // Charged while the rewrite runs, and after it.
     decide_some(&store, 5..15).await;
     for _ in 0..400 {
@@ -445,9 +476,27 @@ async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
     }
     decide_some(&store, 10..20).await;
     let before = snapshot(&mut conn, "aof:").await;
-    assert_eq!(before.len(), 20 * 8);
+    assert_eq!(before.len(), 20 * 8, "{on:?}");
     let _: () = redis::cmd("DEBUG").arg("LOADAOF").query_async(&mut conn).await.expect("DEBUG LOADAOF");
-    assert_eq!(snapshot(&mut conn, "aof:").await, before);
+    assert_eq!(snapshot(&mut conn, "aof:").await, before, "{on:?}");
+}
+
+/// AOF turned on while the server runs.
+#[tokio::test]
+async fn writes_after_appendonly_is_turned_on_are_in_the_aof() {
+    aof_keeps_every_write(AofOn::ConfigSet).await;
+}
+
+/// AOF on from the start.
+#[tokio::test]
+async fn writes_on_a_server_started_with_appendonly_are_in_the_aof() {
+    aof_keeps_every_write(AofOn::AtStart).await;
+}
+
+/// AOF turned on by a `CONFIG SET` inside a transaction.
+#[tokio::test]
+async fn writes_after_appendonly_is_turned_on_in_a_transaction_are_in_the_aof() {
+    aof_keeps_every_write(AofOn::ConfigSetInMulti).await;
 }
 
 /// How many replicas acknowledged everything the master has written so far,
