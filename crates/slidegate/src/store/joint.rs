@@ -83,7 +83,8 @@ pub(crate) fn validate_parts(parts: &[Part<'_>]) -> Result<(), StoreError> {
 }
 
 /// `flat`, one decision per charge of every part in order, cut into one
-/// answer per part.
+/// answer per part (a Redis reply's decisions).
+#[cfg(feature = "redis")]
 pub(crate) fn split(parts: &[Part<'_>], flat: &[crate::Decision]) -> Vec<Outcome> {
     let mut rest = flat;
     parts
