@@ -201,6 +201,11 @@ fn write_yaml(dir: &Path) {
 }
 
 async fn start(store: &str) -> Running {
+    start_with(store, "").await
+}
+
+/// `start`, with `envoy` lines added to `[envoy]`.
+async fn start_with(store: &str, envoy: &str) -> Running {
     let dir = tempfile::tempdir().unwrap();
     write_yaml(dir.path());
     // A shared store needs the instances' secret (read here from `env`; a
@@ -212,7 +217,7 @@ async fn start(store: &str) -> Running {
     };
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n\
-         shutdown_grace = \"1s\"\n{identity}{store}\n[envoy]\nconfig = \"ratelimit\"\n"
+         shutdown_grace = \"1s\"\n{identity}{store}\n[envoy]\nconfig = \"ratelimit\"\n{envoy}"
     );
     let path = dir.path().join("slidegate.toml");
     std::fs::write(&path, &toml).unwrap();
@@ -754,4 +759,96 @@ fn the_reference_load_checks_are_located() {
     // An empty value is no value, as in the reference: with the key alone, it is the same descriptor.
     let (_, text) = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n    value: \"\"\n");
     assert!(text.contains("descriptor key \"a\" without a value is configured twice"), "{text}");
+}
+
+/// A descriptor's `limit` from Envoy replaces the configured one, as in the
+/// reference service: counted apart, on matched and unmatched descriptors,
+/// `requests_per_unit: 0` blocking, a unit that is none refused, and no
+/// more than `MAX_OVERRIDES` distinct overrides; `limit_overrides =
+/// "ignore"` keeps the configured limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_limit_override_replaces_the_configured_limit() {
+    use slidegate_server::envoy::proto::RateLimitOverride;
+    use slidegate_server::envoy::MAX_OVERRIDES;
+    let overridden = |entries: &[(&str, &str)], requests_per_unit: u32, unit: Unit| {
+        let mut d = descriptor(entries);
+        d.limit = Some(RateLimitOverride { requests_per_unit, unit: unit as i32 });
+        request("edge_proxy_per_ip", vec![d])
+    };
+    let server = start("").await;
+    let mut c = client(server.grpc).await;
+    for (entries, what) in
+        [(&[("remote_address", "9.9.9.9")][..], "matched"), (&[("nowhere", "x")][..], "unmatched")]
+    {
+        for i in 0..2u32 {
+            let r = c.should_rate_limit(overridden(entries, 2, Unit::Hour)).await.unwrap();
+            assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1 - i), "{what} {i}");
+            let limit = r.statuses[0].current_limit.as_ref().unwrap();
+            assert_eq!((limit.requests_per_unit, limit.unit), (2, Unit::Hour as i32), "{what}");
+        }
+        let r = c.should_rate_limit(overridden(entries, 2, Unit::Hour)).await.unwrap();
+        assert_eq!((r.overall_code, r.statuses[0].code), (OVER, OVER), "{what}");
+        let wait = r.statuses[0].duration_until_reset.unwrap();
+        assert!(wait.seconds > 0 && wait.seconds <= 7200, "{what}: {wait:?}");
+    }
+    // The configured limit of the same value keeps its own count.
+    let r = ask(&mut c, "edge_proxy_per_ip", &[("remote_address", "9.9.9.9")]).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 9));
+    // Another override of the same value is another limit, counted apart.
+    let r = c.should_rate_limit(overridden(&[("remote_address", "9.9.9.9")], 5, Unit::Week)).await.unwrap();
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[0].current_limit.as_ref().unwrap().unit),
+        (4, Unit::Week as i32)
+    );
+    // Zero permits block, without a store call; a unit that is none is refused.
+    let r = c.should_rate_limit(overridden(&[("free", "a")], 0, Unit::Second)).await.unwrap();
+    assert_eq!(r.overall_code, OVER, "the override replaces even `unlimited`");
+    for unit in [0, 8, -1] {
+        let mut d = descriptor(&[("remote_address", "9.9.9.9")]);
+        d.limit = Some(RateLimitOverride { requests_per_unit: 5, unit });
+        let err = c.should_rate_limit(request("edge_proxy_per_ip", vec![d])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "unit {unit}");
+        assert!(
+            err.message().contains(&format!("unit {unit} is not a rate limit unit")),
+            "{}",
+            err.message()
+        );
+    }
+    // Distinct overrides are bounded: each is a limit of its own in the store.
+    let mut refused = None;
+    for n in 1..=(MAX_OVERRIDES as u32 + 10) {
+        match c.should_rate_limit(overridden(&[("nowhere", "bound")], 1000 + n, Unit::Minute)).await {
+            Ok(_) => {}
+            Err(err) => {
+                assert_eq!(err.code(), tonic::Code::InvalidArgument);
+                assert!(err.message().contains("distinct overrides"), "{}", err.message());
+                refused = Some(n);
+                break;
+            }
+        }
+    }
+    // Three were seen before this loop (2/hour, 5/week, 0/second); the
+    // worker that took them is the one this connection reaches.
+    assert_eq!(refused, Some(MAX_OVERRIDES as u32 - 2), "the first override past the bound is refused");
+    // One seen before is still decided.
+    let r = c.should_rate_limit(overridden(&[("nowhere", "bound")], 1001, Unit::Minute)).await.unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 999, "1,001 a minute, its second request");
+
+    let ignoring = start_with("", "limit_overrides = \"ignore\"\n").await;
+    let mut c = client(ignoring.grpc).await;
+    let r = c.should_rate_limit(overridden(&[("remote_address", "9.9.9.9")], 2, Unit::Hour)).await.unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 9, "the configured 10 a minute");
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 10);
+    let r = c.should_rate_limit(overridden(&[("nowhere", "x")], 2, Unit::Hour)).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].current_limit.clone()), (OK, None), "unmatched: not limited");
+}
+
+#[test]
+fn a_bad_limit_overrides_setting_is_located() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rl.yaml"), "domain: d\ndescriptors:\n  - key: a\n").unwrap();
+    let toml = "[envoy]\nconfig = \"rl.yaml\"\nlimit_overrides = \"sometimes\"\n";
+    let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
+    assert_eq!(err.location().map(|(line, _)| line), Some(3), "{err}");
+    assert!(err.to_string().contains("limit_overrides \"sometimes\": expected \"apply\""), "{err}");
 }

@@ -59,6 +59,47 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(self.decide(index, &identity, set, cost, Mode::Charge).await)
     }
 
+    /// Decides `cost` permits of `limit` — a limit the caller chose, not
+    /// the rule's — for the opaque key `key` under the rule named `rule`,
+    /// which names the policy and gives the scope, failure policy and
+    /// metrics (Envoy's descriptor `limit` override). The store counts it
+    /// apart from the rule's own limits (its keys name the limit).
+    ///
+    /// # Errors
+    /// As [`RateLimiter::check_key`], for `limit`.
+    pub async fn check_key_with_limit(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        limit: slidegate::Limit,
+    ) -> Result<Verdict<'_>, CheckError> {
+        let index = self.rule_index(rule)?;
+        if key.is_empty() {
+            return Err(CheckError::EmptyKey);
+        }
+        if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
+            return Ok(listed);
+        }
+        let rule = &self.inner.rules[index];
+        if cost > rule.max_cost {
+            return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
+        }
+        let (identity, plan) = self.key_identity(rule, key.as_bytes());
+        let set = rule.set(false, plan);
+        let policy = set.names.first().cloned().unwrap_or_default();
+        check_charge(&limit, cost).map_err(|err| match err {
+            StoreError::CostExceedsLimit { cost, limit } => {
+                CheckError::CostExceedsLimit { cost, limit, policy }
+            }
+            source => CheckError::InvalidLimit { policy, source },
+        })?;
+        let charges = [Charge::new(limit, cost)];
+        let verdict = self.ask_charges(index, &identity, set, &charges, Mode::Charge).await;
+        self.count(index, &identity, &verdict, Mode::Charge);
+        Ok(verdict)
+    }
+
     /// One request to the layered store, as a verdict, counted.
     pub(super) async fn decide<'s>(
         &'s self,
@@ -82,7 +123,6 @@ impl<S: Store + 'static> RateLimiter<S> {
         cost: u64,
         mode: Mode,
     ) -> Verdict<'s> {
-        let rule = &self.inner.rules[index];
         let scaled: Vec<Charge>;
         let charges = if cost == 1 {
             &set.charges
@@ -90,6 +130,20 @@ impl<S: Store + 'static> RateLimiter<S> {
             scaled = set.scaled(cost);
             &scaled
         };
+        self.ask_charges(index, identity, set, charges, mode).await
+    }
+
+    /// `charges` (`set`'s, or a limit a caller chose, named by `set`) in one
+    /// request to the layered store, as a verdict not yet counted.
+    async fn ask_charges<'s>(
+        &'s self,
+        index: usize,
+        identity: &Identity,
+        set: &'s PolicySet,
+        charges: &[Charge],
+        mode: Mode,
+    ) -> Verdict<'s> {
+        let rule = &self.inner.rules[index];
         let request = Request { identity, charges, penalty: rule.penalty.as_ref(), deadline: None };
         // Only a rule whose failure policy is the fallback limiter asks
         // through it; the others see the store's failure and apply their own.

@@ -40,6 +40,8 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawEnvoy {
     pub(super) config: Spanned<String>,
+    /// `"apply"` (the default) or `"ignore"`: the descriptor `limit` Envoy may send.
+    pub(super) limit_overrides: Option<Spanned<String>>,
 }
 
 /// `[[plans]] name = "pro"` with `limits.<rule> = [ … ]`: the limits that

@@ -28,6 +28,9 @@ pub struct EnvoyConfig {
     /// The domains whose descriptors are decided all or nothing
     /// (`all_or_nothing: true`, a slidegate extension).
     joint: HashSet<String>,
+    /// Whether a descriptor's `limit` from Envoy replaces the configured
+    /// one (`[envoy] limit_overrides = "apply"`).
+    overrides: bool,
 }
 
 /// One level of a domain's tree: its nodes by key, then by value.
@@ -138,6 +141,11 @@ pub(crate) enum LimitKind {
     Unlimited,
     /// `requests_per_unit: 0`: always over the limit, no store call.
     Blocked,
+    /// A limit Envoy sent with the descriptor (its `limit` override, with
+    /// `[envoy] limit_overrides = "apply"`), decided by the limiter's store
+    /// under the domain's override rule, counted apart from every
+    /// configured limit.
+    Chosen(slidegate::Limit),
 }
 
 impl EnvoyConfig {
@@ -151,6 +159,16 @@ impl EnvoyConfig {
         let mut names: Vec<&str> = self.domains.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Whether a descriptor's `limit` from Envoy is applied.
+    pub(crate) fn applies_overrides(&self) -> bool {
+        self.overrides
+    }
+
+    /// Applies descriptors' `limit` overrides.
+    pub(crate) fn set_overrides(&mut self, apply: bool) {
+        self.overrides = apply;
     }
 
     /// Whether `domain`'s descriptors are decided all or nothing.

@@ -21,5 +21,5 @@ mod yaml;
 
 pub use descriptors::EnvoyConfig;
 pub use grpc::{GrpcHealth, GrpcRoutes};
-pub use service::{Current, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES};
+pub use service::{Current, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_OVERRIDES};
 pub use yaml::{load, YamlError, RULE_PREFIX};

@@ -22,7 +22,7 @@ use slidegate_http::{CheckError, KeyCheck, PolicyResult, RateLimiter, Verdict};
 use super::descriptors::{EnvoyConfig, LimitKind, NodeLimit};
 use super::proto::{
     Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
-    RateLimitService,
+    RateLimitService, Unit,
 };
 use crate::store::AnyStore;
 
@@ -33,7 +33,18 @@ pub const MAX_ENTRIES: usize = 64;
 
 /// What the service decides by now: the limiter and the descriptor tree
 /// of one configuration, replaced together by a reload.
-pub struct Current(Mutex<Arc<Running>>);
+pub struct Current {
+    running: Mutex<Arc<Running>>,
+    /// The distinct `limit` overrides decided so far (each is a limit of
+    /// its own in the store: bounded, [`MAX_OVERRIDES`]).
+    overrides: Mutex<HashSet<(u32, i32)>>,
+}
+
+/// The most distinct descriptor `limit` overrides (`requests_per_unit`,
+/// `unit`) one listener decides; a request bringing another is refused
+/// (`INVALID_ARGUMENT`), so that no caller grows the store's tables of
+/// limits without bound.
+pub const MAX_OVERRIDES: usize = 1024;
 
 /// One configuration's limiter and descriptors.
 pub struct Running {
@@ -44,17 +55,74 @@ pub struct Running {
 impl Current {
     /// The service's view of `limiter` and `config`.
     pub fn new(limiter: &RateLimiter<AnyStore>, config: &Arc<EnvoyConfig>) -> Self {
-        Self(Mutex::new(Arc::new(Running { limiter: limiter.clone(), config: Arc::clone(config) })))
+        let running = Running { limiter: limiter.clone(), config: Arc::clone(config) };
+        Self { running: Mutex::new(Arc::new(running)), overrides: Mutex::default() }
     }
 
     /// Replaces both, for a reload.
     pub fn set(&self, limiter: &RateLimiter<AnyStore>, config: &Arc<EnvoyConfig>) {
         let running = Arc::new(Running { limiter: limiter.clone(), config: Arc::clone(config) });
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = running;
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = running;
     }
 
     fn get(&self) -> Arc<Running> {
-        Arc::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.running.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Each descriptor's `limit` override as the limit it asks for, when
+    /// `running` applies them; refused when one is no limit (an unknown
+    /// unit, too many permits) or one too many distinct ones.
+    fn overrides(
+        &self,
+        running: &Running,
+        request: &RateLimitRequest,
+    ) -> Result<Vec<Option<NodeLimit>>, tonic::Status> {
+        if !running.config.applies_overrides() || request.descriptors.iter().all(|d| d.limit.is_none()) {
+            return Ok(Vec::new());
+        }
+        let rule = super::yaml::override_rule(&request.domain);
+        let mut limits = Vec::with_capacity(request.descriptors.len());
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let Some(asked) = &descriptor.limit else {
+                limits.push(None);
+                continue;
+            };
+            let invalid = |why: String| {
+                tonic::Status::invalid_argument(format!("descriptor {i}: limit override {why}"))
+            };
+            let unit = Unit::try_from(asked.unit).ok().filter(|u| *u != Unit::Unknown).ok_or_else(|| {
+                invalid(format!("unit {} is not a rate limit unit (SECOND to WEEK)", asked.unit))
+            })?;
+            let kind = if asked.requests_per_unit == 0 {
+                LimitKind::Blocked
+            } else {
+                let quota = Quota::new(u64::from(asked.requests_per_unit), unit_length(unit))
+                    .map_err(|e| invalid(format!("{} per {unit:?}: {e}", asked.requests_per_unit)))?;
+                LimitKind::Chosen(slidegate::Limit::new(slidegate::Algorithm::SlidingWindowCounter, quota))
+            };
+            let mut seen = self.overrides.lock().unwrap_or_else(PoisonError::into_inner);
+            if !seen.contains(&(asked.requests_per_unit, asked.unit)) {
+                if seen.len() >= MAX_OVERRIDES {
+                    return Err(invalid(format!(
+                        "{} per {unit:?}: {MAX_OVERRIDES} distinct overrides are decided already, and no more",
+                        asked.requests_per_unit
+                    )));
+                }
+                seen.insert((asked.requests_per_unit, asked.unit));
+            }
+            limits.push(Some(NodeLimit {
+                rule: rule.clone(),
+                kind,
+                requests_per_unit: asked.requests_per_unit,
+                unit,
+                name: None,
+                replaces: Vec::new(),
+                shadow: false,
+                quota: false,
+                shared: Vec::new(),
+            }));
+        }
+        Ok(limits)
     }
 }
 
@@ -74,7 +142,8 @@ impl RateLimitService for EnvoyService {
     async fn should_rate_limit(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         check_shape(&request)?;
         let running = self.current.get();
-        Ok(decide(&running, &request).await)
+        let overrides = self.current.overrides(&running, &request)?;
+        Ok(decide(&running, &request, &overrides).await)
     }
 }
 
@@ -101,12 +170,23 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
 }
 
 /// One request decided: every descriptor, then the overall code and headers.
-async fn decide<'a>(running: &'a Running, request: &'a RateLimitRequest) -> RateLimitResponse {
+/// A descriptor with a `limit` override (`overrides[i]`) is decided under
+/// it alone, as in the reference service: no configured limit, no
+/// `replaces`, no shadow mode.
+async fn decide<'a>(
+    running: &'a Running,
+    request: &'a RateLimitRequest,
+    overrides: &'a [Option<NodeLimit>],
+) -> RateLimitResponse {
     let config = &running.config;
     let matched: Vec<Option<&'a NodeLimit>> = request
         .descriptors
         .iter()
-        .map(|d| config.find(&request.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))))
+        .enumerate()
+        .map(|(i, d)| match overrides.get(i) {
+            Some(Some(chosen)) => Some(chosen),
+            _ => config.find(&request.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
+        })
         .collect();
     // A limit another matched limit replaces is not applied.
     let replaced: HashSet<&str> = if matched.iter().flatten().any(|l| !l.replaces.is_empty()) {
@@ -215,9 +295,14 @@ async fn decide_one<'l>(
             return (status, Vec::new());
         }
         LimitKind::Quota(quota) => quota,
+        LimitKind::Chosen(chosen) => chosen.quota,
     };
     let key = identity_key(descriptor, &limit.shared);
-    match limiter.check_key(&limit.rule, &key, hits, false).await {
+    let verdict = match limit.kind {
+        LimitKind::Chosen(chosen) => limiter.check_key_with_limit(&limit.rule, &key, hits, chosen).await,
+        _ => limiter.check_key(&limit.rule, &key, hits, false).await,
+    };
+    match verdict {
         Ok(verdict) => {
             let status = status_of(limit, &quota, &verdict);
             (status, verdict.policies.to_vec())
@@ -341,6 +426,20 @@ async fn decide_jointly<'l>(
         });
     }
     decided
+}
+
+/// How long `unit` is, as the reference service counts it.
+fn unit_length(unit: Unit) -> Duration {
+    const DAY: u64 = 86_400;
+    Duration::from_secs(match unit {
+        Unit::Unknown | Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3600,
+        Unit::Day => DAY,
+        Unit::Week => 7 * DAY,
+        Unit::Month => 30 * DAY,
+        Unit::Year => 365 * DAY,
+    })
 }
 
 /// The descriptor's entries as one key: `<len>:<key><len>:<value>` each, so

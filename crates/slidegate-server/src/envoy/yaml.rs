@@ -320,11 +320,14 @@ fn policy_name(name: &str) -> Result<(), String> {
 /// [`YamlError::Read`] for a file or directory that cannot be read,
 /// [`YamlError::Invalid`] at the position of anything wrong, and at
 /// `all_or_nothing: true` when the store cannot decide jointly (`joint`
-/// false: a Redis Cluster).
+/// false: a Redis Cluster). With `overrides`, each domain also gets the
+/// rule its descriptors' `limit` overrides are decided under
+/// ([`override_rule`]).
 pub fn load(
     path: &Path,
     on_error: OnError,
     joint: bool,
+    overrides: bool,
 ) -> Result<(EnvoyConfig, Vec<RuleConfig>), YamlError> {
     let read_err = |path: &Path, source| YamlError::Read { path: path.to_owned(), source };
     let files: Vec<PathBuf> = if path.is_dir() {
@@ -339,6 +342,7 @@ pub fn load(
         vec![path.to_owned()]
     };
     let mut config = EnvoyConfig::default();
+    config.set_overrides(overrides);
     let mut rules = Vec::new();
     for file in files {
         let bytes = std::fs::read(&file).map_err(|e| read_err(&file, e))?;
@@ -378,6 +382,20 @@ pub fn load(
             return Err(at(
                 text.find(&raw.domain),
                 format!("domain {:?} is configured twice: expected one file per domain", raw.domain),
+            ));
+        }
+        if overrides {
+            // Its limit is a placeholder: each override brings its own.
+            let placeholder = Limit::new(
+                Algorithm::SlidingWindowCounter,
+                Quota::per_second(1).unwrap_or_else(|_| unreachable_quota()),
+            );
+            rules.push(rule_config(
+                &override_rule(&raw.domain),
+                OVERRIDE_POLICY.to_owned(),
+                placeholder,
+                false,
+                on_error,
             ));
         }
         if raw.all_or_nothing {
@@ -503,6 +521,21 @@ fn rule_config(rule: &str, policy: String, limit: Limit, shadow: bool, on_error:
     // hits_addend is a uint32; a cost above a limit is over the limit.
     config.max_cost = u64::from(u32::MAX);
     config
+}
+
+/// The rule a domain's descriptor `limit` overrides are decided under:
+/// `envoy/<domain>`, which no configured descriptor's rule
+/// (`envoy/<domain>/<place>`) can be.
+pub(crate) fn override_rule(domain: &str) -> String {
+    format!("{RULE_PREFIX}{domain}")
+}
+
+/// The policy an override is named by in the `RateLimit` headers.
+const OVERRIDE_POLICY: &str = "limit_override";
+
+/// One permit a second is a valid quota.
+fn unreachable_quota() -> Quota {
+    panic!("one permit a second is a valid quota")
 }
 
 /// `NO_HTTP_PATH` is a valid pattern (a unit test reads it).

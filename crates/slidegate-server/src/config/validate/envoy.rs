@@ -22,6 +22,21 @@ impl Validator<'_> {
         rules: &mut Vec<RuleConfig>,
     ) -> Result<Arc<EnvoyConfig>, ConfigError> {
         let Some(raw) = raw else { return Ok(Arc::default()) };
+        let overrides = match &raw.limit_overrides {
+            None => true,
+            Some(value) if value.get_ref() == "apply" => true,
+            Some(value) if value.get_ref() == "ignore" => false,
+            Some(value) => {
+                let other = value.get_ref();
+                return Err(self.err(
+                    value.span(),
+                    format!(
+                        "[envoy] limit_overrides {other:?}: expected \"apply\" (a descriptor's `limit` from \
+                         Envoy replaces the configured one, as in envoyproxy/ratelimit) or \"ignore\""
+                    ),
+                ));
+            }
+        };
         let dir = self.path.parent().unwrap_or(std::path::Path::new(""));
         let path = dir.join(raw.config.get_ref());
         if !path.exists() {
@@ -30,12 +45,13 @@ impl Validator<'_> {
                 format!("[envoy] config {}: no such file or directory: expected a YAML file or a directory of them", path.display()),
             ));
         }
-        let (config, envoy_rules) = crate::envoy::load(&path, on_error, joint).map_err(|err| match err {
-            YamlError::Read { path, source } => ConfigError::Read { path, source },
-            YamlError::Invalid { path, text, index, message } => {
-                ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)
-            }
-        })?;
+        let (config, envoy_rules) =
+            crate::envoy::load(&path, on_error, joint, overrides).map_err(|err| match err {
+                YamlError::Read { path, source } => ConfigError::Read { path, source },
+                YamlError::Invalid { path, text, index, message } => {
+                    ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)
+                }
+            })?;
         if let Some(taken) = envoy_rules.iter().find(|r| rules.iter().any(|t| t.name == r.name)) {
             return Err(self.err(
                 raw.config.span(),
