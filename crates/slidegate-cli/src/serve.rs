@@ -127,6 +127,10 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
             }
             _ => String::new(),
         };
+        if let Some(domain) = slidegate_server::envoy::override_domain(&rule.name) {
+            outln!("  envoy domain {domain}: a descriptor's limit override from Envoy is applied");
+            continue;
+        }
         if rule.name.starts_with(slidegate_server::envoy::RULE_PREFIX) {
             // An Envoy descriptor's limit: no HTTP path or method to show.
             outln!("  envoy descriptor {}: {limits}", rule.name);

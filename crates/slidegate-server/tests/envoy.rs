@@ -852,3 +852,25 @@ fn a_bad_limit_overrides_setting_is_located() {
     assert_eq!(err.location().map(|(line, _)| line), Some(3), "{err}");
     assert!(err.to_string().contains("limit_overrides \"sometimes\": expected \"apply\""), "{err}");
 }
+
+/// Domains and keys are free text: two whose rules would be one are refused.
+#[test]
+fn descriptors_whose_rules_would_meet_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("rl")).unwrap();
+    let limit = "    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    std::fs::write(dir.path().join("rl/1.yaml"), format!("domain: a/b\ndescriptors:\n  - key: c\n{limit}"))
+        .unwrap();
+    std::fs::write(dir.path().join("rl/2.yaml"), format!("domain: a\ndescriptors:\n  - key: b/c\n{limit}"))
+        .unwrap();
+    let toml = "[envoy]\nconfig = \"rl\"\nlimit_overrides = \"ignore\"\n";
+    let err = Config::parse(toml, dir.path().join("s.toml")).unwrap_err();
+    assert!(err.to_string().contains("would both be rule \"envoy/a/b/c\""), "{err}");
+    // A domain's override rule against another domain's descriptor.
+    std::fs::write(dir.path().join("rl/2.yaml"), format!("domain: a\ndescriptors:\n  - key: x\n{limit}"))
+        .unwrap();
+    std::fs::write(dir.path().join("rl/1.yaml"), format!("domain: a/x\ndescriptors:\n  - key: c\n{limit}"))
+        .unwrap();
+    let err = Config::parse("[envoy]\nconfig = \"rl\"\n", dir.path().join("s.toml")).unwrap_err();
+    assert!(err.to_string().contains("would both be rule \"envoy/a/x\""), "{err}");
+}

@@ -22,4 +22,4 @@ mod yaml;
 pub use descriptors::EnvoyConfig;
 pub use grpc::{GrpcHealth, GrpcRoutes};
 pub use service::{Current, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_OVERRIDES};
-pub use yaml::{load, YamlError, RULE_PREFIX};
+pub use yaml::{load, override_domain, YamlError, RULE_PREFIX};

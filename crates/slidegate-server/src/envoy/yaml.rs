@@ -530,6 +530,12 @@ pub(crate) fn override_rule(domain: &str) -> String {
     format!("{RULE_PREFIX}{domain}")
 }
 
+/// The domain whose overrides the rule named `rule` decides, if it is
+/// one ([`override_rule`]), for describing the rules.
+pub fn override_domain(rule: &str) -> Option<&str> {
+    rule.strip_prefix(RULE_PREFIX).filter(|domain| !domain.contains('/'))
+}
+
 /// The policy an override is named by in the `RateLimit` headers.
 const OVERRIDE_POLICY: &str = "limit_override";
 

@@ -52,6 +52,19 @@ impl Validator<'_> {
                     ConfigError::at(&path, &text, index.map(|i| i..i + 1), message)
                 }
             })?;
+        // Domains and keys are free text: `a/b` + `c` and `a` + `b/c` would
+        // name one rule, and one would decide by the other's limits.
+        let mut names = std::collections::HashSet::new();
+        if let Some(twice) = envoy_rules.iter().find(|r| !names.insert(r.name.as_str())) {
+            return Err(self.err(
+                raw.config.span(),
+                format!(
+                    "two descriptors (or a domain's limit overrides and a descriptor) would both be rule {:?}: \
+                     a '/' in a domain or key makes their places meet; rename one",
+                    twice.name
+                ),
+            ));
+        }
         if let Some(taken) = envoy_rules.iter().find(|r| rules.iter().any(|t| t.name == r.name)) {
             return Err(self.err(
                 raw.config.span(),
