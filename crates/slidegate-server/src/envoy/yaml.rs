@@ -322,7 +322,7 @@ fn policy_name(name: &str) -> Result<(), String> {
 /// `all_or_nothing: true` when the store cannot decide jointly (`joint`
 /// false: a Redis Cluster). With `overrides`, each domain also gets the
 /// rule its descriptors' `limit` overrides are decided under
-/// ([`override_rule`]).
+/// (`envoy/<domain>`).
 pub fn load(
     path: &Path,
     on_error: OnError,
@@ -531,7 +531,7 @@ pub(crate) fn override_rule(domain: &str) -> String {
 }
 
 /// The domain whose overrides the rule named `rule` decides, if it is
-/// one ([`override_rule`]), for describing the rules.
+/// one (`envoy/<domain>`), for describing the rules.
 pub fn override_domain(rule: &str) -> Option<&str> {
     rule.strip_prefix(RULE_PREFIX).filter(|domain| !domain.contains('/'))
 }
