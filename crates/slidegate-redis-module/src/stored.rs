@@ -8,7 +8,7 @@ use slidegate::algorithm::{fixed_window, gcra, sliding_window_counter as swc, to
 use slidegate::{Algorithm, Decision};
 
 use crate::layout::{count_at, double, push_count, push_uint, uint, unwrap_window, Value, TWO_32, TWO_48};
-use crate::wire::{whole, Args};
+use crate::wire::{whole, Args, Leased};
 
 /// What a decision writes: the new value and its expiry.
 pub struct Write {
@@ -55,15 +55,6 @@ pub fn lease(stored: Option<&[u8]>, now: u64, a: &Args) -> Windowed {
             "ERR slidegate: only the fixed window and the sliding window counter are leased",
         )),
     }
-}
-
-/// Which window algorithm a give-back is for: `give_back.lua`'s `ARGV[1]`.
-#[derive(Clone, Copy)]
-pub enum Leased {
-    /// 1: the sliding window counter.
-    SlidingWindowCounter,
-    /// 2: the fixed window.
-    FixedWindow,
 }
 
 /// `give_back.lua`: up to `unused` permits undone in the window `window`

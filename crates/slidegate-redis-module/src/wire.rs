@@ -6,7 +6,6 @@ use std::time::Duration;
 use redis_module::RedisError;
 use slidegate::{Algorithm, Decision, Quota};
 
-use crate::stored::Leased;
 
 /// The time argument that asks for the server's clock.
 const NOW_FROM_REDIS: f64 = -1.0;
@@ -116,6 +115,15 @@ pub fn lease_bytes(d: &Decision, window: u64) -> [u8; LEASE_BYTES] {
     out[..DECISION_BYTES].copy_from_slice(&decision_bytes(d));
     out[DECISION_BYTES..].copy_from_slice(&(window as f64).to_le_bytes());
     out
+}
+
+/// Which window algorithm a give-back is for: `give_back.lua`'s `ARGV[1]`.
+#[derive(Clone, Copy)]
+pub enum Leased {
+    /// 1: the sliding window counter.
+    SlidingWindowCounter,
+    /// 2: the fixed window.
+    FixedWindow,
 }
 
 /// `give_back.lua`'s `ARGV`, read from their decimal strings.
