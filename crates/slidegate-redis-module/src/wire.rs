@@ -6,7 +6,6 @@ use std::time::Duration;
 use redis_module::RedisError;
 use slidegate::{Algorithm, Decision, Quota};
 
-
 /// The time argument that asks for the server's clock.
 const NOW_FROM_REDIS: f64 = -1.0;
 

@@ -29,32 +29,12 @@ impl<S: Store + 'static> RateLimiter<S> {
         cost: u64,
         anonymous: bool,
     ) -> Result<Verdict<'_>, CheckError> {
-        let index = self.rule_index(rule)?;
-        if key.is_empty() {
-            return Err(CheckError::EmptyKey);
-        }
-        // A key the lists name is answered as a request carrying it would be
-        // (an anonymous check names no API key, so only a rule decides it).
-        if !anonymous {
-            if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
-                return Ok(listed);
-            }
-        }
-        let rule = &self.inner.rules[index];
-        // Checked before anything is charged: a large cost is a large write
-        // (a sliding log keeps one entry per permit).
-        if cost > rule.max_cost {
-            return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
-        }
-        let (identity, plan) = self.key_identity(rule, key.as_bytes());
-        let set = rule.set(anonymous, plan);
+        let (index, identity, set) = match self.place_key(rule, key, cost, anonymous)? {
+            KeyPlace::Listed(listed) => return Ok(*listed),
+            KeyPlace::Rule { index, identity, set } => (index, identity, set),
+        };
         for (name, charge) in set.names.iter().zip(&set.charges) {
-            check_charge(&charge.limit, charge.cost.saturating_mul(cost)).map_err(|err| match err {
-                StoreError::CostExceedsLimit { cost, limit } => {
-                    CheckError::CostExceedsLimit { cost, limit, policy: name.clone() }
-                }
-                source => CheckError::InvalidLimit { policy: name.clone(), source },
-            })?;
+            check_policy(&charge.limit, charge.cost.saturating_mul(cost), name)?;
         }
         Ok(self.decide(index, &identity, set, cost, Mode::Charge).await)
     }
@@ -74,30 +54,45 @@ impl<S: Store + 'static> RateLimiter<S> {
         cost: u64,
         limit: slidegate::Limit,
     ) -> Result<Verdict<'_>, CheckError> {
+        let (index, identity, set) = match self.place_key(rule, key, cost, false)? {
+            KeyPlace::Listed(listed) => return Ok(*listed),
+            KeyPlace::Rule { index, identity, set } => (index, identity, set),
+        };
+        check_policy(&limit, cost, set.names.first().map_or("", String::as_str))?;
+        let charges = [Charge::new(limit, cost)];
+        let verdict = self.ask_charges(index, &identity, set, &charges, Mode::Charge).await;
+        self.count(index, &identity, &verdict, Mode::Charge);
+        Ok(verdict)
+    }
+
+    /// What every check of an opaque key makes before anything is charged:
+    /// the rule named `rule`, a key, the lists' answer for it (an anonymous
+    /// check names no API key, so only a rule decides it), `cost` within
+    /// the rule's `max_cost` (a large cost is a large write: a sliding log
+    /// keeps one entry per permit); then the key's identity and the limits
+    /// it is charged under (its plan's, or the rule's).
+    pub(super) fn place_key(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        anonymous: bool,
+    ) -> Result<KeyPlace<'_>, CheckError> {
         let index = self.rule_index(rule)?;
         if key.is_empty() {
             return Err(CheckError::EmptyKey);
         }
-        if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
-            return Ok(listed);
+        if !anonymous {
+            if let Some(listed) = self.listed_client(Some(index), None, Some(key.as_bytes())) {
+                return Ok(KeyPlace::Listed(Box::new(listed)));
+            }
         }
         let rule = &self.inner.rules[index];
         if cost > rule.max_cost {
             return Err(CheckError::CostAboveMax { cost, max_cost: rule.max_cost });
         }
         let (identity, plan) = self.key_identity(rule, key.as_bytes());
-        let set = rule.set(false, plan);
-        let policy = set.names.first().cloned().unwrap_or_default();
-        check_charge(&limit, cost).map_err(|err| match err {
-            StoreError::CostExceedsLimit { cost, limit } => {
-                CheckError::CostExceedsLimit { cost, limit, policy }
-            }
-            source => CheckError::InvalidLimit { policy, source },
-        })?;
-        let charges = [Charge::new(limit, cost)];
-        let verdict = self.ask_charges(index, &identity, set, &charges, Mode::Charge).await;
-        self.count(index, &identity, &verdict, Mode::Charge);
-        Ok(verdict)
+        Ok(KeyPlace::Rule { index, identity, set: rule.set(anonymous, plan) })
     }
 
     /// One request to the layered store, as a verdict, counted.
@@ -243,6 +238,29 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.record_offence(index, identity, Event::Denied);
         }
     }
+}
+
+/// Where [`RateLimiter::place_key`] puts a key: the lists' answer, or the
+/// rule (by number), the key's identity and the limits it is charged under.
+pub(super) enum KeyPlace<'s> {
+    /// Boxed: the lists' answer is rare, the rule's is every decision's.
+    Listed(Box<Verdict<'s>>),
+    Rule {
+        index: usize,
+        identity: Identity,
+        set: &'s PolicySet,
+    },
+}
+
+/// [`check_charge`] of `cost` under `limit`, as the error of a check
+/// naming the limit's `policy`.
+pub(super) fn check_policy(limit: &slidegate::Limit, cost: u64, policy: &str) -> Result<(), CheckError> {
+    check_charge(limit, cost).map_err(|err| match err {
+        StoreError::CostExceedsLimit { cost, limit } => {
+            CheckError::CostExceedsLimit { cost, limit, policy: policy.to_owned() }
+        }
+        source => CheckError::InvalidLimit { policy: policy.to_owned(), source },
+    })
 }
 
 /// Turns an allowing peek into the refusal of a request over the rule's

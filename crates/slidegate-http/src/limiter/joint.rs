@@ -3,8 +3,9 @@
 //! (`slidegate::JointStore`) through the same layers, failure policy and
 //! metrics as one key's.
 
-use slidegate::{check_charge, Charge, Identity, JointStore, Outcome, Part, Store, StoreError};
+use slidegate::{Charge, Identity, JointStore, Outcome, Part, Store, StoreError};
 
+use super::decide::{check_policy, KeyPlace};
 use super::rule::{Mode, PolicySet};
 use super::{CheckError, RateLimiter};
 use crate::config::OnError;
@@ -54,15 +55,14 @@ impl<S: Store + 'static> RateLimiter<S> {
         let mut answers: Vec<Result<usize, Verdict<'_>>> = Vec::with_capacity(checks.len());
         let mut listed_denial = false;
         for check in checks {
-            let index = self.rule_index(check.rule)?;
-            if check.key.is_empty() {
-                return Err(CheckError::EmptyKey);
-            }
-            if let Some(listed) = self.listed_client(Some(index), None, Some(check.key.as_bytes())) {
-                listed_denial |= !listed.allowed();
-                answers.push(Err(listed));
-                continue;
-            }
+            let (index, identity, set) = match self.place_key(check.rule, check.key, check.cost, false)? {
+                KeyPlace::Listed(listed) => {
+                    listed_denial |= !listed.allowed();
+                    answers.push(Err(*listed));
+                    continue;
+                }
+                KeyPlace::Rule { index, identity, set } => (index, identity, set),
+            };
             let rule = &self.inner.rules[index];
             if rule.penalty.is_some() {
                 return Err(CheckError::NotJoint(format!(
@@ -70,11 +70,6 @@ impl<S: Store + 'static> RateLimiter<S> {
                     rule.name
                 )));
             }
-            if check.cost > rule.max_cost {
-                return Err(CheckError::CostAboveMax { cost: check.cost, max_cost: rule.max_cost });
-            }
-            let (identity, plan) = self.key_identity(rule, check.key.as_bytes());
-            let set = rule.set(false, plan);
             let at = match members.iter().position(|m| m.identity == identity) {
                 Some(at) => {
                     members[at].cost = members[at].cost.saturating_add(check.cost);
@@ -91,12 +86,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         for member in &members {
             let cost = if listed_denial { 0 } else { member.cost };
             for (name, charge) in member.set.names.iter().zip(&member.set.charges) {
-                check_charge(&charge.limit, charge.cost.saturating_mul(cost)).map_err(|err| match err {
-                    StoreError::CostExceedsLimit { cost, limit } => {
-                        CheckError::CostExceedsLimit { cost, limit, policy: name.clone() }
-                    }
-                    source => CheckError::InvalidLimit { policy: name.clone(), source },
-                })?;
+                check_policy(&charge.limit, charge.cost.saturating_mul(cost), name)?;
             }
             charges.push(member.set.scaled(cost));
         }
