@@ -11,7 +11,7 @@
 //! The server runs in a child process: besides the rates (which on a shared
 //! machine follow its load), each line gives the server's CPU time per
 //! decision, which does not (and the load generator's own, which the
-//! rates include).
+//! rates include, and on Redis redis-server's, found by its `INFO`).
 //!
 //! For instruction counts, `ENVOY_BENCH_WRAP` prefixes the child's command
 //! (e.g. `valgrind --tool=callgrind --instr-atstart=no`) and
@@ -72,17 +72,22 @@ impl Tally {
         self.latencies.lock().unwrap().saturating_record(us);
     }
 
-    fn report(&self, store: &str, api: &str, seconds: f64, server_cpu: Duration, client_cpu: Duration) {
+    /// One JSON line; `cpu` is the server's, the load generator's and
+    /// (on Redis) redis-server's CPU time over the run.
+    fn report(&self, store: &str, api: &str, seconds: f64, cpu: [Duration; 3]) {
         let h = self.latencies.lock().unwrap();
         let decisions = self.decisions.load(Relaxed);
+        let per_decision = |cpu: Duration| cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64;
         println!(
             "{{\"store\":\"{store}\",\"api\":\"{api}\",\"callers\":{CALLERS},\"decisions\":{decisions},\
              \"decisions_per_s\":{:.0},\"calls_per_s\":{:.0},\"server_cpu_us_per_decision\":{:.1},\
-             \"client_cpu_us_per_decision\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
+             \"client_cpu_us_per_decision\":{:.1},\"redis_cpu_us_per_decision\":{:.1},\
+             \"p50_us\":{},\"p99_us\":{},\"p999_us\":{}}}",
             decisions as f64 / seconds,
             h.len() as f64 / seconds,
-            server_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
-            client_cpu.as_secs_f64() * 1e6 / decisions.max(1) as f64,
+            per_decision(cpu[0]),
+            per_decision(cpu[1]),
+            per_decision(cpu[2]),
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
             h.value_at_quantile(0.999),
@@ -138,6 +143,17 @@ fn cpu_time(pid: u32) -> Duration {
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     // USER_HZ is 100 on Linux.
     Duration::from_millis(ticks * 10)
+}
+
+/// The process id of the redis-server at `url` (asked with `redis-cli`),
+/// whose CPU time the Redis runs report too.
+fn redis_pid(url: &str) -> u32 {
+    let info = std::process::Command::new("redis-cli").args(["-u", url, "INFO", "server"]).output().unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no redis-server answers at {url}"))
 }
 
 /// `serve STORE`: runs `serve` as the binary does (the acceptor on a
@@ -330,14 +346,15 @@ fn main() {
         return serve(&args.next().unwrap_or_default(), dir.path());
     }
     let seconds: u64 = first.map_or(5, |s| s.parse().unwrap());
-    let mut stores = vec![("embedded", String::new())];
+    let mut stores = vec![("embedded", String::new(), None)];
     if let Some(url) = args.next() {
-        stores.push(("redis", format!("[store]\nurl = \"{url}\"\n")));
+        let pid = redis_pid(&url);
+        stores.push(("redis", format!("[store]\nurl = \"{url}\"\n"), Some(pid)));
     }
     let apis = std::env::var("ENVOY_BENCH_APIS")
         .unwrap_or_else(|_| "v1_check,grpc_1_descriptor,grpc_1_to_3_descriptors".to_owned());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    for (name, store) in stores {
+    for (name, store, redis_pid) in stores {
         let (mut child, grpc_addr, admin_addr) = start(&store);
         let pid = child.id();
         runtime.block_on(async {
@@ -347,7 +364,11 @@ fn main() {
                     if !apis.split(',').any(|a| a == api) {
                         continue;
                     }
-                    let (cpu, own) = (cpu_time(pid), cpu_time(std::process::id()));
+                    let (cpu, own, redis) = (
+                        cpu_time(pid),
+                        cpu_time(std::process::id()),
+                        redis_pid.map_or(Duration::ZERO, cpu_time),
+                    );
                     collect(pid, true);
                     let tally = match api {
                         "v1_check" => check(admin_addr, seconds).await,
@@ -356,7 +377,8 @@ fn main() {
                     };
                     collect(pid, false);
                     let own = cpu_time(std::process::id()) - own;
-                    tally.report(name, api, seconds as f64, cpu_time(pid) - cpu, own);
+                    let redis = redis_pid.map_or(Duration::ZERO, cpu_time) - redis;
+                    tally.report(name, api, seconds as f64, [cpu_time(pid) - cpu, own, redis]);
                 }
             }
         });

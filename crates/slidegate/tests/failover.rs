@@ -215,19 +215,61 @@ fn sentinel_decisions_follow_the_master_through_a_failover() {
 /// then asks the sentinels again and writes reach the new master.
 #[test]
 fn sentinel_store_follows_a_manual_failover_to_the_new_master() {
+    manual_failover(None);
+}
+
+/// The same, deciding from a thread that drives its own connection (as
+/// `serve`'s workers do): its lane follows the shared connection to the
+/// new master.
+#[test]
+fn sentinel_lanes_follow_a_manual_failover_to_the_new_master() {
+    let lanes = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    lanes.block_on(async { slidegate::store::redis::drive_connections_here() });
+    manual_failover(Some(lanes));
+}
+
+/// Decides on `lanes` when given, else on the runtime the store connected on.
+fn manual_failover(lanes: Option<tokio::runtime::Runtime>) {
     let deployment = RedisSentinel::start();
-    let runtime = runtime();
+    let connected_on = runtime();
+    let runtime = lanes.as_ref().unwrap_or(&connected_on);
     let target = RedisTarget::Sentinel {
         sentinels: deployment.sentinel_urls(),
         master_name: deployment.master_name().to_owned(),
     };
-    let store = runtime
+    let store = connected_on
         .block_on(RedisStore::connect_to(&target, options()))
         .unwrap_or_else(|e| panic!("connect: {e}"));
     runtime
         .block_on(store.decide_one(&id("before"), &log_limit(), 1))
         .unwrap_or_else(|e| panic!("before: {e}"));
     let old = deployment.master_port();
+    if lanes.is_some() {
+        // The lane opens in the background: decide until the master has
+        // two clients of the store's (unnamed, as the sentinels' are not;
+        // the replica and `CLIENT LIST` itself aside).
+        let store_clients = || {
+            deployment
+                .cli(old, &["CLIENT", "LIST"])
+                .lines()
+                .filter(|c| {
+                    c.contains(" name= ") && c.contains(" flags=N ") && !c.contains("cmd=client|list")
+                })
+                .count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store_clients() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the lane never opened: {}",
+                deployment.cli(old, &["CLIENT", "LIST"])
+            );
+            runtime.block_on(async {
+                let _ = store.decide_one(&id("before"), &log_limit(), 0).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            });
+        }
+    }
     let sentinel = deployment.sentinel_ports()[0];
     let reply = deployment.cli(sentinel, &["SENTINEL", "FAILOVER", deployment.master_name()]);
     assert_eq!(reply, "OK", "SENTINEL FAILOVER");

@@ -213,6 +213,9 @@ impl Server {
                     }
                 };
                 runtime.block_on(async move {
+                    // Redis replies wake this thread's calls from its own
+                    // runtime, not the acceptor's.
+                    slidegate::store::redis::drive_connections_here();
                     // The pool's connections belong to this thread's runtime.
                     let state = State { proxy: proxy::Proxy::new(&upstream, limits), ..state };
                     worker(connections, Arc::new(state), grace, protocols, grpc).await

@@ -7,13 +7,28 @@
 //! at once with [`StoreError::NotConnected`] (nothing was sent, so nothing
 //! was charged), and one background task reconnects with a short, capped
 //! back-off, so the first call after Redis returns finds a connection.
+//!
+//! A thread that drives its own tokio runtime (each of `serve`'s workers)
+//! may ask for connections of its own ([`drive_connections_here`]): its
+//! calls then go out on a *lane*, a connection whose reads and writes run
+//! on that thread, so that a reply wakes its caller without waking another
+//! thread, and the replies read in one go finish their calls in one go (an
+//! HTTP/2 connection then writes all their answers in one write). A lane
+//! is opened in the background under the shared connection's generation,
+//! on the server that connection reached, and used only while that
+//! generation is live: a lane's connection failing takes the shared one
+//! down with it (a Redis gone is gone for every connection, and calls then
+//! fail at once as before), and after the reconnect each lane opens again.
+//! Until its lane is open, a thread uses the shared connection.
 
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::oneshot::error::TryRecvError;
 
 use super::target::Source;
 use super::RedisOptions;
@@ -70,15 +85,23 @@ impl Link {
         Ok(link)
     }
 
-    /// The live connection, or an error at once while it is down (a
-    /// reconnect is then under way in the background).
+    /// The live connection (this thread's lane, when it has one open), or
+    /// an error at once while it is down (a reconnect is then under way in
+    /// the background).
     pub(super) fn get(&self) -> Result<(u64, MultiplexedConnection), StoreError> {
         let current = match self.shared.conn.read() {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         };
         match current {
-            Some(live) => Ok(live),
+            Some((generation, shared)) => {
+                if DRIVES_LANES.get() {
+                    if let Some(own) = self.lane(generation) {
+                        return Ok((generation, own));
+                    }
+                }
+                Ok((generation, shared))
+            }
             None => {
                 // The task normally runs already; this starts it again should
                 // a runtime have gone away under the previous one.
@@ -123,6 +146,54 @@ impl Link {
         self.spawn_reconnect();
     }
 
+    /// This thread's connection under `generation`, if it is open; opens it
+    /// in the background when it is not and is not being opened.
+    fn lane(&self, generation: u64) -> Option<MultiplexedConnection> {
+        LANES.with_borrow_mut(|lanes| {
+            let ours = Arc::as_ptr(&self.shared);
+            let lane = match lanes.iter().position(|lane| lane.link.as_ptr() == ours) {
+                Some(i) => &mut lanes[i],
+                None => {
+                    // Lanes of dropped stores go (their drivers stop with them).
+                    lanes.retain(|lane| lane.link.strong_count() > 0);
+                    lanes.push(Lane { link: Arc::downgrade(&self.shared), state: LaneState::Closed(None) });
+                    lanes.last_mut()?
+                }
+            };
+            if let LaneState::Opening(opened) = &mut lane.state {
+                lane.state = match opened.try_recv() {
+                    Ok(Some((opened, conn))) => LaneState::Open(opened, conn),
+                    Err(TryRecvError::Empty) => return None,
+                    Ok(None) | Err(TryRecvError::Closed) => LaneState::Closed(Some(Instant::now())),
+                };
+            }
+            match &lane.state {
+                LaneState::Open(opened, conn) if *opened == generation => return Some(conn.clone()),
+                LaneState::Closed(Some(failed)) if failed.elapsed() < self.shared.options.reconnect_max => {
+                    return None;
+                }
+                _ => {}
+            }
+            // Closed, or open under a generation that is gone: open anew,
+            // on this thread's runtime (which then drives the connection).
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            let (done, opened) = tokio::sync::oneshot::channel();
+            lane.state = LaneState::Opening(opened);
+            let shared = Arc::clone(&self.shared);
+            runtime.spawn(async move {
+                let conn = match open(&shared.source, &shared.options).await {
+                    // Kept only on the server the shared connection reached,
+                    // while that connection lives (a Sentinel may name
+                    // another master by now: its watch then reconnects all).
+                    Ok((conn, addr)) if shared.live_at(generation, &addr) => Some((generation, conn)),
+                    _ => None,
+                };
+                let _ = done.send(conn);
+            });
+            None
+        })
+    }
+
     fn spawn_reconnect(&self) {
         if self.shared.reconnecting.swap(true, Ordering::AcqRel) {
             return;
@@ -133,6 +204,55 @@ impl Link {
         };
         runtime.spawn(reconnect(Arc::downgrade(&self.shared)));
     }
+}
+
+impl Shared {
+    /// Whether connection `generation` is the live one, on `addr`.
+    fn live_at(&self, generation: u64, addr: &str) -> bool {
+        let live = match self.conn.read() {
+            Ok(guard) => guard.as_ref().map(|(g, _)| *g),
+            Err(poisoned) => poisoned.into_inner().as_ref().map(|(g, _)| *g),
+        };
+        let same = match self.addr.read() {
+            Ok(current) => *current == addr,
+            Err(poisoned) => *poisoned.into_inner() == addr,
+        };
+        live == Some(generation) && same
+    }
+}
+
+/// Makes every [`super::RedisStore`] used from this thread from now on
+/// decide on a connection of its own, driven by this thread's runtime (see
+/// the module's docs). For a thread that runs a current-thread tokio
+/// runtime (as each of `serve`'s workers does), called from inside it;
+/// elsewhere it does nothing, and the thread shares the store's connection.
+pub fn drive_connections_here() {
+    let current_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|runtime| runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    DRIVES_LANES.set(current_thread);
+}
+
+thread_local! {
+    /// Whether this thread's calls use lanes ([`drive_connections_here`]).
+    static DRIVES_LANES: Cell<bool> = const { Cell::new(false) };
+    /// This thread's lanes, one per link it has called.
+    static LANES: RefCell<Vec<Lane>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One thread's connection to one link's server.
+struct Lane {
+    link: Weak<Shared>,
+    state: LaneState,
+}
+
+enum LaneState {
+    /// None open; since when opening one last failed, if it did.
+    Closed(Option<Instant>),
+    /// Being opened in the background: the connection and the shared
+    /// connection's generation it was opened under, or `None` if it failed.
+    Opening(tokio::sync::oneshot::Receiver<Option<(u64, MultiplexedConnection)>>),
+    /// Open under the shared connection's generation.
+    Open(u64, MultiplexedConnection),
 }
 
 /// Reconnects until it succeeds or the store is dropped. Holds the store

@@ -11,7 +11,9 @@
 //!   by default, or the [`Request::deadline`] when earlier). While the
 //!   connection is known to be lost, calls fail at once with
 //!   [`StoreError::NotConnected`] and one background task reconnects with a
-//!   short, capped back-off (see `link.rs`).
+//!   short, capped back-off (see `link.rs`). A thread running its own
+//!   runtime can have a connection of its own ([`drive_connections_here`]),
+//!   up and down with the shared one.
 //! - The deadline travels with the call, on the server's clock (the offset
 //!   learned from `TIME` samples, `server_clock.rs`, which states the
 //!   bound): a script or module command that Redis reaches after it refuses
@@ -76,6 +78,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 pub use self::engine::Engine;
 use self::engine::ModuleProbe;
 use self::key::{PenaltyKey, StateKey};
+pub use self::link::drive_connections_here;
 use self::link::Link;
 pub use self::options::{RedisOptions, TimeSource};
 use self::scripts::Lua;
@@ -106,7 +109,8 @@ enum Connection {
 }
 
 /// A [`Store`] in Redis. Cheap to clone: clones share one multiplexed,
-/// automatically reconnecting connection.
+/// automatically reconnecting connection (and a thread that asked with
+/// [`drive_connections_here`] decides on one of its own).
 ///
 /// ```no_run
 /// use slidegate::{Algorithm, Charge, Digest, Identity, Limit, Quota, RedisStore, Request, Source, Store};
