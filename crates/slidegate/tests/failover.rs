@@ -246,19 +246,9 @@ fn manual_failover(lanes: Option<tokio::runtime::Runtime>) {
     let old = deployment.master_port();
     if lanes.is_some() {
         // The lane opens in the background: decide until the master has
-        // two clients of the store's (unnamed, as the sentinels' are not;
-        // the replica and `CLIENT LIST` itself aside).
-        let store_clients = || {
-            deployment
-                .cli(old, &["CLIENT", "LIST"])
-                .lines()
-                .filter(|c| {
-                    c.contains(" name= ") && c.contains(" flags=N ") && !c.contains("cmd=client|list")
-                })
-                .count()
-        };
+        // two clients of the store's.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while store_clients() < 2 {
+        while store_clients(&deployment, old) < 2 {
             assert!(
                 Instant::now() < deadline,
                 "the lane never opened: {}",
@@ -303,4 +293,28 @@ fn manual_failover(lanes: Option<tokio::runtime::Runtime>) {
     // Waiting for the old master to answer READONLY would take ~10 s; the
     // store asks the sentinels every 250 ms.
     assert!(switched < Duration::from_secs(5), "the store stayed on the old master for {switched:?}");
+    if lanes.is_some() {
+        // The lane followed: the new master has both connections.
+        while store_clients(&deployment, new) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "no lane on the new master: {}",
+                deployment.cli(new, &["CLIENT", "LIST"])
+            );
+            runtime.block_on(async {
+                let _ = store.decide_one(&id("after"), &log_limit(), 0).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            });
+        }
+    }
+}
+
+/// The store's clients of the server on `port`: unnamed, as the sentinels'
+/// are not, the replica and `CLIENT LIST` itself aside.
+fn store_clients(deployment: &RedisSentinel, port: u16) -> usize {
+    deployment
+        .cli(port, &["CLIENT", "LIST"])
+        .lines()
+        .filter(|c| c.contains(" name= ") && c.contains(" flags=N ") && !c.contains("cmd=client|list"))
+        .count()
 }

@@ -16,10 +16,13 @@
 //! HTTP/2 connection then writes all their answers in one write). A lane
 //! is opened in the background under the shared connection's generation,
 //! on the server that connection reached, and used only while that
-//! generation is live: a lane's connection failing takes the shared one
-//! down with it (a Redis gone is gone for every connection, and calls then
-//! fail at once as before), and after the reconnect each lane opens again.
-//! Until its lane is open, a thread uses the shared connection.
+//! generation is live. A lane whose connection fails is closed alone (the
+//! thread's next calls take the shared connection, whose own failure, if
+//! Redis is gone, marks the link down: calls then fail at once as before);
+//! after a reconnect each lane opens again. Until its lane is open, a
+//! thread uses the shared connection. A lane of a dropped store, or of a
+//! generation gone, is closed at the thread's next call, or when the
+//! thread ends.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -94,14 +97,10 @@ impl Link {
             Err(poisoned) => poisoned.into_inner().clone(),
         };
         match current {
-            Some((generation, shared)) => {
-                if DRIVES_LANES.get() {
-                    if let Some(own) = self.lane(generation) {
-                        return Ok((generation, own));
-                    }
-                }
-                Ok((generation, shared))
-            }
+            Some((generation, shared)) => match self.lane(generation) {
+                Some(own) => Ok((generation, own)),
+                None => Ok((generation, shared)),
+            },
             None => {
                 // The task normally runs already; this starts it again should
                 // a runtime have gone away under the previous one.
@@ -126,6 +125,10 @@ impl Link {
         {
             return;
         }
+        // A lane lost is this thread's alone (a demoted master is everybody's).
+        if !demoted && self.close_lane(generation) {
+            return;
+        }
         self.drop_connection(generation);
     }
 
@@ -146,25 +149,23 @@ impl Link {
         self.spawn_reconnect();
     }
 
-    /// This thread's connection under `generation`, if it is open; opens it
-    /// in the background when it is not and is not being opened.
+    /// This thread's connection under `generation`, if the thread drives
+    /// lanes and it is open; opens it in the background when it is not and
+    /// is not being opened.
     fn lane(&self, generation: u64) -> Option<MultiplexedConnection> {
+        let runtime = lane_runtime()?;
         LANES.with_borrow_mut(|lanes| {
-            let ours = Arc::as_ptr(&self.shared);
-            let lane = match lanes.iter().position(|lane| lane.link.as_ptr() == ours) {
-                Some(i) => &mut lanes[i],
-                None => {
-                    // Lanes of dropped stores go (their drivers stop with them).
-                    lanes.retain(|lane| lane.link.strong_count() > 0);
-                    lanes.push(Lane { link: Arc::downgrade(&self.shared), state: LaneState::Closed(None) });
-                    lanes.last_mut()?
-                }
-            };
+            if lanes.len() > 1 {
+                // Lanes of dropped stores go (their connections with them).
+                lanes.retain(|lane| lane.link.strong_count() > 0);
+            }
+            let lane = self.lane_in(lanes);
             if let LaneState::Opening(opened) = &mut lane.state {
                 lane.state = match opened.try_recv() {
-                    Ok(Some((opened, conn))) => LaneState::Open(opened, conn),
                     Err(TryRecvError::Empty) => return None,
-                    Ok(None) | Err(TryRecvError::Closed) => LaneState::Closed(Some(Instant::now())),
+                    Ok(Opened::Open(opened, conn)) => LaneState::Open(opened, conn),
+                    Ok(Opened::Stale) => LaneState::Closed(None),
+                    Ok(Opened::Failed) | Err(TryRecvError::Closed) => LaneState::Closed(Some(Instant::now())),
                 };
             }
             match &lane.state {
@@ -174,23 +175,52 @@ impl Link {
                 }
                 _ => {}
             }
-            // Closed, or open under a generation that is gone: open anew,
-            // on this thread's runtime (which then drives the connection).
-            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            // Closed, or open under a generation that is gone: open anew, on
+            // this thread's runtime, which then drives the connection.
             let (done, opened) = tokio::sync::oneshot::channel();
             lane.state = LaneState::Opening(opened);
             let shared = Arc::clone(&self.shared);
             runtime.spawn(async move {
-                let conn = match open(&shared.source, &shared.options).await {
+                let opened = match open(&shared.source, &shared.options).await {
                     // Kept only on the server the shared connection reached,
                     // while that connection lives (a Sentinel may name
                     // another master by now: its watch then reconnects all).
-                    Ok((conn, addr)) if shared.live_at(generation, &addr) => Some((generation, conn)),
-                    _ => None,
+                    Ok((conn, addr)) if shared.live_at(generation, &addr) => Opened::Open(generation, conn),
+                    Ok(_) => Opened::Stale,
+                    Err(_) => Opened::Failed,
                 };
-                let _ = done.send(conn);
+                let _ = done.send(opened);
             });
             None
+        })
+    }
+
+    /// This link's entry among a thread's lanes, made if missing.
+    fn lane_in<'l>(&self, lanes: &'l mut Vec<Lane>) -> &'l mut Lane {
+        let ours = Arc::as_ptr(&self.shared);
+        let i = match lanes.iter().position(|lane| lane.link.as_ptr() == ours) {
+            Some(i) => i,
+            None => {
+                lanes.push(Lane { link: Arc::downgrade(&self.shared), state: LaneState::Closed(None) });
+                lanes.len() - 1
+            }
+        };
+        &mut lanes[i]
+    }
+
+    /// Closes this thread's lane if it is open under `generation` (a call on
+    /// it failed): whether it was.
+    fn close_lane(&self, generation: u64) -> bool {
+        if lane_runtime().is_none() {
+            return false;
+        }
+        LANES.with_borrow_mut(|lanes| {
+            let lane = self.lane_in(lanes);
+            let open = matches!(lane.state, LaneState::Open(opened, _) if opened == generation);
+            if open {
+                lane.state = LaneState::Closed(Some(Instant::now()));
+            }
+            open
         })
     }
 
@@ -221,20 +251,29 @@ impl Shared {
     }
 }
 
-/// Makes every [`super::RedisStore`] used from this thread from now on
-/// decide on a connection of its own, driven by this thread's runtime (see
-/// the module's docs). For a thread that runs a current-thread tokio
-/// runtime (as each of `serve`'s workers does), called from inside it;
-/// elsewhere it does nothing, and the thread shares the store's connection.
+/// Makes every [`super::RedisStore`] this thread calls from the runtime it
+/// runs now decide on a connection of its own, driven by that runtime (see
+/// the module's docs). For a thread that runs a current-thread tokio runtime
+/// (as each of `serve`'s workers does), called from inside it. Called
+/// without a runtime, or on a work-stealing one (whose tasks move between
+/// threads), it turns this thread's lanes off: the thread shares the
+/// store's connection.
 pub fn drive_connections_here() {
-    let current_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|runtime| runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
-    DRIVES_LANES.set(current_thread);
+    let runtime = tokio::runtime::Handle::try_current()
+        .ok()
+        .filter(|runtime| runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    LANE_RUNTIME.set(runtime.map(|runtime| runtime.id()));
+}
+
+/// The runtime this thread's lanes belong to, when the call runs on it.
+fn lane_runtime() -> Option<tokio::runtime::Handle> {
+    let id = LANE_RUNTIME.get()?;
+    tokio::runtime::Handle::try_current().ok().filter(|runtime| runtime.id() == id)
 }
 
 thread_local! {
-    /// Whether this thread's calls use lanes ([`drive_connections_here`]).
-    static DRIVES_LANES: Cell<bool> = const { Cell::new(false) };
+    /// The runtime whose calls on this thread use lanes ([`drive_connections_here`]).
+    static LANE_RUNTIME: Cell<Option<tokio::runtime::Id>> = const { Cell::new(None) };
     /// This thread's lanes, one per link it has called.
     static LANES: RefCell<Vec<Lane>> = const { RefCell::new(Vec::new()) };
 }
@@ -248,11 +287,20 @@ struct Lane {
 enum LaneState {
     /// None open; since when opening one last failed, if it did.
     Closed(Option<Instant>),
-    /// Being opened in the background: the connection and the shared
-    /// connection's generation it was opened under, or `None` if it failed.
-    Opening(tokio::sync::oneshot::Receiver<Option<(u64, MultiplexedConnection)>>),
+    /// Being opened in the background.
+    Opening(tokio::sync::oneshot::Receiver<Opened>),
     /// Open under the shared connection's generation.
     Open(u64, MultiplexedConnection),
+}
+
+/// How opening a lane ended.
+enum Opened {
+    /// Open under the shared connection's generation.
+    Open(u64, MultiplexedConnection),
+    /// Open, but that generation is gone (or another server is named): closed.
+    Stale,
+    /// Not open: the next try waits.
+    Failed,
 }
 
 /// Reconnects until it succeeds or the store is dropped. Holds the store
@@ -265,16 +313,20 @@ async fn reconnect(shared: Weak<Shared>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
         if let Ok((conn, addr)) = open(&s.source, &s.options).await {
-            let generation = s.generation.fetch_add(1, Ordering::AcqRel) + 1;
-            match s.addr.write() {
-                Ok(mut guard) => *guard = addr,
-                Err(poisoned) => *poisoned.into_inner() = addr,
-            }
             let mut slot = match s.conn.write() {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            *slot = Some((generation, conn));
+            // Another reconnect may have finished first (a call saw the link
+            // down just before): its connection stays, and so do the lanes.
+            if slot.is_none() {
+                let generation = s.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                match s.addr.write() {
+                    Ok(mut guard) => *guard = addr,
+                    Err(poisoned) => *poisoned.into_inner() = addr,
+                }
+                *slot = Some((generation, conn));
+            }
             drop(slot);
             s.reconnecting.store(false, Ordering::Release);
             return;
