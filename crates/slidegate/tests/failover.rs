@@ -245,20 +245,7 @@ fn manual_failover(lanes: Option<tokio::runtime::Runtime>) {
         .unwrap_or_else(|e| panic!("before: {e}"));
     let old = deployment.master_port();
     if lanes.is_some() {
-        // The lane opens in the background: decide until the master has
-        // two clients of the store's.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while store_clients(&deployment, old) < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "the lane never opened: {}",
-                deployment.cli(old, &["CLIENT", "LIST"])
-            );
-            runtime.block_on(async {
-                let _ = store.decide_one(&id("before"), &log_limit(), 0).await;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            });
-        }
+        until_lane_on(&deployment, old, runtime, &store);
     }
     let sentinel = deployment.sentinel_ports()[0];
     let reply = deployment.cli(sentinel, &["SENTINEL", "FAILOVER", deployment.master_name()]);
@@ -295,26 +282,37 @@ fn manual_failover(lanes: Option<tokio::runtime::Runtime>) {
     assert!(switched < Duration::from_secs(5), "the store stayed on the old master for {switched:?}");
     if lanes.is_some() {
         // The lane followed: the new master has both connections.
-        while store_clients(&deployment, new) < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "no lane on the new master: {}",
-                deployment.cli(new, &["CLIENT", "LIST"])
-            );
-            runtime.block_on(async {
-                let _ = store.decide_one(&id("after"), &log_limit(), 0).await;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            });
-        }
+        until_lane_on(&deployment, new, runtime, &store);
     }
 }
 
-/// The store's clients of the server on `port`: unnamed, as the sentinels'
-/// are not, the replica and `CLIENT LIST` itself aside.
-fn store_clients(deployment: &RedisSentinel, port: u16) -> usize {
-    deployment
-        .cli(port, &["CLIENT", "LIST"])
-        .lines()
-        .filter(|c| c.contains(" name= ") && c.contains(" flags=N ") && !c.contains("cmd=client|list"))
-        .count()
+/// Decides (cost-0 peeks, on `runtime`) until the server on `port` has two
+/// clients of the store's, the shared connection and the lane, which opens
+/// in the background: unnamed clients, as the sentinels' are not, the
+/// replica and `CLIENT LIST` itself aside.
+fn until_lane_on(
+    deployment: &RedisSentinel,
+    port: u16,
+    runtime: &tokio::runtime::Runtime,
+    store: &RedisStore,
+) {
+    let store_clients = || {
+        deployment
+            .cli(port, &["CLIENT", "LIST"])
+            .lines()
+            .filter(|c| c.contains(" name= ") && c.contains(" flags=N ") && !c.contains("cmd=client|list"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store_clients() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no lane on {port}: {}",
+            deployment.cli(port, &["CLIENT", "LIST"])
+        );
+        runtime.block_on(async {
+            let _ = store.decide_one(&id("peek"), &log_limit(), 0).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        });
+    }
 }

@@ -93,15 +93,17 @@ impl Link {
     /// the background).
     pub(super) fn get(&self) -> Result<(u64, MultiplexedConnection), StoreError> {
         let current = match self.shared.conn.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
         };
-        match current {
-            Some((generation, shared)) => match self.lane(generation) {
-                Some(own) => Ok((generation, own)),
-                None => Ok((generation, shared)),
+        match &*current {
+            // The shared connection is cloned only for a call that uses it.
+            Some((generation, shared)) => match self.lane(*generation) {
+                Some(own) => Ok((*generation, own)),
+                None => Ok((*generation, shared.clone())),
             },
             None => {
+                drop(current);
                 // The task normally runs already; this starts it again should
                 // a runtime have gone away under the previous one.
                 self.spawn_reconnect();
