@@ -302,11 +302,7 @@ async fn run_load(
     let start = Instant::now();
     let total = (rate * args.seconds) as u64;
     for n in 0..total {
-        // Paced: request n is due at n / rate seconds.
-        let due = start + Duration::from_secs_f64(n as f64 / rate);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            tokio::time::sleep(wait).await;
-        }
+        paced(start, rate, n).await;
         let limiter = &limiters[n as usize % INSTANCES];
         let key = &keys[n as usize % keys.len()];
         let asked = Instant::now();
@@ -327,4 +323,13 @@ async fn run_load(
     run.max_per_window = windows.values().copied().max().unwrap_or(0);
     (run.redis_calls, run.redis_usec) = script_totals(admin).await?;
     Ok(run)
+}
+
+/// Waits until request `n` of a run started at `start` is due, at `rate`
+/// requests a second (request n at n / rate seconds).
+async fn paced(start: Instant, rate: f64, n: u64) {
+    let due = start + Duration::from_secs_f64(n as f64 / rate);
+    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+        tokio::time::sleep(wait).await;
+    }
 }

@@ -126,10 +126,7 @@ impl Served {
         let start = Instant::now();
         let total = (rate * args.seconds) as u64;
         for n in 0..total {
-            let due = start + Duration::from_secs_f64(n as f64 / rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                tokio::time::sleep(wait).await;
-            }
+            super::paced(start, rate, n).await;
             let (give, take) = pools[n as usize % pools.len()].clone();
             let body = format!("{{\"rule\":\"api\",\"key\":{:?},\"cost\":1}}", keys[n as usize % keys.len()]);
             let (latency, windows) = (Arc::clone(&latency), Arc::clone(&windows));
