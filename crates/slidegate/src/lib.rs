@@ -45,7 +45,9 @@ pub use penalty::{Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]
-pub use store::redis::{Engine, RedisOptions, RedisStore, RedisTarget, TimeSource};
+pub use store::redis::{
+    Buckets, Engine, Layout, Location, RedisOptions, RedisStore, RedisTarget, TimeSource,
+};
 pub use store::{
     check_charge, Charge, Decisions, DistinctStore, GiveBack, JointStore, Lease, LeaseStore, NoDistinct,
     NoJoint, NoLeases, NoTables, Origin, Outcome, Part, Request, SharedTables, Store, StoreError, TableEntry,

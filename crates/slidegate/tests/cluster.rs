@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agree_cases::Clock;
 use proptest::test_runner::{Config, TestRunner};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use slidegate::{Algorithm, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
+use slidegate::{Algorithm, Layout, ManualClock, RedisOptions, RedisStore, RedisTarget, TimeSource};
 use slidegate_test_redis::{slot_of, RedisCluster};
 use support::{id, limit, unique_prefix, Decide};
 
@@ -41,6 +42,10 @@ async fn admin(urls: Vec<String>) -> ClusterConnection {
 
 conformance_suite!(conformance, |clock, case| ((), cluster_store(&clock, case).await));
 
+conformance_suite!(conformance_packed, [packed_windows_follow_the_clock_they_are_given], |clock, case| {
+    ((), cluster_store(&clock, case).await.with_layout(Layout::packed_for(100_000)))
+});
+
 /// A Cluster's identities live in different slots, which no script call
 /// can write together: it makes no joint decisions, and says so.
 #[tokio::test]
@@ -55,18 +60,28 @@ const AGREE_CASES: u32 = 32;
 
 #[test]
 fn memory_and_cluster_decide_identically() {
+    agree(Layout::PerKey, Clock::StepsBack);
+}
+
+#[test]
+fn memory_and_packed_cluster_decide_identically() {
+    agree(Layout::packed_for(1_000_000), Clock::Forward);
+}
+
+fn agree(layout: Layout, clock: Clock) {
     let cluster = RedisCluster::shared();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let redis = runtime
         .block_on(RedisStore::connect_to(&RedisTarget::Cluster(cluster.urls()), options()))
-        .unwrap_or_else(|e| panic!("connect: {e}"));
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+        .with_layout(layout);
     let admin = runtime.block_on(admin(cluster.urls()));
     let prefix = unique_prefix("agree");
     let mut config = Config::with_cases(AGREE_CASES);
     config.source_file = Some(file!());
     let mut runner = TestRunner::new(config);
     let case = AtomicUsize::new(0);
-    let result = runner.run(&agree_cases::trace(), |trace| {
+    let result = runner.run(&agree_cases::trace(clock), |trace| {
         let case = case.fetch_add(1, Ordering::Relaxed);
         runtime.block_on(agree_cases::replay(&redis, &admin, &prefix, case, &trace))
     });

@@ -14,3 +14,11 @@ conformance_suite!(redis, |clock, case| {
     let store = crate::support::client_time_store(&server, &clock, case).await;
     (server, store)
 });
+
+conformance_suite!(redis_packed, [packed_windows_follow_the_clock_they_are_given], |clock, case| {
+    let server = slidegate_test_redis::RedisServer::spawn();
+    // Two buckets: the cases' identities share window hashes.
+    let layout = slidegate::Layout::Packed(slidegate::Buckets::new(2).expect("a power of two"));
+    let store = crate::support::client_time_store(&server, &clock, case).await.with_layout(layout);
+    (server, store)
+});

@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redis::aio::ConnectionLike;
-use slidegate::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota, RedisStore, TimeSource};
+use slidegate::{Algorithm, Clock as _, Limit, ManualClock, MemoryStore, Quota, RedisStore, TimeSource};
 
 use crate::support::{id, Decide};
 
@@ -61,7 +61,15 @@ fn limit() -> impl Strategy<Value = Limit> {
     prop_oneof![6 => small, 1 => huge]
 }
 
-fn step(limits: usize) -> impl Strategy<Value = Step> {
+/// How a trace's clock moves: now and then backwards, or never (the packed
+/// layout follows the clock it is given, see the conformance cases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    StepsBack,
+    Forward,
+}
+
+fn step(limits: usize, clock: Clock) -> impl Strategy<Value = Step> {
     // Steps back of 15 s and 60 s pass the 10 s TTL slack of client time on Redis.
     let advance = prop_oneof![
         30 => Just(0i64),
@@ -72,7 +80,8 @@ fn step(limits: usize) -> impl Strategy<Value = Step> {
         1 => Just(-15_000i64),
         1 => Just(-60_000i64),
         1 => Just(70_000i64),
-    ];
+    ]
+    .prop_map(move |advance| if clock == Clock::Forward { advance.abs() } else { advance });
     // Costs up to 7 exceed small limits now and then: both stores must refuse
     // alike. A cost of u64::MAX − k stands for the limit − k.
     let call = prop_oneof![
@@ -83,12 +92,12 @@ fn step(limits: usize) -> impl Strategy<Value = Step> {
     (advance, 0usize..3, call).prop_map(|(advance, identity, call)| Step { advance, identity, call })
 }
 
-pub fn trace() -> impl Strategy<Value = Trace> {
-    prop::collection::vec(limit(), 1..=4).prop_flat_map(|mut limits| {
+pub fn trace(clock: Clock) -> impl Strategy<Value = Trace> {
+    prop::collection::vec(limit(), 1..=4).prop_flat_map(move |mut limits| {
         limits.dedup();
         let n = limits.len();
         // A realistic epoch in ms, at any phase of every window.
-        (1_700_000_000_000u64..1_700_000_100_000, Just(limits), prop::collection::vec(step(n), 1..80))
+        (1_700_000_000_000u64..1_700_000_100_000, Just(limits), prop::collection::vec(step(n, clock), 1..80))
             .prop_map(|(start, limits, steps)| Trace { start, limits, steps })
     })
 }

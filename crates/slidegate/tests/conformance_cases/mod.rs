@@ -408,6 +408,43 @@ pub async fn a_clock_stepping_back_forgets_nothing<S: Store>(store: &S, clock: &
     }
 }
 
+/// The packed layout keeps a window's counts in that window's hash, found
+/// by the time each call gives: a clock that steps back across a window
+/// boundary decides on the windows of its own time and does not see the
+/// later window's permits (it fails toward admitting, by at most what the
+/// later window counted); when the clock is back, that window's count and
+/// the earlier window's (now its previous) both weigh. The algorithms it
+/// does not pack forget nothing, as in the per-key layout.
+pub async fn packed_windows_follow_the_clock_they_are_given<S: Store>(store: &S, clock: &ManualClock) {
+    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+        let l = limit(algorithm, 3, 1000);
+        let key = format!("step-back-{algorithm}");
+        clock.set(T0 + 5_100);
+        assert!(one(store, &key, &l, 3).await.allowed, "{algorithm}");
+        assert!(!one(store, &key, &l, 1).await.allowed, "{algorithm}: full in window 5");
+        clock.set(T0 + 4_900);
+        let d = one(store, &key, &l, 1).await;
+        assert_eq!((d.allowed, d.remaining), (true, 2), "{algorithm}: window 4 holds nothing yet");
+        clock.set(T0 + 5_100);
+        let d = one(store, &key, &l, 1).await;
+        assert_eq!(d.allowed, false, "{algorithm}: window 5 still holds its three");
+        assert_eq!(d.remaining, 0, "{algorithm}");
+    }
+    // Counted in window 5 with window 4's one as the previous: 3 + 1 × 0.9.
+    let l = limit(Algorithm::SlidingWindowCounter, 3, 1000);
+    let d = store.decide_one(&id("step-back-sliding_window_counter"), &l, 0).await.expect("peek");
+    assert_eq!(d.retry_after, None);
+    assert_eq!(d.reset_after, ms(1_900));
+    for algorithm in [Algorithm::SlidingLog, Algorithm::TokenBucket, Algorithm::Gcra] {
+        let l = limit(algorithm, 3, 1000);
+        let key = format!("step-back-{algorithm}");
+        clock.set(T0 + 5_100);
+        assert!(one(store, &key, &l, 3).await.allowed, "{algorithm}");
+        clock.set(T0 + 4_900);
+        assert!(!one(store, &key, &l, 1).await.allowed, "{algorithm}: the three permits still count");
+    }
+}
+
 /// GCRA keeps rates finer than a permit per µs exactly (an emission interval
 /// rounded up to a whole µs would make 10,000 per ms sustain 1,000):
 /// 10,000 per 1 ms admits exactly 10,000 in a burst and 10,000 more every ms.
@@ -472,6 +509,11 @@ pub async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualCl
 /// store joins it with one call.
 macro_rules! conformance_suite {
     ($suite:ident, |$clock:ident, $case_name:ident| $setup:expr) => {
+        conformance_suite!($suite, [a_clock_stepping_back_forgets_nothing], |$clock, $case_name| $setup);
+    };
+    // A store whose own contract differs in one place (the packed layout
+    // under a clock that steps back) names its own cases for it.
+    ($suite:ident, [$($own:ident),*], |$clock:ident, $case_name:ident| $setup:expr) => {
         conformance_suite!(@cases $suite, |$clock, $case_name| $setup;
             fills_to_the_limit_with_exact_values,
             retry_after_is_exact_for_every_algorithm,
@@ -486,13 +528,13 @@ macro_rules! conformance_suite {
             decide_all_is_all_or_nothing,
             decide_all_without_a_log_is_all_or_nothing,
             identities_and_limits_are_independent,
-            a_clock_stepping_back_forgets_nothing,
             gcra_sustains_rates_finer_than_a_microsecond,
             times_out_of_range_are_errors,
             shared_tables_expire_replace_and_delete,
             shared_tables_refuse_what_is_out_of_bounds,
             shared_tables_are_bounded,
             a_lift_forgets_the_penalty_box,
+            $($own),*
         );
     };
     (@cases $suite:ident, |$clock:ident, $case_name:ident| $setup:expr; $($case:ident),* $(,)?) => {

@@ -1,9 +1,11 @@
 -- slidegate decide, ALGORITHM: one decision, charged only when allowed.
 -- KEYS[1]  the identity's state key, <prefix>{<identity>}:TAG:<limit>:<window_ms>
+--          (packed layout: the stem of its bucket's window hashes)
 -- ARGV[1]  four little-endian doubles (struct '<dddd'): now in ms since the
 --          epoch or -1 to take Redis TIME, limit, window in ms, cost
 --          (0 ≤ cost ≤ limit); then, optionally, a fifth: the caller's
 --          deadline in ms on Redis's clock (see the prelude)
+-- ARGV[2]  packed layout only: the identity's field in the window hashes
 -- Reply    an allowed decision whose remaining is below 2^21 and reset_after
 --          below 2^32 ms: the integer remaining × 2^32 + reset_after. Any
 --          other: four little-endian doubles, allowed (1|0), remaining,
@@ -19,6 +21,7 @@ if #ARGV[1] == 40 then
 end
 --! include prelude.lua
 local key = KEYS[1]
+--! packed local field = ARGV[2]
 --! inline ALGORITHM.lua
 
 -- An integer reply costs Redis a fraction of a string's.

@@ -6,6 +6,9 @@
 --          limit, window in ms, cost (0 ≤ cost ≤ limit); then, optionally,
 --          the caller's deadline in ms on Redis's clock (see the prelude),
 --          told by the length: 16 + 32 n bytes rather than 8 + 32 n
+-- ARGV[#ARGV]  packed layout only: 8 bytes per limit, in KEYS order: the
+--          field of the limit's identity in its window hashes (KEYS[i] is
+--          then the stem of the bucket's window hashes)
 -- Reply    four little-endian doubles per limit, in order: allowed (1|0),
 --          remaining, reset_after ms, retry_after ms (-1 when allowed).
 --          Past the deadline: the error EXPIRED <Redis ms>, nothing written.
@@ -19,6 +22,7 @@ if #args % 32 == 16 then
   deadline = struct.unpack('<d', args, #args - 7)
 end
 --! include prelude.lua
+--! packed local field, fields = nil, ARGV[#ARGV]
 --! algorithms
 
 -- Per limit: algorithm, limit, w, cost, the loaded state s1..s3, then
@@ -31,6 +35,7 @@ for i = 1, #KEYS do
   if not algorithm then
     return redis.error_reply('slidegate: unknown algorithm number ' .. tostring(number))
   end
+  --! packed field = string.sub(fields, 8 * i - 7, 8 * i)
   local s1, s2, s3 = algorithm.load(KEYS[i], limit, w)
   local c = { algorithm, limit, w, cost, s1, s2, s3, algorithm.decide(cost, limit, w, s1, s2, s3) }
   denied = denied or not c[8]
@@ -46,6 +51,7 @@ for i, c in ipairs(checked) do
       allowed, remaining, reset, retry = algorithm.decide(0, limit, w, s1, s2, s3)
     end
   elseif cost > 0 then
+    --! packed field = string.sub(fields, 8 * i - 7, 8 * i)
     algorithm.commit(KEYS[i], limit, w, cost, n1, n2, n3, n4)
   end
   reply[i] = struct_pack('<dddd', allowed and 1 or 0, remaining, reset, retry)

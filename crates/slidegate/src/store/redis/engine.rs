@@ -151,8 +151,8 @@ impl RedisStore {
         &self,
         mut algorithms: impl Iterator<Item = Algorithm>,
     ) -> Result<bool, StoreError> {
-        if algorithms.any(|a| a == Algorithm::SlidingLog) {
-            // A sorted set, which the module leaves to the scripts.
+        if algorithms.any(|a| a == Algorithm::SlidingLog || self.layout.packs(a)) {
+            // A sorted set, or packed state: the module leaves both to the scripts.
             return Ok(false);
         }
         match self.engine {

@@ -28,43 +28,109 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
+use super::layout::BucketTag;
 use super::scripts;
-use crate::{Identity, Limit};
+use crate::{Algorithm, Identity, Limit};
 
-/// A state key, written straight into the command buffer (no `String` per call).
+/// Where an identity's keys live: the prefix, the hash tag and (in the
+/// packed layout) the field of its packed state. Made once per request.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct StateKey<'a> {
+pub(super) struct IdentityKeys<'a> {
     pub(super) prefix: &'a str,
     pub(super) identity: &'a Identity,
-    pub(super) limit: &'a Limit,
+    /// The packed layout's bucket tag and field; `None` in the per-key
+    /// layout, whose hash tag is the identity itself.
+    pub(super) packed: Option<(BucketTag, [u8; 8])>,
+}
+
+impl<'a> IdentityKeys<'a> {
+    /// The key of the identity's state under `limit`.
+    pub(super) fn state(&self, limit: &'a Limit) -> StateKey<'a> {
+        StateKey { keys: *self, limit }
+    }
+
+    /// The key of the identity's penalty box, in the slot of its state keys.
+    pub(super) fn penalty(&self) -> PenaltyKey<'a> {
+        PenaltyKey { keys: *self }
+    }
+
+    /// The field of the identity's packed state (empty in the per-key layout).
+    pub(super) fn field(&self) -> &[u8] {
+        match &self.packed {
+            Some((_, field)) => field,
+            None => &[],
+        }
+    }
+
+    /// `<prefix>{<tag>}`, then the identity's text where the tag is its
+    /// bucket's and `with_text`.
+    fn write_head(&self, f: &mut fmt::Formatter<'_>, with_text: bool) -> fmt::Result {
+        match &self.packed {
+            None => write!(f, "{}{{{}{}}}", self.prefix, escape(self.identity), KeyText(self.identity)),
+            Some((tag, _)) if with_text => write!(f, "{}{{{tag}}}{}", self.prefix, KeyText(self.identity)),
+            Some((tag, _)) => write!(f, "{}{{{tag}}}", self.prefix),
+        }
+    }
+}
+
+/// A state key, written straight into the command buffer (no `String` per call).
+///
+/// Per key: `<prefix>{<identity>}:<alg>:<limit>:<window_ms>`. Packed, for
+/// the algorithms the layout packs: the stem of the bucket's window hashes,
+/// `<prefix>{<bucket tag>}:<alg>:<limit>:<window_ms>:`, to which the
+/// scripts add the window's number; for the others
+/// `<prefix>{<bucket tag>}<identity>:<alg>:<limit>:<window_ms>`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StateKey<'a> {
+    keys: IdentityKeys<'a>,
+    limit: &'a Limit,
+}
+
+impl StateKey<'_> {
+    /// Whether this key is the stem of packed window hashes.
+    pub(super) fn is_packed(&self) -> bool {
+        self.keys.packed.is_some()
+            && matches!(self.limit.algorithm, Algorithm::SlidingWindowCounter | Algorithm::FixedWindow)
+    }
 }
 
 impl fmt::Display for StateKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}{{{}{}}}:{}:{}:{}",
-            self.prefix,
-            escape(self.identity),
-            KeyText(self.identity),
-            scripts::tag(self.limit.algorithm),
-            self.limit.quota.permits(),
-            self.limit.quota.window_ms()
-        )
+        let packed = self.is_packed();
+        self.keys.write_head(f, !packed)?;
+        let (alg, limit, w) =
+            (scripts::tag(self.limit.algorithm), self.limit.quota.permits(), self.limit.quota.window_ms());
+        if packed {
+            write!(f, ":{alg}:{limit}:{w}:")
+        } else {
+            write!(f, ":{alg}:{limit}:{w}")
+        }
     }
 }
 
-/// The key of an identity's penalty state: `<prefix>{<identity>}:penalty`,
-/// in the same slot as its limits' state keys.
+/// The key of an identity's penalty state: `<prefix>{<identity>}:penalty`
+/// (packed: `<prefix>{<bucket tag>}<identity>:penalty`), in the same slot as
+/// its limits' state keys.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PenaltyKey<'a> {
-    pub(super) prefix: &'a str,
-    pub(super) identity: &'a Identity,
+    keys: IdentityKeys<'a>,
 }
 
 impl fmt::Display for PenaltyKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{{{}{}}}:penalty", self.prefix, escape(self.identity), KeyText(self.identity))
+        self.keys.write_head(f, true)?;
+        f.write_str(":penalty")
+    }
+}
+
+/// The head of an identity's other keys (crawl breadth): `<prefix>{<identity>}`
+/// or `<prefix>{<bucket tag>}<identity>`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyHead<'a>(pub(super) IdentityKeys<'a>);
+
+impl fmt::Display for KeyHead<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.write_head(f, true)
     }
 }
 
@@ -139,7 +205,7 @@ mod tests {
     use crate::{Algorithm, Digest, Quota, Source};
 
     fn key(identity: &Identity, limit: &Limit) -> String {
-        StateKey { prefix: "slidegate:", identity, limit }.to_string()
+        IdentityKeys { prefix: "slidegate:", identity, packed: None }.state(limit).to_string()
     }
 
     /// An identity in `scope`: the scope is the only free-form part of a key.
@@ -175,7 +241,8 @@ mod tests {
         let gcra = Limit::new(Algorithm::Gcra, Quota::per_second(7).expect("valid"));
         let client = Identity::new("search", Source::Ip, Digest([0x01; 16]));
         assert_eq!(key(&client, &gcra), "slidegate:{search:ip:AQEBAQEBAQEBAQEBAQEBAQ}:gcra:7:1000");
-        let penalty = PenaltyKey { prefix: "slidegate:", identity: &user }.to_string();
+        let penalty =
+            IdentityKeys { prefix: "slidegate:", identity: &user, packed: None }.penalty().to_string();
         assert_eq!(penalty, format!("slidegate:{{api:k:{digits}}}:penalty"));
         // An application's names are written as given.
         let named = Identity::named("app", "user:42");

@@ -1,12 +1,15 @@
 -- slidegate lease, ALGORITHM: one decision on a lease's permits, charged
 -- only when allowed, with the window they were charged in.
 -- KEYS[1]  the identity's state key, <prefix>{<identity>}:TAG:<limit>:<window_ms>
+--          (packed layout: the stem of its bucket's window hashes)
 -- ARGV[1]  as decide.lua's: now in ms since the epoch or -1 to take Redis
 --          TIME, limit, window in ms, cost (the lease's permits), then
 --          optionally the caller's deadline in ms on Redis's clock
+-- ARGV[2]  packed layout only: the identity's field in the window hashes
 -- Reply    five little-endian doubles: allowed (1|0), remaining,
 --          reset_after ms, retry_after ms (-1 when allowed), and the number
---          of the window charged, modulo 2^32 (the one give_back.lua takes).
+--          of the window charged, modulo 2^32 (the one give_back.lua takes;
+--          packed: in full, the one give_back_packed.lua takes).
 --          Past the deadline: the error EXPIRED <Redis ms>, nothing written.
 -- Only the window algorithms are leased (see store/lease.rs); their
 -- sections are inlined as in decide.lua.
@@ -17,6 +20,8 @@ if #ARGV[1] == 40 then
 end
 --! include prelude.lua
 local key = KEYS[1]
+--! packed local field = ARGV[2]
 --! inline ALGORITHM.lua
 
-return struct_pack('<ddddd', allowed and 1 or 0, remaining, reset, retry, window)
+--! per_key return struct_pack('<ddddd', allowed and 1 or 0, remaining, reset, retry, window)
+--! packed return struct_pack('<ddddd', allowed and 1 or 0, remaining, reset, retry, (now - now % w) / w)

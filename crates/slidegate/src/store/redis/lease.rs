@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use redis::{Cmd, Value};
 
-use super::wire::{self, DecideAllArgs, DecideArgs};
-use super::{scripts, CallDeadline, RedisStore};
+use super::scripts::{self, Assembly};
+use super::wire::{self, DecideAllArgs, DecideArgs, WithFields};
+use super::{CallDeadline, RedisStore};
 use crate::store::lease::{usable_for, GiveBack, Lease, LeaseStore};
 use crate::store::{check_charge, Charge, StoreError};
 use crate::{Algorithm, Identity};
@@ -33,14 +34,15 @@ impl LeaseStore for RedisStore {
         charge: Charge,
         deadline: Option<Instant>,
     ) -> Result<Lease, StoreError> {
-        let Some(lua) = scripts::lease(charge.limit.algorithm) else {
+        let Some(lua) = scripts::lease(charge.limit.algorithm, self.assembly()) else {
             return Err(StoreError::NotLeased(charge.limit.algorithm));
         };
         check_charge(&charge.limit, charge.cost)?;
         let now_ms = self.client_now()?;
         let deadline = self.deadline(deadline);
         let deadline_ms = deadline.server_ms;
-        let key = self.state_key(identity, &charge.limit);
+        let identity_keys = self.keys(identity);
+        let key = identity_keys.state(&charge.limit);
         let by_module = || {
             let mut cmd = Cmd::with_capacity(3, 192 + self.prefix.len() + identity.scope().len());
             let charges = [charge];
@@ -51,6 +53,7 @@ impl LeaseStore for RedisStore {
             Some(reply) => reply,
             None => {
                 let args = DecideArgs { now_ms, limit: charge.limit, cost: charge.cost, deadline_ms };
+                let args = WithFields { args, fields: self.fields(std::iter::once(&identity_keys)) };
                 self.eval(lua, &[key], &args, deadline).await?
             }
         };
@@ -77,8 +80,17 @@ impl LeaseStore for RedisStore {
         }
         let deadline = self.deadline(deadline);
         let deadline_arg: i64 = deadline.server_ms.map_or(-1, |ms| ms as i64);
+        let identity_keys = self.keys(identity);
+        let key = identity_keys.state(&back.limit);
+        if key.is_packed() {
+            // The window in full: it names the window's hash.
+            let args = (kind, back.limit.quota.permits(), back.window, back.unused, deadline_arg);
+            let args = (args, identity_keys.field());
+            let reply = self.eval(scripts::give_back(Assembly::Packed), &[key], &args, deadline).await?;
+            return redis::from_redis_value(reply)
+                .map_err(|e| StoreError::UnexpectedReply(format!("give_back: {e}")));
+        }
         let args = (kind, back.limit.quota.permits(), back.window % WINDOWS, back.unused, deadline_arg);
-        let key = self.state_key(identity, &back.limit);
         let by_module = || {
             let mut cmd = Cmd::with_capacity(7, 128 + self.prefix.len() + identity.scope().len());
             cmd.arg(MODULE_GIVE_BACK).arg(key).arg(args);
@@ -86,7 +98,7 @@ impl LeaseStore for RedisStore {
         };
         let reply = match self.by_module(back.limit.algorithm, by_module, deadline).await? {
             Some(reply) => reply,
-            None => self.eval(scripts::give_back(), &[key], &args, deadline).await?,
+            None => self.eval(scripts::give_back(Assembly::PerKey), &[key], &args, deadline).await?,
         };
         redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("give_back: {e}")))
     }

@@ -57,6 +57,7 @@
 
 mod engine;
 mod key;
+mod layout;
 mod lease;
 mod link;
 mod options;
@@ -77,15 +78,17 @@ use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 pub use self::engine::Engine;
 use self::engine::ModuleProbe;
-use self::key::{PenaltyKey, StateKey};
+use self::key::{IdentityKeys, KeyHead, StateKey};
+use self::layout::Tags;
+pub use self::layout::{Buckets, Layout, Place, IDENTITIES_PER_BUCKET, MAX_BUCKETS};
 pub use self::link::drive_connections_here;
 use self::link::Link;
 pub use self::options::{RedisOptions, TimeSource};
-use self::scripts::Lua;
+use self::scripts::{Assembly, Lua};
 use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
 use self::target::{SentinelSource, Source};
-use self::wire::{DecideAllArgs, DecideArgs};
+use self::wire::{DecideAllArgs, DecideArgs, WithFields};
 use crate::store::joint::{self, JointStore, Part};
 use crate::store::{
     check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store, StoreError,
@@ -135,6 +138,9 @@ pub struct RedisStore {
     module: Arc<ModuleProbe>,
     /// The server's clock as seen from here, to send each call's deadline.
     clock: Arc<ServerClock>,
+    layout: Layout,
+    /// The packed layout's bucket tags.
+    tags: Option<Arc<Tags>>,
 }
 
 /// When one call is given up: here, and on the server's clock (`None`
@@ -153,6 +159,7 @@ impl fmt::Debug for RedisStore {
             .field("time", &self.time)
             .field("timeout", &self.timeout)
             .field("engine", &self.engine)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -218,6 +225,8 @@ impl RedisStore {
             engine: options.engine,
             module: Arc::default(),
             clock: Arc::default(),
+            layout: Layout::PerKey,
+            tags: None,
         };
         // Loading now saves the first call of each script its fallback; a
         // Redis that answers a connect but not this is as good as down.
@@ -227,7 +236,7 @@ impl RedisStore {
             // permission) reads as one error, not as six failed loads.
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             let mut pipe = redis::pipe();
-            for lua in scripts::all() {
+            for lua in scripts::all(Assembly::PerKey).chain(scripts::all(Assembly::Packed)) {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
             }
             pipe.query_async::<()>(&mut conn).await?;
@@ -286,7 +295,7 @@ impl RedisStore {
         // answer yet gets the script from that fallback.
         let load = async {
             let mut conn = conn.clone();
-            for lua in scripts::all() {
+            for lua in scripts::all(Assembly::PerKey).chain(scripts::all(Assembly::Packed)) {
                 redis::cmd("SCRIPT").arg("LOAD").arg(lua.source()).query_async::<()>(&mut conn).await?;
             }
             Ok::<_, redis::RedisError>(())
@@ -300,6 +309,8 @@ impl RedisStore {
             engine: options.engine,
             module: Arc::default(),
             clock: Arc::default(),
+            layout: Layout::PerKey,
+            tags: None,
         };
         store.sample_time_now().await;
         Ok(store)
@@ -320,6 +331,8 @@ impl RedisStore {
             engine: Engine::Auto,
             module: Arc::default(),
             clock: Arc::default(),
+            layout: Layout::PerKey,
+            tags: None,
         }
     }
 
@@ -371,8 +384,67 @@ impl RedisStore {
         &self.time
     }
 
+    /// The same store keeping its state in `layout` (default
+    /// [`Layout::PerKey`]; see [`Layout`] for the packed one). Every process
+    /// deciding for the same identities under one prefix must use the same
+    /// layout and bucket count: a store in another layout does not see the
+    /// state written in this one (each identity starts afresh once, as
+    /// after any change of key shape).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.tags = match layout {
+            Layout::PerKey => None,
+            Layout::Packed(buckets) => Some(Tags::of(buckets)),
+        };
+        self.layout = layout;
+        self
+    }
+
+    /// The layout the state is kept in.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Where `identity`'s state under `limit` lives: its key, or in the
+    /// packed layout (for the algorithms it packs) the stem of its bucket's
+    /// window hashes and its field in them.
+    pub fn location(&self, identity: &Identity, limit: &Limit) -> Location {
+        let keys = self.keys(identity);
+        let key = keys.state(limit);
+        match keys.packed {
+            Some((_, field)) if key.is_packed() => Location::Packed { stem: key.to_string(), field },
+            _ => Location::Key(key.to_string()),
+        }
+    }
+
+    /// The scripts of the store's layout.
+    fn assembly(&self) -> Assembly {
+        match self.layout {
+            Layout::PerKey => Assembly::PerKey,
+            Layout::Packed(_) => Assembly::Packed,
+        }
+    }
+
+    /// Where `identity`'s keys are: computed once per request.
+    fn keys<'a>(&'a self, identity: &'a Identity) -> IdentityKeys<'a> {
+        let packed = match (self.layout, &self.tags) {
+            (Layout::Packed(buckets), Some(tags)) => {
+                let place = Place::of(identity, buckets);
+                Some((tags.tag(place.bucket), place.field))
+            }
+            _ => None,
+        };
+        IdentityKeys { prefix: &self.prefix, identity, packed }
+    }
+
+    /// The fields a packed script takes after its arguments: the field of
+    /// each key's identity, in order; `None` in the per-key layout.
+    fn fields<'a>(&self, keys: impl Iterator<Item = &'a IdentityKeys<'a>>) -> Option<Vec<u8>> {
+        (self.layout != Layout::PerKey).then(|| keys.flat_map(|k| k.field().iter().copied()).collect())
+    }
+
     /// The Redis keys that hold `identity`'s state under `limit` (for tests,
-    /// `MEMORY USAGE`, cleanup). Every algorithm uses exactly one key:
+    /// `MEMORY USAGE`, cleanup). In the per-key layout every algorithm uses
+    /// exactly one key (in the packed layout see [`location`](Self::location)):
     /// `<prefix>{<scope>:<source tag>:<22 base64url digits>}:<alg>:<limit>:<window_ms>`
     /// with `<alg>` one of `swc`, `fw`, `log`, `tb`, `gcra` (an application's
     /// name is written as given, `<scope>:n:<name>`; the digits are the
@@ -381,11 +453,14 @@ impl RedisStore {
     /// An identity whose scope starts with `{` or `}` is written with one
     /// more `{` in front, so that its hash tag is never empty.
     pub fn keys_for(&self, identity: &Identity, limit: &Limit) -> Vec<String> {
-        vec![self.state_key(identity, limit).to_string()]
+        match self.location(identity, limit) {
+            Location::Key(key) => vec![key],
+            Location::Packed { stem, .. } => vec![stem],
+        }
     }
 
     fn state_key<'a>(&'a self, identity: &'a Identity, limit: &'a Limit) -> StateKey<'a> {
-        StateKey { prefix: &self.prefix, identity, limit }
+        self.keys(identity).state(limit)
     }
 
     /// The client's time in ms, or `None` for Redis `TIME`; a client time
@@ -564,15 +639,20 @@ impl Store for RedisStore {
             }
         }
         let deadline_ms = deadline.server_ms;
+        let identity_keys = self.keys(identity);
+        let assembly = self.assembly();
         if let [charge] = charges {
             let args = DecideArgs { now_ms, limit: charge.limit, cost: charge.cost, deadline_ms };
-            let key = self.state_key(identity, &charge.limit);
-            let reply = self.eval(scripts::decide(charge.limit.algorithm), &[key], &args, deadline).await?;
+            let args = WithFields { args, fields: self.fields(std::iter::once(&identity_keys)) };
+            let key = identity_keys.state(&charge.limit);
+            let lua = scripts::decide(charge.limit.algorithm, assembly);
+            let reply = self.eval(lua, &[key], &args, deadline).await?;
             return wire::single_decision(&reply, charge.limit.quota.permits()).map(Outcome::decided);
         }
-        let keys: Vec<StateKey<'_>> = charges.iter().map(|c| self.state_key(identity, &c.limit)).collect();
+        let keys: Vec<StateKey<'_>> = charges.iter().map(|c| identity_keys.state(&c.limit)).collect();
         let args = DecideAllArgs { now_ms, charges, deadline_ms };
-        let reply = self.eval(scripts::decide_all(), &keys, &args, deadline).await?;
+        let args = WithFields { args, fields: self.fields(charges.iter().map(|_| &identity_keys)) };
+        let reply = self.eval(scripts::decide_all(assembly), &keys, &args, deadline).await?;
         wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Outcome::decided)
     }
 
@@ -603,7 +683,7 @@ impl Store for RedisStore {
         let deadline = self.deadline(deadline);
         let now_arg: i64 = now.map_or(-1, |n| n as i64);
         let deadline_arg: i64 = deadline.server_ms.map_or(-1, |ms| ms as i64);
-        let key = PenaltyKey { prefix: &self.prefix, identity }.to_string();
+        let key = self.keys(identity).penalty().to_string();
         let reply = self.eval(scripts::lift(), &[key], &(now_arg, deadline_arg), deadline).await?;
         let left: i64 =
             redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("lift: {e}")))?;
@@ -629,12 +709,18 @@ impl JointStore for RedisStore {
         let now_ms = self.client_now()?;
         let deadline = self.deadline(deadline);
         let charges: Vec<Charge> = parts.iter().flat_map(|p| p.charges.iter().copied()).collect();
-        let keys: Vec<StateKey<'_>> = parts
+        let identity_keys: Vec<IdentityKeys<'_>> = parts
             .iter()
-            .flat_map(|p| p.charges.iter().map(|c| self.state_key(p.identity, &c.limit)))
+            .flat_map(|p| {
+                let keys = self.keys(p.identity);
+                p.charges.iter().map(move |_| keys)
+            })
             .collect();
+        let keys: Vec<StateKey<'_>> =
+            identity_keys.iter().zip(&charges).map(|(k, c)| k.state(&c.limit)).collect();
         let args = DecideAllArgs { now_ms, charges: &charges, deadline_ms: deadline.server_ms };
-        let reply = self.eval(scripts::decide_all(), &keys, &args, deadline).await?;
+        let args = WithFields { args, fields: self.fields(identity_keys.iter()) };
+        let reply = self.eval(scripts::decide_all(self.assembly()), &keys, &args, deadline).await?;
         let flat = wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits()))?;
         Ok(joint::split(parts, &flat))
     }
@@ -686,20 +772,38 @@ impl RedisStore {
         now_ms: Option<u64>,
         deadline: CallDeadline,
     ) -> Result<Outcome, StoreError> {
+        let identity_keys = self.keys(identity);
         let mut keys: Vec<String> =
-            charges.iter().map(|c| self.state_key(identity, &c.limit).to_string()).collect();
-        keys.push(PenaltyKey { prefix: &self.prefix, identity }.to_string());
+            charges.iter().map(|c| identity_keys.state(&c.limit).to_string()).collect();
+        keys.push(identity_keys.penalty().to_string());
         let args =
             (DecideAllArgs { now_ms, charges, deadline_ms: deadline.server_ms }, wire::PenaltyArgs(penalty));
-        let reply = self.eval(scripts::penalty(), &keys, &args, deadline).await?;
+        let args = WithFields { args, fields: self.fields(charges.iter().map(|_| &identity_keys)) };
+        let reply = self.eval(scripts::penalty(self.assembly()), &keys, &args, deadline).await?;
         wire::penalized(&reply, charges.iter().map(|c| c.limit.quota.permits()))
     }
 
     /// The Redis key of `identity`'s distinct-value sketch under `quota`:
-    /// `<prefix>{<identity>}:hll:<limit>:<window_ms>`, in the identity's slot
-    /// (its window number lives in the same key plus `:w`).
+    /// `<prefix>{<identity>}:hll:<limit>:<window_ms>` (packed layout:
+    /// `<prefix>{<bucket tag>}<identity>:hll:…`), in the slot of the
+    /// identity's state keys (its window number lives in the same key plus `:w`).
     pub fn distinct_key(&self, identity: &Identity, quota: &Quota) -> String {
-        let (escape, text) = (key::escape(identity), key::KeyText(identity));
-        format!("{}{{{escape}{text}}}:hll:{}:{}", self.prefix, quota.permits(), quota.window_ms())
+        let head = KeyHead(self.keys(identity));
+        format!("{head}:hll:{}:{}", quota.permits(), quota.window_ms())
     }
+}
+
+/// Where an identity's state under one limit lives ([`RedisStore::location`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Location {
+    /// A key of its own.
+    Key(String),
+    /// The field `field` of the window hashes `<stem><window number>`.
+    Packed {
+        /// The stem of the bucket's window hashes, up to the window number.
+        stem: String,
+        /// The identity's field in them (binary).
+        field: [u8; 8],
+    },
 }

@@ -59,10 +59,12 @@ end
 -- so living longer is always safe. A state that stops mattering at idle_at
 -- (ms) expires with `expire_how, idle_at - expire_from`: PXAT idle_at on the
 -- server's clock, PX (idle_at − now + slack) on the client's.
+-- A key written whole takes `SET … expire_how`, one given its expiry
+-- apart takes the command `expire_key`.
 local CLIENT_TTL_SLACK_MS = 10000
-local expire_how, expire_from = 'PXAT', 0
+local expire_how, expire_key, expire_from = 'PXAT', 'PEXPIREAT', 0
 if client_time then
-  expire_how, expire_from = 'PX', now - CLIENT_TTL_SLACK_MS
+  expire_how, expire_key, expire_from = 'PX', 'PEXPIRE', now - CLIENT_TTL_SLACK_MS
 end
 
 -- Packed states keep window numbers modulo 2^32 and counts in 32 bits when
@@ -74,3 +76,6 @@ end
 -- ahead by more is taken as behind (Redis expires window states after two
 -- windows, so only a clock step of that size could be misread).
 local TWO_32, TWO_48 = 4294967296, 281474976710656
+-- The packed layout keeps a sliding window counter's two counts in one
+-- integer below limits of 2^26 (layout.rs).
+local TWO_26 = 67108864

@@ -57,6 +57,38 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::{for_each_algorithm, Definition};
 use crate::Algorithm;
 
+/// Which layout a script is assembled for: the packed one replaces the
+/// load and commit sections of the algorithms it packs with those of
+/// `<name>_packed.lua`, and keeps the main files' `--! packed` lines where
+/// the per-key layout keeps their `--! per_key` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Assembly {
+    PerKey,
+    Packed,
+}
+
+impl Assembly {
+    /// Index into the script tables.
+    const fn index(self) -> usize {
+        match self {
+            Assembly::PerKey => 0,
+            Assembly::Packed => 1,
+        }
+    }
+
+    /// The load and commit sections of `algorithm` packed, when this
+    /// assembly packs it.
+    fn packed(self, algorithm: Algorithm) -> Option<&'static str> {
+        match (self, algorithm) {
+            (Assembly::Packed, Algorithm::SlidingWindowCounter) => {
+                Some(include_str!("sliding_window_counter_packed.lua"))
+            }
+            (Assembly::Packed, Algorithm::FixedWindow) => Some(include_str!("fixed_window_packed.lua")),
+            _ => None,
+        }
+    }
+}
+
 /// What the Redis store knows of an algorithm: its Lua mirror and its tag
 /// in keys. Implemented here for each algorithm's unit type, so the
 /// algorithms know nothing of Redis; [`tag`] and [`lua`] are built from
@@ -146,7 +178,7 @@ struct Sections {
 }
 
 impl Sections {
-    fn of(algorithm: Algorithm) -> Self {
+    fn of(algorithm: Algorithm, assembly: Assembly) -> Self {
         let source = lua(algorithm);
         let name = algorithm.name();
         let cut = |text: &'static str, marker: &str| {
@@ -158,7 +190,14 @@ impl Sections {
         let (_, rest) = cut(rest, "--! load\n");
         let (load, rest) = cut(rest, "--! decide\n");
         let (decide, commit) = cut(rest, "--! commit\n");
-        Sections { comment, state, charged, load, decide, commit }
+        match assembly.packed(algorithm) {
+            None => Sections { comment, state, charged, load, decide, commit },
+            Some(packed) => {
+                let (packed_comment, rest) = cut(packed, "--! load\n");
+                let (load, commit) = cut(rest, "--! commit\n");
+                Sections { comment: packed_comment, state, charged, load, decide, commit }
+            }
+        }
     }
 
     /// The three functions `decide_all.lua` dispatches to, named after the
@@ -213,10 +252,10 @@ fn algorithm_file(name: &str) -> Algorithm {
 
 /// Every algorithm's functions, then `algorithms`: the table
 /// `decide_all.lua` dispatches on, indexed by [`number`].
-fn dispatch_table() -> String {
+fn dispatch_table(assembly: Assembly) -> String {
     let mut lua = String::new();
     for a in Algorithm::ALL {
-        lua.push_str(&Sections::of(a).functions(tag(a)));
+        lua.push_str(&Sections::of(a, assembly).functions(tag(a)));
         lua.push('\n');
     }
     lua.push_str("local algorithms = {\n");
@@ -233,15 +272,32 @@ fn dispatch_table() -> String {
 }
 
 /// Replaces each `--! include prelude.lua` line of `main` with the prelude
-/// and each `--! inline <name>.lua` line with that algorithm's sections.
-fn assemble(main: &str) -> String {
+/// and each `--! inline <name>.lua` line with that algorithm's sections;
+/// keeps the code of `--! packed <code>` lines in the packed assembly and
+/// of `--! per_key <code>` lines in the other (indented as the directive).
+fn assemble(main: &str, assembly: Assembly) -> String {
     let mut script = String::with_capacity(main.len() * 2 + PRELUDE.len());
     for line in main.split_inclusive('\n') {
-        let directive = line.trim_end();
-        if directive == "--! include prelude.lua" {
+        let directive = line.trim();
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let kept = match assembly {
+            Assembly::Packed => {
+                (directive.strip_prefix("--! packed "), directive.starts_with("--! per_key "))
+            }
+            Assembly::PerKey => {
+                (directive.strip_prefix("--! per_key "), directive.starts_with("--! packed "))
+            }
+        };
+        if let (Some(code), _) = kept {
+            script.push_str(indent);
+            script.push_str(code);
+            script.push('\n');
+        } else if kept.1 {
+            // The other layout's line.
+        } else if directive == "--! include prelude.lua" {
             script.push_str(PRELUDE);
         } else if let Some(name) = directive.strip_prefix("--! inline ") {
-            script.push_str(&Sections::of(algorithm_file(name)).inline());
+            script.push_str(&Sections::of(algorithm_file(name), assembly).inline());
         } else {
             assert!(!directive.starts_with("--! "), "unknown directive {directive:?}");
             script.push_str(line);
@@ -251,26 +307,26 @@ fn assemble(main: &str) -> String {
 }
 
 /// The source of the single-limit script for `algorithm`.
-pub(super) fn decide_source(algorithm: Algorithm) -> String {
-    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
+pub(super) fn decide_source(algorithm: Algorithm, assembly: Assembly) -> String {
+    assemble(&DECIDE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)), assembly)
 }
 
 /// The source of the lease script for `algorithm`: `decide.lua`'s
 /// decision, answering the window charged too (`lease.lua`).
-pub(super) fn lease_source(algorithm: Algorithm) -> String {
-    assemble(&LEASE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)))
+pub(super) fn lease_source(algorithm: Algorithm, assembly: Assembly) -> String {
+    assemble(&LEASE.replace("ALGORITHM", algorithm.name()).replace("TAG", tag(algorithm)), assembly)
 }
 
 /// The source of the all-or-nothing script over several limits.
-pub(super) fn decide_all_source() -> String {
-    assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table()))
+pub(super) fn decide_all_source(assembly: Assembly) -> String {
+    assemble(&DECIDE_ALL.replace("--! algorithms\n", &dispatch_table(assembly)), assembly)
 }
 
 /// The source of `decide_all.lua` inside the penalty box: `penalty.lua`'s
 /// comment block, then `decide_all.lua` with the `head` part after the
 /// algorithms, its limit loop bounded by the `limits` part (the last key is
 /// the penalty's), and its final `return` replaced by the `tail` part.
-pub(super) fn penalty_source() -> String {
+pub(super) fn penalty_source(assembly: Assembly) -> String {
     let (comment, parts) = PENALTY.split_once("--! part head\n").expect("penalty.lua has a head part");
     let (head, parts) = parts.split_once("--! part limits\n").expect("penalty.lua has a limits part");
     let (limits, tail) = parts.split_once("--! part tail\n").expect("penalty.lua has a tail part");
@@ -278,10 +334,10 @@ pub(super) fn penalty_source() -> String {
         assert_eq!(text.matches(from).count(), 1, "decide_all.lua has one {from:?}");
         text.replace(from, to)
     };
-    let main = splice(DECIDE_ALL, "--! algorithms\n", &format!("{}{head}", dispatch_table()));
+    let main = splice(DECIDE_ALL, "--! algorithms\n", &format!("{}{head}", dispatch_table(assembly)));
     let main = splice(&main, "for i = 1, #KEYS do", &format!("for i = 1, {} do", limits.trim()));
     let main = splice(&main, "return table.concat(reply)\n", tail);
-    format!("{comment}{}", assemble(&main))
+    format!("{comment}{}", assemble(&main, assembly))
 }
 
 /// A script with its source: `EVALSHA` needs the hash, and the fallback
@@ -314,20 +370,28 @@ struct Scripts {
     penalty: Lua,
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    decide: Algorithm::ALL.map(|a| Lua::new(decide_source(a))),
-    decide_all: Lua::new(decide_all_source()),
-    penalty: Lua::new(penalty_source()),
-});
+impl Scripts {
+    fn new(assembly: Assembly) -> Self {
+        Scripts {
+            decide: Algorithm::ALL.map(|a| Lua::new(decide_source(a, assembly))),
+            decide_all: Lua::new(decide_all_source(assembly)),
+            penalty: Lua::new(penalty_source(assembly)),
+        }
+    }
+}
+
+/// Per [`Assembly::index`].
+static SCRIPTS: [LazyLock<Scripts>; 2] =
+    [LazyLock::new(|| Scripts::new(Assembly::PerKey)), LazyLock::new(|| Scripts::new(Assembly::Packed))];
 
 /// The script deciding one limit of `algorithm`.
-pub(super) fn decide(algorithm: Algorithm) -> &'static Lua {
-    &SCRIPTS.decide[index(algorithm)]
+pub(super) fn decide(algorithm: Algorithm, assembly: Assembly) -> &'static Lua {
+    &SCRIPTS[assembly.index()].decide[index(algorithm)]
 }
 
 /// The script deciding several limits all-or-nothing.
-pub(super) fn decide_all() -> &'static Lua {
-    &SCRIPTS.decide_all
+pub(super) fn decide_all(assembly: Assembly) -> &'static Lua {
+    &SCRIPTS[assembly.index()].decide_all
 }
 
 /// The distinct-values script (`distinct.lua`): standalone, without the
@@ -354,32 +418,45 @@ pub(super) fn lift() -> &'static Lua {
 /// The script leasing permits of a limit of `algorithm`, for the algorithms
 /// that are leased (`store::lease::leasable`); loaded by its first call's
 /// `EVAL` fallback.
-pub(super) fn lease(algorithm: Algorithm) -> Option<&'static Lua> {
-    static LEASES: LazyLock<[Lua; 2]> = LazyLock::new(|| {
-        [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow].map(|a| Lua::new(lease_source(a)))
-    });
+pub(super) fn lease(algorithm: Algorithm, assembly: Assembly) -> Option<&'static Lua> {
+    static LEASES: [LazyLock<[Lua; 2]>; 2] = [
+        LazyLock::new(|| {
+            [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow]
+                .map(|a| Lua::new(lease_source(a, Assembly::PerKey)))
+        }),
+        LazyLock::new(|| {
+            [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow]
+                .map(|a| Lua::new(lease_source(a, Assembly::Packed)))
+        }),
+    ];
+    let leases = &LEASES[assembly.index()];
     match algorithm {
-        Algorithm::SlidingWindowCounter => Some(&LEASES[0]),
-        Algorithm::FixedWindow => Some(&LEASES[1]),
+        Algorithm::SlidingWindowCounter => Some(&leases[0]),
+        Algorithm::FixedWindow => Some(&leases[1]),
         Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::Gcra => None,
     }
 }
 
-/// The script giving a lease's unused permits back (`give_back.lua`):
-/// standalone, loaded by its first call's `EVAL` fallback.
-pub(super) fn give_back() -> &'static Lua {
-    static GIVE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("give_back.lua").to_owned()));
-    &GIVE_BACK
+/// The script giving a lease's unused permits back (`give_back.lua`, or
+/// `give_back_packed.lua`): standalone, loaded by its first call's `EVAL`
+/// fallback.
+pub(super) fn give_back(assembly: Assembly) -> &'static Lua {
+    static GIVE_BACK: [LazyLock<Lua>; 2] = [
+        LazyLock::new(|| Lua::new(include_str!("give_back.lua").to_owned())),
+        LazyLock::new(|| Lua::new(include_str!("give_back_packed.lua").to_owned())),
+    ];
+    &GIVE_BACK[assembly.index()]
 }
 
 /// The script deciding several limits inside the penalty box.
-pub(super) fn penalty() -> &'static Lua {
-    &SCRIPTS.penalty
+pub(super) fn penalty(assembly: Assembly) -> &'static Lua {
+    &SCRIPTS[assembly.index()].penalty
 }
 
-/// Every script, to load them all when connecting.
-pub(super) fn all() -> impl Iterator<Item = &'static Lua> {
-    SCRIPTS.decide.iter().chain([&SCRIPTS.decide_all, &SCRIPTS.penalty])
+/// Every script of `assembly` that decides, to load them all when connecting.
+pub(super) fn all(assembly: Assembly) -> impl Iterator<Item = &'static Lua> {
+    let scripts = &*SCRIPTS[assembly.index()];
+    scripts.decide.iter().chain([&scripts.decide_all, &scripts.penalty])
 }
 
 #[cfg(test)]
@@ -393,38 +470,50 @@ mod tests {
 
     #[test]
     fn scripts_start_with_their_comment_block_and_include_every_piece() {
-        for a in Algorithm::ALL {
-            let source = decide_source(a);
-            assert!(source.starts_with(&format!("-- slidegate decide, {}:", a.name())), "{source}");
-            assert!(source.contains("-- ARGV[1]"));
-            assert!(source.contains(&format!("local {}\ndo\n", Sections::of(a).state)), "{source}");
-            assert!(!source.contains("--! "));
-            // One flat chunk: nothing for Lua to allocate a closure for.
-            assert!(!code(&source).contains("function"), "{source}");
-        }
-        for a in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
-            let source = lease_source(a);
-            assert!(source.starts_with(&format!("-- slidegate lease, {}:", a.name())), "{source}");
-            assert!(!source.contains("--! ") && !code(&source).contains("function"), "{source}");
-        }
-        let all = decide_all_source();
-        assert!(all.starts_with("-- slidegate decide_all:"));
-        assert!(!all.contains("--! "));
-        let penalty = penalty_source();
-        assert!(penalty.starts_with("-- slidegate decide_penalized:"));
-        assert!(!penalty.contains("--! "));
-        assert!(penalty.contains("for i = 1, #KEYS - 1 do"));
-        assert!(penalty.contains("return table.concat(reply) .. struct_pack('<d', blocked)"));
-        for a in Algorithm::ALL {
-            assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", tag(a))));
+        for assembly in [Assembly::PerKey, Assembly::Packed] {
+            for a in Algorithm::ALL {
+                let source = decide_source(a, assembly);
+                assert!(source.starts_with(&format!("-- slidegate decide, {}:", a.name())), "{source}");
+                assert!(source.contains("-- ARGV[1]"));
+                assert!(
+                    source.contains(&format!("local {}\ndo\n", Sections::of(a, assembly).state)),
+                    "{source}"
+                );
+                assert!(!source.contains("--! "));
+                // One flat chunk: nothing for Lua to allocate a closure for.
+                assert!(!code(&source).contains("function"), "{source}");
+                let packed = assembly.packed(a).is_some();
+                assert_eq!(code(&source).contains("HGET"), packed, "{source}");
+                assert_eq!(code(&source).contains("local field = ARGV[2]"), assembly == Assembly::Packed);
+            }
+            for a in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+                let source = lease_source(a, assembly);
+                assert!(source.starts_with(&format!("-- slidegate lease, {}:", a.name())), "{source}");
+                assert!(!source.contains("--! ") && !code(&source).contains("function"), "{source}");
+                assert_eq!(code(&source).matches("return struct_pack").count(), 1, "{source}");
+            }
+            let all = decide_all_source(assembly);
+            assert!(all.starts_with("-- slidegate decide_all:"));
+            assert!(!all.contains("--! "));
+            let penalty = penalty_source(assembly);
+            assert!(penalty.starts_with("-- slidegate decide_penalized:"));
+            assert!(!penalty.contains("--! "));
+            assert!(penalty.contains("for i = 1, #KEYS - 1 do"));
+            assert!(penalty.contains("return table.concat(reply) .. struct_pack('<d', blocked)"));
+            for a in Algorithm::ALL {
+                assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", tag(a))));
+            }
+            assert_eq!(all.matches("field = string.sub(fields").count(), 2 * assembly.index());
         }
     }
 
     #[test]
     fn algorithm_files_keep_the_contract() {
         let names = |list: &str| list.split(", ").map(str::to_owned).collect::<Vec<_>>();
-        for a in Algorithm::ALL {
-            let s = Sections::of(a);
+        for (a, assembly) in
+            Algorithm::ALL.into_iter().flat_map(|a| [(a, Assembly::PerKey), (a, Assembly::Packed)])
+        {
+            let s = Sections::of(a, assembly);
             let (state, charged) = (names(s.state), names(s.charged));
             assert!((1..=3).contains(&state.len()) && (1..=4).contains(&charged.len()), "{}", a.name());
             assert!(state.iter().all(|n| !charged.contains(n)), "{}: state and charged overlap", a.name());
@@ -438,7 +527,7 @@ mod tests {
 
     #[test]
     fn the_dispatch_table_numbers_algorithms_as_the_wire_does() {
-        let all = decide_all_source();
+        let all = decide_all_source(Assembly::PerKey);
         let table = &all[all.find("local algorithms = {").expect("the table is generated")..];
         let entries: Vec<&str> = table.lines().skip(1).take_while(|l| *l != "}").collect();
         assert_eq!(entries.len(), Algorithm::ALL.len());
@@ -457,7 +546,7 @@ mod tests {
 
     #[test]
     fn single_scripts_carry_only_their_own_algorithm() {
-        let swc = decide_source(Algorithm::SlidingWindowCounter);
+        let swc = decide_source(Algorithm::SlidingWindowCounter, Assembly::PerKey);
         assert!(!swc.contains("gcra_decide") && !swc.contains("ZADD"));
     }
 }

@@ -92,6 +92,25 @@ impl ToRedisArgs for DecideAllArgs<'_> {
 
 impl ToSingleRedisArg for DecideAllArgs<'_> {}
 
+/// A script's arguments, then (in the packed layout) one more: the fields
+/// of its keys' identities (`decide.lua`'s ARGV[2], `decide_all.lua`'s last).
+pub(super) struct WithFields<A> {
+    pub(super) args: A,
+    pub(super) fields: Option<Vec<u8>>,
+}
+
+impl<A: ToRedisArgs> ToRedisArgs for WithFields<A> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        self.args.write_redis_args(out);
+        if let Some(fields) = &self.fields {
+            out.write_arg(fields);
+        }
+    }
+}
+
 /// The error code of a call the server reached after its deadline:
 /// `EXPIRED <server ms>`, from the scripts and the module alike.
 const EXPIRED: &str = "EXPIRED";
