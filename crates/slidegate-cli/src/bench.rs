@@ -23,7 +23,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
 use slidegate::{
-    Algorithm, Charge, Clock, Engine, Identity, Limit, ManualClock, Quota, RedisOptions, RedisStore,
+    Algorithm, Charge, Clock, Engine, Identity, Layout, Limit, ManualClock, Quota, RedisOptions, RedisStore,
     RedisTarget, Request, Store, SystemClock, TimeSource,
 };
 
@@ -121,16 +121,24 @@ pub fn run(args: BenchArgs) -> crate::CommandResult {
 /// What `bench redis` measures, one after the other on the same Redis.
 #[derive(Debug, Clone, Copy)]
 enum Candidate {
-    /// One of slidegate's algorithms through [`RedisStore`].
+    /// One of slidegate's algorithms through [`RedisStore`], a key per identity.
     Algorithm(Algorithm),
+    /// One of the algorithms the packed layout packs, in that layout, its
+    /// buckets sized for the identities of the phase ([`Layout::packed_for`]).
+    Packed(Algorithm),
     /// The source article's script, the baseline.
     ReferenceScript,
 }
+
+/// The algorithms the packed layout packs.
+const PACKED: [Algorithm; 2] = [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow];
 
 impl Candidate {
     fn name(self) -> &'static str {
         match self {
             Candidate::Algorithm(algorithm) => algorithm.name(),
+            Candidate::Packed(Algorithm::SlidingWindowCounter) => "sliding_window_counter_packed",
+            Candidate::Packed(_) => "fixed_window_packed",
             Candidate::ReferenceScript => "reference_script",
         }
     }
@@ -169,6 +177,8 @@ fn round(v: f64, digits: i32) -> f64 {
 struct Measured {
     /// Every algorithm, in [`Algorithm::ALL`] order.
     algorithms: Vec<(Algorithm, Figures)>,
+    /// The algorithms in the packed layout, in [`PACKED`] order.
+    packed: Vec<(Algorithm, Figures)>,
     /// The article's script; `None` on a cluster.
     reference_script: Option<Figures>,
     /// `redis-benchmark -P 16` calls per second of the reference script, if it ran.
@@ -179,7 +189,8 @@ impl Measured {
     /// Every candidate's figures, in table order.
     fn rows(&self) -> impl Iterator<Item = (&'static str, &Figures)> {
         let algorithms = self.algorithms.iter().map(|(a, f)| (a.name(), f));
-        algorithms.chain(self.reference_script.iter().map(|f| (Candidate::ReferenceScript.name(), f)))
+        let packed = self.packed.iter().map(|(a, f)| (Candidate::Packed(*a).name(), f));
+        algorithms.chain(packed).chain(self.reference_script.iter().map(|f| (Candidate::ReferenceScript.name(), f)))
     }
 }
 
@@ -349,11 +360,16 @@ impl<'a> Bench<'a> {
             let prefix = format!("{}{index}:", self.prefix);
             algorithms.push((algorithm, self.measure(Candidate::Algorithm(algorithm), &prefix).await?));
         }
+        let mut packed = Vec::new();
+        for (index, algorithm) in PACKED.into_iter().enumerate() {
+            let prefix = format!("{}p{index}:", self.prefix);
+            packed.push((algorithm, self.measure(Candidate::Packed(algorithm), &prefix).await?));
+        }
         let Some((host, port)) = single else {
             if !self.args.json {
                 eprintln!("reference script and redis-benchmark: not run on a cluster (the article's script runs on one server)");
             }
-            return Ok(Measured { algorithms, reference_script: None, redis_benchmark_p16: None });
+            return Ok(Measured { algorithms, packed, reference_script: None, redis_benchmark_p16: None });
         };
         let prefix = format!("{}{}:", self.prefix, Algorithm::ALL.len());
         let reference_script = Some(self.measure(Candidate::ReferenceScript, &prefix).await?);
@@ -362,7 +378,7 @@ impl<'a> Bench<'a> {
         } else {
             self.redis_benchmark_comparison(host, *port).await?
         };
-        Ok(Measured { algorithms, reference_script, redis_benchmark_p16 })
+        Ok(Measured { algorithms, packed, reference_script, redis_benchmark_p16 })
     }
 
     /// One candidate's load phase and memory phase, its keys under `prefix`.
@@ -384,11 +400,15 @@ impl<'a> Bench<'a> {
         // reference script always gets the client's, as the article calls it.
         let clock: Option<Arc<dyn Clock>> =
             if self.args.client_time { Some(Arc::new(SystemClock)) } else { None };
-        let subjects = self.subjects(candidate, prefix, clock);
+        let subjects = self.subjects(candidate, prefix, clock, self.args.identities);
         let engine = subjects.first().and_then(|s| match s {
             Subject::Store(store, _) => Some(store.clone()),
             Subject::Reference { .. } => None,
         });
+        // Every identity decided once before the timed load, so each
+        // candidate is measured holding all its identities, as in steady
+        // state (a packed hash is scanned in full only once it is full).
+        fill(&subjects, self.args.in_flight, self.args.identities).await?;
         for conn in self.admin.connections() {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
         }
@@ -418,19 +438,25 @@ impl<'a> Bench<'a> {
 
     /// The `used_memory` delta per identity, every identity decided in two
     /// consecutive windows so both layouts hold their steady state (the
-    /// reference script keeps two keys).
+    /// reference script keeps two keys, the packed sliding window counter
+    /// two windows' hashes); the fixed window's in one window, since its
+    /// state expires as its window ends (in the packed layout, a window's
+    /// hash with it).
     async fn memory_per_identity(
         &mut self,
         candidate: Candidate,
         prefix: &str,
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let clock = ManualClock::new(SystemClock.now_ms());
-        let subjects = self.subjects(candidate, prefix, Some(Arc::new(clock.clone())));
-        let before = self.admin.used_memory().await?;
         let n = self.args.memory_identities;
+        let subjects = self.subjects(candidate, prefix, Some(Arc::new(clock.clone())), n);
+        let before = self.admin.used_memory().await?;
         fill(&subjects, self.args.in_flight, n).await?;
-        clock.advance(self.quota.window());
-        fill(&subjects, self.args.in_flight, n).await?;
+        let one_window = matches!(candidate, Candidate::Algorithm(a) | Candidate::Packed(a) if a == Algorithm::FixedWindow);
+        if !one_window {
+            clock.advance(self.quota.window());
+            fill(&subjects, self.args.in_flight, n).await?;
+        }
         let after = self.admin.used_memory().await?;
         Ok(after.saturating_sub(before) as f64 / n as f64)
     }
@@ -450,15 +476,27 @@ impl<'a> Bench<'a> {
         Ok(per_master.iter().sum::<f64>() / per_master.len().max(1) as f64)
     }
 
-    fn subjects(&self, candidate: Candidate, prefix: &str, clock: Option<Arc<dyn Clock>>) -> Vec<Subject> {
-        if let Candidate::Algorithm(algorithm) = candidate {
+    /// `identities`: how many the phase decides for, which the packed
+    /// layout sizes its buckets by.
+    fn subjects(
+        &self,
+        candidate: Candidate,
+        prefix: &str,
+        clock: Option<Arc<dyn Clock>>,
+        identities: usize,
+    ) -> Vec<Subject> {
+        let layout = match candidate {
+            Candidate::Packed(_) => Layout::packed_for(identities as u64),
+            Candidate::Algorithm(_) | Candidate::ReferenceScript => Layout::PerKey,
+        };
+        if let Candidate::Algorithm(algorithm) | Candidate::Packed(algorithm) = candidate {
             if !self.cluster_load.is_empty() {
                 let limit = Limit::new(algorithm, self.quota);
                 return self
                     .cluster_load
                     .iter()
                     .map(|store| {
-                        let mut store = store.clone().with_prefix(prefix);
+                        let mut store = store.clone().with_prefix(prefix).with_layout(layout);
                         if let Some(clock) = &clock {
                             store = store.with_time_source(TimeSource::Client(clock.clone()));
                         }
@@ -468,12 +506,13 @@ impl<'a> Bench<'a> {
             }
         }
         let subject = |conn: &ConnectionManager| match candidate {
-            Candidate::Algorithm(algorithm) => {
+            Candidate::Algorithm(algorithm) | Candidate::Packed(algorithm) => {
                 // As for the connections: a stall of the loaded machine belongs
                 // in the latency figures, not in an error.
                 let mut store = RedisStore::from_connection(conn.clone())
                     .with_timeout(Duration::from_secs_f64(self.args.timeout))
-                    .with_prefix(prefix);
+                    .with_prefix(prefix)
+                    .with_layout(layout);
                 if let Some(clock) = &clock {
                     store = store.with_time_source(TimeSource::Client(clock.clone()));
                 }
@@ -516,8 +555,20 @@ fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: us
                 .insert(algorithm.name().to_owned(), ratio_json(f, reference, measured.redis_benchmark_p16));
         }
     }
+    // The packed layout: its figures, and its ratios to the same algorithm
+    // a key per identity in the same run.
+    let mut packed = Map::new();
+    let mut packed_ratios = Map::new();
+    for (algorithm, f) in &measured.packed {
+        packed.insert(algorithm.name().to_owned(), f.to_json());
+        if let Some((_, per_key)) = measured.algorithms.iter().find(|(a, _)| a == algorithm) {
+            packed_ratios.insert(algorithm.name().to_owned(), ratio_json(f, per_key, None));
+        }
+    }
     json!({
         "algorithms": algorithms,
+        "packed": packed,
+        "packed_vs_per_key": packed_ratios,
         "reference_script": reference.map(|r| r.to_json()),
         "redis_benchmark_p16_per_sec": measured.redis_benchmark_p16.map(|v| round(v, 0)),
         "ratios_vs_reference": ratios,
@@ -530,12 +581,22 @@ fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: us
             "in_flight_per_connection": args.in_flight,
             "identities": args.identities,
             "memory_identities": args.memory_identities,
+            "packed_buckets_load": bucket_count(args.identities),
+            "packed_buckets_memory": bucket_count(args.memory_identities),
             "limit": quota.permits(),
             "window_ms": quota.window_ms(),
             "engine": args.engine.name(),
             "time_source": if args.client_time { "client for both" } else { "server (Redis TIME) for slidegate; client ms in ARGV for the reference script" },
         },
     })
+}
+
+/// The buckets [`Layout::packed_for`] gives `identities`.
+fn bucket_count(identities: usize) -> u32 {
+    match Layout::packed_for(identities as u64) {
+        Layout::Packed(buckets) => buckets.get(),
+        _ => 0,
+    }
 }
 
 fn ratio_json(f: &Figures, reference: &Figures, redis_benchmark: Option<f64>) -> Value {
@@ -550,7 +611,7 @@ fn ratio_json(f: &Figures, reference: &Figures, redis_benchmark: Option<f64>) ->
 /// The table report: figures per candidate, then ratios to the reference script.
 fn print_table(measured: &Measured) {
     outln!(
-        "{:<24} {:>12} {:>9} {:>9} {:>12} {:>10} {:>9}",
+        "{:<30} {:>12} {:>9} {:>9} {:>12} {:>10} {:>9}",
         "",
         "decisions/s",
         "p50 µs",
@@ -561,7 +622,7 @@ fn print_table(measured: &Measured) {
     );
     for (name, f) in measured.rows() {
         outln!(
-            "{:<24} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>10.1} {:>9.1}",
+            "{:<30} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>10.1} {:>9.1}",
             name,
             f.decisions_per_sec,
             f.p50_us,
@@ -571,16 +632,31 @@ fn print_table(measured: &Measured) {
             f.allowed_pct
         );
     }
+    if !measured.packed.is_empty() {
+        outln!();
+        outln!("{:<30} {:>12} {:>12} {:>12}", "packed vs a key per identity", "throughput", "server CPU", "memory");
+        for (algorithm, f) in &measured.packed {
+            let Some((_, k)) = measured.algorithms.iter().find(|(a, _)| a == algorithm) else { continue };
+            outln!(
+                "{:<30} {:>11.2}× {:>11.2}× {:>11.2}×",
+                algorithm.name(),
+                f.decisions_per_sec / k.decisions_per_sec,
+                f.server_us_per_decision / k.server_us_per_decision,
+                f.bytes_per_identity / k.bytes_per_identity
+            );
+        }
+    }
     let Some(r) = &measured.reference_script else {
         outln!("\nreference script, redis-benchmark: not run on a cluster");
         return;
     };
     outln!();
-    outln!("{:<24} {:>12} {:>12} {:>12}", "vs reference script", "throughput", "server CPU", "memory");
-    for (algorithm, f) in &measured.algorithms {
+    outln!("{:<30} {:>12} {:>12} {:>12}", "vs reference script", "throughput", "server CPU", "memory");
+    let packed = measured.packed.iter().map(|(a, f)| (Candidate::Packed(*a).name(), f));
+    for (name, f) in measured.algorithms.iter().map(|(a, f)| (a.name(), f)).chain(packed) {
         outln!(
-            "{:<24} {:>11.2}× {:>11.2}× {:>11.2}×",
-            algorithm.name(),
+            "{:<30} {:>11.2}× {:>11.2}× {:>11.2}×",
+            name,
             f.decisions_per_sec / r.decisions_per_sec,
             f.server_us_per_decision / r.server_us_per_decision,
             f.bytes_per_identity / r.bytes_per_identity

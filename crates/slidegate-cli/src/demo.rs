@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Charge, Engine, Identity, Limit, ManualClock, MemoryStore, Quota, RedisOptions, RedisStore,
-    RedisTarget, Request, Store, TimeSource,
+    Algorithm, Charge, Engine, Identity, Layout, Limit, Location, ManualClock, MemoryStore, Quota, RedisOptions,
+    RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use tokio::task::JoinSet;
 
@@ -322,46 +322,79 @@ async fn redis_experiments(
     nodes.delete_prefix(prefix).await?;
 
     let identities = run.identities;
-    for algorithm in Algorithm::ALL {
+    // Every algorithm a key per identity, then the two the packed layout
+    // packs, its buckets sized for the experiment's identities.
+    let packed = store.clone().with_layout(Layout::packed_for(identities));
+    let candidates = Algorithm::ALL
+        .into_iter()
+        .map(|a| (a.name(), a, store))
+        .chain([(SWC_PACKED, Algorithm::SlidingWindowCounter, &packed), (FW_PACKED, Algorithm::FixedWindow, &packed)]);
+    for (name, algorithm, store) in candidates {
         let limit = memory_limit(algorithm)?;
-        run.progress.step(format!("B. memory, {}", algorithm.name()));
+        run.progress.step(format!("B. memory, {name}"));
         one_identity(store, clock, &limit).await?;
         run.progress.done(ONE_IDENTITY_REQUESTS);
         let mut usage = 0;
-        for key in store.keys_for(&Identity::named(SCOPE, "one"), &limit) {
+        let keys = match store.location(&Identity::named(SCOPE, "one"), &limit) {
+            Location::Key(key) => vec![key],
+            // The window hash that holds it, alone in it (window 0).
+            Location::Packed { stem, .. } => vec![format!("{stem}{}", WINDOW_0_MS / BURST_WINDOW_MS)],
+            other => return Err(format!("unknown location {other:?}").into()),
+        };
+        for key in keys {
             // On a cluster, asked of the master that holds the key.
             usage += nodes.memory_usage(&key).await?;
         }
         nodes.delete_prefix(prefix).await?;
         settle(nodes).await?;
 
-        clock.set(WINDOW_0_MS);
         // On a cluster, summed over the masters the identities spread across.
         let before = nodes.used_memory().await?;
-        let mut tasks = JoinSet::new();
-        for chunk in 0..identities.div_ceil(IN_FLIGHT) {
-            for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
-                let (store, identity) = (store.clone(), Identity::named(SCOPE, &format!("user-{i}")));
-                tasks.spawn(
-                    async move { store.decide(Request::new(&identity, &[Charge::new(limit, 1)])).await },
-                );
-            }
-            while let Some(done) = tasks.join_next().await {
-                done??;
-                run.progress.done(1);
-            }
+        // The sliding window counter's identities in two consecutive
+        // windows (in the packed layout both windows' hashes are alive); a
+        // fixed window's state expires with its window.
+        let windows = if algorithm == Algorithm::SlidingWindowCounter { 2 } else { 1 };
+        for window in 0..windows {
+            clock.set(WINDOW_0_MS + window * BURST_WINDOW_MS);
+            decide_each(store, identities, limit, run).await?;
         }
         let after = nodes.used_memory().await?;
         nodes.delete_prefix(prefix).await?;
         settle(nodes).await?;
         report.memory.insert(
-            algorithm.name(),
+            name,
             Memory {
                 bytes_per_identity: after.saturating_sub(before) / identities,
                 memory_usage_one_identity: Some(usage),
                 bytes_one_identity_after_10000_requests: usage,
             },
         );
+    }
+    Ok(())
+}
+
+/// The sliding window counter in the packed layout, in the report.
+const SWC_PACKED: &str = "sliding_window_counter_packed";
+/// The fixed window in the packed layout, in the report.
+const FW_PACKED: &str = "fixed_window_packed";
+
+/// One decision for each of `identities` identities, [`IN_FLIGHT`] at a time.
+async fn decide_each(
+    store: &RedisStore,
+    identities: u64,
+    limit: Limit,
+    run: &Run,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut tasks = JoinSet::new();
+    for chunk in 0..identities.div_ceil(IN_FLIGHT) {
+        for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
+            let (store, identity) = (store.clone(), Identity::named(SCOPE, &format!("user-{i}")));
+            tasks.spawn(async move { store.decide(Request::new(&identity, &[Charge::new(limit, 1)])).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+            run.progress.done(1);
+        }
     }
     Ok(())
 }
@@ -520,18 +553,19 @@ fn render_memory(out: &mut String, report: &Report) {
     } else {
         ("heap, 1 identity + table", "heap / identity")
     };
-    let _ = writeln!(out, "   {:<26} {:>26} {:>28}", "algorithm", one_header, many_header);
+    let _ = writeln!(out, "   {:<30} {:>26} {:>28}", "algorithm", one_header, many_header);
     let _ = writeln!(
         out,
-        "   {:<26} {:>26} {:>28}",
+        "   {:<30} {:>26} {:>28}",
         "",
         format!("after {ONE_IDENTITY_REQUESTS} requests"),
         format!("over {} identities", report.identities)
     );
-    for (name, m) in Algorithm::ALL.iter().filter_map(|a| Some((a.name(), report.memory.get(a.name())?))) {
+    let names = Algorithm::ALL.iter().map(|a| a.name()).chain([SWC_PACKED, FW_PACKED]);
+    for (name, m) in names.filter_map(|name| Some((name, report.memory.get(name)?))) {
         let _ = writeln!(
             out,
-            "   {:<26} {:>24} B {:>26} B",
+            "   {:<30} {:>24} B {:>26} B",
             name, m.bytes_one_identity_after_10000_requests, m.bytes_per_identity
         );
     }
