@@ -190,7 +190,9 @@ impl Measured {
     fn rows(&self) -> impl Iterator<Item = (&'static str, &Figures)> {
         let algorithms = self.algorithms.iter().map(|(a, f)| (a.name(), f));
         let packed = self.packed.iter().map(|(a, f)| (Candidate::Packed(*a).name(), f));
-        algorithms.chain(packed).chain(self.reference_script.iter().map(|f| (Candidate::ReferenceScript.name(), f)))
+        algorithms
+            .chain(packed)
+            .chain(self.reference_script.iter().map(|f| (Candidate::ReferenceScript.name(), f)))
     }
 }
 
@@ -634,7 +636,13 @@ fn print_table(measured: &Measured) {
     }
     if !measured.packed.is_empty() {
         outln!();
-        outln!("{:<30} {:>12} {:>12} {:>12}", "packed vs a key per identity", "throughput", "server CPU", "memory");
+        outln!(
+            "{:<30} {:>12} {:>12} {:>12}",
+            "packed vs a key per identity",
+            "throughput",
+            "server CPU",
+            "memory"
+        );
         for (algorithm, f) in &measured.packed {
             let Some((_, k)) = measured.algorithms.iter().find(|(a, _)| a == algorithm) else { continue };
             outln!(

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slidegate::{
-    Algorithm, Charge, Engine, Identity, Layout, Limit, Location, ManualClock, MemoryStore, Quota, RedisOptions,
-    RedisStore, RedisTarget, Request, Store, TimeSource,
+    Algorithm, Charge, Engine, Identity, Layout, Limit, Location, ManualClock, MemoryStore, Quota,
+    RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use tokio::task::JoinSet;
 
@@ -325,10 +325,10 @@ async fn redis_experiments(
     // Every algorithm a key per identity, then the two the packed layout
     // packs, its buckets sized for the experiment's identities.
     let packed = store.clone().with_layout(Layout::packed_for(identities));
-    let candidates = Algorithm::ALL
-        .into_iter()
-        .map(|a| (a.name(), a, store))
-        .chain([(SWC_PACKED, Algorithm::SlidingWindowCounter, &packed), (FW_PACKED, Algorithm::FixedWindow, &packed)]);
+    let candidates = Algorithm::ALL.into_iter().map(|a| (a.name(), a, store)).chain([
+        (SWC_PACKED, Algorithm::SlidingWindowCounter, &packed),
+        (FW_PACKED, Algorithm::FixedWindow, &packed),
+    ]);
     for (name, algorithm, store) in candidates {
         let limit = memory_limit(algorithm)?;
         run.progress.step(format!("B. memory, {name}"));

@@ -156,6 +156,8 @@ pub(super) struct RawStore {
     pub(super) tls_ca: Option<Spanned<String>>,
     pub(super) deny_cache: Option<Spanned<u32>>,
     pub(super) engine: Option<Spanned<String>>,
+    pub(super) layout: Option<Spanned<String>>,
+    pub(super) expected_identities: Option<Spanned<u64>>,
     /// Quota leases: `lease = { max = 64, horizon = "50ms" }`.
     pub(super) lease: Option<Spanned<RawLease>>,
 }

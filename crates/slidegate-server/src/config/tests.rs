@@ -6,7 +6,7 @@ use slidegate::Algorithm;
 
 use super::validate::Use;
 use super::*;
-use slidegate::{Engine, RedisTarget};
+use slidegate::{Buckets, Engine, Layout, RedisTarget};
 use slidegate_http::config::{Delay, IdentityConfig, IdentityKind, OnError, RuleLimits};
 use slidegate_http::{BreadthOf, ForwardedHeader, StoreGuard};
 
@@ -983,4 +983,63 @@ fn websocket_idle_timeout_and_grpc_denial_status_have_defaults_and_located_error
         m,
         "unknown grpc_denial_status \"RESOURCE_EXHAUSTED\": expected \"resource_exhausted\" or \"unavailable\""
     );
+}
+
+#[test]
+fn the_layout_is_per_key_unless_packed_and_only_for_redis() {
+    let c = parse_store("url = \"redis://127.0.0.1:7000\"\n").unwrap();
+    assert_eq!(c.store.layout, Layout::PerKey);
+    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"per_key\"\n").unwrap();
+    assert_eq!(c.store.layout, Layout::PerKey);
+    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\n").unwrap();
+    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(16_384).unwrap()));
+    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, layout packed (16384 buckets)");
+    let c =
+        parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = 1000\n")
+            .unwrap();
+    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(16).unwrap()));
+    let c = parse_store("cluster = [\"redis://127.0.0.1:7000\"]\nlayout = \"packed\"\nexpected_identities = 18446744073709551615\n")
+        .unwrap();
+    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(slidegate::store::redis::MAX_BUCKETS).unwrap()));
+    // Hostile or mistaken input: each a located error saying what to write.
+    let cases = [
+        ("layout = \"packed\"\n", 2, 10, "layout applies to a Redis store"),
+        (
+            "url = \"redis://127.0.0.1:7000\"\nlayout = \"Packed\"\n",
+            3,
+            10,
+            "unknown layout \"Packed\": expected \"per_key\"",
+        ),
+        ("url = \"redis://127.0.0.1:7000\"\nlayout = \"\"\n", 3, 10, "unknown layout \"\""),
+        (
+            "url = \"redis://127.0.0.1:7000\"\nexpected_identities = 5\n",
+            3,
+            23,
+            "expected_identities sizes the packed layout's buckets",
+        ),
+        (
+            "url = \"redis://127.0.0.1:7000\"\nlayout = \"per_key\"\nexpected_identities = 5\n",
+            4,
+            23,
+            "expected_identities applies to `layout = \"packed\"` only",
+        ),
+        (
+            "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = 0\n",
+            4,
+            23,
+            "expected_identities must be at least 1",
+        ),
+    ];
+    for (body, line, column, start) in cases {
+        let (l, c, message) = store_err(body);
+        assert!(message.starts_with(start), "{body:?}: {message}");
+        assert_eq!((l, c), (line, column), "{body:?}: {message}");
+    }
+    for body in [
+        "url = \"redis://127.0.0.1:7000\"\nlayout = 1\n",
+        "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = -1\n",
+        "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = \"many\"\n",
+    ] {
+        assert!(parse_store(body).is_err(), "{body:?}");
+    }
 }

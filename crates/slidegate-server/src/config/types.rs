@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use http::Uri;
-use slidegate::{Engine, RedisTarget};
+use slidegate::{Engine, Layout, RedisTarget};
 use slidegate_http::config::{Delay, LimiterConfig, OnError};
 
 /// A validated configuration file.
@@ -213,6 +213,9 @@ pub struct StoreConfig {
     /// What decides inside Redis (`engine`): the native module where every
     /// node has it, else the Lua scripts (the default), or one of them forced.
     pub engine: Engine,
+    /// How the state is laid out in Redis (`layout`, and for the packed
+    /// layout `expected_identities`, which sizes its buckets).
+    pub layout: Layout,
 }
 
 impl StoreConfig {
@@ -253,6 +256,9 @@ impl StoreConfig {
         }
         if self.engine != Engine::Auto {
             out.push_str(&format!(", engine {}", self.engine));
+        }
+        if self.layout != Layout::PerKey {
+            out.push_str(&format!(", layout {}", self.layout));
         }
         out
     }

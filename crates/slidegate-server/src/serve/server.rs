@@ -422,7 +422,7 @@ async fn connect_store(config: &Config) -> AnyStore {
     if let Some(ca) = &store.tls_ca {
         options = options.with_tls_ca(ca.clone());
     }
-    options = options.with_engine(store.engine);
+    options = options.with_engine(store.engine).with_layout(store.layout);
     let name = store.describe();
     let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
     if let Some(err) = error {

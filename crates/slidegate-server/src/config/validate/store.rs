@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use slidegate::{Engine, RedisTarget};
+use slidegate::{Engine, Layout, RedisTarget};
 use slidegate_http::config::{Delay, OnError};
 use slidegate_http::lease::LeasePolicy;
 use slidegate_http::StoreGuard;
@@ -17,6 +17,10 @@ use super::super::raw::{RawLease, RawStore};
 use super::super::types::{Password, StoreConfig};
 use super::super::values::Millis;
 use super::Validator;
+
+/// The identities the packed layout is sized for when `expected_identities`
+/// is not given: a million, 16,384 buckets.
+const DEFAULT_EXPECTED_IDENTITIES: u64 = 1_000_000;
 
 impl Validator<'_> {
     /// Everything of `[store]` but the guard's keys, which are left in `raw`.
@@ -53,6 +57,7 @@ impl Validator<'_> {
         }
         store.redis = self.redis_target(raw)?;
         self.redis_login(raw, &mut store)?;
+        self.redis_layout(raw, &mut store)?;
         Ok(store)
     }
 
@@ -136,6 +141,57 @@ impl Validator<'_> {
         };
         let single = raw.url.take().map(|url| RedisTarget::Single(url.into_inner()));
         Ok(cluster.or(sentinel).or(single))
+    }
+
+    /// `layout` and `expected_identities`: only beside a Redis target, the
+    /// second only for the packed layout.
+    fn redis_layout(&self, raw: &mut RawStore, store: &mut StoreConfig) -> Result<(), ConfigError> {
+        let expected = raw.expected_identities.take();
+        let Some(layout) = raw.layout.take() else {
+            return match expected {
+                Some(e) => Err(self.err(
+                    e.span(),
+                    "expected_identities sizes the packed layout's buckets: expected `layout = \"packed\"` in [store]",
+                )),
+                None => Ok(()),
+            };
+        };
+        if store.redis.is_none() {
+            return Err(self.err(
+                layout.span(),
+                "layout applies to a Redis store: expected `url`, `cluster` or `sentinel` in [store]",
+            ));
+        }
+        store.layout = match layout.get_ref().as_str() {
+            "per_key" => {
+                if let Some(e) = expected {
+                    return Err(
+                        self.err(e.span(), "expected_identities applies to `layout = \"packed\"` only")
+                    );
+                }
+                Layout::PerKey
+            }
+            "packed" => {
+                let identities = match expected {
+                    Some(e) if *e.get_ref() == 0 => {
+                        return Err(self.err(e.span(), "expected_identities must be at least 1"));
+                    }
+                    Some(e) => *e.get_ref(),
+                    None => DEFAULT_EXPECTED_IDENTITIES,
+                };
+                Layout::packed_for(identities)
+            }
+            other => {
+                return Err(self.err(
+                    layout.span(),
+                    format!(
+                        "unknown layout {other:?}: expected \"per_key\" (a key per identity and limit, the \
+                         default) or \"packed\" (counts as fields of shared hashes)"
+                    ),
+                ))
+            }
+        };
+        Ok(())
     }
 
     /// `username`, `password_env`, `tls_ca` and `engine`: only beside a Redis target.

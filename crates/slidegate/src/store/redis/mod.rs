@@ -250,7 +250,7 @@ impl RedisStore {
             Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
         }
         store.sample_time_now().await;
-        Ok(store)
+        Ok(store.with_layout(options.layout))
     }
 
     async fn connect_cluster(urls: &[String], options: RedisOptions) -> Result<Self, StoreError> {
@@ -313,7 +313,7 @@ impl RedisStore {
             tags: None,
         };
         store.sample_time_now().await;
-        Ok(store)
+        Ok(store.with_layout(options.layout))
     }
 
     /// A store on an existing `ConnectionManager`, whose own timeouts and

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Engine;
+use super::{Engine, Layout};
 use crate::Clock;
 
 /// Where a [`RedisStore`](crate::RedisStore) takes the current time from.
@@ -47,6 +47,7 @@ pub struct RedisOptions {
     pub(super) password: Option<String>,
     pub(super) tls_ca: Option<PathBuf>,
     pub(super) engine: Engine,
+    pub(super) layout: Layout,
 }
 
 impl fmt::Debug for RedisOptions {
@@ -61,6 +62,7 @@ impl fmt::Debug for RedisOptions {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls_ca", &self.tls_ca)
             .field("engine", &self.engine)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -76,6 +78,7 @@ impl Default for RedisOptions {
             password: None,
             tls_ca: None,
             engine: Engine::Auto,
+            layout: Layout::PerKey,
         }
     }
 }
@@ -131,6 +134,13 @@ impl RedisOptions {
     /// Decides with `engine` (default [`Engine::Auto`]).
     pub fn with_engine(mut self, engine: Engine) -> Self {
         self.engine = engine;
+        self
+    }
+
+    /// Keeps the state in `layout` (default [`Layout::PerKey`]): the
+    /// store [`RedisStore::with_layout`](crate::RedisStore::with_layout) makes.
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
         self
     }
 
