@@ -391,3 +391,106 @@ fn bench_takes_a_timeout_and_names_the_engine_auto_chose() {
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["setup"]["engine_used"], "module");
 }
+
+/// `redis-cli -p PORT ARGS`: its output, trailing newline removed.
+fn redis_cli(redis: &RedisServer, args: &[&str]) -> String {
+    let out = Command::new("redis-cli").args(["-p", &redis.port().to_string()]).args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+}
+
+/// Through a real `serve` on the packed layout: the counts are fields of
+/// window hashes (no key per identity), each with a TTL, and `identity show`
+/// finds them and tells what is left without charging.
+#[test]
+fn identity_show_reads_the_packed_layout_through_serve() {
+    let redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let store = format!(
+        "[store]\nurl = \"{}\"\ntimeout_ms = 10000\ndeny_cache = 0\nlayout = \"packed\"\nexpected_identities = 1000\n",
+        redis.url()
+    );
+    let text = format!(
+        r#"{head}
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "{SECRET_ENV}"
+
+[[rules]]
+name = "api"
+path = "/api/*"
+limits = [{{ name = "burst", limit = 3, window = "60s", algorithm = "sliding_window_counter" }}, {{ name = "steady", limit = 5, window = "60s", algorithm = "fixed_window" }}]
+"#,
+        head = config_head(upstream.addr, "", &store)
+    );
+    let sg = Slidegate::start(&text);
+    let statuses: Vec<u16> = (0..4).map(|_| sg.get("/api/x", &[("x-api-key", "k1")]).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // One window hash per limit, one field in each: the three admitted
+    // permits (the denied fourth charged neither limit).
+    let keys = redis_cli(&redis, &["--scan", "--pattern", "slidegate:*"]);
+    let mut keys: Vec<&str> = keys.lines().collect();
+    keys.sort_unstable();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys[0].contains("}:fw:5:60000:") && keys[1].contains("}:swc:3:60000:"), "{keys:?}");
+    for key in &keys {
+        assert_eq!(redis_cli(&redis, &["TYPE", key]), "hash");
+        assert_eq!(redis_cli(&redis, &["HLEN", key]), "1");
+        let ttl: i64 = redis_cli(&redis, &["PTTL", key]).parse().unwrap();
+        assert!(ttl > 0 && ttl <= 120_000, "{key}: {ttl}");
+        assert_eq!(redis_cli(&redis, &["OBJECT", "ENCODING", key]), "listpack");
+    }
+    let config = sg.config_path();
+    let show = |flag: &str, value: &str| {
+        let out = slidegate(&[
+            "identity",
+            "show",
+            "--config",
+            config.to_str().unwrap(),
+            "--rule",
+            "api",
+            flag,
+            value,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let shown = show("--key", "k1");
+    let hash = identity_hash(&config, "--key", "k1");
+    assert!(shown.starts_with(&format!("identity k:{hash}")), "{shown}");
+    assert!(shown.contains("layout packed (16 buckets)"), "{shown}");
+    assert_eq!(shown.matches("    packed: field ").count(), 2, "{shown}");
+    assert!(shown.contains("remaining 0 of 3"), "{shown}");
+    assert!(shown.contains("remaining 2 of 5"), "{shown}");
+    // Showing charged nothing: still exactly the same state.
+    let remaining = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("remaining"))
+            .map(|l| l.split(',').next().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(remaining(&show("--key", "k1")), ["    remaining 0 of 3", "    remaining 2 of 5"]);
+    assert_eq!(sg.get("/api/x", &[("x-api-key", "k1")]).status, 429);
+    let other = show("--ip", "127.0.0.1");
+    assert!(other.contains("remaining 3 of 3") && other.contains("remaining 5 of 5"), "{other}");
+    // What it cannot show, it says, exit 64.
+    let path = config.to_str().unwrap();
+    let (_dir, embedded) = write_config(&format!("[identity]\nip_hash_secret_env = \"{SECRET_ENV}\"\n"));
+    for (args, said) in [
+        (
+            vec!["--config", path, "--rule", "nope", "--key", "k1"],
+            "has no rule \"nope\": its rules are [\"api\"]",
+        ),
+        (vec!["--config", path, "--rule", "api", "--key", ""], "--key is empty"),
+        (vec!["--config", path, "--rule", "api", "--ip", "1.2.3"], "is not an IP address"),
+        (
+            vec!["--config", embedded.to_str().unwrap(), "--rule", "api", "--ip", "192.0.2.1"],
+            "names no Redis",
+        ),
+    ] {
+        let out = slidegate(&[&["identity", "show"], &args[..]].concat());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -52,5 +52,7 @@ pub mod guide {}
 pub use config::{
     AccessLogConfig, AccessLogPath, Config, ConfigError, LogFormat, Password, ServerConfig, StoreConfig,
 };
-pub use serve::{AccessLogReopen, ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server};
+pub use serve::{
+    redis_options, AccessLogReopen, ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server,
+};
 pub use store::{AnyStore, LazyRedis};

@@ -57,7 +57,7 @@ pub use body::ServeBody;
 pub(crate) use body::{boxed, full};
 pub use error::ServeError;
 pub use reload::{ReloadError, Reloaded, Reloader};
-pub use server::Server;
+pub use server::{redis_options, Server};
 
 use std::sync::Arc;
 

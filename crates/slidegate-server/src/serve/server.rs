@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{MemoryStore, RedisOptions};
+use slidegate::{MemoryStore, RedisOptions, RedisTarget};
 use slidegate_http::config::Delay;
 use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
@@ -404,12 +404,12 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::
     }
 }
 
-/// The store `config` names: Redis (one server, a cluster or through
-/// Sentinel; connected now if it answers, in the background otherwise) or the
-/// embedded one.
-async fn connect_store(config: &Config) -> AnyStore {
+/// The Redis `config` names and the options to connect to it with (the
+/// deadline, credentials, CA, engine and layout of `[store]`); `None` for
+/// the embedded store. The store's prefix is [`StoreConfig::prefix`](crate::StoreConfig::prefix).
+pub fn redis_options(config: &Config) -> Option<(RedisTarget, RedisOptions)> {
     let store = &config.store;
-    let Some(target) = store.redis.clone() else { return AnyStore::Memory(MemoryStore::new()) };
+    let target = store.redis.clone()?;
     // The limiter enforces `timeout` on every call; the store's own deadline
     // matches it, so a stalled call is dropped at once.
     let mut options = RedisOptions::new()
@@ -422,7 +422,15 @@ async fn connect_store(config: &Config) -> AnyStore {
     if let Some(ca) = &store.tls_ca {
         options = options.with_tls_ca(ca.clone());
     }
-    options = options.with_engine(store.engine).with_layout(store.layout);
+    Some((target, options.with_engine(store.engine).with_layout(store.layout)))
+}
+
+/// The store `config` names: Redis (one server, a cluster or through
+/// Sentinel; connected now if it answers, in the background otherwise) or the
+/// embedded one.
+async fn connect_store(config: &Config) -> AnyStore {
+    let store = &config.store;
+    let Some((target, options)) = redis_options(config) else { return AnyStore::Memory(MemoryStore::new()) };
     let name = store.describe();
     let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
     if let Some(err) = error {
