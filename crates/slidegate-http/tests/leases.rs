@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
-    Algorithm, Charge, Clock, Engine, GiveBack, Identity, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
+    Algorithm, Buckets, Charge, Clock, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
     RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
@@ -136,6 +136,16 @@ fn leases_on_the_embedded_store_never_over_admit() {
 
 #[test]
 fn leases_on_redis_never_over_admit() {
+    leases_on_redis(Layout::PerKey);
+}
+
+/// The packed layout, one bucket: both identities in the same window hashes.
+#[test]
+fn leases_on_the_packed_layout_never_over_admit() {
+    leases_on_redis(Layout::Packed(Buckets::new(1).unwrap()));
+}
+
+fn leases_on_redis(layout: Layout) {
     let server = RedisServer::spawn();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut runner = TestRunner::new(Config { cases: 32, source_file: Some(file!()), ..Config::default() });
@@ -152,6 +162,7 @@ fn leases_on_redis_never_over_admit() {
                     .with_timeout(Duration::from_secs(5))
                     .with_prefix(format!("lease{}:", case.get()))
                     .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>))
+                    .with_layout(layout)
             });
             let store = Arc::new(store);
             let layers = layers(&store, &clock);

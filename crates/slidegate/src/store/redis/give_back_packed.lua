@@ -17,7 +17,10 @@
 -- A sliding window counter's count of window n is also carried, as prev,
 -- into window n + 1's value once the identity counted there: both go down
 -- together, the later one deciding how much there is to give back (as the
--- per-key state, which holds only the later window).
+-- per-key state, which holds only the later window). Once the identity
+-- counts in a window where window n no longer counts (n + 1 for a fixed
+-- window, n + 2 for the counter), nothing is given back, as the per-key
+-- state, which no longer holds window n, gives nothing.
 local call = redis.call
 local kind, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, unused = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -34,8 +37,11 @@ end
 local format = string.format
 local this_key = KEYS[1] .. format('%d', window)
 local v = call('HGET', this_key, field)
+if not v then
+  return 0
+end
 if kind == 2 then
-  if not v then
+  if call('HEXISTS', KEYS[1] .. format('%d', window + 1), field) == 1 then
     return 0
   end
   local back = math.min(unused, v + 0)
@@ -55,6 +61,9 @@ local function counts(value)
   local cur = value % (limit + 1)
   return cur, (value - cur) / (limit + 1)
 end
+if call('HEXISTS', KEYS[1] .. format('%d', window + 2), field) == 1 then
+  return 0
+end
 local next_key = KEYS[1] .. format('%d', window + 1)
 local later = call('HGET', next_key, field)
 local back = 0
@@ -68,10 +77,10 @@ if later then
       call('HINCRBY', next_key, field, format('%d', -back * (limit + 1)))
     end
   end
-elseif v then
+else
   back = math.min(unused, (counts(v)))
 end
-if v and back > 0 then
+if back > 0 then
   local cur, prev = counts(v)
   local less = math.min(back, cur)
   if wide then
