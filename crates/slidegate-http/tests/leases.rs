@@ -17,8 +17,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::{
-    Algorithm, Buckets, Charge, Clock, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, ManualClock, MemoryStore, Quota,
-    RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
+    Algorithm, Buckets, Charge, Clock, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, ManualClock,
+    MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
 use slidegate_http::lease::{LeasePolicy, Leased};
 use slidegate_http::Delay;

@@ -14,7 +14,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use slidegate::{
-    Algorithm, Charge, DistinctStore, Engine, Identity, Penalty, Quota, RedisOptions, RedisStore,
+    Algorithm, Charge, DistinctStore, Engine, Identity, Layout, Penalty, Quota, RedisOptions, RedisStore,
     RedisTarget, Request, Store,
 };
 use slidegate_test_redis::{module_args, slot_of, CommandStats, RedisCluster, RedisServer};
@@ -150,6 +150,15 @@ async fn calls_that_timed_out_on_a_stopped_server_charge_nothing_when_it_resumes
     stalled_calls_charge_nothing(&store, &stopped, &id("log"), &log, None).await;
     let penalized = rule(Algorithm::SlidingWindowCounter, true);
     stalled_calls_charge_nothing(&store, &stopped, &id("penalized"), &penalized, Some(&penalty())).await;
+    // The packed layout, whose window hashes only the scripts write.
+    let packed = store.with_layout(Layout::packed_for(1_000));
+    for (algorithm, two) in [(Algorithm::SlidingWindowCounter, false), (Algorithm::FixedWindow, true)] {
+        let who = id(&format!("packed-{}-{two}", algorithm.name()));
+        stalled_calls_charge_nothing(&packed, &stopped, &who, &rule(algorithm, two), None).await;
+    }
+    let penalized = rule(Algorithm::FixedWindow, true);
+    stalled_calls_charge_nothing(&packed, &stopped, &id("packed-penalized"), &penalized, Some(&penalty()))
+        .await;
 }
 
 /// Crawl breadth: a value sent while the server is stopped is not added to

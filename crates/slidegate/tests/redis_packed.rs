@@ -95,7 +95,11 @@ async fn every_window_hash_expires_and_stays_a_listpack() {
         if packs {
             hashes += 1;
             assert_eq!(kind, "hash", "{key}");
-            assert_eq!(query(&server, redis::cmd("OBJECT").arg("ENCODING").arg(key)).await, "listpack", "{key}");
+            assert_eq!(
+                query(&server, redis::cmd("OBJECT").arg("ENCODING").arg(key)).await,
+                "listpack",
+                "{key}"
+            );
             // `<stem><window number>`: the stem is what `location` gives.
             let (stem, window) = key.rsplit_once(':').expect("a window number");
             assert!(window.parse::<u64>().is_ok(), "{key}");
@@ -182,7 +186,8 @@ async fn a_lost_window_hash_forgets_its_bucket_and_only_its_bucket() {
         .map(|n| matches!(store.location(&id(n), &l), Location::Packed { stem: s, .. } if s == stem))
         .collect();
     assert!(in_lost.iter().any(|b| *b) && in_lost.iter().any(|b| !*b), "both kinds of identity");
-    let deleted: u64 = redis::cmd("DEL").arg(&lost).query_async(&mut admin(&server).await).await.expect("DEL");
+    let deleted: u64 =
+        redis::cmd("DEL").arg(&lost).query_async(&mut admin(&server).await).await.expect("DEL");
     assert_eq!(deleted, 1);
     for (name, lost) in names.iter().zip(in_lost) {
         let d = store.decide_one(&id(name), &l, 1).await.expect("decide");
