@@ -14,6 +14,15 @@ pub fn count(
     }
 }
 
+/// A packed layout's bucket count: a power of two from 1 to [`slidegate::store::redis::MAX_BUCKETS`].
+pub fn buckets(s: &str) -> Result<slidegate::Buckets, String> {
+    let max = slidegate::store::redis::MAX_BUCKETS;
+    s.parse::<u32>()
+        .ok()
+        .and_then(slidegate::Buckets::new)
+        .ok_or_else(|| format!("must be a power of two from 1 to {max}, got {s:?}"))
+}
+
 /// A number of seconds above 0 and at most `max`.
 pub fn seconds(max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
     move |s: &str| match s.parse::<f64>() {

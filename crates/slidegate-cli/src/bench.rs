@@ -23,8 +23,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ConnectionAddr;
 use serde_json::{json, Map, Value};
 use slidegate::{
-    Algorithm, Charge, Clock, Engine, Identity, Layout, Limit, ManualClock, Quota, RedisOptions, RedisStore,
-    RedisTarget, Request, Store, SystemClock, TimeSource,
+    Algorithm, Buckets, Charge, Clock, Engine, Identity, Layout, Limit, ManualClock, Quota, RedisOptions,
+    RedisStore, RedisTarget, Request, Store, SystemClock, TimeSource,
 };
 
 use crate::redis_errors::{cluster_unreachable, require_module, unreachable};
@@ -79,6 +79,15 @@ struct RedisArgs {
     /// Identities created to measure memory per identity (used_memory delta).
     #[arg(long, default_value_t = 200_000, value_parser = crate::args::count(1..=10_000_000))]
     memory_identities: usize,
+    /// The packed layout's bucket count (a power of two); by default sized
+    /// for each phase's identities, 64 to a bucket on average.
+    #[arg(long, value_name = "N", value_parser = crate::args::buckets)]
+    packed_buckets: Option<Buckets>,
+    /// Measure only these candidates (comma-separated names as the report
+    /// prints them, e.g. `sliding_window_counter,sliding_window_counter_packed`);
+    /// all by default.
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',', value_parser = candidate_name)]
+    only: Vec<String>,
     /// The limit per window (the article's 100 per 60 s by default).
     #[arg(long, default_value_t = 100)]
     limit: u64,
@@ -132,6 +141,24 @@ enum Candidate {
 
 /// The algorithms the packed layout packs.
 const PACKED: [Algorithm; 2] = [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow];
+
+/// Every candidate, in the order measured.
+fn candidates() -> impl Iterator<Item = Candidate> {
+    Algorithm::ALL
+        .into_iter()
+        .map(Candidate::Algorithm)
+        .chain(PACKED.map(Candidate::Packed))
+        .chain([Candidate::ReferenceScript])
+}
+
+/// `--only`'s names: a candidate's, or an error listing them.
+fn candidate_name(s: &str) -> Result<String, String> {
+    if candidates().any(|c| c.name() == s) {
+        return Ok(s.to_owned());
+    }
+    let names: Vec<&str> = candidates().map(Candidate::name).collect();
+    Err(format!("unknown candidate {s:?}: expected one of {}", names.join(", ")))
+}
 
 impl Candidate {
     fn name(self) -> &'static str {
@@ -357,18 +384,24 @@ impl<'a> Bench<'a> {
     ) -> Result<Measured, Box<dyn std::error::Error>> {
         // Each candidate's keys under `<run prefix><index>:`, the same
         // length for all, so none pays more key bytes than another.
+        let wanted = |c: Candidate| self.args.only.is_empty() || self.args.only.iter().any(|n| n == c.name());
         let mut algorithms = Vec::new();
         for (index, algorithm) in Algorithm::ALL.into_iter().enumerate() {
-            let prefix = format!("{}{index}:", self.prefix);
-            algorithms.push((algorithm, self.measure(Candidate::Algorithm(algorithm), &prefix).await?));
+            if wanted(Candidate::Algorithm(algorithm)) {
+                let prefix = format!("{}{index}:", self.prefix);
+                algorithms.push((algorithm, self.measure(Candidate::Algorithm(algorithm), &prefix).await?));
+            }
         }
         let mut packed = Vec::new();
         for (index, algorithm) in PACKED.into_iter().enumerate() {
-            let prefix = format!("{}p{index}:", self.prefix);
-            packed.push((algorithm, self.measure(Candidate::Packed(algorithm), &prefix).await?));
+            if wanted(Candidate::Packed(algorithm)) {
+                let prefix = format!("{}p{index}:", self.prefix);
+                packed.push((algorithm, self.measure(Candidate::Packed(algorithm), &prefix).await?));
+            }
         }
+        let single = single.filter(|_| wanted(Candidate::ReferenceScript));
         let Some((host, port)) = single else {
-            if !self.args.json {
+            if !self.args.json && !self.args.redis_cluster.is_empty() {
                 eprintln!("reference script and redis-benchmark: not run on a cluster (the article's script runs on one server)");
             }
             return Ok(Measured { algorithms, packed, reference_script: None, redis_benchmark_p16: None });
@@ -488,7 +521,10 @@ impl<'a> Bench<'a> {
         identities: usize,
     ) -> Vec<Subject> {
         let layout = match candidate {
-            Candidate::Packed(_) => Layout::packed_for(identities as u64),
+            Candidate::Packed(_) => match self.args.packed_buckets {
+                Some(buckets) => Layout::Packed(buckets),
+                None => Layout::packed_for(identities as u64),
+            },
             Candidate::Algorithm(_) | Candidate::ReferenceScript => Layout::PerKey,
         };
         if let Candidate::Algorithm(algorithm) | Candidate::Packed(algorithm) = candidate {
@@ -583,8 +619,8 @@ fn json_report(args: &RedisArgs, quota: &Quota, measured: &Measured, masters: us
             "in_flight_per_connection": args.in_flight,
             "identities": args.identities,
             "memory_identities": args.memory_identities,
-            "packed_buckets_load": bucket_count(args.identities),
-            "packed_buckets_memory": bucket_count(args.memory_identities),
+            "packed_buckets_load": args.packed_buckets.map_or_else(|| bucket_count(args.identities), Buckets::get),
+            "packed_buckets_memory": args.packed_buckets.map_or_else(|| bucket_count(args.memory_identities), Buckets::get),
             "limit": quota.permits(),
             "window_ms": quota.window_ms(),
             "engine": args.engine.name(),
@@ -655,7 +691,7 @@ fn print_table(measured: &Measured) {
         }
     }
     let Some(r) = &measured.reference_script else {
-        outln!("\nreference script, redis-benchmark: not run on a cluster");
+        outln!("\nreference script, redis-benchmark: not run (on a cluster, or left out by --only)");
         return;
     };
     outln!();

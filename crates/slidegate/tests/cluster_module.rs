@@ -69,7 +69,7 @@ fn memory_and_module_cluster_decide_identically() {
     config.source_file = Some(file!());
     let mut runner = TestRunner::new(config);
     let case = AtomicUsize::new(0);
-    let result = runner.run(&agree_cases::trace(), |trace| {
+    let result = runner.run(&agree_cases::trace(agree_cases::Clock::StepsBack), |trace| {
         let case = case.fetch_add(1, Ordering::Relaxed);
         runtime.block_on(agree_cases::replay(&redis, &admin, &prefix, case, &trace))
     });

@@ -427,7 +427,7 @@ pub async fn packed_windows_follow_the_clock_they_are_given<S: Store>(store: &S,
         assert_eq!((d.allowed, d.remaining), (true, 2), "{algorithm}: window 4 holds nothing yet");
         clock.set(T0 + 5_100);
         let d = one(store, &key, &l, 1).await;
-        assert_eq!(d.allowed, false, "{algorithm}: window 5 still holds its three");
+        assert!(!d.allowed, "{algorithm}: window 5 still holds its three");
         assert_eq!(d.remaining, 0, "{algorithm}");
     }
     // Counted in window 5 with window 4's one as the previous: 3 + 1 × 0.9.

@@ -178,7 +178,9 @@ pub(super) struct Tags {
 impl Tags {
     /// The table for `buckets`, shared by every store that uses the count.
     pub(super) fn of(buckets: Buckets) -> Arc<Tags> {
-        static TABLES: LazyLock<Mutex<Vec<(u32, Arc<Tags>)>>> = LazyLock::new(Mutex::default);
+        /// The tables built so far, by bucket count (a process uses one or two).
+        type Built = Vec<(u32, Arc<Tags>)>;
+        static TABLES: LazyLock<Mutex<Built>> = LazyLock::new(Mutex::default);
         let mut tables = TABLES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((_, tags)) = tables.iter().find(|(count, _)| *count == buckets.0) {
             return Arc::clone(tags);
