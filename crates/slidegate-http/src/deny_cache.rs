@@ -63,7 +63,10 @@
 //! client cannot choose identities that crowd one bucket. Each slot holds
 //! the identity (a shared scope and a 16-byte digest), the deadline, the
 //! denied costs and the decisions to replay the headers: about 100 bytes
-//! plus 56 per limit of the rule.
+//! plus 56 per limit of the rule. A bucket's slots are allocated by its
+//! first denial: an idle process holds only the empty buckets (32 bytes
+//! each, 256 KB for the default capacity), and memory grows with the
+//! identities denied, up to the capacity.
 //!
 //! # As a layer
 //!
@@ -148,7 +151,7 @@ impl DenyCache {
         }
         let buckets = capacity.div_ceil(WAYS);
         Some(Self {
-            buckets: (0..buckets).map(|_| Mutex::new(Vec::with_capacity(WAYS))).collect(),
+            buckets: (0..buckets).map(|_| Mutex::new(Vec::new())).collect(),
             hasher: std::hash::RandomState::new(),
             occupied: AtomicUsize::new(0),
         })
@@ -158,6 +161,12 @@ impl DenyCache {
     #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.buckets.len() * WAYS
+    }
+
+    /// How many slots are allocated, used or not.
+    #[cfg(test)]
+    fn allocated(&self) -> usize {
+        self.buckets.iter().map(|b| self.bucket(b).capacity()).sum()
     }
 
     /// Whether no slot holds an entry. Read without a lock: a `remember`
@@ -273,6 +282,9 @@ impl DenyCache {
         {
             *old = slot;
         } else if slots.len() < WAYS {
+            // The bucket's one allocation, at its first denial.
+            let len = slots.len();
+            slots.reserve_exact(WAYS - len);
             slots.push(slot);
             self.occupied.fetch_add(1, Ordering::Relaxed);
         } else if let Some(victim) = slots.iter_mut().min_by_key(|s| s.until_ms) {
@@ -425,6 +437,21 @@ mod tests {
             reset_after: Duration::from_millis(retry_ms),
             retry_after: Some(Duration::from_millis(retry_ms)),
         }
+    }
+
+    /// An idle cache holds no slot; a bucket's slots come with its first
+    /// denial, all at once, and never more than the capacity.
+    #[test]
+    fn slots_are_allocated_as_denials_come() {
+        let cache = DenyCache::new(DEFAULT_CAPACITY).unwrap();
+        assert_eq!(cache.allocated(), 0);
+        cache.remember(&id("k"), &charges(10, 1), &[denial(1_000)], 0, false);
+        assert_eq!(cache.allocated(), WAYS);
+        for i in 0..200_000 {
+            cache.remember(&id(&format!("k{i}")), &charges(10, 1), &[denial(1_000)], 0, false);
+        }
+        assert_eq!(cache.allocated(), cache.capacity());
+        assert_eq!(cache.capacity(), DEFAULT_CAPACITY);
     }
 
     #[test]
