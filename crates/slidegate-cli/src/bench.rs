@@ -80,7 +80,7 @@ struct RedisArgs {
     #[arg(long, default_value_t = 200_000, value_parser = crate::args::count(1..=10_000_000))]
     memory_identities: usize,
     /// The packed layout's bucket count (a power of two); by default sized
-    /// for each phase's identities, 64 to a bucket on average.
+    /// for each phase's identities, 32 to a bucket on average.
     #[arg(long, value_name = "N", value_parser = crate::args::buckets)]
     packed_buckets: Option<Buckets>,
     /// Measure only these candidates (comma-separated names as the report

@@ -457,7 +457,7 @@ limits = [{{ name = "burst", limit = 3, window = "60s", algorithm = "sliding_win
     let shown = show("--key", "k1");
     let hash = identity_hash(&config, "--key", "k1");
     assert!(shown.starts_with(&format!("identity k:{hash}")), "{shown}");
-    assert!(shown.contains("layout packed (16 buckets)"), "{shown}");
+    assert!(shown.contains("layout packed (32 buckets)"), "{shown}");
     assert_eq!(shown.matches("    packed: field ").count(), 2, "{shown}");
     assert!(shown.contains("remaining 0 of 3"), "{shown}");
     assert!(shown.contains("remaining 2 of 5"), "{shown}");

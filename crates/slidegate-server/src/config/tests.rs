@@ -992,12 +992,12 @@ fn the_layout_is_per_key_unless_packed_and_only_for_redis() {
     let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"per_key\"\n").unwrap();
     assert_eq!(c.store.layout, Layout::PerKey);
     let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\n").unwrap();
-    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(16_384).unwrap()));
-    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, layout packed (16384 buckets)");
+    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(32_768).unwrap()));
+    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, layout packed (32768 buckets)");
     let c =
         parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = 1000\n")
             .unwrap();
-    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(16).unwrap()));
+    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(32).unwrap()));
     let c = parse_store("cluster = [\"redis://127.0.0.1:7000\"]\nlayout = \"packed\"\nexpected_identities = 18446744073709551615\n")
         .unwrap();
     assert_eq!(c.store.layout, Layout::Packed(Buckets::new(slidegate::store::redis::MAX_BUCKETS).unwrap()));

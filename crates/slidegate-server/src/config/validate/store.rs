@@ -19,7 +19,7 @@ use super::super::values::Millis;
 use super::Validator;
 
 /// The identities the packed layout is sized for when `expected_identities`
-/// is not given: a million, 16,384 buckets.
+/// is not given: a million, 32,768 buckets.
 const DEFAULT_EXPECTED_IDENTITIES: u64 = 1_000_000;
 
 impl Validator<'_> {

@@ -21,7 +21,7 @@ if #ARGV[1] == 40 then
 end
 --! include prelude.lua
 local key = KEYS[1]
---! packed local field = ARGV[2]
+--! packed local field, window_key = ARGV[2], nil
 --! inline ALGORITHM.lua
 
 -- An integer reply costs Redis a fraction of a string's.

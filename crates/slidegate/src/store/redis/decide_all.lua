@@ -22,7 +22,7 @@ if #args % 32 == 16 then
   deadline = struct.unpack('<d', args, #args - 7)
 end
 --! include prelude.lua
---! packed local field, fields = nil, ARGV[#ARGV]
+--! packed local field, fields, window_key = nil, ARGV[#ARGV], nil
 --! algorithms
 
 -- Per limit: algorithm, limit, w, cost, the loaded state s1..s3, then
@@ -51,7 +51,7 @@ for i, c in ipairs(checked) do
       allowed, remaining, reset, retry = algorithm.decide(0, limit, w, s1, s2, s3)
     end
   elseif cost > 0 then
-    --! packed field = string.sub(fields, 8 * i - 7, 8 * i)
+    --! packed field, window_key = string.sub(fields, 8 * i - 7, 8 * i), nil
     algorithm.commit(KEYS[i], limit, w, cost, n1, n2, n3, n4)
   end
   reply[i] = struct_pack('<dddd', allowed and 1 or 0, remaining, reset, retry)

@@ -1,10 +1,13 @@
 -- Fixed window, packed layout (layout.rs): load and commit in place of
 -- fixed_window.lua's, whose decide section runs between. `key` is the stem
 -- of the bucket's window hashes: window n's is key .. n (its number in
--- full), and the identity's count is its field `field`, an integer.
+-- full), and the identity's count is its field `field`, an integer. The
+-- load leaves that hash's name in `window_key` for the commit (see
+-- sliding_window_counter_packed.lua).
 --! load
 local n = (now - now % w) / w
-local v = call('HGET', key .. format('%d', n), field)
+window_key = key .. format('%d', n)
+local v = call('HGET', window_key, field)
 if v then
   s_window, s_count = n % TWO_32, v + 0
 else
@@ -14,8 +17,7 @@ end
 --! commit
 -- Window n's hash matters until the window ends, for every field in it:
 -- one TTL for the hash, set by each identity's first permit of the window.
-local n = (now - now % w) / w
-local window_key = key .. format('%d', n)
+local window_key = window_key or key .. format('%d', (now - now % w) / w)
 call('HINCRBY', window_key, field, format('%d', cost))
 if not same_window then
   call(expire_key, window_key, format('%d', now - now % w + w - expire_from))

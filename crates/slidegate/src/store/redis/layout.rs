@@ -48,11 +48,16 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::{Algorithm, Identity};
 
-/// Identities a bucket holds on average at the expected count: about half
-/// of Redis's default `hash-max-listpack-entries` (128), so that the
-/// fullest of 16,384 buckets (the mean plus about 4.5 standard deviations,
-/// ~100 fields) still stays a listpack.
-pub const IDENTITIES_PER_BUCKET: u64 = 64;
+/// Identities a bucket holds on average at the expected count. Redis finds
+/// a field by scanning the listpack, so each field scanned costs every
+/// decision (~11 ns a field and lookup here); each hash costs its key's
+/// overhead (~200 B), shared by the identities in it. 32 is the measured
+/// knee (BENCHMARKS.md, "The packed layout"): about 35 B per identity for
+/// the sliding window counter at 1.2× a key's CPU, and the fullest of
+/// 32,768 buckets (the mean plus about 4.5 standard deviations, ~58 fields)
+/// stays far below Redis's default `hash-max-listpack-entries` (128), so
+/// the hashes stay listpacks up to about 3× the expected identities.
+pub const IDENTITIES_PER_BUCKET: u64 = 32;
 
 /// The most buckets a packed layout has.
 pub const MAX_BUCKETS: u32 = 1 << 18;
@@ -270,11 +275,11 @@ mod tests {
             Layout::PerKey => 0,
         };
         assert_eq!(count(0), 1);
-        assert_eq!(count(64), 1);
-        assert_eq!(count(65), 2);
-        assert_eq!(count(1_000), 16);
-        assert_eq!(count(100_000), 2048);
-        assert_eq!(count(1_000_000), 16_384);
+        assert_eq!(count(32), 1);
+        assert_eq!(count(33), 2);
+        assert_eq!(count(1_000), 32);
+        assert_eq!(count(100_000), 4096);
+        assert_eq!(count(1_000_000), 32_768);
         assert_eq!(count(u64::MAX), MAX_BUCKETS);
         assert_eq!(Buckets::new(3), None);
         assert_eq!(Buckets::new(0), None);

@@ -20,7 +20,7 @@ if #ARGV[1] == 40 then
 end
 --! include prelude.lua
 local key = KEYS[1]
---! packed local field = ARGV[2]
+--! packed local field, window_key = ARGV[2], nil
 --! inline ALGORITHM.lua
 
 --! per_key return struct_pack('<ddddd', allowed and 1 or 0, remaining, reset, retry, window)

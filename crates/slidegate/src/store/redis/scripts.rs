@@ -484,7 +484,10 @@ mod tests {
                 assert!(!code(&source).contains("function"), "{source}");
                 let packed = assembly.packed(a).is_some();
                 assert_eq!(code(&source).contains("HGET"), packed, "{source}");
-                assert_eq!(code(&source).contains("local field = ARGV[2]"), assembly == Assembly::Packed);
+                assert_eq!(
+                    code(&source).contains("local field, window_key = ARGV[2], nil"),
+                    assembly == Assembly::Packed
+                );
             }
             for a in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
                 let source = lease_source(a, assembly);
@@ -503,7 +506,8 @@ mod tests {
             for a in Algorithm::ALL {
                 assert!(all.contains(&format!("local function {}_commit(key, limit, w, cost, ", tag(a))));
             }
-            assert_eq!(all.matches("field = string.sub(fields").count(), 2 * assembly.index());
+            assert_eq!(all.matches("field = string.sub(fields").count(), assembly.index());
+            assert_eq!(all.matches("field, window_key = string.sub(fields").count(), assembly.index());
         }
     }
 

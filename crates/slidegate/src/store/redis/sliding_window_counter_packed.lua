@@ -8,11 +8,15 @@
 -- is below 2^26; from 2^26 on, struct '<dd' (cur, prev). A decision reads
 -- the current window's hash, and the previous one's only when the identity
 -- has no count in the current window yet: one lookup while it is active.
+-- The load leaves the current window's hash in `window_key` for the commit
+-- (one string built per decision, not two); where loads and commits are
+-- apart (decide_all.lua) it is nil and the commit builds it again.
 -- The state is never ahead of now's window (no skew): a clock that stepped
 -- back decides on the windows of the time it gives (layout.rs).
 --! load
 local n = (now - now % w) / w
-local v = call('HGET', key .. format('%d', n), field)
+window_key = key .. format('%d', n)
+local v = call('HGET', window_key, field)
 if v then
   s_window = n % TWO_32
   if limit < TWO_26 then
@@ -41,8 +45,7 @@ end
 -- one TTL for the hash, set by each identity's first permit of the window
 -- (the same instant each time on the server's clock). A later permit of the
 -- window adds to the count in place.
-local n = (now - now % w) / w
-local window_key = key .. format('%d', n)
+local window_key = window_key or key .. format('%d', (now - now % w) / w)
 if same_window and limit < TWO_26 then
   call('HINCRBY', window_key, field, format('%d', cost))
 else
