@@ -370,6 +370,62 @@ async fn redis_experiments(
             },
         );
     }
+    if !nodes.is_cluster() {
+        // The article's own layout, two keys per identity, each identity
+        // in two consecutive windows, as the counter above.
+        run.progress.step(format!("B. memory, {REFERENCE}"));
+        let before = nodes.used_memory().await?;
+        let conn = nodes.owner_of(&format!("{prefix}reference")).await?.clone();
+        for window in 0..2 {
+            reference_each(&conn, prefix, identities, WINDOW_0_MS + window * BURST_WINDOW_MS, run).await?;
+        }
+        let after = nodes.used_memory().await?;
+        // One identity's two keys, `<key>:<window number>`, each a counter.
+        let window = WINDOW_0_MS / BURST_WINDOW_MS;
+        let mut usage = 0;
+        for w in [window, window + 1] {
+            usage += nodes.memory_usage(&format!("{prefix}user-0:{w}")).await?;
+        }
+        nodes.delete_prefix(prefix).await?;
+        settle(nodes).await?;
+        report.memory.insert(
+            REFERENCE,
+            Memory {
+                bytes_per_identity: after.saturating_sub(before) / identities,
+                memory_usage_one_identity: Some(usage),
+                bytes_one_identity_after_10000_requests: usage,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// The article's script in the memory experiment's report.
+const REFERENCE: &str = "reference_script";
+
+/// One request of the article's script for each of `identities` identities
+/// at `now_ms`, [`IN_FLIGHT`] at a time, keys under `prefix`.
+async fn reference_each(
+    conn: &redis::aio::ConnectionManager,
+    prefix: &str,
+    identities: u64,
+    now_ms: u64,
+    run: &Run,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let script = Arc::new(ReferenceScript::new());
+    script.load(&mut conn.clone()).await?;
+    let quota = memory_limit(Algorithm::SlidingWindowCounter)?.quota;
+    let mut tasks = JoinSet::new();
+    for chunk in 0..identities.div_ceil(IN_FLIGHT) {
+        for i in chunk * IN_FLIGHT..((chunk + 1) * IN_FLIGHT).min(identities) {
+            let (script, mut conn, key) = (Arc::clone(&script), conn.clone(), format!("{prefix}user-{i}"));
+            tasks.spawn(async move { script.decide(&mut conn, &key, now_ms, &quota).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+            run.progress.done(1);
+        }
+    }
     Ok(())
 }
 
@@ -561,7 +617,7 @@ fn render_memory(out: &mut String, report: &Report) {
         format!("after {ONE_IDENTITY_REQUESTS} requests"),
         format!("over {} identities", report.identities)
     );
-    let names = Algorithm::ALL.iter().map(|a| a.name()).chain([SWC_PACKED, FW_PACKED]);
+    let names = Algorithm::ALL.iter().map(|a| a.name()).chain([SWC_PACKED, FW_PACKED, REFERENCE]);
     for (name, m) in names.filter_map(|name| Some((name, report.memory.get(name)?))) {
         let _ = writeln!(
             out,
