@@ -151,7 +151,8 @@ impl RedisStore {
         &self,
         mut algorithms: impl Iterator<Item = Algorithm>,
     ) -> Result<bool, StoreError> {
-        if algorithms.any(|a| a == Algorithm::SlidingLog || self.layout.packs(a)) {
+        let layout = self.layout();
+        if algorithms.any(|a| a == Algorithm::SlidingLog || layout.packs(a)) {
             // A sorted set, or packed state: the module leaves both to the scripts.
             return Ok(false);
         }

@@ -28,9 +28,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
-use super::layout::BucketTag;
+use super::layout::{packable, BucketTag};
 use super::scripts;
-use crate::{Algorithm, Identity, Limit};
+use crate::{Identity, Limit};
 
 /// Where an identity's keys live: the prefix, the hash tag and (in the
 /// packed layout) the field of its packed state. Made once per request.
@@ -89,8 +89,7 @@ pub(super) struct StateKey<'a> {
 impl StateKey<'_> {
     /// Whether this key is the stem of packed window hashes.
     pub(super) fn is_packed(&self) -> bool {
-        self.keys.packed.is_some()
-            && matches!(self.limit.algorithm, Algorithm::SlidingWindowCounter | Algorithm::FixedWindow)
+        self.keys.packed.is_some() && packable(self.limit.algorithm)
     }
 }
 

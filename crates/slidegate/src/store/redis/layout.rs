@@ -96,8 +96,7 @@ impl Layout {
 
     /// Whether this layout packs `algorithm`'s state into shared hashes.
     pub fn packs(self, algorithm: Algorithm) -> bool {
-        matches!(self, Layout::Packed(_))
-            && matches!(algorithm, Algorithm::SlidingWindowCounter | Algorithm::FixedWindow)
+        matches!(self, Layout::Packed(_)) && packable(algorithm)
     }
 }
 
@@ -108,6 +107,12 @@ impl fmt::Display for Layout {
             Layout::Packed(buckets) => write!(f, "packed ({} buckets)", buckets.get()),
         }
     }
+}
+
+/// Whether the packed layout packs `algorithm`: the window counts, not the
+/// sliding log's sorted set nor the token bucket's and GCRA's timestamps.
+pub(super) fn packable(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::SlidingWindowCounter | Algorithm::FixedWindow)
 }
 
 /// A packed layout's bucket count: a power of two from 1 to [`MAX_BUCKETS`].

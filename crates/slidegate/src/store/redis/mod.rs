@@ -138,9 +138,15 @@ pub struct RedisStore {
     module: Arc<ModuleProbe>,
     /// The server's clock as seen from here, to send each call's deadline.
     clock: Arc<ServerClock>,
-    layout: Layout,
-    /// The packed layout's bucket tags.
-    tags: Option<Arc<Tags>>,
+    /// The packed layout's buckets; `None` for a key per identity.
+    packing: Option<Packing>,
+}
+
+/// A packed layout's bucket count and the tags of its buckets.
+#[derive(Clone)]
+struct Packing {
+    buckets: Buckets,
+    tags: Arc<Tags>,
 }
 
 /// When one call is given up: here, and on the server's clock (`None`
@@ -159,7 +165,7 @@ impl fmt::Debug for RedisStore {
             .field("time", &self.time)
             .field("timeout", &self.timeout)
             .field("engine", &self.engine)
-            .field("layout", &self.layout)
+            .field("layout", &self.layout())
             .finish()
     }
 }
@@ -225,8 +231,7 @@ impl RedisStore {
             engine: options.engine,
             module: Arc::default(),
             clock: Arc::default(),
-            layout: Layout::PerKey,
-            tags: None,
+            packing: None,
         };
         // Loading now saves the first call of each script its fallback; a
         // Redis that answers a connect but not this is as good as down.
@@ -236,7 +241,7 @@ impl RedisStore {
             // permission) reads as one error, not as six failed loads.
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             let mut pipe = redis::pipe();
-            for lua in scripts::all(Assembly::PerKey).chain(scripts::all(Assembly::Packed)) {
+            for lua in scripts::all(Assembly::of(options.layout)) {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();
             }
             pipe.query_async::<()>(&mut conn).await?;
@@ -295,7 +300,7 @@ impl RedisStore {
         // answer yet gets the script from that fallback.
         let load = async {
             let mut conn = conn.clone();
-            for lua in scripts::all(Assembly::PerKey).chain(scripts::all(Assembly::Packed)) {
+            for lua in scripts::all(Assembly::of(options.layout)) {
                 redis::cmd("SCRIPT").arg("LOAD").arg(lua.source()).query_async::<()>(&mut conn).await?;
             }
             Ok::<_, redis::RedisError>(())
@@ -309,8 +314,7 @@ impl RedisStore {
             engine: options.engine,
             module: Arc::default(),
             clock: Arc::default(),
-            layout: Layout::PerKey,
-            tags: None,
+            packing: None,
         };
         store.sample_time_now().await;
         Ok(store.with_layout(options.layout))
@@ -331,8 +335,7 @@ impl RedisStore {
             engine: Engine::Auto,
             module: Arc::default(),
             clock: Arc::default(),
-            layout: Layout::PerKey,
-            tags: None,
+            packing: None,
         }
     }
 
@@ -391,17 +394,16 @@ impl RedisStore {
     /// state written in this one (each identity starts afresh once, as
     /// after any change of key shape).
     pub fn with_layout(mut self, layout: Layout) -> Self {
-        self.tags = match layout {
+        self.packing = match layout {
             Layout::PerKey => None,
-            Layout::Packed(buckets) => Some(Tags::of(buckets)),
+            Layout::Packed(buckets) => Some(Packing { buckets, tags: Tags::of(buckets) }),
         };
-        self.layout = layout;
         self
     }
 
     /// The layout the state is kept in.
     pub fn layout(&self) -> Layout {
-        self.layout
+        self.packing.as_ref().map_or(Layout::PerKey, |p| Layout::Packed(p.buckets))
     }
 
     /// Where `identity`'s state under `limit` lives: its key, or in the
@@ -418,28 +420,22 @@ impl RedisStore {
 
     /// The scripts of the store's layout.
     fn assembly(&self) -> Assembly {
-        match self.layout {
-            Layout::PerKey => Assembly::PerKey,
-            Layout::Packed(_) => Assembly::Packed,
-        }
+        Assembly::of(self.layout())
     }
 
     /// Where `identity`'s keys are: computed once per request.
     fn keys<'a>(&'a self, identity: &'a Identity) -> IdentityKeys<'a> {
-        let packed = match (self.layout, &self.tags) {
-            (Layout::Packed(buckets), Some(tags)) => {
-                let place = Place::of(identity, buckets);
-                Some((tags.tag(place.bucket), place.field))
-            }
-            _ => None,
-        };
+        let packed = self.packing.as_ref().map(|p| {
+            let place = Place::of(identity, p.buckets);
+            (p.tags.tag(place.bucket), place.field)
+        });
         IdentityKeys { prefix: &self.prefix, identity, packed }
     }
 
     /// The fields a packed script takes after its arguments: the field of
     /// each key's identity, in order; `None` in the per-key layout.
     fn fields<'a>(&self, keys: impl Iterator<Item = &'a IdentityKeys<'a>>) -> Option<Vec<u8>> {
-        (self.layout != Layout::PerKey).then(|| keys.flat_map(|k| k.field().iter().copied()).collect())
+        self.packing.is_some().then(|| keys.flat_map(|k| k.field().iter().copied()).collect())
     }
 
     /// The Redis keys that hold `identity`'s state under `limit` (for tests,

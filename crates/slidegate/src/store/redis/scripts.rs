@@ -49,6 +49,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use super::Layout;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_log::SlidingLog;
@@ -68,6 +69,14 @@ pub(super) enum Assembly {
 }
 
 impl Assembly {
+    /// The scripts of `layout`.
+    pub(super) fn of(layout: Layout) -> Self {
+        match layout {
+            Layout::PerKey => Assembly::PerKey,
+            Layout::Packed(_) => Assembly::Packed,
+        }
+    }
+
     /// Index into the script tables.
     const fn index(self) -> usize {
         match self {
