@@ -18,12 +18,12 @@
 //! bytes) in each window it is counted in. The price is that Redis finds
 //! a field by scanning the listpack, so the hashes are kept small: the
 //! bucket count is chosen from the identities expected ([`Layout::packed_for`]),
-//! [`IDENTITIES_PER_BUCKET`] to a bucket on average, far below Redis's
-//! `hash-max-listpack-entries` (128 by default). A deployment that outgrows
-//! its bucket count keeps working: past 128 fields Redis converts a hash to
-//! a hash table (O(1) lookups, ~70 B a field), still below a key per
-//! identity; raising the bucket count (each identity then starts afresh
-//! once) brings the listpacks back.
+//! [`IDENTITIES_PER_BUCKET`] to a bucket on average. A deployment that
+//! outgrows its bucket count keeps working, each decision scanning longer
+//! hashes, until a hash passes Redis's `hash-max-listpack-entries` (512 by
+//! default) and Redis converts it to a hash table (O(1) lookups, ~62 B a
+//! field), still below a key per identity; raising the bucket count (each
+//! identity then starts afresh once) brings short listpacks back.
 //!
 //! Each hash holds one window and expires, as one key, when every count in
 //! it stops mattering: a sliding window counter's window at the end of the
@@ -54,9 +54,9 @@ use crate::{Algorithm, Identity};
 /// overhead (~200 B), shared by the identities in it. 32 is the measured
 /// knee (BENCHMARKS.md, "The packed layout"): about 35 B per identity for
 /// the sliding window counter at 1.2× a key's CPU, and the fullest of
-/// 32,768 buckets (the mean plus about 4.5 standard deviations, ~58 fields)
-/// stays far below Redis's default `hash-max-listpack-entries` (128), so
-/// the hashes stay listpacks up to about 3× the expected identities.
+/// 32,768 buckets holds 57 fields at a million identities (the mean plus
+/// about 4.5 standard deviations), far below Redis's default
+/// `hash-max-listpack-entries` (512).
 pub const IDENTITIES_PER_BUCKET: u64 = 32;
 
 /// The most buckets a packed layout has.
