@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Buckets, Charge, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, Location, ManualClock,
-    RedisOptions, RedisStore, Store, TimeSource,
+    Algorithm, Buckets, Charge, DistinctStore, Engine, GiveBack, Identity, Layout, LeaseStore, Limit,
+    Location, ManualClock, RedisOptions, RedisStore, Store, TimeSource,
 };
 use slidegate_test_redis::{module_args, CommandStats, RedisServer};
 use support::{admin, id, keys_with_pttl, limit, unique_prefix, Decide, T0};
@@ -264,5 +264,50 @@ async fn the_module_leaves_packed_state_to_the_scripts() {
         let delta = |cmd: &str| after.calls(cmd) - before.calls(cmd);
         assert_eq!(delta("evalsha") + delta("eval"), 4, "{engine}: the counter by Lua");
         assert_eq!(delta("slidegate.decide"), 3, "{engine}: GCRA by the module");
+    }
+}
+
+/// Crawl breadth on a packed store: its sketch lives in the slot of the
+/// identity's window hashes, and counts as on a key per identity.
+#[tokio::test]
+async fn crawl_breadth_lives_in_the_bucket_s_slot() {
+    let server = RedisServer::spawn();
+    let store = RedisStore::connect(&server.url()).await.expect("connect").with_layout(packed(8));
+    let quota = slidegate::Quota::new(2, Duration::from_secs(60)).expect("a quota");
+    let who = id("crawler");
+    let distinct = store.distinct().expect("Redis counts distinct values");
+    let mut allowed = Vec::new();
+    for value in [b"a".as_slice(), b"b", b"a", b"c"] {
+        allowed.push(distinct.decide_distinct(&who, &quota, value).await.expect("breadth").allowed);
+    }
+    assert_eq!(allowed, [true, true, true, false], "two distinct values a minute");
+    let Location::Packed { stem, .. } =
+        store.location(&who, &limit(Algorithm::SlidingWindowCounter, 3, 1000))
+    else {
+        panic!("packed")
+    };
+    let tag = &stem[stem.find('{').expect("a tag")..=stem.find('}').expect("a tag")];
+    assert!(store.distinct_key(&who, &quota).contains(tag), "{} {stem}", store.distinct_key(&who, &quota));
+}
+
+/// Switching layouts: a store in one never reads the other's state, so an
+/// identity starts afresh once (docs/packed-layout.md, "Switching").
+#[tokio::test]
+async fn a_switch_of_layout_starts_each_identity_afresh() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0);
+    let per_key = support::client_time_store(&server, &clock, "switch").await;
+    let packed = per_key.clone().with_layout(packed(16));
+    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+        let l = limit(algorithm, 3, 60_000);
+        assert!(per_key.decide_one(&id("s"), &l, 3).await.expect("decide").allowed);
+        assert!(!per_key.decide_one(&id("s"), &l, 1).await.expect("decide").allowed);
+        let d = packed.decide_one(&id("s"), &l, 0).await.expect("peek");
+        assert_eq!(d.remaining, 3, "{algorithm}: the packed store starts afresh");
+        assert!(packed.decide_one(&id("s"), &l, 3).await.expect("decide").allowed);
+        assert!(
+            !per_key.decide_one(&id("s"), &l, 1).await.expect("decide").allowed,
+            "{algorithm}: still full"
+        );
     }
 }
