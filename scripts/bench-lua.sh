@@ -1,78 +1,131 @@
 #!/usr/bin/env bash
-# slidegate's Lua scripts against rate-limiter-flexible, the most used Node
-# limiter, on one Redis in the same run: Redis server CPU per decision.
+# Redis server CPU per rate-limit decision: the Node.js library
+# rate-limiter-flexible (v11, RateLimiterRedis over ioredis, 100 points per
+# 60 s: its default fixed window) against slidegate's own Lua scripts, on ONE
+# loopback redis-server in the same run.
 #
-#   rate-limiter-flexible 11   RateLimiterRedis (ioredis 5), its default fixed
-#                              window, 100 points per 60 s (scripts/bench-lua/rlf.js)
-#   slidegate                  `bench redis --only …`: the fixed window and the
-#                              sliding window counter, a key per identity and packed
-# Both: 100,000 identities cycled, 128 requests in flight, every identity
-# decided once before the timed load, CONFIG RESETSTAT, SECONDS of load, then
-# INFO commandstats (all decisions allowed). Rounds alternate the two; the
-# per-round ratios slidegate / rate-limiter-flexible are summarised as
-# medians with ranges.
-# Needs: node and npm (the packages go to ~/.cache/slidegate-rlf, once),
-# redis-server, python3. Loopback only: a redis-server of its own on a free port.
-# Usage: scripts/bench-lua.sh [ROUNDS, default 3] [SECONDS, default 5]
+#   scripts/bench-lua.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds, 5 s of load)
+#
+# The figure is what INFO commandstats charges: usec of the commands the
+# client sent (for the library, EVALSHA of its Lua script) / decisions. It is
+# the time Redis spends executing them, not parsing or networking, and it does
+# not depend on how fast the client is, so the two clients compare fairly
+# even though one is Node and one is Rust.
+#
+# Each round runs, one after the other on the same server:
+#   rlf        scripts/bench-lua/rlf.js: 100,000 keys cycled round-robin,
+#              4 connections × 32 in flight, a warm-up touching every key
+#              once, CONFIG RESETSTAT, SECONDS of consume(key)
+#   slidegate  slidegate bench redis --engine lua --json, same shape (its
+#              defaults: 100,000 identities, 4 × 32 in flight, 100 per 60 s),
+#              for fixed_window, sliding_window_counter and both packed
+# Rounds alternate rlf, slidegate, rlf, slidegate, ... so drift on a busy
+# machine lands on both. Ratios are slidegate / rlf within a round.
+#
+# Needs redis-server, redis-cli, node + npm, jq, python3 (for a free port).
+# npm packages go to $SLIDEGATE_RLF_CACHE (default ~/.cache/slidegate-rlf),
+# outside the tree, installed once. Never touches port 6379.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
-ROUNDS="${1:-3}"
-SECS="${2:-5}"
-for tool in node npm redis-server python3; do
-    command -v "$tool" >/dev/null || { echo "bench-lua: $tool is not installed" >&2; exit 1; }
+ROUNDS=${1:-3}
+SECONDS_LOAD=${2:-5}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $SECONDS_LOAD =~ ^[1-9][0-9]*$ ]] ||
+  { echo "usage: $0 [ROUNDS] [SECONDS]  (positive integers)" >&2; exit 64; }
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+BIN=$ROOT/target/release/slidegate
+CACHE=${SLIDEGATE_RLF_CACHE:-$HOME/.cache/slidegate-rlf}
+for tool in redis-server redis-cli node npm jq python3; do
+  command -v "$tool" >/dev/null || { echo "$0: $tool not found" >&2; exit 69; }
 done
 
-# The packages, outside the source tree, pinned to their major versions.
-MODULES="$HOME/.cache/slidegate-rlf"
-if [ ! -d "$MODULES/node_modules/rate-limiter-flexible" ] || [ ! -d "$MODULES/node_modules/ioredis" ]; then
-    mkdir -p "$MODULES"
-    npm install --silent --prefix "$MODULES" rate-limiter-flexible@11 ioredis@5 >/dev/null
+# --- slidegate's binary (built once if missing) -----------------------------
+if [ ! -x "$BIN" ]; then
+  echo "building $BIN ..." >&2
+  (cd "$ROOT" && timeout 1800 cargo build --release -p slidegate-cli)
 fi
-export NODE_PATH="$MODULES/node_modules"
 
-cargo build --release -q -p slidegate-cli
-BIN="${CARGO_TARGET_DIR:-target}/release/slidegate"
+# --- rate-limiter-flexible, pinned to major 11 (ioredis 5) -----------------
+installed() { NODE_PATH=$CACHE/node_modules node -p "require('rate-limiter-flexible/package.json').version" 2>/dev/null; }
+if [[ $(installed) != 11.* ]]; then
+  echo "installing rate-limiter-flexible@11 ioredis@5 into $CACHE ..." >&2
+  mkdir -p "$CACHE"
+  cp "$HERE/bench-lua/package.json" "$CACHE/package.json"
+  (cd "$CACHE" && timeout 300 npm install --no-audit --no-fund --loglevel=error)
+fi
+RLF_VERSION=$(installed)
 
-WORK="$(mktemp -d -t slidegate-bench-lua-XXXXXX)"
-PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+# --- our own redis-server on a free loopback port ---------------------------
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/bench-lua.XXXXXX")
+# The kernel picks a free port (never 6379: that is outside its ephemeral
+# range, and checked anyway); a race with another process is possible but
+# redis-server would then fail to start and the ping loop below would stop us.
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+[ "$PORT" != 6379 ] || { echo "$0: refusing port 6379" >&2; exit 70; }
+redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$OUT" --logfile "$OUT/redis.log" &
+REDIS_PID=$!
 cleanup() {
-    redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
-    rm -rf "$WORK"
+  kill "$REDIS_PID" 2>/dev/null || true
+  wait "$REDIS_PID" 2>/dev/null || true
 }
 trap cleanup EXIT
-redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-    --daemonize yes --logfile "$WORK/redis.log" >/dev/null
-for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-echo "Redis $(redis-server --version | grep -o 'v=[^ ]*') on 127.0.0.1:$PORT; $ROUNDS rounds of $SECS s"
+trap 'exit 130' INT TERM
+for _ in $(seq 50); do
+  redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
+  kill -0 "$REDIS_PID" 2>/dev/null || { echo "$0: redis-server did not start (see $OUT/redis.log)" >&2; exit 1; }
+  sleep 0.2
+done
+redis-cli -p "$PORT" ping >/dev/null
 
-CANDIDATES=fixed_window,sliding_window_counter,fixed_window_packed,sliding_window_counter_packed
+echo "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on 127.0.0.1:$PORT;" \
+  "rate-limiter-flexible $RLF_VERSION; $ROUNDS rounds × $SECONDS_LOAD s; raw JSON in $OUT"
+
+# Every phase has a deadline: the load itself plus generous room for the
+# warm-up, settles and (for slidegate) its memory phases, on a loaded machine.
+RLF_LIMIT=$((SECONDS_LOAD + 120))
+SG_LIMIT=$((4 * (SECONDS_LOAD + 60)))
+SG_ONLY=fixed_window,sliding_window_counter,fixed_window_packed,sliding_window_counter_packed
+
+printf '%-5s %9s | %-14s %-14s %-14s %-14s  (server µs/decision, ×rlf)\n' \
+  round rlf fixed_window sw_counter fw_packed swc_packed
+ratios=$OUT/ratios.tsv
+: >"$ratios"
 for round in $(seq "$ROUNDS"); do
-    timeout $((SECS * 4 + 120)) node scripts/bench-lua/rlf.js "$PORT" "$SECS" > "$WORK/rlf-$round.json"
-    redis-cli -p "$PORT" flushall >/dev/null
-    timeout $((SECS * 8 + 600)) "$BIN" bench redis --redis-url "redis://127.0.0.1:$PORT/" --seconds "$SECS" \
-        --memory-identities 10000 --no-redis-benchmark --json --only "$CANDIDATES" > "$WORK/sg-$round.json"
-    redis-cli -p "$PORT" flushall >/dev/null
+  r=$(printf 'r%02d' "$round")
+  NODE_PATH=$CACHE/node_modules timeout "$RLF_LIMIT" \
+    node "$HERE/bench-lua/rlf.js" "$PORT" "$SECONDS_LOAD" >"$OUT/$r-rlf.json"
+  # --engine lua: the scripts, even were a native module loaded; --only: the
+  # four candidates compared here (all eight take ~2 min a round at 5 s).
+  timeout "$SG_LIMIT" "$BIN" bench redis --redis-url "redis://127.0.0.1:$PORT/" \
+    --seconds "$SECONDS_LOAD" --json --no-redis-benchmark --engine lua --only "$SG_ONLY" \
+    >"$OUT/$r-slidegate.json"
+  rlf=$(jq -r .server_us_per_consume "$OUT/$r-rlf.json")
+  read -r fw swc fwp swcp < <(jq -r '[.algorithms.fixed_window, .algorithms.sliding_window_counter,
+      .packed.fixed_window, .packed.sliding_window_counter] | map(.server_us_per_decision) | @tsv' \
+    "$OUT/$r-slidegate.json")
+  awk -v r="$round" -v b="$rlf" -v a="$fw" -v c="$swc" -v d="$fwp" -v e="$swcp" 'BEGIN {
+    printf "%-5s %9.2f | %5.2f (%5.3f) %5.2f (%5.3f) %5.2f (%5.3f) %5.2f (%5.3f)\n",
+      r, b, a, a / b, c, c / b, d, d / b, e, e / b
+    printf "%.4f\t%.4f\t%.4f\t%.4f\n", a / b, c / b, d / b, e / b >> "'"$ratios"'"
+  }'
 done
 
-python3 - "$WORK" "$ROUNDS" <<'PY'
-import json, statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
-names = ["fixed_window", "sliding_window_counter", "fixed_window_packed", "sliding_window_counter_packed"]
-ratios = {n: [] for n in names}
-for r in range(1, rounds + 1):
-    rlf = json.load(open(f"{work}/rlf-{r}.json"))
-    sg = json.load(open(f"{work}/sg-{r}.json"))
-    us = {n: sg["algorithms"][n]["server_us_per_decision"] for n in names[:2]}
-    us.update({n + "_packed": sg["packed"][n]["server_us_per_decision"] for n in names[:2]})
-    base = rlf["server_us_per_consume"]
-    cmds = ", ".join(f"{c} {v['usec_per_call']} µs × {v['calls'] / rlf['consumes']:.2f}" for c, v in rlf["commands"].items())
-    print(f"round {r}: rate-limiter-flexible {rlf['version']} {base:.2f} µs per consume ({cmds})")
-    for n in names:
-        ratios[n].append(us[n] / base)
-        print(f"  slidegate {n:<30} {us[n]:.2f} µs  {us[n] / base:.2f}×")
-print("slidegate / rate-limiter-flexible, server CPU per decision, median (range):")
-for n in names:
-    xs = ratios[n]
-    print(f"  {n:<30} {statistics.median(xs):.2f}× ({min(xs):.2f}–{max(xs):.2f})")
-PY
+# Median and range of each ratio over the rounds.
+echo "slidegate / rlf over $ROUNDS rounds: median (min–max)"
+col=1
+for name in fixed_window sliding_window_counter fixed_window_packed sliding_window_counter_packed; do
+  cut -f"$col" "$ratios" | sort -g | awk -v n="$name" '{ v[NR] = $1 } END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "  %-30s %.3f (%.3f–%.3f)\n", n, m, v[1], v[NR]
+  }'
+  col=$((col + 1))
+done
+echo "rate-limiter-flexible $RLF_VERSION sends per consume (last round; usec_per_call):"
+jq -r '.consumes as $n | (.sent | to_entries[] |
+    "  \(.key): \(.value.calls / $n * 1000 | round / 1000) per consume, \(.value.usec_per_call) µs/call"),
+  "  inside its script (already in the above): " +
+    ([.inside_script | to_entries[] | "\(.key) \(.value.usec_per_call) µs"] | join(", "))' \
+  "$OUT/r$(printf %02d "$ROUNDS")-rlf.json"
+echo "raw JSON: $OUT"
