@@ -360,6 +360,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         || a.password != b.password
         || differs(&a.tls_ca, &b.tls_ca)
         || differs(&a.engine, &b.engine)
+        || differs(&a.layout, &b.layout)
         || old.limiter.guard != new.limiter.guard;
     let mut keys: Vec<String> =
         server.iter().filter(|(_, changed)| *changed).map(|(key, _)| (*key).to_owned()).collect();
@@ -477,5 +478,21 @@ limits = { search = [{ limit = 40, window = "1s" }] }
         // `on_error` alone is each rule's default: applied with the rules.
         let deny = config("[server]\nlisten = \"127.0.0.1:8080\"\n[store]\non_error = \"deny\"\n");
         assert!(restart_required(&old, &deny).is_empty());
+        // The layout, and the bucket count the packed one derives, are the
+        // store's: a reload cannot move the state to other keys.
+        let env = |name: &str| (name == "SECRET").then(|| "s".to_owned());
+        let with_store = |store: &str| {
+            let text = format!(
+                "[server]\nlisten = \"127.0.0.1:8080\"\n[store]\nurl = \"redis://127.0.0.1:7000\"\n{store}\
+                 [identity]\nip_hash_secret_env = \"SECRET\"\n"
+            );
+            Config::parse_with_env(&text, "reload.toml", &env).unwrap()
+        };
+        let per_key = with_store("");
+        let packed = with_store("layout = \"packed\"\n");
+        let bigger = with_store("layout = \"packed\"\nexpected_identities = 5000000\n");
+        assert_eq!(restart_required(&per_key, &packed), ["store"]);
+        assert_eq!(restart_required(&packed, &bigger), ["store"]);
+        assert!(restart_required(&packed, &packed).is_empty());
     }
 }
