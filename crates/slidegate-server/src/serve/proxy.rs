@@ -58,24 +58,31 @@ impl Proxy {
 
 /// Removes hop-by-hop headers, those the `Connection` header names included.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names (standard names
-    // compare as integers) saves nine hashed removals.
-    let any = headers.keys().any(|name| name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(name));
-    if !any {
+    // One pass over the names (standard names compare as integers) finds
+    // the few present: most messages carry none, an upstream's answer one
+    // (`Connection: keep-alive`), and each found costs one hashed removal
+    // instead of the nine a removal of every name would.
+    // Transfer-Encoding is hop-by-hop too; hyper re-frames the body itself.
+    let mut present: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        if name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(name) {
+            present.push(name.clone());
+        }
+    }
+    if present.is_empty() {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for name in value.split(',') {
+            if let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                present.push(name);
+            }
+        }
+    }
+    for name in &present {
         headers.remove(name);
     }
-    // Transfer-Encoding is hop-by-hop too; hyper re-frames the body itself.
-    headers.remove(header::TRANSFER_ENCODING);
 }
 
 /// The `X-Forwarded-For` entry of a peer, made once per connection.
@@ -379,6 +386,26 @@ mod tests {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
         h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-api-key"]);
+    }
+
+    #[test]
+    fn every_connection_line_names_hops_and_a_lone_hop_header_goes_too() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("close"));
+        h.append(header::CONNECTION, HeaderValue::from_static(" x-one ,x-two,, not a name "));
+        h.append(header::CONNECTION, HeaderValue::from_bytes(b"x-\xff").unwrap());
+        for name in ["x-one", "x-two", "x-three"] {
+            h.insert(name, HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-three"]);
+        // No `Connection` at all: the hop-by-hop names themselves still go.
+        let mut h = HeaderMap::new();
+        h.insert(header::PROXY_AUTHORIZATION, HeaderValue::from_static("Basic eA=="));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert("x-api-key", HeaderValue::from_static("k"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-api-key"]);
