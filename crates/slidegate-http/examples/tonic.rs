@@ -3,15 +3,17 @@
 //!
 //! ```text
 //! cargo run -p slidegate-http --example tonic           # listens on 127.0.0.1:50051
-//! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check   # UNAVAILABLE after 2 a minute
+//! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check   # RESOURCE_EXHAUSTED after 2 a minute
 //! # or, without grpcurl, an empty request message by hand:
 //! printf '\0\0\0\0\0' | curl -si --http2-prior-knowledge -H 'content-type: application/grpc' \
 //!     --data-binary @- http://127.0.0.1:50051/grpc.health.v1.Health/Check
 //! ```
 //!
-//! A denied call ends with `grpc-status` 14, `UNAVAILABLE` (the code of a
-//! call worth retrying later), `Retry-After` and the `RateLimit` headers as
-//! metadata. Set `SLIDEGATE_EXAMPLE_ADDR` to listen elsewhere.
+//! A denied call ends with `grpc-status` 8, `RESOURCE_EXHAUSTED`, a
+//! `grpc-message` naming the wait, `Retry-After` and the `RateLimit`
+//! headers as metadata: the answer `slidegate serve` gives the same call
+//! (`RateLimitLayer::grpc_denial` makes it 14, `UNAVAILABLE`, for clients
+//! whose retry policy retries only that). Set `SLIDEGATE_EXAMPLE_ADDR` to listen elsewhere.
 //! `tests/examples.rs` makes real calls to this same server with a tonic
 //! client.
 

@@ -137,7 +137,8 @@ impl IdentityExtractor {
     /// than one line, or a value with a comma. Upstreams disagree on which
     /// of several keys counts (the first, the last, or all joined with `, `),
     /// so a client could be counted under one key and served under another;
-    /// `serve` refuses such a request with 400. [`api_key`](Self::api_key)
+    /// [`RateLimiter::admit`](crate::RateLimiter::admit) refuses such a
+    /// request with 400. [`api_key`](Self::api_key)
     /// alone reads the first line.
     pub fn api_key_is_ambiguous(&self, headers: &HeaderMap) -> bool {
         let Some(name) = self.api_key_header.as_ref() else {
@@ -160,8 +161,8 @@ impl IdentityExtractor {
     /// counting it let a key holder with many addresses be served under its
     /// key while counted per address. Removed, as nginx drops headers with
     /// underscores, every upstream receives the identity slidegate counted.
-    /// `serve` calls it before deciding; the tower layer's inner service
-    /// reads headers by their exact name and needs no such step.
+    /// [`RateLimiter::admit`](crate::RateLimiter::admit) calls it before
+    /// deciding, for `serve` and the tower layer alike.
     pub fn strip_header_aliases(&self, headers: &mut HeaderMap) {
         // The common request has no underscore in any header name.
         if !headers.keys().any(|name| name.as_str().contains('_')) {

@@ -21,10 +21,15 @@
 //!   (`examples/hyper.rs`).
 //! - tonic: `Server::builder().layer(..)`, with a `map_request` copying
 //!   tonic's `TcpConnectInfo` into [`PeerAddr`] (`examples/tonic.rs`). A
-//!   gRPC request (`content-type: application/grpc*`) is denied in gRPC's
-//!   own terms: `grpc-status` 14, `UNAVAILABLE`, the code gRPC's
-//!   HTTP-to-status mapping gives a 429 or a 503, with the rate limit headers
-//!   as metadata. The test of the example checks it with a tonic client.
+//!   gRPC call is denied in gRPC's own terms, as `serve` denies it
+//!   ([`crate::grpc`]): `grpc-status` 8, `RESOURCE_EXHAUSTED`, for a 429
+//!   (14, `UNAVAILABLE`, with [`RateLimitLayer::grpc_denial`]), with the
+//!   rate limit headers as metadata. The test of the example checks it with
+//!   a tonic client.
+//!
+//! Every request goes through [`RateLimiter::admit`], the admission
+//! pipeline `serve` runs too: header clean-up, refused paths (400),
+//! ambiguous API keys (400), the check, the denial.
 //!
 //! A rule charged after the response (`cost_header`, `count_status`) is
 //! charged when the inner service answers, and its cost header is removed
@@ -43,15 +48,15 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use pin_project_lite::pin_project;
 use slidegate::Store;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers::{self, RateHeaders};
+use crate::grpc::GrpcDenialStatus;
+use crate::headers::RateHeaders;
 use crate::limiter::RateLimiter;
 use crate::verdict::{PendingCharge, Verdict};
 
@@ -114,6 +119,7 @@ pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
 pub struct RateLimitLayer<S> {
     limiter: RateLimiter<S>,
     peer: PeerFn,
+    grpc_denial: GrpcDenialStatus,
 }
 
 /// Where a request's socket peer is read from, in its extensions: the
@@ -132,7 +138,7 @@ fn peer_addr_extension(extensions: &http::Extensions) -> Option<SocketAddr> {
 // By hand: a derive would ask for `S: Clone`, and the limiter shares its store.
 impl<S> Clone for RateLimitLayer<S> {
     fn clone(&self) -> Self {
-        Self { limiter: self.limiter.clone(), peer: self.peer }
+        Self { limiter: self.limiter.clone(), peer: self.peer, grpc_denial: self.grpc_denial }
     }
 }
 
@@ -140,7 +146,15 @@ impl<S> RateLimitLayer<S> {
     /// A layer deciding with `limiter`; the client address comes from the
     /// [`PeerAddr`] extension.
     pub fn new(limiter: RateLimiter<S>) -> Self {
-        Self { limiter, peer: peer_addr_extension }
+        Self { limiter, peer: peer_addr_extension, grpc_denial: GrpcDenialStatus::default() }
+    }
+
+    /// The gRPC status of a rate limit denial of a gRPC call:
+    /// `RESOURCE_EXHAUSTED` (8) unless set to [`GrpcDenialStatus::Unavailable`]
+    /// (14), as `serve`'s `[server] grpc_denial_status`. See [`crate::grpc`].
+    pub fn grpc_denial(mut self, status: GrpcDenialStatus) -> Self {
+        self.grpc_denial = status;
+        self
     }
 
     /// Reads the client address with `peer` instead of from [`PeerAddr`]:
@@ -177,7 +191,7 @@ impl<S, Inner> Layer<Inner> for RateLimitLayer<S> {
     type Service = RateLimit<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit { inner, limiter: self.limiter.clone(), peer: self.peer }
+        RateLimit { inner, limiter: self.limiter.clone(), peer: self.peer, grpc_denial: self.grpc_denial }
     }
 }
 
@@ -186,11 +200,17 @@ pub struct RateLimit<Inner, S> {
     inner: Inner,
     limiter: RateLimiter<S>,
     peer: PeerFn,
+    grpc_denial: GrpcDenialStatus,
 }
 
 impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), limiter: self.limiter.clone(), peer: self.peer }
+        Self {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            peer: self.peer,
+            grpc_denial: self.grpc_denial,
+        }
     }
 }
 
@@ -198,7 +218,7 @@ impl<Inner, S> RateLimit<Inner, S> {
     /// `inner`, rate-limited by `limiter`; the client address comes from
     /// the [`PeerAddr`] extension.
     pub fn new(inner: Inner, limiter: RateLimiter<S>) -> Self {
-        Self { inner, limiter, peer: peer_addr_extension }
+        Self { inner, limiter, peer: peer_addr_extension, grpc_denial: GrpcDenialStatus::default() }
     }
 
     /// The inner service.
@@ -234,23 +254,19 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let limiter = self.limiter.clone();
         let peer = (self.peer)(request.extensions()).map(|addr| addr.ip());
+        let grpc_denial = self.grpc_denial;
         let mut check: CheckFuture<B> = Box::pin(async move {
-            let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
-            let mut verdict = limiter.check_request(request.method(), target, request.headers(), peer).await;
+            let mut request = request;
+            let mut admission = limiter.admit(&mut request, peer, grpc_denial).await;
+            if let Some(refusal) = admission.refusal {
+                return Decided::Blocked(refusal);
+            }
             // The headers are rendered here because the verdict borrows the
             // limiter, which stays in this future.
-            let pending = verdict.as_mut().and_then(Verdict::take_pending);
+            let pending = admission.verdict.as_mut().and_then(Verdict::take_pending);
             let cost_header = limiter.cost_headers().clone();
-            let headers = match verdict {
-                Some(verdict) if verdict.blocks() => {
-                    let response =
-                        headers::blocked_response(&verdict, limiter.legacy_headers(), request.uri().path());
-                    return Decided::Blocked(match grpc_content_type(&request) {
-                        Some(content_type) => grpc_denial(response, content_type),
-                        None => response,
-                    });
-                }
-                Some(verdict) => RateHeaders::of(&verdict, limiter.legacy_headers()),
+            let headers = match &admission.verdict {
+                Some(verdict) => RateHeaders::of(verdict, limiter.legacy_headers()),
                 None => RateHeaders::default(),
             };
             // A rule counting responses charges when the inner service has
@@ -281,41 +297,6 @@ where
         ResponseFuture { state }
     }
 }
-
-/// The content type of a gRPC request (`application/grpc`, `+proto`,
-/// `-web`, ...), which its denial answers in.
-fn grpc_content_type<B>(request: &Request<B>) -> Option<HeaderValue> {
-    let content_type = request.headers().get(CONTENT_TYPE)?;
-    content_type.as_bytes().starts_with(b"application/grpc").then(|| content_type.clone())
-}
-
-/// `denial` as a gRPC client understands it: a trailers-only response with
-/// `grpc-status` 14 (`UNAVAILABLE`, the code gRPC maps both 429 and 503 to),
-/// or 7 (`PERMISSION_DENIED`) for a deny list's 403.
-/// The rate limit headers stay, as response metadata. A 429 with a problem
-/// body is not enough: tonic reads the JSON as a gRPC message and reports a
-/// protocol error (`INTERNAL`) instead.
-fn grpc_denial(denial: Response<Full<Bytes>>, content_type: HeaderValue) -> Response<Full<Bytes>> {
-    let (mut parts, _problem) = denial.into_parts();
-    let retry = parts.headers.get(RETRY_AFTER).and_then(|v| v.to_str().ok());
-    // Printable ASCII without `%`: valid as it stands, no percent-encoding needed.
-    let message = match retry {
-        Some(seconds) => format!("{}; retry after {seconds} s", parts.status),
-        None => parts.status.to_string(),
-    };
-    // A deny list's 403 is gRPC's PERMISSION_DENIED (7).
-    let code = if parts.status == StatusCode::FORBIDDEN { "7" } else { "14" };
-    parts.status = StatusCode::OK;
-    parts.headers.insert(CONTENT_TYPE, content_type);
-    parts.headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
-    if let Ok(message) = HeaderValue::try_from(message) {
-        parts.headers.insert(GRPC_MESSAGE, message);
-    }
-    Response::from_parts(parts, Full::new(Bytes::new()))
-}
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// What the check decided: answer here, or the request to pass to the
 /// inner service with the headers to add to its response (and the cost

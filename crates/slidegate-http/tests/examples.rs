@@ -110,7 +110,7 @@ async fn the_hyper_example_limits_each_client_by_its_socket_address() {
 }
 
 #[tokio::test]
-async fn the_tonic_example_fails_calls_over_the_limit_as_unavailable() {
+async fn the_tonic_example_fails_calls_over_the_limit_as_resource_exhausted() {
     let (listener, addr) = loopback().await;
     tokio::spawn(tonic_example::serve(listener, limiter(tonic_example::config())));
 
@@ -122,7 +122,7 @@ async fn the_tonic_example_fails_calls_over_the_limit_as_unavailable() {
         assert_eq!(response.metadata().get("ratelimit").unwrap(), &format!("\"health\";r={remaining};t=60"));
     }
     let status = client.check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert_eq!(status.message(), "429 Too Many Requests; retry after 60 s");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.message(), "policy \"health\" allows 2 requests per 60 s; retry in 60 s");
     assert_eq!(status.metadata().get("retry-after").unwrap(), "60");
 }

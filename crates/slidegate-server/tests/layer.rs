@@ -222,10 +222,18 @@ async fn a_peer_addr_extension_inserted_by_any_server_identifies_the_client() {
 
 #[tokio::test]
 async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_metadata() {
+    use slidegate_http::grpc::GrpcDenialStatus;
     let config = Config::parse(RULES, "rules.toml").unwrap();
-    let app = app(RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap());
-    let grpc = || {
+    let app = |denial| {
+        let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
+        Router::new()
+            .route("/api/search", axum::routing::post(|| async { "results" }).get(|| async { "results" }))
+            .layer(RateLimitLayer::new(limiter).grpc_denial(denial))
+            .layer(middleware::map_request(peer_addr))
+    };
+    let call = |method: Method| {
         let mut request = Request::builder()
+            .method(method)
             .uri("/api/search")
             .header("content-type", "application/grpc+proto")
             .body(Body::empty())
@@ -233,21 +241,30 @@ async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_meta
         request.extensions_mut().insert(ConnectInfo("198.51.100.9:1".parse::<SocketAddr>().unwrap()));
         request
     };
-    for _ in 0..2 {
-        assert_eq!(app.clone().oneshot(grpc()).await.unwrap().status(), StatusCode::OK);
+    for (denial, code) in [(GrpcDenialStatus::ResourceExhausted, "8"), (GrpcDenialStatus::Unavailable, "14")]
+    {
+        let app = app(denial);
+        for _ in 0..2 {
+            assert_eq!(app.clone().oneshot(call(Method::POST)).await.unwrap().status(), StatusCode::OK);
+        }
+        let response = app.clone().oneshot(call(Method::POST)).await.unwrap();
+        // Trailers-only: HTTP 200, the status in the headers, no message.
+        assert_eq!(response.status(), StatusCode::OK);
+        let headers = response.headers().clone();
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers["grpc-status"], code);
+        assert_eq!(headers["grpc-message"], "policy \"search\" allows 2 requests per 60 s; retry in 60 s");
+        assert_eq!(
+            (&headers["retry-after"], &headers["ratelimit"]),
+            (&"60".parse().unwrap(), &"\"search\";r=0;t=60".parse().unwrap())
+        );
+        assert!(axum::body::to_bytes(response.into_body(), 1024).await.unwrap().is_empty());
+        // A GET claiming gRPC is no gRPC call: HTTP's 429, which no cache
+        // stores as a success.
+        let response = app.clone().oneshot(call(Method::GET)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers().get("grpc-status"), None);
     }
-    let response = app.clone().oneshot(grpc()).await.unwrap();
-    // Trailers-only: HTTP 200, the status in the headers, no message.
-    assert_eq!(response.status(), StatusCode::OK);
-    let headers = response.headers().clone();
-    assert_eq!(headers["content-type"], "application/grpc+proto");
-    assert_eq!(headers["grpc-status"], "14");
-    assert_eq!(headers["grpc-message"], "429 Too Many Requests; retry after 60 s");
-    assert_eq!(
-        (&headers["retry-after"], &headers["ratelimit"]),
-        (&"60".parse().unwrap(), &"\"search\";r=0;t=60".parse().unwrap())
-    );
-    assert!(axum::body::to_bytes(response.into_body(), 1024).await.unwrap().is_empty());
 }
 
 #[test]

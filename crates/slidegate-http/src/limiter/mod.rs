@@ -40,6 +40,7 @@ use crate::plans::{PlanOverrides, Plans};
 use crate::rules::RuleMatcher;
 use crate::verdict::{DecisionSource, PendingCharge, Verdict};
 
+mod admit;
 mod after_response;
 mod breadth;
 mod decide;
@@ -51,6 +52,7 @@ mod rule;
 #[cfg(test)]
 mod tests;
 
+pub use admit::Admission;
 use decide::deny_in_flight;
 pub use error::{CheckError, LimiterError};
 pub use joint::KeyCheck;

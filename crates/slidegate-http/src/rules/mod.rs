@@ -517,7 +517,8 @@ pub(crate) fn percent_decode(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Why `serve` refuses a path outright, if it does: a NUL (`%00`), which
+/// Why slidegate refuses a path outright, if it does (`serve` and the
+/// tower layer alike, in [`crate::RateLimiter::admit`]): a NUL (`%00`), which
 /// routers variously reject, keep, or treat as the end of the path — no
 /// rule reading could stand for all of them, and no real resource needs it.
 ///

@@ -68,15 +68,7 @@ pub enum LogFormat {
 
 /// `[server] grpc_denial_status`: the gRPC status of a rate limit denial
 /// of a gRPC call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum GrpcDenialStatus {
-    /// `RESOURCE_EXHAUSTED` (8), what gRPC names a quota exhausted (the default).
-    #[default]
-    ResourceExhausted,
-    /// `UNAVAILABLE` (14), for clients whose retry policy retries only that.
-    Unavailable,
-}
+pub use slidegate_http::grpc::GrpcDenialStatus;
 
 /// `[server]`.
 #[derive(Debug, Clone)]

@@ -1,113 +1,26 @@
 //! gRPC passthrough: what `serve` says to a gRPC client itself.
 //!
-//! A gRPC request (a `POST` with `content-type: application/grpc`, `application/grpc+proto`,
-//! `application/grpc-web`, …) is decided by its path, `/package.Service/Method`,
-//! as any other; rules match it as written (`path = "/shop.Cart/*"`). Its
-//! bodies and trailers stream through untouched, and its `te: trailers`
-//! survives the hop-by-hop stripping (gRPC requires it, and the proxy does
-//! relay trailers).
-//!
-//! An answer `serve` makes itself — a denial, a refusal, an upstream failure —
-//! would be a problem+json body that a gRPC client cannot read: it would
-//! report `UNKNOWN` or `INTERNAL` with no word of the wait. For a gRPC
-//! request it is a trailers-only answer instead: HTTP 200, no body,
-//! `grpc-status`, `grpc-message` (the problem's detail, which names the
-//! wait, percent-encoded as gRPC wants), and every header the HTTP answer
-//! had — `RateLimit`, `RateLimit-Policy`, `Retry-After` — as metadata.
-//!
-//! The status: a rate limit denial (429) is `RESOURCE_EXHAUSTED` (8) by
-//! default, or `UNAVAILABLE` (14) with `[server] grpc_denial_status =
-//! "unavailable"`, for clients whose retry policy retries only that; a
-//! store failing closed, a saturated or unreachable upstream (502, 503) is
-//! `UNAVAILABLE`; a deny list (403) is `PERMISSION_DENIED` (7); a malformed
-//! request (400) `INVALID_ARGUMENT` (3); a body that stopped arriving (408)
-//! `DEADLINE_EXCEEDED` (4).
-
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+//! A gRPC request is decided by its path, `/package.Service/Method`, as any
+//! other; rules match it as written (`path = "/shop.Cart/*"`). Its bodies
+//! and trailers stream through untouched, and its `te: trailers` survives
+//! the hop-by-hop stripping (gRPC requires it, and the proxy does relay
+//! trailers). Which requests are gRPC calls, and how an answer `serve` makes
+//! itself is put in gRPC's terms, is [`slidegate_http::grpc`]'s, shared with
+//! the tower layer: the same call gets the same answer from both.
 
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Response, StatusCode};
-use hyper::body::Body;
+use http::{HeaderMap, Response};
+pub(crate) use slidegate_http::grpc::is_grpc;
+use slidegate_http::grpc::{ready_bytes, trailers_only, GrpcDenialStatus};
 
 use super::{full, ServeBody};
-use crate::config::GrpcDenialStatus;
-
-/// Whether a request is a gRPC call: a `POST` (gRPC's only method) with a
-/// gRPC content type. A `GET` saying so is not: a 200 answer to it could be
-/// stored by a cache, its denial served to others as a success.
-pub(crate) fn is_grpc(method: &http::Method, headers: &HeaderMap) -> bool {
-    const GRPC: &[u8] = b"application/grpc";
-    method == http::Method::POST
-        && headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.as_bytes().get(..GRPC.len()))
-            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
-}
-
-/// The gRPC status code of an answer `serve` made with HTTP `status`.
-fn code(status: StatusCode, denial: GrpcDenialStatus) -> u8 {
-    match status {
-        StatusCode::TOO_MANY_REQUESTS => match denial {
-            GrpcDenialStatus::ResourceExhausted => 8,
-            GrpcDenialStatus::Unavailable => 14,
-        },
-        StatusCode::BAD_REQUEST => 3,
-        StatusCode::REQUEST_TIMEOUT => 4,
-        StatusCode::FORBIDDEN => 7,
-        StatusCode::UNAUTHORIZED => 16,
-        // 502, 503, 504 and anything else slidegate answers: the call did
-        // not reach a server that could answer it.
-        _ => 14,
-    }
-}
 
 /// `response`, an answer `serve` made itself with a problem+json body, as a
-/// trailers-only gRPC answer: see the module's docs.
+/// trailers-only gRPC answer (see [`slidegate_http::grpc`]).
 pub(crate) fn answer(response: Response<ServeBody>, denial: GrpcDenialStatus) -> Response<ServeBody> {
-    let (mut parts, mut body) = response.into_parts();
-    let detail =
-        detail(&mut body).unwrap_or_else(|| parts.status.canonical_reason().unwrap_or("").to_owned());
-    let status = code(parts.status, denial);
-    let headers = &mut parts.headers;
-    headers.remove(header::CONTENT_LENGTH);
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(status)));
-    if let Ok(message) = HeaderValue::from_str(&percent_encode(&detail)) {
-        headers.insert(GRPC_MESSAGE, message);
-    }
-    parts.status = StatusCode::OK;
+    let (mut parts, body) = response.into_parts();
+    trailers_only(&mut parts, &ready_bytes(body).unwrap_or_default(), denial);
     Response::from_parts(parts, full(bytes::Bytes::new()))
-}
-
-const GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: header::HeaderName = header::HeaderName::from_static("grpc-message");
-
-/// The `detail` of a problem+json body held in memory (every answer
-/// `serve` makes is one full frame, ready at once: no waiting here).
-fn detail(body: &mut ServeBody) -> Option<String> {
-    let mut cx = Context::from_waker(Waker::noop());
-    let Poll::Ready(Some(Ok(frame))) = Pin::new(body).poll_frame(&mut cx) else { return None };
-    let data = frame.into_data().ok()?;
-    let problem: serde_json::Value = serde_json::from_slice(&data).ok()?;
-    problem.get("detail")?.as_str().map(str::to_owned)
-}
-
-/// `text` as `grpc-message` carries it: bytes outside printable ASCII, and
-/// `%`, as `%XX` (the gRPC over HTTP/2 spec).
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for &b in text.as_bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 15)]));
-        }
-    }
-    out
 }
 
 /// Keeps `te: trailers` on a gRPC request whose hop-by-hop headers were
@@ -119,87 +32,24 @@ pub(crate) fn keep_te_trailers(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
-
-    fn problem(status: StatusCode, detail: &str) -> Response<ServeBody> {
-        let mut response = super::super::boxed(slidegate_http::headers::problem(
-            status,
-            "about:blank",
-            "Too Many Requests",
-            detail,
-            Some("/shop.Cart/Add"),
-        ));
-        let headers = response.headers_mut();
-        headers.insert("ratelimit", HeaderValue::from_static("\"anon\";r=0;t=7"));
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("7"));
-        response
-    }
+    use http::StatusCode;
 
     #[test]
-    fn only_grpc_content_types_are_grpc() {
-        for (value, grpc) in [
-            ("application/grpc", true),
-            ("application/grpc+proto", true),
-            ("Application/GRPC-web", true),
-            ("application/json", false),
-            ("application/grp", false),
-            ("text/application/grpc", false),
-        ] {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
-            assert_eq!(is_grpc(&http::Method::POST, &headers), grpc, "{value}");
-            assert!(!is_grpc(&http::Method::GET, &headers), "{value}");
-        }
-        assert!(!is_grpc(&http::Method::POST, &HeaderMap::new()));
-    }
-
-    #[tokio::test]
-    async fn a_denial_is_a_trailers_only_answer_with_the_wait_and_the_rate_limit_metadata() {
-        let detail = "policy \"anon\" allows 2 requests per 60 s; retry in 7 s — 100% sure";
-        let response =
-            answer(problem(StatusCode::TOO_MANY_REQUESTS, detail), GrpcDenialStatus::ResourceExhausted);
-        assert_eq!(response.status(), StatusCode::OK);
-        let h = response.headers();
-        assert_eq!(h["grpc-status"], "8");
-        assert_eq!(
-            h["grpc-message"],
-            "policy \"anon\" allows 2 requests per 60 s; retry in 7 s %E2%80%94 100%25 sure"
-        );
-        assert_eq!(h["content-type"], "application/grpc");
-        assert_eq!(
-            (&h["ratelimit"], &h["retry-after"]),
-            (&HeaderValue::from_static("\"anon\";r=0;t=7"), &HeaderValue::from_static("7"))
-        );
-        assert!(h.get(header::CONTENT_LENGTH).is_none());
-        let body = response.into_body();
-        assert!(body.is_end_stream());
-        assert!(body.collect().await.unwrap().to_bytes().is_empty());
-    }
-
-    #[test]
-    fn the_status_follows_the_config_for_denials_and_the_answer_otherwise() {
-        let status = |http, denial| {
-            let response = answer(problem(http, "x"), denial);
-            response.headers()["grpc-status"].to_str().unwrap().to_owned()
+    fn a_boxed_answer_is_put_in_grpc_terms_as_the_layer_puts_its_own() {
+        let problem = || {
+            slidegate_http::headers::problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                "about:blank",
+                "Too Many Requests",
+                "retry in 7 s — 100% sure",
+                Some("/shop.Cart/Add"),
+            )
         };
-        assert_eq!(status(StatusCode::TOO_MANY_REQUESTS, GrpcDenialStatus::Unavailable), "14");
-        assert_eq!(status(StatusCode::TOO_MANY_REQUESTS, GrpcDenialStatus::ResourceExhausted), "8");
-        assert_eq!(status(StatusCode::SERVICE_UNAVAILABLE, GrpcDenialStatus::ResourceExhausted), "14");
-        assert_eq!(status(StatusCode::BAD_GATEWAY, GrpcDenialStatus::ResourceExhausted), "14");
-        assert_eq!(status(StatusCode::FORBIDDEN, GrpcDenialStatus::ResourceExhausted), "7");
-        assert_eq!(status(StatusCode::BAD_REQUEST, GrpcDenialStatus::ResourceExhausted), "3");
-    }
-
-    #[test]
-    fn a_body_that_is_not_a_problem_gives_the_reason_phrase() {
-        let response = super::super::boxed(
-            Response::builder()
-                .status(StatusCode::SERVICE_UNAVAILABLE)
-                .body(http_body_util::Full::new(bytes::Bytes::from_static(b"not json")))
-                .unwrap(),
-        );
-        let response = answer(response, GrpcDenialStatus::ResourceExhausted);
-        assert_eq!(response.headers()["grpc-message"], "Service Unavailable");
-        assert_eq!(response.headers()["grpc-status"], "14");
+        let ours = answer(super::super::boxed(problem()), GrpcDenialStatus::Unavailable);
+        let layer = slidegate_http::grpc::answer(problem(), GrpcDenialStatus::Unavailable);
+        assert_eq!(ours.status(), StatusCode::OK);
+        assert_eq!(ours.headers(), layer.headers());
+        assert_eq!(ours.headers()["grpc-status"], "14");
+        assert_eq!(ours.headers()["grpc-message"], "retry in 7 s %E2%80%94 100%25 sure");
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use slidegate_http::headers::{self, RateHeaders};
-use slidegate_http::{PendingCharge, RateLimiter, Verdict};
+use slidegate_http::{Admission, PendingCharge, RateLimiter, Verdict};
 
 use super::access_log;
 use super::client_holds::ClientKey;
@@ -124,12 +124,7 @@ pub(crate) async fn forward(
 ) -> Response<ServeBody> {
     let limiter = state.limiter();
     let limiter = &*limiter;
-    let grpc = grpc::is_grpc(request.method(), request.headers())
-        .then(|| state.proxy.as_ref().map_or_else(Default::default, |p| p.grpc_denial));
-    let own = |response: Response<ServeBody>| match grpc {
-        Some(denial) => grpc::answer(response, denial),
-        None => response,
-    };
+    let denial = state.proxy.as_ref().map_or_else(Default::default, |p| p.grpc_denial);
     // Read before the stripping below removes `Connection` and `Upgrade`.
     let upgrade = Upgrade::of(&request);
     // Decide on the headers the upstream will receive: a header the client
@@ -137,10 +132,6 @@ pub(crate) async fn forward(
     // so counting the request under it would let a random key per request
     // buy a fresh quota for what the upstream sees as an anonymous request.
     strip_hop_by_hop(request.headers_mut());
-    limiter.identity().strip_header_aliases(request.headers_mut());
-    if let Some(reason) = slidegate_http::refused_path(request.uri().path()) {
-        return own(bad_request(request.uri().path(), reason));
-    }
     if let Upgrade::Refused(reason) = upgrade {
         return bad_request(request.uri().path(), reason);
     }
@@ -157,34 +148,27 @@ pub(crate) async fn forward(
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    if limiter.identity().api_key_is_ambiguous(request.headers()) {
-        return own(bad_request(
-            request.uri().path(),
-            "the API key header must appear once, with one value (no comma): \
-             which of several keys the upstream uses is its choice, not slidegate's",
-        ));
-    }
-    let target = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str());
     let started = state.access_log.as_ref().map(|_| std::time::Instant::now());
-    let mut verdict =
-        limiter.check_request(request.method(), target, request.headers(), Some(peer.ip())).await;
+    let Admission { mut verdict, refusal, grpc, .. } =
+        limiter.admit(&mut request, Some(peer.ip()), denial).await;
+    let own = |response: Response<ServeBody>| match grpc {
+        true => grpc::answer(response, denial),
+        false => response,
+    };
     let log = state.access_log.as_ref();
     let entry = match (log, &verdict, started) {
         (Some(log), Some(v), Some(started)) => log.entry(v, request.method(), request.uri().path(), started),
         _ => None,
     };
-    if let Some(v) = &verdict {
-        if v.blocks() {
-            let response = headers::blocked_response(v, limiter.legacy_headers(), request.uri().path());
-            return access_log::logged(log, entry, own(boxed(response)));
-        }
+    if let Some(refusal) = refusal {
+        return access_log::logged(log, entry, boxed(refusal));
     }
     // Kept for a 502: a Uri clone shares its bytes.
     let uri = request.uri().clone();
     let Some(proxy) = &state.proxy else {
         return access_log::logged(log, entry, own(bad_gateway(uri.path(), "no upstream client")));
     };
-    prepare(&mut request, &proxy.upstream, peer_value, grpc.is_some());
+    prepare(&mut request, &proxy.upstream, peer_value, grpc);
     let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
     let pending = verdict.as_mut().and_then(Verdict::take_pending);
     let exchange = exchange(state, limiter, &proxy.upstream, request, client, upgrade, pending).await;

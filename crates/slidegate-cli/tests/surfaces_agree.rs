@@ -1,0 +1,159 @@
+//! The tower layer in an axum app and `slidegate serve`, under the same
+//! rules, answer the same requests the same way: one table of requests
+//! (allowed, denied, listed, an ambiguous API key, a refused path, a key
+//! header spelled with underscores, gRPC calls by POST and a GET claiming
+//! gRPC, delayed) sent to both, in the same order; status, the rate limit
+//! headers, the gRPC status and message, and every answer slidegate makes
+//! itself compared byte for byte. Both run [`RateLimiter::admit`].
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use common::{config_head, request, Reply, Slidegate, Upstream, SECRET_ENV};
+use slidegate::MemoryStore;
+use slidegate_http::{RateLimitLayer, RateLimiter};
+use slidegate_server::Config;
+
+/// The rules both surfaces decide by; `{keys}` is the deny list's key file.
+const RULES: &str = r#"
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "SECRET"
+
+[lists]
+deny = { keys_file = "{keys}" }
+
+[[rules]]
+name = "search"
+path = "/api/search*"
+limits = [{ limit = 5, window = "10s", algorithm = "sliding_log" }]
+
+[[rules]]
+name = "paced"
+path = "/api/paced"
+limits = [{ limit = 10, window = "1s", algorithm = "gcra" }]
+delay = { max_wait = "500ms", per_identity = 1 }
+"#;
+
+/// The headers compared on every answer: what the limiter or slidegate's
+/// own answer sets. (`date` differs; the body of an allowed request is the
+/// inner service's or the upstream's own.)
+const COMPARED: [&str; 9] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+    "grpc-status",
+    "grpc-message",
+    "cache-control",
+];
+
+/// The layer's side: an axum app answering `ok` on every path, behind
+/// `RateLimitLayer` reading axum's `ConnectInfo`, on a thread of its own.
+fn layer_app(rules: &str) -> SocketAddr {
+    let env = |name: &str| (name == "SECRET").then(|| "agreement".to_owned());
+    let config = Config::parse_with_env(rules, "rules.toml", &env).unwrap();
+    let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::new()).unwrap();
+    let layer =
+        RateLimitLayer::new(limiter).peer_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
+    let app = Router::new().fallback(|| async { "ok" }).layer(layer);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await.unwrap();
+        });
+    });
+    addr
+}
+
+/// What must agree in one answer.
+fn seen(reply: &Reply) -> (u16, Vec<(&'static str, Option<String>)>, Option<String>) {
+    let headers = COMPARED.iter().map(|name| (*name, reply.header(name).map(str::to_owned))).collect();
+    // A body slidegate wrote (a problem, an empty gRPC answer) is compared
+    // too; the body of an admitted request is the service's own.
+    let own = reply.status != 200 || reply.header("grpc-status").is_some();
+    (reply.status, headers, own.then(|| reply.body.clone()))
+}
+
+#[test]
+fn the_layer_and_serve_answer_every_request_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("deny.txt");
+    std::fs::write(&keys, "sk-banned\n").unwrap();
+    let rules = RULES.replace("{keys}", &keys.display().to_string());
+    let upstream = Upstream::start();
+    let served = rules.replace("\"SECRET\"", &format!("\"{SECRET_ENV}\""));
+    let serve = Slidegate::start(&format!("{}{served}", config_head(upstream.addr, "", "")));
+    let layer = layer_app(&rules);
+
+    let grpc: &[(&str, &str)] = &[("content-type", "application/grpc"), ("te", "trailers")];
+    // (what, method, target, headers), sent to both in this order.
+    let table: Vec<(&str, &str, &str, Vec<(&str, &str)>)> = vec![
+        ("allowed, anonymous", "GET", "/api/search?q=1", vec![]),
+        ("allowed, a key", "GET", "/api/search", vec![("x-api-key", "sk-one")]),
+        ("an unmatched path", "GET", "/elsewhere", vec![]),
+        ("a refused path", "GET", "/api/search%00.png", vec![]),
+        (
+            "an ambiguous key, two lines",
+            "GET",
+            "/api/search",
+            vec![("x-api-key", "sk-a"), ("x-api-key", "sk-b")],
+        ),
+        ("an ambiguous key, a comma", "GET", "/api/search", vec![("x-api-key", "sk-a, sk-b")]),
+        ("a refused path of a gRPC call", "POST", "/api/search%00x", grpc.to_vec()),
+        ("listed", "GET", "/api/search", vec![("x-api-key", "sk-banned")]),
+        ("listed, gRPC", "POST", "/api/search", [grpc, &[("x-api-key", "sk-banned")]].concat()),
+        ("an underscore spelling: anonymous", "GET", "/api/search", vec![("x_api_key", "sk-one")]),
+        ("allowed, anonymous, 3 of 5", "GET", "/api/search", vec![]),
+        ("allowed, a gRPC call, 4 of 5", "POST", "/api/search", grpc.to_vec()),
+        ("allowed, 5 of 5", "GET", "/api/search", vec![]),
+        ("denied", "GET", "/api/search", vec![]),
+        ("denied, a gRPC call", "POST", "/api/search", grpc.to_vec()),
+        ("denied, a GET claiming gRPC", "GET", "/api/search", grpc.to_vec()),
+        ("denied, gRPC in capitals", "POST", "/api/search", vec![("content-type", "Application/GRPC+proto")]),
+        ("the key still has room", "GET", "/api/search", vec![("x-api-key", "sk-one")]),
+        ("paced: the first", "GET", "/api/paced", vec![("x-api-key", "sk-paced")]),
+        ("paced: delayed, then allowed", "GET", "/api/paced", vec![("x-api-key", "sk-paced")]),
+    ];
+    for (what, method, target, headers) in &table {
+        let body: &[u8] = if *method == "POST" { b"\0\0\0\0\0" } else { b"" };
+        let by_serve = request(serve.addr, method, target, headers, body);
+        let by_layer = request(layer, method, target, headers, body);
+        if what.starts_with("paced: delayed") {
+            // Held for the pace, then answered: when each surface's store
+            // reads the clock differs by the hold, so the headers' numbers
+            // may too; the answer and the headers present may not.
+            assert_eq!(by_serve.status, 200, "{what}: {by_serve:?}");
+            assert_eq!(by_layer.status, 200, "{what}: {by_layer:?}");
+            let present = |r: &Reply| COMPARED.iter().filter(|n| r.header(n).is_some()).count();
+            assert_eq!(present(&by_serve), present(&by_layer), "{what}");
+            assert_eq!(by_serve.header("ratelimit-policy"), Some("\"paced\";q=10;w=1"), "{what}");
+            continue;
+        }
+        assert_eq!(seen(&by_serve), seen(&by_layer), "{what}:\nserve {by_serve:?}\nlayer {by_layer:?}");
+    }
+
+    // The table says what it should: the cases are the ones named.
+    let status = |target: &str, headers: &[(&str, &str)], method: &str| {
+        let body: &[u8] = if method == "POST" { b"\0\0\0\0\0" } else { b"" };
+        let reply = request(layer, method, target, headers, body);
+        (reply.status, reply.header("grpc-status").map(str::to_owned))
+    };
+    assert_eq!(status("/api/search", &[], "GET"), (429, None));
+    assert_eq!(status("/api/search", grpc, "POST"), (200, Some("8".to_owned())));
+    assert_eq!(status("/api/search", grpc, "GET"), (429, None));
+    assert_eq!(status("/api/search", &[("x-api-key", "sk-banned")], "GET"), (403, None));
+    assert_eq!(status("/api/search", &[("x-api-key", "a"), ("x-api-key", "b")], "GET"), (400, None));
+    assert_eq!(status("/api/search%00", grpc, "POST"), (200, Some("3".to_owned())));
+}
