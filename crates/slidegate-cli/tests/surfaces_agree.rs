@@ -77,8 +77,15 @@ fn layer_app(rules: &str) -> SocketAddr {
     addr
 }
 
+/// What must agree in one answer: the status, each compared header's
+/// value, and the body when slidegate wrote it.
+type Seen = (u16, Vec<(&'static str, Option<String>)>, Option<String>);
+
+/// One request of the table: what it is, method, target, headers.
+type Case<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, &'a str)>);
+
 /// What must agree in one answer.
-fn seen(reply: &Reply) -> (u16, Vec<(&'static str, Option<String>)>, Option<String>) {
+fn seen(reply: &Reply) -> Seen {
     let headers = COMPARED.iter().map(|name| (*name, reply.header(name).map(str::to_owned))).collect();
     // A body slidegate wrote (a problem, an empty gRPC answer) is compared
     // too; the body of an admitted request is the service's own.
@@ -99,7 +106,7 @@ fn the_layer_and_serve_answer_every_request_alike() {
 
     let grpc: &[(&str, &str)] = &[("content-type", "application/grpc"), ("te", "trailers")];
     // (what, method, target, headers), sent to both in this order.
-    let table: Vec<(&str, &str, &str, Vec<(&str, &str)>)> = vec![
+    let table: Vec<Case<'_>> = vec![
         ("allowed, anonymous", "GET", "/api/search?q=1", vec![]),
         ("allowed, a key", "GET", "/api/search", vec![("x-api-key", "sk-one")]),
         ("an unmatched path", "GET", "/elsewhere", vec![]),
