@@ -27,12 +27,19 @@
 # Usage: scripts/bench-layer.sh [seconds per run, default 3] [rounds, default 5]
 #   BENCH_LAYER_VARIANTS="slidegate governor slidegate-map-request slidegate-bare slidegate-no-legacy governor-headers"
 #   BENCH_LAYER_JSON=path   also write every run and the summary as JSON there
+#   BENCH_LAYER_BASELINE=path/to/layer_bench   adds the variant "baseline": slidegate
+#                     as that binary (built from another commit) runs it, for before/after
+#                     figures in the same rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECS="${1:-3}"
 ROUNDS="${2:-5}"
 read -r -a VARIANTS <<< "${BENCH_LAYER_VARIANTS:-slidegate governor}"
+if [ -n "${BENCH_LAYER_BASELINE:-}" ]; then
+    [ -x "$BENCH_LAYER_BASELINE" ] || { echo "bench-layer: $BENCH_LAYER_BASELINE is not an executable" >&2; exit 1; }
+    VARIANTS+=(baseline)
+fi
 SCENARIOS=(one 100k over)
 for tool in wrk python3; do
     command -v "$tool" >/dev/null || { echo "bench-layer: $tool is not installed" >&2; exit 1; }
@@ -72,7 +79,11 @@ for variant in "${VARIANTS[@]}"; do
         limit=1000000000
         [ "$kind" = over ] && limit=1
         port=$(free_port)
-        "${NICE[@]}" "$BIN" --limiter "$variant" --limit "$limit" "127.0.0.1:$port" 2>"$WORK/$variant-$kind.log" &
+        if [ "$variant" = baseline ]; then
+            "${NICE[@]}" "$BENCH_LAYER_BASELINE" --limiter slidegate --limit "$limit" "127.0.0.1:$port" 2>"$WORK/$variant-$kind.log" &
+        else
+            "${NICE[@]}" "$BIN" --limiter "$variant" --limit "$limit" "127.0.0.1:$port" 2>"$WORK/$variant-$kind.log" &
+        fi
         PIDS+=($!)
         PORT[$variant-$kind]=$port
         PID[$variant-$kind]=$!

@@ -35,6 +35,19 @@ pub enum ForwardedHeader {
 )]
 pub struct UnknownForwardedHeader(pub String);
 
+/// A request naming its API key ambiguously: the key header on more than
+/// one line, or a value with a comma
+/// ([`IdentityExtractor::sole_api_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", AmbiguousKey::DETAIL)]
+pub struct AmbiguousKey;
+
+impl AmbiguousKey {
+    /// What the client is told, as the detail of the 400.
+    pub const DETAIL: &'static str = "the API key header must appear once, with one value (no comma): \
+                                      which of several keys the upstream uses is its choice, not slidegate's";
+}
+
 impl std::str::FromStr for ForwardedHeader {
     type Err = UnknownForwardedHeader;
 
@@ -133,23 +146,32 @@ impl IdentityExtractor {
         (!value.is_empty()).then_some(value)
     }
 
-    /// Whether the request names its API key ambiguously: the header on more
-    /// than one line, or a value with a comma. Upstreams disagree on which
-    /// of several keys counts (the first, the last, or all joined with `, `),
-    /// so a client could be counted under one key and served under another;
-    /// [`RateLimiter::admit`](crate::RateLimiter::admit) refuses such a
-    /// request with 400. [`api_key`](Self::api_key)
-    /// alone reads the first line.
-    pub fn api_key_is_ambiguous(&self, headers: &HeaderMap) -> bool {
-        let Some(name) = self.api_key_header.as_ref() else {
-            return false;
-        };
+    /// The API key the request carries, as [`api_key`](Self::api_key)
+    /// reads it, or [`AmbiguousKey`] when the request names it ambiguously:
+    /// the header on more than one line, or a value with a comma. Upstreams
+    /// disagree on which of several keys counts (the first, the last, or
+    /// all joined with `, `), so a client could be counted under one key
+    /// and served under another; [`RateLimiter::admit`](crate::RateLimiter::admit)
+    /// refuses such a request with 400. One lookup of the header.
+    ///
+    /// # Errors
+    /// [`AmbiguousKey`], as above.
+    pub fn sole_api_key<'h>(&self, headers: &'h HeaderMap) -> Result<Option<&'h [u8]>, AmbiguousKey> {
+        let Some(name) = self.api_key_header.as_ref() else { return Ok(None) };
         let mut values = headers.get_all(name).iter();
         match (values.next(), values.next()) {
-            (Some(value), None) => value.as_bytes().contains(&b','),
-            (None, _) => false,
-            (Some(_), Some(_)) => true,
+            (None, _) => Ok(None),
+            (Some(value), None) if !value.as_bytes().contains(&b',') => {
+                Ok(Some(value.as_bytes()).filter(|v| !v.is_empty()))
+            }
+            _ => Err(AmbiguousKey),
         }
+    }
+
+    /// Whether the request names its API key ambiguously: see
+    /// [`sole_api_key`](Self::sole_api_key).
+    pub fn api_key_is_ambiguous(&self, headers: &HeaderMap) -> bool {
+        self.sole_api_key(headers).is_err()
     }
 
     /// Removes every other spelling of the headers that say who the client
@@ -164,8 +186,9 @@ impl IdentityExtractor {
     /// [`RateLimiter::admit`](crate::RateLimiter::admit) calls it before
     /// deciding, for `serve` and the tower layer alike.
     pub fn strip_header_aliases(&self, headers: &mut HeaderMap) {
-        // The common request has no underscore in any header name.
-        if !headers.keys().any(|name| name.as_str().contains('_')) {
+        // The common request has none: one pass over the names, most of
+        // them ruled out by their length alone.
+        if !headers.keys().any(|name| self.is_alias(name)) {
             return;
         }
         let aliases: Vec<HeaderName> = headers.keys().filter(|name| self.is_alias(name)).cloned().collect();
@@ -473,6 +496,13 @@ mod tests {
         assert!(e.api_key_is_ambiguous(&headers(&[("x-api-key", "abc, def")])));
         // Without an API key header configured, no header is one.
         assert!(!extractor().api_key_is_ambiguous(&headers(&[("x-api-key", "a"), ("x-api-key", "b")])));
+        // The sole key is the one `api_key` reads; an empty value is none.
+        let sole = |h: &[(&str, &str)]| e.sole_api_key(&headers(h)).map(|k| k.map(<[u8]>::to_vec));
+        assert_eq!(sole(&[("x-api-key", "abc")]), Ok(Some(b"abc".to_vec())));
+        assert_eq!(sole(&[("x-api-key", "")]), Ok(None));
+        assert_eq!(sole(&[]), Ok(None));
+        assert_eq!(sole(&[("x-api-key", ","), ("x-other", "a")]), Err(AmbiguousKey));
+        assert_eq!(sole(&[("x-api-key", ""), ("x-api-key", "")]), Err(AmbiguousKey));
     }
 
     /// A WSGI upstream reads `x_api_key` as the key header; slidegate

@@ -251,14 +251,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let limiter = self.limiter.clone();
         let peer = (self.peer)(request.extensions()).map(|addr| addr.ip());
         let grpc_denial = self.grpc_denial;
         let mut check: CheckFuture<B> = Box::pin(async move {
-            let mut request = request;
             let mut admission = limiter.admit(&mut request, peer, grpc_denial).await;
-            if let Some(refusal) = admission.refusal {
+            if let Some(refusal) = admission.refusal(request.uri().path()) {
                 return Decided::Blocked(refusal);
             }
             // The headers are rendered here because the verdict borrows the

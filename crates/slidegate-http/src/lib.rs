@@ -78,7 +78,7 @@ pub use deny_cache::DenyCached;
 pub use duration::{parse_duration, Delay, DurationError};
 pub use fallback::Fallback;
 pub use guard::Guarded;
-pub use identity::{ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
+pub use identity::{AmbiguousKey, ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, PeerFn, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{Admission, CheckError, KeyCheck, LimiterError, RateLimiter};
 pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};

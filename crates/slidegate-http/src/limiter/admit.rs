@@ -26,21 +26,67 @@ use slidegate::Store;
 use super::RateLimiter;
 use crate::grpc::{self, GrpcDenialStatus};
 use crate::headers;
+use crate::identity::AmbiguousKey;
 use crate::verdict::Verdict;
 
-/// What [`RateLimiter::admit`] made of a request.
+/// What [`RateLimiter::admit`] made of a request. The answer to a refused
+/// request is made when asked for ([`Admission::refusal`]): an admitted
+/// request, the common one, carries no response around.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Admission<'a> {
     /// The limiter's verdict: `None` when no rule matched, or when the
     /// request was refused before the check.
     pub verdict: Option<Verdict<'a>>,
-    /// The answer to give instead of passing the request on: a refusal
-    /// (400) or a denial, in gRPC's terms for a gRPC call.
-    pub refusal: Option<Response<Full<Bytes>>>,
+    /// Why the request was refused before the check (a 400), if it was.
+    refused: Option<&'static str>,
+    /// The gRPC status of a denial, for a gRPC call; `None` for any other request.
+    grpc: Option<GrpcDenialStatus>,
+    /// Whether denials carry the `X-RateLimit-*` headers.
+    legacy: bool,
+}
+
+impl Admission<'_> {
     /// Whether the request is a gRPC call: an answer the caller makes
-    /// itself (an upstream failure) must be put in gRPC's terms too.
-    pub grpc: bool,
+    /// itself (an upstream failure) must be put in gRPC's terms too
+    /// ([`grpc::answer`], with [`Admission::grpc_denial`]).
+    pub fn is_grpc(&self) -> bool {
+        self.grpc.is_some()
+    }
+
+    /// The gRPC status a denial of this request gets, if it is a gRPC call.
+    pub fn grpc_denial(&self) -> Option<GrpcDenialStatus> {
+        self.grpc
+    }
+
+    /// The answer to give instead of passing the request on, if it is not
+    /// to be passed on: a refusal (400) or a denial (429, 403, 503), in
+    /// gRPC's terms for a gRPC call. `path` is the request's path, the
+    /// problem's `instance`.
+    #[inline]
+    pub fn refusal(&self, path: &str) -> Option<Response<Full<Bytes>>> {
+        if self.refused.is_none() && !self.verdict.as_ref().is_some_and(Verdict::blocks) {
+            return None;
+        }
+        self.refusal_of(path)
+    }
+
+    /// [`Admission::refusal`] of a request that is refused.
+    fn refusal_of(&self, path: &str) -> Option<Response<Full<Bytes>>> {
+        let response = match (self.refused, &self.verdict) {
+            (Some(reason), _) => {
+                headers::problem(StatusCode::BAD_REQUEST, "about:blank", "Bad Request", reason, Some(path))
+            }
+            (None, Some(verdict)) if verdict.blocks() => {
+                headers::blocked_response(verdict, self.legacy, path)
+            }
+            (None, _) => return None,
+        };
+        Some(match self.grpc {
+            Some(denial) => grpc::answer(response, denial),
+            None => response,
+        })
+    }
 }
 
 impl<S: Store + 'static> RateLimiter<S> {
@@ -55,30 +101,20 @@ impl<S: Store + 'static> RateLimiter<S> {
         peer: Option<IpAddr>,
         grpc_denial: GrpcDenialStatus,
     ) -> Admission<'_> {
-        let grpc = grpc::is_grpc(request.method(), request.headers());
-        let refuse = |response: Response<Full<Bytes>>| match grpc {
-            true => grpc::answer(response, grpc_denial),
-            false => response,
-        };
+        let grpc = grpc::is_grpc(request.method(), request.headers()).then_some(grpc_denial);
+        let legacy = self.legacy_headers();
+        let refused = |reason| Admission { verdict: None, refused: Some(reason), grpc, legacy };
         self.identity().strip_header_aliases(request.headers_mut());
         let path = request.uri().path();
-        let refused = crate::refused_path(path).or_else(|| {
-            self.identity().api_key_is_ambiguous(request.headers()).then_some(
-                "the API key header must appear once, with one value (no comma): \
-                 which of several keys the upstream uses is its choice, not slidegate's",
-            )
-        });
-        if let Some(reason) = refused {
-            let response =
-                headers::problem(StatusCode::BAD_REQUEST, "about:blank", "Bad Request", reason, Some(path));
-            return Admission { verdict: None, refusal: Some(refuse(response)), grpc };
+        if let Some(reason) = crate::refused_path(path) {
+            return refused(reason);
         }
+        let api_key = match self.identity().sole_api_key(request.headers()) {
+            Ok(key) => key,
+            Err(AmbiguousKey) => return refused(AmbiguousKey::DETAIL),
+        };
         let target = request.uri().path_and_query().map_or(path, |pq| pq.as_str());
-        let verdict = self.check_request(request.method(), target, request.headers(), peer).await;
-        let refusal = verdict
-            .as_ref()
-            .filter(|v| v.blocks())
-            .map(|v| refuse(headers::blocked_response(v, self.legacy_headers(), path)));
-        Admission { verdict, refusal, grpc }
+        let verdict = self.check_head(request.method(), target, request.headers(), peer, api_key).await;
+        Admission { verdict, refused: None, grpc, legacy }
     }
 }

@@ -22,6 +22,7 @@ impl<S> RateLimiter<S> {
         rule: Option<usize>,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
+        api_key: Option<&[u8]>,
     ) -> Option<Verdict<'_>> {
         let lists = &self.inner.lists;
         if lists.is_empty() {
@@ -31,7 +32,7 @@ impl<S> RateLimiter<S> {
         // After the trusted-proxy logic: a spoofed forwarding header from an
         // untrusted peer is never read.
         let ip = peer.filter(|_| lists.needs_ip()).map(|p| extractor.client_ip(p, headers));
-        let key = if lists.needs_key() { extractor.api_key(headers) } else { None };
+        let key = api_key.filter(|_| lists.needs_key());
         self.listed_client(rule, ip, key)
     }
 

@@ -390,19 +390,33 @@ impl<S: Store + 'static> RateLimiter<S> {
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Option<Verdict<'_>> {
+        let api_key = self.inner.identity.api_key(headers);
+        self.check_head(method, target, headers, peer, api_key).await
+    }
+
+    /// [`RateLimiter::check_request`], given the API key the request
+    /// carries, as the extractor read it (once: [`RateLimiter::admit`] reads
+    /// it while it checks the key is not ambiguous).
+    async fn check_head(
+        &self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+        api_key: Option<&[u8]>,
+    ) -> Option<Verdict<'_>> {
         let (path, query) = match target.split_once('?') {
             Some((path, query)) => (path, Some(query)),
             None => (target, None),
         };
         let matched = self.inner.matcher.matching(method, path);
-        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), headers, peer) {
+        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), headers, peer, api_key) {
             return Some(listed);
         }
         let matched = matched?;
         let index = matched.index;
         let rule = &self.inner.rules[index];
         let extractor = &self.inner.identity;
-        let api_key = extractor.api_key(headers);
         let anonymous = api_key.is_none();
         let (identity, plan) = match api_key.filter(|_| rule.counts_keys()) {
             Some(k) => self.key_identity(rule, k),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use slidegate_http::headers::{self, RateHeaders};
-use slidegate_http::{Admission, PendingCharge, RateLimiter, Verdict};
+use slidegate_http::{PendingCharge, RateLimiter, Verdict};
 
 use super::access_log;
 use super::client_holds::ClientKey;
@@ -149,20 +149,21 @@ pub(crate) async fn forward(
         return response;
     }
     let started = state.access_log.as_ref().map(|_| std::time::Instant::now());
-    let Admission { mut verdict, refusal, grpc, .. } =
-        limiter.admit(&mut request, Some(peer.ip()), denial).await;
+    let admission = limiter.admit(&mut request, Some(peer.ip()), denial).await;
+    let grpc = admission.is_grpc();
     let own = |response: Response<ServeBody>| match grpc {
         true => grpc::answer(response, denial),
         false => response,
     };
     let log = state.access_log.as_ref();
-    let entry = match (log, &verdict, started) {
+    let entry = match (log, &admission.verdict, started) {
         (Some(log), Some(v), Some(started)) => log.entry(v, request.method(), request.uri().path(), started),
         _ => None,
     };
-    if let Some(refusal) = refusal {
+    if let Some(refusal) = admission.refusal(request.uri().path()) {
         return access_log::logged(log, entry, boxed(refusal));
     }
+    let mut verdict = admission.verdict;
     // Kept for a 502: a Uri clone shares its bytes.
     let uri = request.uri().clone();
     let Some(proxy) = &state.proxy else {
