@@ -347,30 +347,67 @@ impl<S> DenyCached<S> {
     }
 }
 
+impl<S> DenyCached<S> {
+    /// The cache's answer to `request` at `now_ms`, counted, if it holds
+    /// one (a block answers a request under a penalty too).
+    fn cached(&self, cache: &DenyCache, request: Request<'_>, now_ms: u64) -> Option<Outcome> {
+        let hit = cache.lookup(request.identity, request.charges, now_ms)?;
+        if !hit.blocked && request.penalty.is_some() {
+            return None;
+        }
+        self.metrics.store().deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+        let outcome = match hit.decisions.iter().filter_map(|d| d.retry_after).max() {
+            Some(wait) if hit.blocked => Outcome::blocked(Decisions::none(), millis(wait)),
+            _ => Outcome::decided(hit.decisions),
+        };
+        Some(outcome.from_origin(Origin::Cache))
+    }
+}
+
+/// Remembers the store's `outcome` of `request`, asked at `started_ms`:
+/// its denials, or its block as the denial of every charge.
+fn remember(cache: &DenyCache, request: Request<'_>, outcome: &Outcome, started_ms: u64) {
+    match outcome.blocked_for {
+        Some(wait) => {
+            let denials = block_denials(request.charges, wait);
+            cache.remember(request.identity, request.charges, &denials, started_ms, true);
+        }
+        None => cache.remember(request.identity, request.charges, &outcome.decisions, started_ms, false),
+    }
+}
+
 impl<S: Store> Store for DenyCached<S> {
     async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
         let Some(cache) = &self.cache else {
             return self.inner.decide(request).await;
         };
         let started_ms = self.ticks.now_ms();
-        let hit = cache.lookup(request.identity, request.charges, started_ms);
-        if let Some(hit) = hit.filter(|hit| hit.blocked || request.penalty.is_none()) {
-            self.metrics.store().deny_cache_hits.fetch_add(1, Ordering::Relaxed);
-            let outcome = match hit.decisions.iter().filter_map(|d| d.retry_after).max() {
-                Some(wait) if hit.blocked => Outcome::blocked(Decisions::none(), millis(wait)),
-                _ => Outcome::decided(hit.decisions),
-            };
-            return Ok(outcome.from_origin(Origin::Cache));
+        if let Some(outcome) = self.cached(cache, request, started_ms) {
+            return Ok(outcome);
         }
         let outcome = self.inner.decide(request).await?;
-        match outcome.blocked_for {
-            Some(wait) => {
-                let denials = block_denials(request.charges, wait);
-                cache.remember(request.identity, request.charges, &denials, started_ms, true);
-            }
-            None => cache.remember(request.identity, request.charges, &outcome.decisions, started_ms, false),
-        }
+        remember(cache, request, &outcome, started_ms);
         Ok(outcome)
+    }
+
+    /// As `decide`, for a stack below that answers at once; `None` at once
+    /// for one that may wait (its `decide` probes the cache, once).
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        if self.inner.has_outages() {
+            return None;
+        }
+        let Some(cache) = &self.cache else {
+            return self.inner.decide_now(request);
+        };
+        let started_ms = self.ticks.now_ms();
+        if let Some(outcome) = self.cached(cache, request, started_ms) {
+            return Some(Ok(outcome));
+        }
+        let answer = self.inner.decide_now(request)?;
+        if let Ok(outcome) = &answer {
+            remember(cache, request, outcome, started_ms);
+        }
+        Some(answer)
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {

@@ -97,12 +97,17 @@ impl<S> Fallback<S> {
     }
 }
 
-impl<S: Store> Store for Fallback<S> {
-    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
-        let Some(seeded) = &self.seeded else {
-            return self.inner.decide(request).await;
-        };
-        match self.inner.decide(request).await {
+impl<S: Store> Fallback<S> {
+    /// The store's `answer` to `request`, through the fallback: remembered
+    /// to start from in an outage, or, when the store is unavailable,
+    /// replaced by the fallback limiter's own decision.
+    fn settle(
+        &self,
+        request: Request<'_>,
+        answer: Result<Outcome, StoreError>,
+    ) -> Result<Outcome, StoreError> {
+        let Some(seeded) = &self.seeded else { return answer };
+        match answer {
             // A store without outages is never bridged from what it said.
             Ok(outcome) if !self.inner.has_outages() => Ok(outcome),
             Ok(outcome) => {
@@ -121,6 +126,18 @@ impl<S: Store> Store for Fallback<S> {
             }
             Err(err) => Err(err),
         }
+    }
+}
+
+impl<S: Store> Store for Fallback<S> {
+    async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
+        let answer = self.inner.decide(request).await;
+        self.settle(request, answer)
+    }
+
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        let answer = self.inner.decide_now(request)?;
+        Some(self.settle(request, answer))
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
@@ -417,6 +434,11 @@ mod tests {
     impl Store for Remote {
         async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
             self.0.decide_sync(request)
+        }
+
+        /// As a remote store: never at once.
+        fn decide_now(&self, _request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+            None
         }
 
         fn distinct(&self) -> Option<impl DistinctStore + '_> {

@@ -86,6 +86,22 @@ impl<S: Store + 'static> Guarded<S> {
         start: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.admit()?;
+        let mut call = pin!(call);
+        // One poll first: a store that answers at once needs no timer.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let (answer, waited) = match first {
+            Poll::Ready(answer) => (Some(answer), false),
+            // Boxed: the timer is large, and held here it would enlarge the
+            // future of every call, also of those that never wait.
+            Poll::Pending => (Box::pin(tokio::time::timeout(self.shared.timeout, call)).await.ok(), true),
+        };
+        self.settle(start, answer, waited)
+    }
+
+    /// Whether the breaker lets a call through now (counted as a call, or a
+    /// trial while it is open), or the error of one it skips.
+    fn admit(&self) -> Result<(), StoreError> {
         let shared = &*self.shared;
         let counters = shared.metrics.store();
         if shared.breaker.is_open() {
@@ -101,15 +117,20 @@ impl<S: Store + 'static> Guarded<S> {
             }
         }
         counters.calls.fetch_add(1, Relaxed);
-        let mut call = pin!(call);
-        // One poll first: a store that answers at once needs no timer.
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let (answer, waited) = match first {
-            Poll::Ready(answer) => (Some(answer), false),
-            // Boxed: the timer is large, and held here it would enlarge the
-            // future of every call, also of those that never wait.
-            Poll::Pending => (Box::pin(tokio::time::timeout(shared.timeout, call)).await.ok(), true),
-        };
+        Ok(())
+    }
+
+    /// What a call made at `start` answered (`None`: nothing before the
+    /// deadline; `waited`: not at its first poll), counted, and heard by the
+    /// breaker.
+    fn settle<T>(
+        &self,
+        start: Instant,
+        answer: Option<Result<T, StoreError>>,
+        waited: bool,
+    ) -> Result<T, StoreError> {
+        let shared = &*self.shared;
+        let counters = shared.metrics.store();
         match answer {
             Some(Ok(value)) => {
                 counters.observe_latency(start.elapsed());
@@ -183,6 +204,23 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let start = Instant::now();
         let request = request.with_deadline(start + self.shared.timeout);
         self.guarded(start, self.shared.store.decide(request))
+    }
+
+    /// A store that cannot fail or wait needs no deadline and no breaker:
+    /// its answer is counted (calls, latency) as any other. One that may
+    /// wait is `None` at once.
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        let store = &self.shared.store;
+        if store.has_outages() || self.shared.breaker.is_open() {
+            return None;
+        }
+        let start = Instant::now();
+        let answer = store.decide_now(request)?;
+        // Counted once answered: a `None` above did nothing.
+        if let Err(err) = self.admit() {
+            return Some(Err(err));
+        }
+        Some(self.settle(start, Some(answer), false))
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {

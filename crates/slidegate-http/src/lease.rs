@@ -319,6 +319,15 @@ impl<S: Store> Store for Leased<S> {
         }
     }
 
+    /// The store's, for a request no lease can answer; one a lease may
+    /// answer is decided by `decide` (leases are for a store that waits).
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        match (&self.policy, request.charges, request.penalty) {
+            (Some(_), [charge], None) if charge.cost == 1 && leasable(charge.limit.algorithm) => None,
+            _ => self.inner.decide_now(request),
+        }
+    }
+
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         self.inner.distinct()
     }

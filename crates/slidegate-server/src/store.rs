@@ -30,6 +30,13 @@ impl Store for AnyStore {
         }
     }
 
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        match self {
+            AnyStore::Memory(store) => store.decide_now(request),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }

@@ -116,6 +116,11 @@ impl Store for Shared {
         store.memory.decide_sync(request)
     }
 
+    /// Never: the test switches it off or hangs it.
+    fn decide_now(&self, _request: slidegate::Request<'_>) -> Option<Result<slidegate::Outcome, StoreError>> {
+        None
+    }
+
     fn distinct(&self) -> Option<impl slidegate::DistinctStore + '_> {
         None::<slidegate::NoDistinct>
     }

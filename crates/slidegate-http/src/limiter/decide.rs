@@ -142,9 +142,18 @@ impl<S: Store + 'static> RateLimiter<S> {
         let request = Request { identity, charges, penalty: rule.penalty.as_ref(), deadline: None };
         // Only a rule whose failure policy is the fallback limiter asks
         // through it; the others see the store's failure and apply their own.
-        let answer = match rule.on_error {
-            OnError::Fallback => self.inner.store.decide(request).await,
-            OnError::Allow | OnError::Deny => self.inner.store.get_ref().decide(request).await,
+        // A store that answers at once (the embedded one) is asked so, with
+        // no future built through every layer and moved into this one; the
+        // future of a store that waits is boxed, so this one stays small.
+        let store = &self.inner.store;
+        let now = match rule.on_error {
+            OnError::Fallback => store.decide_now(request),
+            OnError::Allow | OnError::Deny => store.get_ref().decide_now(request),
+        };
+        let answer = match (now, rule.on_error) {
+            (Some(answer), _) => answer,
+            (None, OnError::Fallback) => Box::pin(store.decide(request)).await,
+            (None, OnError::Allow | OnError::Deny) => Box::pin(store.get_ref().decide(request)).await,
         };
         match answer {
             Ok(outcome) => self.verdict(index, identity, set, charges, Ok(outcome), mode),

@@ -282,6 +282,11 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(self.decide_sync(request))
     }
 
+    /// Always: the embedded store never waits.
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        Some(self.decide_sync(request))
+    }
+
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }

@@ -386,6 +386,14 @@ pub trait Store: Send + Sync {
     /// empty list of charges and a limit given twice.
     fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
+    /// Decides `request` as [`Store::decide`] would, now, when this store
+    /// answers without waiting (one in the process, such as
+    /// [`MemoryStore`](memory::MemoryStore)); `None` when it would wait (a
+    /// remote store), having done nothing: the caller then calls
+    /// [`Store::decide`]. A caller that tries this first builds no future
+    /// for a store that needs none; a layer answers for the stack below it.
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>>;
+
     /// The store's distinct-value sketches (crawl breadth), or `None` when it
     /// keeps none. A limiter asked to enforce breadth on a store answering
     /// `None` refuses the configuration.
@@ -439,6 +447,10 @@ pub trait Store: Send + Sync {
 impl<S: Store> Store for std::sync::Arc<S> {
     fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
         (**self).decide(request)
+    }
+
+    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        (**self).decide_now(request)
     }
 
     fn distinct(&self) -> Option<impl DistinctStore + '_> {

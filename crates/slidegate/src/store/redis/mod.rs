@@ -652,6 +652,11 @@ impl Store for RedisStore {
         wire::decisions(&reply, charges.iter().map(|c| c.limit.quota.permits())).map(Outcome::decided)
     }
 
+    /// Never: every decision is a round trip.
+    fn decide_now(&self, _request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
+        None
+    }
+
     fn distinct(&self) -> Option<impl DistinctStore + '_> {
         Some(self)
     }
