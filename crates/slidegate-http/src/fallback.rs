@@ -500,4 +500,21 @@ mod tests {
         let off = Fallback::new(Remote(MemoryStore::new()), false, 1, Ticks::start());
         assert!(off.has_outages());
     }
+
+    /// A store that waits is never decided at once, and asking leaves no
+    /// trace: nothing remembered; the embedded store is, remembered or not
+    /// as through `decide`.
+    #[tokio::test]
+    async fn only_a_store_that_answers_at_once_is_decided_at_once() {
+        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10).unwrap());
+        let charges = [Charge::new(limit, 1)];
+        let identity = Identity::named("rule", "client");
+        let remote = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+        assert!(remote.decide_now(Request::new(&identity, &charges)).is_none());
+        assert_eq!(seeds(&remote), 0);
+        let local = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
+        let outcome = local.decide_now(Request::new(&identity, &charges)).unwrap().unwrap();
+        assert_eq!((outcome.decisions[0].allowed, outcome.decisions[0].remaining), (true, 9));
+        assert_eq!(seeds(&local), 0, "a store without outages is not bridged");
+    }
 }

@@ -133,3 +133,36 @@ async fn a_rule_counting_by_address_ignores_plans() {
     assert_eq!(verdict.decisive().unwrap().name, "pro-b");
     assert_eq!(verdict.decisive().unwrap().decision.remaining, 49);
 }
+
+/// The embedded store is asked at once through every layer, with the same
+/// answers, calls and deny cache as the asynchronous path; a limiter on
+/// the same state asked only through `decide` agrees decision by decision.
+#[tokio::test]
+async fn the_embedded_store_is_decided_at_once_through_every_layer_and_agrees() {
+    let config = config(&[("a", 3)]);
+    let limiter = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
+    let twin = RateLimiter::from_config(&config, MemoryStore::new()).unwrap();
+    let identity = Identity::named("a", "user-1");
+    let charges = &limiter.inner.rules[0].set(false, None).charges;
+    let mut now_answers = Vec::new();
+    let mut async_answers = Vec::new();
+    for _ in 0..5 {
+        let request = slidegate::Request::new(&identity, charges);
+        let now =
+            limiter.inner.store.decide_now(request).expect("the embedded store answers at once").unwrap();
+        let later = twin.inner.store.decide(request).await.unwrap();
+        now_answers.push((now.decisions[0].allowed, now.decisions[0].remaining, now.origin));
+        async_answers.push((later.decisions[0].allowed, later.decisions[0].remaining, later.origin));
+    }
+    assert_eq!(now_answers, async_answers);
+    let allowed: Vec<bool> = now_answers.iter().map(|a| a.0).collect();
+    assert_eq!(allowed, [true, true, true, false, false]);
+    // The fifth is the deny cache's, on both paths.
+    assert_eq!(now_answers[4].2, slidegate::Origin::Cache);
+    let counted = |l: &RateLimiter<MemoryStore>| {
+        let store = l.metrics().store();
+        (store.calls.load(Relaxed), store.deny_cache_hits.load(Relaxed))
+    };
+    assert_eq!(counted(&limiter), counted(&twin));
+    assert_eq!(counted(&limiter), (4, 1));
+}
