@@ -2,7 +2,7 @@
 //! rules, answer the same requests the same way: one table of requests
 //! (allowed, denied, listed, an ambiguous API key, a refused path, a key
 //! header spelled with underscores, gRPC calls by POST and a GET claiming
-//! gRPC, delayed) sent to both, in the same order; status, the rate limit
+//! gRPC, over cost, delayed) sent to both, in the same order; status, the rate limit
 //! headers, the gRPC status and message, and every answer slidegate makes
 //! itself compared byte for byte. Both run [`RateLimiter::admit`].
 
@@ -32,6 +32,11 @@ deny = { keys_file = "{keys}" }
 name = "search"
 path = "/api/search*"
 limits = [{ limit = 5, window = "10s", algorithm = "sliding_log" }]
+
+[[rules]]
+name = "heavy"
+path = "/api/heavy"
+limits = [{ limit = 3, window = "10s", cost = 2, algorithm = "sliding_log" }]
 
 [[rules]]
 name = "paced"
@@ -130,6 +135,9 @@ fn the_layer_and_serve_answer_every_request_alike() {
         ("denied, a GET claiming gRPC", "GET", "/api/search", grpc.to_vec()),
         ("denied, gRPC in capitals", "POST", "/api/search", vec![("content-type", "Application/GRPC+proto")]),
         ("the key still has room", "GET", "/api/search", vec![("x-api-key", "sk-one")]),
+        ("a request costing 2 of 3", "GET", "/api/heavy", vec![]),
+        ("over cost: 2 asked, 1 left", "GET", "/api/heavy", vec![]),
+        ("over cost, a gRPC call", "POST", "/api/heavy", grpc.to_vec()),
         ("paced: the first", "GET", "/api/paced", vec![("x-api-key", "sk-paced")]),
         ("paced: delayed, then allowed", "GET", "/api/paced", vec![("x-api-key", "sk-paced")]),
     ];
@@ -163,4 +171,5 @@ fn the_layer_and_serve_answer_every_request_alike() {
     assert_eq!(status("/api/search", &[("x-api-key", "sk-banned")], "GET"), (403, None));
     assert_eq!(status("/api/search", &[("x-api-key", "a"), ("x-api-key", "b")], "GET"), (400, None));
     assert_eq!(status("/api/search%00", grpc, "POST"), (200, Some("3".to_owned())));
+    assert_eq!(status("/api/heavy", &[], "GET"), (429, None));
 }
