@@ -279,15 +279,16 @@ async fn charge_handshake(
 /// `settling` tracks the exchange: a shutdown awaits it (within
 /// `shutdown_grace`) before the worker's runtime, and its tasks, end.
 ///
-/// Why not reserve the rule's cost before forwarding and settle after: no
-/// store can give permits back (a charge is final in every algorithm), so a
-/// reservation would charge every request the most it could cost, and refuse
-/// requests that would fit once priced. Finishing the exchange charges exactly
-/// what the upstream said. Why not always run it in a task: a task per
-/// request costs a wake-up and a scheduling hop (measured on a 20 µs proxied
-/// request: +1.5 µs, against +0.6 µs for this whole change); a hung-up client
-/// is rare, and only then is the future moved to a task
-/// (`scripts/measure-charged-latency.py`).
+/// Why not reserve the rule's cost before forwarding and settle after: a
+/// charge is final in every algorithm's decision (only a lease's unused
+/// permits go back, `LeaseStore::give_back`, under the fixed window and the
+/// sliding window counter), so a reservation would charge every request the most it
+/// could cost and refuse requests that would fit once priced. Finishing
+/// the exchange charges exactly what the upstream said. Why not always run
+/// it in a task: a task per request costs a wake-up and a scheduling hop
+/// (about 1.5 µs of a 20 µs proxied request,
+/// `scripts/measure-charged-latency.py`); a hung-up client is rare, and
+/// only then is the future moved to a task.
 ///
 /// Returns the response with the rate limit headers of the charge (`None`
 /// when nothing was charged, or the charge was denied: the peek's headers
