@@ -28,8 +28,14 @@ pub use types::{
 };
 
 #[cfg(test)]
+mod errors_tests;
+#[cfg(test)]
 mod lists_tests;
 #[cfg(test)]
 mod plans_tests;
+#[cfg(test)]
+mod server_tests;
+#[cfg(test)]
+mod store_tests;
 #[cfg(test)]
 mod tests;

@@ -4,9 +4,8 @@ use http::Method;
 use ipnet::IpNet;
 use slidegate::Algorithm;
 
-use super::validate::Use;
 use super::*;
-use slidegate::{Buckets, Engine, Layout, RedisTarget};
+use slidegate::RedisTarget;
 use slidegate_http::config::{Delay, IdentityConfig, IdentityKind, OnError, RuleLimits};
 use slidegate_http::{BreadthOf, ForwardedHeader, StoreGuard};
 
@@ -19,16 +18,16 @@ fn example_redis_url() -> &'static str {
 }
 
 /// An environment in which no variable is set.
-fn no_env(_: &str) -> Option<String> {
+pub(super) fn no_env(_: &str) -> Option<String> {
     None
 }
 
 /// Parses `source` with no environment variable set.
-fn parse(source: &str) -> Result<Config, ConfigError> {
+pub(super) fn parse(source: &str) -> Result<Config, ConfigError> {
     Config::parse_with_env(source, "t.toml", &no_env)
 }
 
-fn err(source: &str) -> (usize, usize, String) {
+pub(super) fn err(source: &str) -> (usize, usize, String) {
     let e = parse(source).unwrap_err();
     let (line, column) = e.location().unwrap();
     let ConfigError::Invalid { message, .. } = e else { unreachable!() };
@@ -171,20 +170,6 @@ fn forwarded_header_defaults_to_x_forwarded_for_and_bad_values_are_located() {
     let (l, c, m) = err("[identity]\nforwarded_headers = \"forwarded\"\n");
     assert_eq!((l, c), (2, 1));
     assert!(m.starts_with("unknown field `forwarded_headers`"), "{m}");
-}
-
-#[test]
-fn admin_listen_is_optional_and_located_when_bad() {
-    let c = parse("[server]\nlisten = \"127.0.0.1:8080\"\n").unwrap();
-    assert_eq!(c.server.admin_listen, None);
-    let c = parse("[server]\nadmin_listen = \"127.0.0.1:9091\"\n").unwrap();
-    assert_eq!(c.server.admin_listen, Some("127.0.0.1:9091".parse().unwrap()));
-    let (l, c, m) = err("[server]\nadmin_listen = \"localhost\"\n");
-    assert_eq!((l, c), (2, 16));
-    assert!(m.contains("invalid socket address"), "{m}");
-    let (l, c, m) = err("[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"\n");
-    assert_eq!((l, c), (3, 16));
-    assert_eq!(m, "admin_listen 127.0.0.1:8080 is the listen address: expected another address, such as \"127.0.0.1:9091\"");
 }
 
 #[test]
@@ -331,171 +316,6 @@ fn max_cost_defaults_to_one_and_is_read_per_rule() {
     assert_eq!(parse(&rule("")).unwrap().limiter.rules[0].max_cost, 1);
     assert_eq!(parse(&rule("max_cost = 5\n")).unwrap().limiter.rules[0].max_cost, 5);
     assert_eq!(err(&rule("max_cost = 0\n")), (4, 12, "max_cost must be at least 1".into()));
-}
-
-/// `[store]` with `body`, parsed with `REDIS_PW` set to "s3cret" (and the
-/// hash secret a shared store needs, after the store so lines stay put).
-fn parse_store(body: &str) -> Result<Config, ConfigError> {
-    let env = |name: &str| match name {
-        "REDIS_PW" => Some("s3cret".to_owned()),
-        "HASH_SECRET" => Some("h".to_owned()),
-        _ => None,
-    };
-    let source = format!("[store]\n{body}\n[identity]\nip_hash_secret_env = \"HASH_SECRET\"\n");
-    Config::parse_with_env(&source, "t.toml", &env)
-}
-
-fn store_err(body: &str) -> (usize, usize, String) {
-    let e = parse_store(body).unwrap_err();
-    let (line, column) = e.location().unwrap();
-    let ConfigError::Invalid { message, .. } = e else { unreachable!() };
-    (line, column, message)
-}
-
-#[test]
-fn a_cluster_is_named_by_its_seed_nodes() {
-    let c = parse_store("cluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n").unwrap();
-    let seeds = vec!["redis://127.0.0.1:7000".to_owned(), "redis://127.0.0.1:7001".to_owned()];
-    assert_eq!(c.store.redis, Some(RedisTarget::Cluster(seeds)));
-    assert_eq!(c.store.describe(), "Redis Cluster redis://127.0.0.1:7000, redis://127.0.0.1:7001");
-    let (line, column, message) = store_err("cluster = []\n");
-    assert_eq!((line, column), (2, 11));
-    assert!(message.starts_with("cluster is empty: expected at least one URL"), "{message}");
-    let (line, column, message) = store_err("cluster = [\"redis://127.0.0.1:7000\", \"127.0.0.1:7001\"]\n");
-    assert_eq!((line, column), (2, 38));
-    assert!(message.starts_with("invalid cluster URL \"127.0.0.1:7001\""), "{message}");
-}
-
-#[test]
-fn sentinel_needs_master_name_and_master_name_needs_sentinel() {
-    let c = parse_store("sentinel = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"mymaster\"\n").unwrap();
-    assert_eq!(
-        c.store.redis,
-        Some(RedisTarget::Sentinel {
-            sentinels: vec!["redis://127.0.0.1:26379".to_owned()],
-            master_name: "mymaster".to_owned()
-        })
-    );
-    assert_eq!(c.store.describe(), "Redis master \"mymaster\" through Sentinel redis://127.0.0.1:26379");
-    let (line, column, message) = store_err("sentinel = [\"redis://127.0.0.1:26379\"]\n");
-    assert_eq!((line, column), (2, 12));
-    assert!(message.starts_with("sentinel needs `master_name`"), "{message}");
-    let (line, column, message) = store_err("master_name = \"mymaster\"\n");
-    assert_eq!((line, column), (2, 15));
-    assert!(message.starts_with("master_name is the master Sentinel is asked for"), "{message}");
-    let (line, column, message) = store_err("sentinel = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"\"\n");
-    assert_eq!((line, column), (3, 15));
-    assert_eq!(message, "master_name must not be empty");
-    let (line, column, message) = store_err("sentinel = [\"tcp://x:1\"]\nmaster_name = \"m\"\n");
-    assert_eq!((line, column), (2, 13));
-    assert!(message.starts_with("invalid sentinel URL \"tcp://x:1\""), "{message}");
-}
-
-#[test]
-fn url_cluster_and_sentinel_exclude_each_other_at_the_second_key() {
-    let (line, column, message) =
-        store_err("url = \"redis://127.0.0.1:7000\"\ncluster = [\"redis://127.0.0.1:7001\"]\n");
-    assert_eq!((line, column), (3, 11));
-    assert!(message.starts_with("`cluster` and `url` both name the Redis store"), "{message}");
-    let (line, column, message) = store_err(
-        "sentinel = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"m\"\nurl = \"redis://127.0.0.1:7000\"\n",
-    );
-    assert_eq!((line, column), (4, 7));
-    assert!(message.starts_with("`url` and `sentinel` both name the Redis store"), "{message}");
-    let (line, _, message) =
-        store_err("cluster = [\"redis://a:1\"]\nsentinel = [\"redis://b:2\"]\nmaster_name = \"m\"\n");
-    assert_eq!(line, 3);
-    assert!(message.starts_with("`sentinel` and `cluster`"), "{message}");
-}
-
-#[test]
-fn credentials_come_from_the_environment_and_never_show() {
-    let c = parse_store(
-        "cluster = [\"redis://127.0.0.1:7000\"]\nusername = \"limiter\"\npassword_env = \"REDIS_PW\"\n",
-    )
-    .unwrap();
-    assert_eq!(c.store.username.as_deref(), Some("limiter"));
-    let password = c.store.password.as_ref().unwrap();
-    assert_eq!((password.variable(), password.expose()), ("REDIS_PW", "s3cret"));
-    assert!(!format!("{:?}", c.store).contains("s3cret"));
-    assert_eq!(
-        c.store.describe(),
-        "Redis Cluster redis://127.0.0.1:7000, user limiter, password from $REDIS_PW"
-    );
-    // A password written in a URL is allowed, and hidden when printed.
-    let c = parse_store("url = \"redis://limiter:hunter2@127.0.0.1:7000/0\"\n").unwrap();
-    assert_eq!(c.store.describe(), "Redis redis://limiter:***@127.0.0.1:7000/0");
-    let (line, column, message) = store_err("url = \"redis://127.0.0.1:7000\"\npassword_env = \"NOT_SET\"\n");
-    assert_eq!((line, column), (3, 16));
-    assert!(message.starts_with("environment variable NOT_SET is not set: password_env"), "{message}");
-    let (line, column, message) = store_err("password_env = \"REDIS_PW\"\n");
-    assert_eq!((line, column), (2, 16));
-    assert!(message.starts_with("password_env applies to a Redis store"), "{message}");
-    let (line, column, message) = store_err("url = \"redis://127.0.0.1:7000\"\nusername = \"\"\n");
-    assert_eq!((line, column), (3, 12));
-    assert_eq!(message, "username must not be empty");
-    let (line, _, message) = store_err("username = \"limiter\"\n");
-    assert_eq!(line, 2);
-    assert!(message.starts_with("username applies to a Redis store"), "{message}");
-}
-
-#[test]
-fn the_engine_is_auto_unless_forced_and_only_for_redis() {
-    let c = parse_store("url = \"redis://127.0.0.1:7000\"\n").unwrap();
-    assert_eq!(c.store.engine, Engine::Auto);
-    for (name, engine) in [("auto", Engine::Auto), ("lua", Engine::Lua), ("module", Engine::Module)] {
-        let c =
-            parse_store(&format!("cluster = [\"redis://127.0.0.1:7000\"]\nengine = \"{name}\"\n")).unwrap();
-        assert_eq!(c.store.engine, engine, "{name}");
-    }
-    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nengine = \"module\"\n").unwrap();
-    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, engine module");
-    let (line, column, message) = store_err("url = \"redis://127.0.0.1:7000\"\nengine = \"Module\"\n");
-    assert_eq!((line, column), (3, 10));
-    assert_eq!(
-        message,
-        "unknown engine \"Module\": expected \"auto\" (the native module where Redis has it, else Lua), \"lua\" or \"module\""
-    );
-    let (line, column, message) = store_err("engine = \"lua\"\n");
-    assert_eq!((line, column), (2, 10));
-    assert!(message.starts_with("engine applies to a Redis store"), "{message}");
-    let (_, _, message) = store_err("url = \"redis://127.0.0.1:7000\"\nengine = 1\n");
-    assert!(message.contains("expected a string"), "{message}");
-}
-
-#[test]
-fn tls_ca_needs_rediss_urls_and_a_readable_file() {
-    let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let c = parse_store(&format!("cluster = [\"rediss://127.0.0.1:7000\"]\ntls_ca = \"{ca}\"\n")).unwrap();
-    assert_eq!(c.store.tls_ca.as_deref(), Some(std::path::Path::new(ca)));
-    let (line, column, message) =
-        store_err(&format!("url = \"redis://127.0.0.1:7000\"\ntls_ca = \"{ca}\"\n"));
-    assert_eq!((line, column), (3, 10));
-    assert!(
-        message.starts_with("tls_ca is the CA trusted for TLS, but the store URLs are not rediss://"),
-        "{message}"
-    );
-    let (line, column, message) =
-        store_err("url = \"rediss://127.0.0.1:7000\"\ntls_ca = \"/no/such/ca.pem\"\n");
-    assert_eq!((line, column), (3, 10));
-    assert!(message.starts_with("cannot read tls_ca /no/such/ca.pem"), "{message}");
-    let (_, _, message) = store_err(&format!("tls_ca = \"{ca}\"\n"));
-    assert!(message.starts_with("tls_ca applies to a Redis store"), "{message}");
-}
-
-/// The cluster example shipped in `examples/`, word for word.
-const CLUSTER_EXAMPLE: &str = include_str!("../../../../examples/slidegate-cluster.toml");
-
-#[test]
-fn the_cluster_example_parses_as_written() {
-    let env = |name: &str| {
-        ["SLIDEGATE_IP_SECRET", "SLIDEGATE_REDIS_PASSWORD"].contains(&name).then(|| "test".to_owned())
-    };
-    let c = Config::parse_with_env(CLUSTER_EXAMPLE, "slidegate-cluster.toml", &env).unwrap();
-    assert!(matches!(&c.store.redis, Some(RedisTarget::Cluster(seeds)) if seeds.len() == 3));
-    assert_eq!(c.store.username.as_deref(), Some("slidegate"));
-    assert_eq!(c.store.password.as_ref().map(Password::variable), Some("SLIDEGATE_REDIS_PASSWORD"));
-    assert!(!c.limiter.rules.is_empty());
 }
 
 #[test]
@@ -760,167 +580,6 @@ fn on_error_is_one_option_and_old_fallback_keys_load_or_say_what_to_write() {
 }
 
 #[test]
-fn drain_delay_defaults_to_none_and_bad_values_are_located() {
-    assert_eq!(parse("").unwrap().server.drain_delay, Delay::from_secs(0));
-    let c = parse("[server]\ndrain_delay = \"5s\"\n").unwrap();
-    assert_eq!(c.server.drain_delay, Delay::from_secs(5));
-    assert_eq!(parse("[server]\ndrain_delay = \"0s\"\n").unwrap().server.drain_delay, Delay::from_secs(0));
-    assert_eq!(parse("[server]\ndrain_delay = \"5m\"\n").unwrap().server.drain_delay, Delay::from_secs(300));
-    for bad in ["\"soon\"", "\"-5s\"", "\"5\"", "\"\"", "\"5 s\"", "5", "true", "\"99999999999999999999d\""] {
-        let (l, c, m) = err(&format!("[server]\ndrain_delay = {bad}\n"));
-        assert_eq!((l, c), (2, 15), "{bad}: {m}");
-    }
-    let (_, _, m) = err("[server]\ndrain_delay = \"soon\"\n");
-    assert!(m.starts_with("invalid duration \"soon\""), "{m}");
-    let (l, c, m) = err("[server]\ndrain_delay = \"301s\"\n");
-    assert_eq!((l, c), (2, 15));
-    assert!(m.contains("drain_delay must be at most 300s") && m.contains("\"5s\""), "{m}");
-}
-
-#[test]
-fn access_log_and_log_format_parse_with_their_defaults() {
-    let c = parse("").unwrap();
-    assert_eq!((c.access_log, c.server.log_format), (None, LogFormat::Text));
-    let c = parse("[server]\nlog_format = \"json\"\n[access_log]\npath = \"/var/log/a.jsonl\"\n").unwrap();
-    assert_eq!(c.server.log_format, LogFormat::Json);
-    let log = c.access_log.unwrap();
-    assert_eq!(log.path, AccessLogPath::File("/var/log/a.jsonl".into()));
-    assert_eq!(log.sample_allowed, 1.0);
-    let c = parse("[access_log]\npath = \"-\"\nsample_allowed = 0.01\n").unwrap();
-    assert_eq!(c.access_log.unwrap(), AccessLogConfig { path: AccessLogPath::Stdout, sample_allowed: 0.01 });
-    assert_eq!(
-        parse("[access_log]\npath = \"-\"\nsample_allowed = 0\n").unwrap().access_log.unwrap().sample_allowed,
-        0.0
-    );
-}
-
-#[test]
-fn bad_access_log_and_log_format_values_are_located() {
-    let (line, column, message) = err("[server]\nlisten = \"127.0.0.1:1\"\nlog_format = \"JSON \"\n");
-    assert_eq!((line, column), (3, 14));
-    assert_eq!(message, "unknown log_format \"JSON \": expected \"text\" or \"json\"");
-    let (line, column, message) = err("[server]\nlog_format = 1\n");
-    assert_eq!((line, column), (2, 14));
-    assert!(message.contains("expected a string"), "{message}");
-    for (value, col) in [("1.5", 18), ("-0.1", 18), ("nan", 18), ("inf", 18), ("0.0000001", 18)] {
-        let (line, column, message) = err(&format!("[access_log]\npath = \"-\"\nsample_allowed = {value}\n"));
-        assert_eq!((line, column), (3, col), "{value}");
-        assert!(message.starts_with("sample_allowed ") && message.contains("out of range"), "{message}");
-    }
-    let (line, column, message) = err("[server]\n\n[access_log]\nsample_allowed = 0.5\n");
-    assert_eq!((line, column), (3, 1));
-    assert!(message.starts_with("[access_log] has no path"), "{message}");
-    for bad in ["\"\"", "\"a\\u0000b\""] {
-        let (line, column, message) = err(&format!("[access_log]\npath = {bad}\n"));
-        assert_eq!((line, column), (2, 8), "{bad}");
-        assert!(message.starts_with("access_log path must be a file name"), "{message}");
-    }
-    let (line, column, message) = err("[access_log]\npath = \"-\"\nquery = true\n");
-    assert_eq!((line, column), (3, 1));
-    assert!(message.starts_with("unknown field `query`"), "{message}");
-}
-
-/// Every error of `source`, as (line, column, message) in file order.
-fn errors(source: &str) -> Vec<(usize, usize, String)> {
-    let e = parse(source).unwrap_err();
-    e.errors()
-        .iter()
-        .map(|e| match e {
-            ConfigError::Invalid { line, column, message, .. } => (*line, *column, message.clone()),
-            other => panic!("not located: {other}"),
-        })
-        .collect()
-}
-
-/// Three parts, three errors of different kinds (a key the table does not
-/// have, a value out of range, a limit that admits nothing): one pass
-/// reports each, located, in file order, and the valid parts add none.
-#[test]
-fn every_part_with_an_error_is_reported_in_file_order() {
-    let source = "[server]\nlisten = \"127.0.0.1:8080\"\nlisten_on = 1\n\n\
-                  [store]\ntimeout_ms = 0\n\n\
-                  [[rules]]\nname = \"ok\"\npath = \"/ok\"\nlimits = [{ limit = 5, window = \"1s\" }]\n\n\
-                  [[rules]]\nname = \"zero\"\npath = \"/zero\"\nlimits = [{ limit = 0, window = \"1s\" }]\n";
-    let found = errors(source);
-    let at: Vec<(usize, usize)> = found.iter().map(|(l, c, _)| (*l, *c)).collect();
-    assert_eq!(at, [(3, 1), (6, 14), (16, 21)], "{found:?}");
-    assert!(found[0].2.starts_with("unknown field `listen_on`"), "{found:?}");
-    assert_eq!(found[1].2, "timeout_ms must be at least 1");
-    assert_eq!(found[2].2, "invalid limit: limit must be at least 1, got 0");
-    let shown = parse(source).unwrap_err().to_string();
-    let lines: Vec<&str> = shown.lines().filter(|l| l.starts_with("t.toml:")).collect();
-    assert_eq!(lines.len(), 3, "{shown}");
-    assert!(lines[1].starts_with("t.toml:6:14: timeout_ms must be at least 1"), "{shown}");
-    assert!(shown.ends_with("\n3 errors"), "{shown}");
-    assert_eq!(parse(source).unwrap_err().location(), Some((3, 1)));
-}
-
-/// A part stops at its first error; the same rule is one part.
-#[test]
-fn a_part_reports_its_first_error_only() {
-    let source = "[store]\ntimeout_ms = 0\nbreaker_failures = 0\n\
-                  [[rules]]\nname = \"bad name\"\npath = \"/\"\nlimits = [{ limit = 0, window = \"1s\" }]\n";
-    let at: Vec<(usize, usize)> = errors(source).iter().map(|(l, c, _)| (*l, *c)).collect();
-    assert_eq!(at, [(2, 14), (5, 8)]);
-    // One error stays a plain `Invalid`.
-    assert!(matches!(parse("[store]\ntimeout_ms = 0\n"), Err(ConfigError::Invalid { .. })));
-}
-
-/// Every syntax error is reported (the first of each line: what follows
-/// on the line is the parser recovering), and nothing else: a file that is
-/// not TOML has no parts to check.
-#[test]
-fn every_syntax_error_is_reported_and_nothing_else() {
-    let source = "[server]\nlisten = \n[store]\ntimeout_ms = = 3\nbogus = 1\n[[rules]]\nname = \"a\nb = 1\n";
-    let found = errors(source);
-    let at: Vec<(usize, usize)> = found.iter().map(|(l, c, _)| (*l, *c)).collect();
-    assert_eq!(at, [(2, 10), (4, 14), (7, 10)], "{found:?}");
-}
-
-/// A part that could not be read is not also reported missing by a check
-/// that spans parts: an unreadable `[server]` is no missing upstream, an
-/// unreadable `[identity]` no missing hash secret. Duplicate rule names are
-/// still found among the rules that read.
-#[test]
-fn an_unreadable_part_is_not_also_reported_missing() {
-    let text = "[server]\nupstrem = \"http://127.0.0.1:1\"\n";
-    let err = Config::parse_for(text, "t.toml".as_ref(), &no_env, Use::Serve).unwrap_err();
-    assert_eq!(err.errors().len(), 1, "{err}");
-    assert!(err.to_string().starts_with("t.toml:2:1: unknown field `upstrem`"), "{err}");
-
-    let text = "[store]\nurl = \"redis://127.0.0.1:1\"\n[identity]\nip_hash_secret = \"x\"\n";
-    let found = errors(text);
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert!(found[0].2.starts_with("unknown field `ip_hash_secret`"), "{found:?}");
-
-    let rule = |name: &str, limit: u64| {
-        format!(
-            "[[rules]]\nname = \"{name}\"\npath = \"/\"\nlimits = [{{ limit = {limit}, window = \"1s\" }}]\n"
-        )
-    };
-    let text = format!("{}{}{}{}", rule("a", 1), rule("b", 0), rule("a", 2), "[identity]\nipv6_prefix = 0\n");
-    let found = errors(&text);
-    let messages: Vec<&str> = found.iter().map(|(_, _, m)| m.as_str()).collect();
-    assert_eq!(
-        messages,
-        [
-            "invalid limit: limit must be at least 1, got 0",
-            "duplicate rule name \"a\": rule names must be unique",
-            "ipv6_prefix must be 1 to 128, got 0",
-        ]
-    );
-}
-
-#[test]
-fn watch_config_is_off_unless_set_and_must_be_a_boolean() {
-    assert!(!parse("[server]\n").unwrap().server.watch_config);
-    assert!(parse("[server]\nwatch_config = true\n").unwrap().server.watch_config);
-    let (line, column, message) = err("[server]\nwatch_config = \"yes\"\n");
-    assert_eq!((line, column), (2, 16));
-    assert_eq!(message, "invalid type: string \"yes\", expected a boolean");
-}
-
-#[test]
 fn delay_is_read_and_every_bad_value_is_located() {
     let rule = |extra: &str| {
         format!(
@@ -962,84 +621,4 @@ fn delay_is_read_and_every_bad_value_is_located() {
     }
     assert!(err("[server]\nmax_delayed = -1\n").2.contains("u32"), "a negative cap is a type error");
     assert!(parse(&rule("delay = { per_identity = 2 }\n")).is_err(), "max_wait is required");
-}
-
-#[test]
-fn websocket_idle_timeout_and_grpc_denial_status_have_defaults_and_located_errors() {
-    use crate::config::GrpcDenialStatus;
-    let c = parse("[server]\n").unwrap();
-    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(300));
-    assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::ResourceExhausted);
-    let c =
-        parse("[server]\nwebsocket_idle_timeout = \"45s\"\ngrpc_denial_status = \"unavailable\"\n").unwrap();
-    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(45));
-    assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::Unavailable);
-    let (l, c, m) = err("[server]\nwebsocket_idle_timeout = \"0s\"\n");
-    assert_eq!((l, c), (2, 26));
-    assert!(m.starts_with("websocket_idle_timeout must be longer than 0"), "{m}");
-    let (l, c, m) = err("[server]\n\ngrpc_denial_status = \"RESOURCE_EXHAUSTED\"\n");
-    assert_eq!((l, c), (3, 22));
-    assert_eq!(
-        m,
-        "unknown grpc_denial_status \"RESOURCE_EXHAUSTED\": expected \"resource_exhausted\" or \"unavailable\""
-    );
-}
-
-#[test]
-fn the_layout_is_per_key_unless_packed_and_only_for_redis() {
-    let c = parse_store("url = \"redis://127.0.0.1:7000\"\n").unwrap();
-    assert_eq!(c.store.layout, Layout::PerKey);
-    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"per_key\"\n").unwrap();
-    assert_eq!(c.store.layout, Layout::PerKey);
-    let c = parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\n").unwrap();
-    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(32_768).unwrap()));
-    assert_eq!(c.store.describe(), "Redis redis://127.0.0.1:7000, layout packed (32768 buckets)");
-    let c =
-        parse_store("url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = 1000\n")
-            .unwrap();
-    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(32).unwrap()));
-    let c = parse_store("cluster = [\"redis://127.0.0.1:7000\"]\nlayout = \"packed\"\nexpected_identities = 18446744073709551615\n")
-        .unwrap();
-    assert_eq!(c.store.layout, Layout::Packed(Buckets::new(slidegate::store::redis::MAX_BUCKETS).unwrap()));
-    // Hostile or mistaken input: each a located error saying what to write.
-    let cases = [
-        ("layout = \"packed\"\n", 2, 10, "layout applies to a Redis store"),
-        (
-            "url = \"redis://127.0.0.1:7000\"\nlayout = \"Packed\"\n",
-            3,
-            10,
-            "unknown layout \"Packed\": expected \"per_key\"",
-        ),
-        ("url = \"redis://127.0.0.1:7000\"\nlayout = \"\"\n", 3, 10, "unknown layout \"\""),
-        (
-            "url = \"redis://127.0.0.1:7000\"\nexpected_identities = 5\n",
-            3,
-            23,
-            "expected_identities sizes the packed layout's buckets",
-        ),
-        (
-            "url = \"redis://127.0.0.1:7000\"\nlayout = \"per_key\"\nexpected_identities = 5\n",
-            4,
-            23,
-            "expected_identities applies to `layout = \"packed\"` only",
-        ),
-        (
-            "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = 0\n",
-            4,
-            23,
-            "expected_identities must be at least 1",
-        ),
-    ];
-    for (body, line, column, start) in cases {
-        let (l, c, message) = store_err(body);
-        assert!(message.starts_with(start), "{body:?}: {message}");
-        assert_eq!((l, c), (line, column), "{body:?}: {message}");
-    }
-    for body in [
-        "url = \"redis://127.0.0.1:7000\"\nlayout = 1\n",
-        "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = -1\n",
-        "url = \"redis://127.0.0.1:7000\"\nlayout = \"packed\"\nexpected_identities = \"many\"\n",
-    ] {
-        assert!(parse_store(body).is_err(), "{body:?}");
-    }
 }
