@@ -151,69 +151,87 @@ unsafe fn arguments<'a>(
     }
 }
 
-/// The handler of `SLIDEGATE.DECIDE`, called by Redis. Registered directly
-/// rather than through `redis_module`'s wrapper, which retains every
-/// argument as a module string in a fresh `Vec` first.
-#[allow(unsafe_code)]
-extern "C" fn decide_command(
+/// What a command does with its arguments (the command's name first), as
+/// Redis hands them over.
+type Run = fn(*mut raw::RedisModuleCtx, &[*mut raw::RedisModuleString]) -> Result<Reply, RedisError>;
+
+/// `SLIDEGATE.DECIDE`: one key, one argument string.
+fn decide_run(
     ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis calls a command handler with its argv and argc.
-    let result = match unsafe { arguments(argv, argc) } {
-        &[_, key, args] => decide_one(ctx, key, string_bytes(args)),
+    args: &[*mut raw::RedisModuleString],
+) -> Result<Reply, RedisError> {
+    match *args {
+        [_, key, args] => decide_one(ctx, key, string_bytes(args)),
         _ => Err(RedisError::WrongArity),
-    };
-    respond(ctx, result)
+    }
 }
 
-/// The handler of `SLIDEGATE.DECIDE_ALL`, called by Redis.
-#[allow(unsafe_code)]
-extern "C" fn decide_all_command(
+/// `SLIDEGATE.DECIDE_ALL`: one key or more, then one argument string.
+fn decide_all_run(
     ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis calls a command handler with its argv and argc.
-    let result = match unsafe { arguments(argv, argc) } {
+    args: &[*mut raw::RedisModuleString],
+) -> Result<Reply, RedisError> {
+    match args {
         [_, keys @ .., args] if !keys.is_empty() => decide_all(ctx, keys, string_bytes(*args)),
         _ => Err(RedisError::WrongArity),
-    };
-    respond(ctx, result)
+    }
 }
 
-/// The handler of `SLIDEGATE.LEASE`, called by Redis.
-#[allow(unsafe_code)]
-extern "C" fn lease_command(
+/// `SLIDEGATE.LEASE`: one key, one argument string.
+fn lease_run(
     ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis calls a command handler with its argv and argc.
-    let result = match unsafe { arguments(argv, argc) } {
-        &[_, key, args] => lease_one(ctx, key, string_bytes(args)),
+    args: &[*mut raw::RedisModuleString],
+) -> Result<Reply, RedisError> {
+    match *args {
+        [_, key, args] => lease_one(ctx, key, string_bytes(args)),
         _ => Err(RedisError::WrongArity),
-    };
-    respond(ctx, result)
+    }
 }
 
-/// The handler of `SLIDEGATE.GIVE_BACK`, called by Redis.
-#[allow(unsafe_code)]
-extern "C" fn give_back_command(
+/// `SLIDEGATE.GIVE_BACK`: one key, then kind, limit, window, unused and deadline.
+fn give_back_run(
     ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis calls a command handler with its argv and argc.
-    let result = match unsafe { arguments(argv, argc) } {
-        &[_, key, kind, limit, window, unused, deadline] => {
+    args: &[*mut raw::RedisModuleString],
+) -> Result<Reply, RedisError> {
+    match *args {
+        [_, key, kind, limit, window, unused, deadline] => {
             give_back(ctx, key, [kind, limit, window, unused, deadline].map(string_bytes))
         }
         _ => Err(RedisError::WrongArity),
-    };
-    respond(ctx, result)
+    }
 }
+
+/// The one command handler Redis calls, for each command its [`Run`]
+/// (`RUN` names it; a `const` parameter, so each command is its own
+/// handler with no lookup). Registered directly rather than through
+/// `redis_module`'s wrapper, which retains every argument as a module
+/// string in a fresh `Vec` first.
+#[allow(unsafe_code)]
+extern "C" fn handler<const RUN: usize>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls a command handler with its argv and argc.
+    let args = unsafe { arguments(argv, argc) };
+    respond(ctx, (COMMANDS[RUN].run)(ctx, args))
+}
+
+/// A command: its name, what it runs, and its last key's position (`-2`:
+/// the one before the last argument).
+struct Command {
+    name: &'static CStr,
+    run: Run,
+    last_key: c_int,
+}
+
+/// Every command, in the order `handler`'s `RUN` numbers them.
+const COMMANDS: [Command; 4] = [
+    Command { name: c"slidegate.decide", run: decide_run, last_key: 1 },
+    Command { name: c"slidegate.decide_all", run: decide_all_run, last_key: -2 },
+    Command { name: c"slidegate.lease", run: lease_run, last_key: 1 },
+    Command { name: c"slidegate.give_back", run: give_back_run, last_key: 1 },
+];
 
 /// At load: registers the commands with the keys they declare, which Redis
 /// Cluster routes by (`MOVED`, `ASK`, `CROSSSLOT`) and ACL key patterns
@@ -223,13 +241,9 @@ extern "C" fn give_back_command(
 #[allow(unsafe_code)]
 pub fn register_commands(ctx: &Context, _args: &[redis_module::RedisString]) -> redis_module::Status {
     type Handler = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
-    let commands: [(&CStr, Handler, c_int); 4] = [
-        (c"slidegate.decide", decide_command, 1),
-        (c"slidegate.decide_all", decide_all_command, -2),
-        (c"slidegate.lease", lease_command, 1),
-        (c"slidegate.give_back", give_back_command, 1),
-    ];
-    for (name, handler, last_key) in commands {
+    let handlers: [Handler; COMMANDS.len()] = [handler::<0>, handler::<1>, handler::<2>, handler::<3>];
+    for (Command { name, last_key, .. }, handler) in COMMANDS.iter().zip(handlers) {
+        let (name, last_key) = (*name, *last_key);
         // SAFETY: called from OnLoad with its context; the name and flags
         // are NUL-terminated literals Redis copies.
         let status = unsafe {
