@@ -2,8 +2,9 @@
 //! stopped (SIGSTOP) time out at the caller, and when Redis runs again
 //! (SIGCONT) and reaches them, each finds its deadline passed and writes
 //! nothing. On one server and on a Redis Cluster, through the Lua scripts
-//! (one limit, several, under a penalty, a crawl-breadth sketch) and the
-//! native module.
+//! (one limit, several, under a penalty, a crawl-breadth sketch; and the
+//! scripts that decide nothing: shared tables, a lift, a give back) and
+//! the native module.
 //!
 //! Its own test binary: stopping a server (or a cluster's node) would stall
 //! every other test sharing it.
@@ -183,6 +184,68 @@ async fn a_distinct_value_that_timed_out_is_not_counted_when_the_server_resumes(
     }
     let seen = distinct.decide_distinct(&who, &quota, b"/a").await.expect("the server answers");
     assert_eq!(seen.remaining, 4, "only /a is counted");
+}
+
+/// The scripts that decide nothing — a shared table's put and delete, a
+/// penalty lift, a lease's give back, per key and packed — each reached
+/// after its deadline changes nothing (each includes `deadline.lua`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_decide_nothing_change_nothing_when_they_time_out() {
+    use slidegate::{GiveBack, LeaseStore, SharedTables, TableName};
+
+    let mut server = RedisServer::spawn();
+    let port = server.port();
+    let store = RedisStore::connect_with(&server.url(), options(Engine::Lua)).await.expect("connect");
+    // Runs `call` while the server is stopped, sees it time out, resumes
+    // the server and waits until the script has run.
+    macro_rules! late {
+        ($call:expr) => {{
+            let before = decisions_run(port);
+            server.pause();
+            let answer = $call.await;
+            server.resume();
+            assert!(matches!(answer, Err(ref e) if e.is_timeout()), "{answer:?}");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while decisions_run(port) < before + 1 {
+                assert!(Instant::now() < deadline, "the stalled call never ran");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }};
+    }
+
+    let tables = store.tables().expect("Redis keeps tables");
+    let table = TableName::new("late").expect("a table name");
+    let ttl = Duration::from_secs(60);
+    tables.put_entry(&table, b"kept", b"1", ttl, None).await.expect("the server answers");
+    late!(tables.put_entry(&table, b"late", b"1", ttl, None));
+    late!(tables.delete_entry(&table, b"kept", None));
+    let entries = tables.read_table(&table, None).await.expect("the server answers");
+    assert_eq!(entries.iter().map(|e| e.field.as_slice()).collect::<Vec<_>>(), [b"kept".as_slice()]);
+
+    // A block: 10 allowed, then 3 denials open the penalty box.
+    let who = id("blocked");
+    let charges = rule(Algorithm::SlidingWindowCounter, false);
+    let penalty = penalty();
+    for _ in 0..13 {
+        store.decide(Request::new(&who, &charges).with_penalty(&penalty)).await.expect("decided");
+    }
+    late!(store.lift_penalty(&who, None));
+    let still = store.decide(Request::new(&who, &charges).with_penalty(&penalty)).await.expect("decided");
+    assert!(still.blocked_for.is_some(), "the late lift lifted nothing: {still:?}");
+
+    for store in [store.clone(), store.clone().with_layout(Layout::packed_for(1_000))] {
+        let leases = store.leases().expect("Redis leases");
+        let lessee = id(&format!("lessee-{:?}", store.layout()));
+        let limit = limit(Algorithm::SlidingWindowCounter, 10, 60_000);
+        let lease = leases.lease(&lessee, Charge::new(limit, 4), None).await.expect("leased");
+        let back = GiveBack { limit, window: lease.window, unused: 3 };
+        late!(leases.give_back(&lessee, back, None));
+        assert_eq!(
+            leases.give_back(&lessee, back, None).await.expect("given back"),
+            3,
+            "all 3 were still there"
+        );
+    }
 }
 
 /// The process id of the cluster node on `port`.

@@ -26,14 +26,8 @@ local kind, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, unused = tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = tonumber(ARGV[5])
 local field = ARGV[6]
-if deadline >= 0 then
-  local t = call('TIME')
-  local us = tonumber(t[2])
-  local server_now = tonumber(t[1]) * 1000 + (us - math.fmod(us, 1000)) / 1000
-  if server_now > deadline then
-    return redis.error_reply(string.format('EXPIRED %d', server_now))
-  end
-end
+local now = 0 -- no clock of its own: the deadline alone reads TIME
+--! include deadline.lua
 local format = string.format
 local this_key = KEYS[1] .. format('%d', window)
 local v = call('HGET', this_key, field)

@@ -160,6 +160,7 @@ macro_rules! scripted {
 for_each_algorithm!(scripted);
 
 const PRELUDE: &str = include_str!("prelude.lua");
+const DEADLINE: &str = include_str!("deadline.lua");
 const DECIDE: &str = include_str!("decide.lua");
 const DECIDE_ALL: &str = include_str!("decide_all.lua");
 const LEASE: &str = include_str!("lease.lua");
@@ -281,7 +282,8 @@ fn dispatch_table(assembly: Assembly) -> String {
 }
 
 /// Replaces each `--! include prelude.lua` line of `main` with the prelude
-/// and each `--! inline <name>.lua` line with that algorithm's sections;
+/// (`--! include deadline.lua` with the clock and deadline of a script
+/// that decides nothing) and each `--! inline <name>.lua` line with that algorithm's sections;
 /// keeps the code of `--! packed <code>` lines in the packed assembly and
 /// of `--! per_key <code>` lines in the other (indented as the directive).
 fn assemble(main: &str, assembly: Assembly) -> String {
@@ -305,6 +307,8 @@ fn assemble(main: &str, assembly: Assembly) -> String {
             // The other layout's line.
         } else if directive == "--! include prelude.lua" {
             script.push_str(PRELUDE);
+        } else if directive == "--! include deadline.lua" {
+            script.push_str(DEADLINE);
         } else if let Some(name) = directive.strip_prefix("--! inline ") {
             script.push_str(&Sections::of(algorithm_file(name), assembly).inline());
         } else {
@@ -313,6 +317,11 @@ fn assemble(main: &str, assembly: Assembly) -> String {
         }
     }
     script
+}
+
+/// A script that decides nothing, with its `--! include deadline.lua`.
+fn standalone(main: &str) -> String {
+    assemble(main, Assembly::PerKey)
 }
 
 /// The source of the single-limit script for `algorithm`.
@@ -414,13 +423,13 @@ pub(super) fn distinct() -> &'static Lua {
 /// The shared tables' script (`table.lua`): standalone, loaded by its
 /// first call's `EVAL` fallback.
 pub(super) fn table() -> &'static Lua {
-    static TABLE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("table.lua").to_owned()));
+    static TABLE: LazyLock<Lua> = LazyLock::new(|| Lua::new(standalone(include_str!("table.lua"))));
     &TABLE
 }
 
 /// The script lifting an identity's penalty box (`lift.lua`).
 pub(super) fn lift() -> &'static Lua {
-    static LIFT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lift.lua").to_owned()));
+    static LIFT: LazyLock<Lua> = LazyLock::new(|| Lua::new(standalone(include_str!("lift.lua"))));
     &LIFT
 }
 
@@ -451,8 +460,8 @@ pub(super) fn lease(algorithm: Algorithm, assembly: Assembly) -> Option<&'static
 /// fallback.
 pub(super) fn give_back(assembly: Assembly) -> &'static Lua {
     static GIVE_BACK: [LazyLock<Lua>; 2] = [
-        LazyLock::new(|| Lua::new(include_str!("give_back.lua").to_owned())),
-        LazyLock::new(|| Lua::new(include_str!("give_back_packed.lua").to_owned())),
+        LazyLock::new(|| Lua::new(standalone(include_str!("give_back.lua")))),
+        LazyLock::new(|| Lua::new(standalone(include_str!("give_back_packed.lua")))),
     ];
     &GIVE_BACK[assembly.index()]
 }

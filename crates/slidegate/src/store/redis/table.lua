@@ -22,17 +22,7 @@
 local call = redis.call
 local now = tonumber(ARGV[1])
 local deadline = tonumber(ARGV[2])
-if now < 0 or deadline >= 0 then
-  local t = call('TIME')
-  local us = tonumber(t[2])
-  local server_now = tonumber(t[1]) * 1000 + (us - math.fmod(us, 1000)) / 1000
-  if now < 0 then
-    now = server_now
-  end
-  if deadline >= 0 and server_now > deadline then
-    return redis.error_reply(string.format('EXPIRED %d', server_now))
-  end
-end
+--! include deadline.lua
 local op = ARGV[3]
 local max = tonumber(ARGV[4])
 local key = KEYS[1]
