@@ -391,7 +391,9 @@ impl<S: Store> Store for DenyCached<S> {
     }
 
     /// As `decide`, for a stack below that answers at once; `None` at once
-    /// for one that may wait (its `decide` probes the cache, once).
+    /// for one that may wait, so that a remote store's decision probes the
+    /// cache once (a lease layer over the embedded store answering `None`
+    /// after a miss costs a second lookup, which counts nothing).
     fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
         if self.inner.has_outages() {
             return None;

@@ -10,7 +10,8 @@
 //! An answer slidegate makes itself — a denial, a refusal, an upstream
 //! failure — is a problem+json body that a gRPC client cannot read (tonic
 //! reports `INTERNAL`, others `UNKNOWN`, with no word of the wait). For a
-//! gRPC call it is a trailers-only answer instead: HTTP 200, no body,
+//! gRPC call it is a trailers-only answer instead, in the call's own content
+//! type (a gRPC-Web client reads `application/grpc-web…`): HTTP 200, no body,
 //! `grpc-status`, `grpc-message` (the problem's detail, which names the
 //! wait, percent-encoded as gRPC wants), and every header the HTTP answer
 //! had — `RateLimit`, `RateLimit-Policy`, `Retry-After` — as metadata.
@@ -45,12 +46,18 @@ pub enum GrpcDenialStatus {
 
 /// Whether a request is a gRPC call: see the module's docs.
 pub fn is_grpc(method: &Method, headers: &HeaderMap) -> bool {
+    grpc_content_type(method, headers).is_some()
+}
+
+/// The content type of a gRPC call (`application/grpc+proto`,
+/// `application/grpc-web`, ...), which slidegate's own answer to it
+/// carries, so that a gRPC-Web client reads it as one; `None` for a request
+/// that is no gRPC call.
+pub fn grpc_content_type<'h>(method: &Method, headers: &'h HeaderMap) -> Option<&'h HeaderValue> {
     const GRPC: &[u8] = b"application/grpc";
-    method == Method::POST
-        && headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.as_bytes().get(..GRPC.len()))
-            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
+    let value = headers.get(header::CONTENT_TYPE)?;
+    let prefix = value.as_bytes().get(..GRPC.len())?;
+    (method == Method::POST && prefix.eq_ignore_ascii_case(GRPC)).then_some(value)
 }
 
 /// The gRPC status code of an answer slidegate made with HTTP `status`.
@@ -70,23 +77,40 @@ fn code(status: StatusCode, denial: GrpcDenialStatus) -> u8 {
     }
 }
 
+/// How slidegate answers one gRPC call itself: the status of a denial, and
+/// the call's content type, which the answer carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcAnswer {
+    /// The gRPC status of a rate limit denial.
+    pub denial: GrpcDenialStatus,
+    /// The call's content type (`application/grpc`, `+proto`, `-web`, ...).
+    pub content_type: HeaderValue,
+}
+
+impl GrpcAnswer {
+    /// `application/grpc`, denials as `denial` says.
+    pub fn plain(denial: GrpcDenialStatus) -> Self {
+        Self { denial, content_type: HeaderValue::from_static("application/grpc") }
+    }
+}
+
 /// `response`, an answer slidegate made itself with a problem+json body, as
 /// a trailers-only gRPC answer.
-pub fn answer(response: Response<Full<Bytes>>, denial: GrpcDenialStatus) -> Response<Full<Bytes>> {
+pub fn answer(response: Response<Full<Bytes>>, how: &GrpcAnswer) -> Response<Full<Bytes>> {
     let (mut parts, body) = response.into_parts();
-    trailers_only(&mut parts, &ready_bytes(body).unwrap_or_default(), denial);
+    trailers_only(&mut parts, &ready_bytes(body).unwrap_or_default(), how);
     Response::from_parts(parts, Full::new(Bytes::new()))
 }
 
 /// Turns the head of an answer slidegate made, whose problem+json body was
 /// `problem`, into the head of a trailers-only gRPC answer (whose body the
 /// caller leaves empty).
-pub fn trailers_only(parts: &mut response::Parts, problem: &[u8], denial: GrpcDenialStatus) {
+pub fn trailers_only(parts: &mut response::Parts, problem: &[u8], how: &GrpcAnswer) {
     let detail = detail(problem).unwrap_or_else(|| parts.status.canonical_reason().unwrap_or("").to_owned());
-    let status = code(parts.status, denial);
+    let status = code(parts.status, how.denial);
     let headers = &mut parts.headers;
     headers.remove(header::CONTENT_LENGTH);
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(header::CONTENT_TYPE, how.content_type.clone());
     headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(status)));
     if let Ok(message) = HeaderValue::from_str(&percent_encode(&detail)) {
         headers.insert(GRPC_MESSAGE, message);
@@ -161,6 +185,8 @@ mod tests {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
             assert_eq!(is_grpc(&Method::POST, &headers), grpc, "{value}");
             assert!(!is_grpc(&Method::GET, &headers), "{value}");
+            let echoed = grpc_content_type(&Method::POST, &headers).map(|v| v.to_str().unwrap());
+            assert_eq!(echoed, grpc.then_some(value), "{value}");
         }
         assert!(!is_grpc(&Method::POST, &HeaderMap::new()));
     }
@@ -168,8 +194,10 @@ mod tests {
     #[tokio::test]
     async fn a_denial_is_a_trailers_only_answer_with_the_wait_and_the_rate_limit_metadata() {
         let detail = "policy \"anon\" allows 2 requests per 60 s; retry in 7 s — 100% sure";
-        let response =
-            answer(problem(StatusCode::TOO_MANY_REQUESTS, detail), GrpcDenialStatus::ResourceExhausted);
+        let response = answer(
+            problem(StatusCode::TOO_MANY_REQUESTS, detail),
+            &GrpcAnswer::plain(GrpcDenialStatus::ResourceExhausted),
+        );
         assert_eq!(response.status(), StatusCode::OK);
         let h = response.headers();
         assert_eq!(h["grpc-status"], "8");
@@ -191,7 +219,7 @@ mod tests {
     #[test]
     fn the_status_follows_the_config_for_denials_and_the_answer_otherwise() {
         let status = |http, denial| {
-            let response = answer(problem(http, "x"), denial);
+            let response = answer(problem(http, "x"), &GrpcAnswer::plain(denial));
             response.headers()["grpc-status"].to_str().unwrap().to_owned()
         };
         assert_eq!(status(StatusCode::TOO_MANY_REQUESTS, GrpcDenialStatus::Unavailable), "14");
@@ -205,12 +233,23 @@ mod tests {
     }
 
     #[test]
+    fn the_answer_carries_the_calls_content_type() {
+        let how = GrpcAnswer {
+            denial: GrpcDenialStatus::Unavailable,
+            content_type: HeaderValue::from_static("application/grpc-web+proto"),
+        };
+        let response = answer(problem(StatusCode::TOO_MANY_REQUESTS, "x"), &how);
+        assert_eq!(response.headers()["content-type"], "application/grpc-web+proto");
+        assert_eq!(response.headers()["grpc-status"], "14");
+    }
+
+    #[test]
     fn a_body_that_is_not_a_problem_gives_the_reason_phrase() {
         let response = Response::builder()
             .status(StatusCode::SERVICE_UNAVAILABLE)
             .body(Full::new(Bytes::from_static(b"not json")))
             .unwrap();
-        let response = answer(response, GrpcDenialStatus::ResourceExhausted);
+        let response = answer(response, &GrpcAnswer::plain(GrpcDenialStatus::ResourceExhausted));
         assert_eq!(response.headers()["grpc-message"], "Service Unavailable");
         assert_eq!(response.headers()["grpc-status"], "14");
     }

@@ -216,10 +216,9 @@ impl<S: Store + 'static> Store for Guarded<S> {
         }
         let start = Instant::now();
         let answer = store.decide_now(request)?;
-        // Counted once answered: a `None` above did nothing.
-        if let Err(err) = self.admit() {
-            return Some(Err(err));
-        }
+        // Counted once answered (a `None` above did nothing); the breaker,
+        // closed above, never opens for a store without outages.
+        self.shared.metrics.store().calls.fetch_add(1, Relaxed);
         Some(self.settle(start, Some(answer), false))
     }
 

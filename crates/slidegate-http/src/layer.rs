@@ -221,6 +221,13 @@ impl<Inner, S> RateLimit<Inner, S> {
         Self { inner, limiter, peer: peer_addr_extension, grpc_denial: GrpcDenialStatus::default() }
     }
 
+    /// The gRPC status of a rate limit denial of a gRPC call, as
+    /// [`RateLimitLayer::grpc_denial`].
+    pub fn grpc_denial(mut self, status: GrpcDenialStatus) -> Self {
+        self.grpc_denial = status;
+        self
+    }
+
     /// The inner service.
     pub fn get_ref(&self) -> &Inner {
         &self.inner

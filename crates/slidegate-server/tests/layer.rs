@@ -256,7 +256,7 @@ async fn a_grpc_call_is_denied_in_grpc_terms_with_the_rate_limit_headers_as_meta
         // Trailers-only: HTTP 200, the status in the headers, no message.
         assert_eq!(response.status(), StatusCode::OK);
         let headers = response.headers().clone();
-        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers["content-type"], "application/grpc+proto", "the call's own content type");
         assert_eq!(headers["grpc-status"], code);
         assert_eq!(headers["grpc-message"], "policy \"search\" allows 2 requests per 60 s; retry in 60 s");
         assert_eq!(

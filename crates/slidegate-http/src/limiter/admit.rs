@@ -24,7 +24,7 @@ use http_body_util::Full;
 use slidegate::Store;
 
 use super::RateLimiter;
-use crate::grpc::{self, GrpcDenialStatus};
+use crate::grpc::{self, GrpcAnswer, GrpcDenialStatus};
 use crate::headers;
 use crate::identity::AmbiguousKey;
 use crate::verdict::Verdict;
@@ -40,23 +40,18 @@ pub struct Admission<'a> {
     pub verdict: Option<Verdict<'a>>,
     /// Why the request was refused before the check (a 400), if it was.
     refused: Option<&'static str>,
-    /// The gRPC status of a denial, for a gRPC call; `None` for any other request.
-    grpc: Option<GrpcDenialStatus>,
+    /// How a gRPC call is answered; `None` for any other request.
+    grpc: Option<GrpcAnswer>,
     /// Whether denials carry the `X-RateLimit-*` headers.
     legacy: bool,
 }
 
 impl Admission<'_> {
-    /// Whether the request is a gRPC call: an answer the caller makes
-    /// itself (an upstream failure) must be put in gRPC's terms too
-    /// ([`grpc::answer`], with [`Admission::grpc_denial`]).
-    pub fn is_grpc(&self) -> bool {
-        self.grpc.is_some()
-    }
-
-    /// The gRPC status a denial of this request gets, if it is a gRPC call.
-    pub fn grpc_denial(&self) -> Option<GrpcDenialStatus> {
-        self.grpc
+    /// How the request is answered in gRPC's terms, if it is a gRPC call:
+    /// an answer the caller makes itself (an upstream failure) must be put
+    /// in them too ([`grpc::answer`]).
+    pub fn grpc(&self) -> Option<&GrpcAnswer> {
+        self.grpc.as_ref()
     }
 
     /// The answer to give instead of passing the request on, if it is not
@@ -82,8 +77,8 @@ impl Admission<'_> {
             }
             (None, _) => return None,
         };
-        Some(match self.grpc {
-            Some(denial) => grpc::answer(response, denial),
+        Some(match &self.grpc {
+            Some(how) => grpc::answer(response, how),
             None => response,
         })
     }
@@ -101,17 +96,18 @@ impl<S: Store + 'static> RateLimiter<S> {
         peer: Option<IpAddr>,
         grpc_denial: GrpcDenialStatus,
     ) -> Admission<'_> {
-        let grpc = grpc::is_grpc(request.method(), request.headers()).then_some(grpc_denial);
+        let grpc = grpc::grpc_content_type(request.method(), request.headers())
+            .map(|content_type| GrpcAnswer { denial: grpc_denial, content_type: content_type.clone() });
         let legacy = self.legacy_headers();
-        let refused = |reason| Admission { verdict: None, refused: Some(reason), grpc, legacy };
+        let refused = |reason, grpc| Admission { verdict: None, refused: Some(reason), grpc, legacy };
         self.identity().strip_header_aliases(request.headers_mut());
         let path = request.uri().path();
         if let Some(reason) = crate::refused_path(path) {
-            return refused(reason);
+            return refused(reason, grpc);
         }
         let api_key = match self.identity().sole_api_key(request.headers()) {
             Ok(key) => key,
-            Err(AmbiguousKey) => return refused(AmbiguousKey::DETAIL),
+            Err(AmbiguousKey) => return refused(AmbiguousKey::DETAIL, grpc),
         };
         let target = request.uri().path_and_query().map_or(path, |pq| pq.as_str());
         let verdict = self.check_head(request.method(), target, request.headers(), peer, api_key).await;

@@ -11,15 +11,15 @@
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Response};
 pub(crate) use slidegate_http::grpc::is_grpc;
-use slidegate_http::grpc::{ready_bytes, trailers_only, GrpcDenialStatus};
+use slidegate_http::grpc::{ready_bytes, trailers_only, GrpcAnswer};
 
 use super::{full, ServeBody};
 
 /// `response`, an answer `serve` made itself with a problem+json body, as a
 /// trailers-only gRPC answer (see [`slidegate_http::grpc`]).
-pub(crate) fn answer(response: Response<ServeBody>, denial: GrpcDenialStatus) -> Response<ServeBody> {
+pub(crate) fn answer(response: Response<ServeBody>, how: &GrpcAnswer) -> Response<ServeBody> {
     let (mut parts, body) = response.into_parts();
-    trailers_only(&mut parts, &ready_bytes(body).unwrap_or_default(), denial);
+    trailers_only(&mut parts, &ready_bytes(body).unwrap_or_default(), how);
     Response::from_parts(parts, full(bytes::Bytes::new()))
 }
 
@@ -33,6 +33,7 @@ pub(crate) fn keep_te_trailers(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use http::StatusCode;
+    use slidegate_http::grpc::GrpcDenialStatus;
 
     #[test]
     fn a_boxed_answer_is_put_in_grpc_terms_as_the_layer_puts_its_own() {
@@ -45,8 +46,9 @@ mod tests {
                 Some("/shop.Cart/Add"),
             )
         };
-        let ours = answer(super::super::boxed(problem()), GrpcDenialStatus::Unavailable);
-        let layer = slidegate_http::grpc::answer(problem(), GrpcDenialStatus::Unavailable);
+        let how = GrpcAnswer::plain(GrpcDenialStatus::Unavailable);
+        let ours = answer(super::super::boxed(problem()), &how);
+        let layer = slidegate_http::grpc::answer(problem(), &how);
         assert_eq!(ours.status(), StatusCode::OK);
         assert_eq!(ours.headers(), layer.headers());
         assert_eq!(ours.headers()["grpc-status"], "14");

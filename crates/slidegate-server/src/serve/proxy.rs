@@ -150,10 +150,11 @@ pub(crate) async fn forward(
     }
     let started = state.access_log.as_ref().map(|_| std::time::Instant::now());
     let admission = limiter.admit(&mut request, Some(peer.ip()), denial).await;
-    let grpc = admission.is_grpc();
-    let own = |response: Response<ServeBody>| match grpc {
-        true => grpc::answer(response, denial),
-        false => response,
+    let how = admission.grpc().cloned();
+    let grpc = how.is_some();
+    let own = |response: Response<ServeBody>| match &how {
+        Some(how) => grpc::answer(response, how),
+        None => response,
     };
     let log = state.access_log.as_ref();
     let entry = match (log, &admission.verdict, started) {
