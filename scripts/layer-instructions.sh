@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in valgrind callgrind_control wrk curl; do
+for tool in valgrind callgrind_control wrk curl python3; do
     command -v "$tool" >/dev/null || { echo "layer-instructions: $tool is not installed" >&2; exit 1; }
 done
 if [ $# -eq 0 ]; then set -- slidegate governor; fi
@@ -52,6 +52,11 @@ for limiter in "$@"; do
     callgrind_control -d "$VPID" >/dev/null 2>&1
     sleep 1
     requests=$(echo "$report" | awk '/requests in/ { print $1 }')
+    if [ -z "$requests" ] || [ "$requests" -eq 0 ]; then
+        echo "layer-instructions: wrk completed no request against $limiter:" >&2
+        echo "$report" >&2
+        exit 1
+    fi
     dump=$(ls -t "$WORK"/out.*.* | head -1)
     instructions=$(awk '/^summary:/ { print $2; exit }' "$dump")
     kill "$VPID" 2>/dev/null || true
