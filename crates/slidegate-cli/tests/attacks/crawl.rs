@@ -12,8 +12,23 @@ use std::thread;
 #[allow(unused_imports)]
 use crate::common::*;
 
+/// Breadth windows are aligned to multiples of the window since the epoch
+/// (10 minutes here): a walk that crosses one's end starts counting afresh
+/// and is admitted past its breadth. Each breadth test starts clear of an
+/// end by `margin` (a test takes seconds), waiting for the next window if
+/// the current one ends sooner.
+fn clear_of_a_window_end(margin: std::time::Duration) {
+    const WINDOW_MS: u128 = 600_000;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    let left = WINDOW_MS - now.as_millis() % WINDOW_MS;
+    if left < margin.as_millis() {
+        std::thread::sleep(std::time::Duration::from_millis(left as u64 + 50));
+    }
+}
+
 #[test]
 fn a_catalogue_walk_is_denied_past_its_breadth_on_redis() {
+    clear_of_a_window_end(std::time::Duration::from_secs(60));
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
     let config = format!(
@@ -226,6 +241,7 @@ fn walk(gate: &Slidegate, ip: &str, last: u32, spell: impl Fn(u32) -> String) ->
 /// of 60 distinct ids against a breadth of 20.
 #[test]
 fn no_spelling_of_an_id_escapes_crawl_breadth() {
+    clear_of_a_window_end(std::time::Duration::from_secs(60));
     let upstream = Upstream::start();
     let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, ""));
     let first_20: Vec<u32> = (1..=20).collect();
@@ -260,6 +276,7 @@ fn no_spelling_of_an_id_escapes_crawl_breadth() {
 /// counted at all.
 #[test]
 fn ids_in_the_query_are_counted_on_redis() {
+    clear_of_a_window_end(std::time::Duration::from_secs(60));
     let redis = RedisServer::spawn();
     let upstream = Upstream::start();
     let gate = Slidegate::start(&spelled_breadth_config(upstream.addr, &redis_decides(&redis)));
@@ -299,6 +316,7 @@ fn ids_in_the_query_are_counted_on_redis() {
 /// with `on_error = "allow"` still steps aside, as documented.
 #[test]
 fn a_store_outage_does_not_lift_crawl_breadth() {
+    clear_of_a_window_end(std::time::Duration::from_secs(60));
     let mut redis = RedisServer::spawn();
     let upstream = Upstream::start();
     let rule = |name: &str, extra: &str| {
