@@ -143,10 +143,7 @@ fn percent_encode(text: &str) -> String {
         if (0x20..=0x7e).contains(&b) && b != b'%' {
             out.push(char::from(b));
         } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 15)]));
+            crate::rules::push_escape(&mut out, b);
         }
     }
     out

@@ -469,10 +469,7 @@ pub fn lenient_path(path: &str) -> Cow<'_, str> {
             if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,=:@".contains(&b) {
                 out.push(char::from(b));
             } else {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                out.push('%');
-                out.push(char::from(HEX[usize::from(b >> 4)]));
-                out.push(char::from(HEX[usize::from(b & 15)]));
+                push_escape(&mut out, b);
             }
         }
     }
@@ -515,6 +512,15 @@ pub(crate) fn percent_decode(bytes: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Appends `b` to `out` as `%XX`, in upper-case hex (RFC 3986 and the gRPC
+/// spec alike).
+pub(crate) fn push_escape(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(HEX[usize::from(b >> 4)]));
+    out.push(char::from(HEX[usize::from(b & 15)]));
 }
 
 /// Why slidegate refuses a path outright, if it does (`serve` and the
