@@ -44,40 +44,27 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod breadth;
-mod breaker;
-mod clock;
 pub mod config;
 mod cost_headers;
 pub mod delay;
-mod deny_cache;
-mod duration;
-mod fallback;
 pub mod grpc;
-mod guard;
 pub mod headers;
 mod identity;
 mod in_flight;
 mod layer;
-pub mod lease;
 pub mod lift;
 mod limiter;
 mod lists;
 mod metrics;
 pub mod offenders;
-mod penalty;
 mod plans;
 mod response_cost;
 mod rules;
 mod verdict;
 
 pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
-pub use breaker::BreakerPolicy;
-pub use config::{LimiterConfig, OnError, StoreGuard};
+pub use config::{BreakerPolicy, LimiterConfig, OnError, StoreGuard};
 pub use cost_headers::CostHeaders;
-pub use deny_cache::DenyCached;
-pub use duration::{parse_duration, Delay, DurationError};
-pub use fallback::Fallback;
-pub use guard::Guarded;
 pub use identity::{AmbiguousKey, ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, PeerFn, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{Admission, CheckError, KeyCheck, LimiterError, RateLimiter};
@@ -88,4 +75,5 @@ pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,
 };
+pub use slidegate::{parse_duration, Delay, DurationError};
 pub use verdict::{DecisionSource, PendingCharge, Policies, PolicyResult, Verdict};

@@ -17,11 +17,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use slidegate::protect::Protected;
 use slidegate::{Identity, Penalty, SharedTables, Store, StoreError, TableName};
 
-use crate::deny_cache::DenyCached;
-use crate::fallback::Fallback;
-use crate::guard::Guarded;
 use crate::metrics::Metrics;
 use crate::offenders::IdentityHash;
 
@@ -67,13 +65,10 @@ pub(crate) struct PenaltyRule<'a> {
     pub(crate) penalty: Option<&'a Penalty>,
 }
 
-/// The layered store a limiter asks.
-type Layered<S> = Fallback<DenyCached<Guarded<crate::lease::Leased<S>>>>;
-
 /// Lifts `hash`'s blocks under `rule` (or every rule with a penalty) and
 /// records each in the shared table.
 pub(crate) async fn lift<S: Store + 'static>(
-    store: &Layered<S>,
+    store: &Protected<S>,
     metrics: &Metrics,
     rules: &[PenaltyRule<'_>],
     hash: IdentityHash,
@@ -113,7 +108,7 @@ pub struct AppliedLifts(HashMap<Vec<u8>, Vec<u8>>);
 /// of every lift in the shared table not yet in `applied`. Returns how many
 /// it applied.
 pub(crate) async fn apply<S: Store + 'static>(
-    store: &Layered<S>,
+    store: &Protected<S>,
     metrics: &Metrics,
     rules: &[PenaltyRule<'_>],
     applied: &mut AppliedLifts,

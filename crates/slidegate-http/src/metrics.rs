@@ -341,6 +341,38 @@ fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// What the store's protections (`slidegate::protect`) do, counted in the
+/// calling thread's store counters.
+impl slidegate::protect::Events for Metrics {
+    fn call(&self) {
+        self.store().calls.fetch_add(1, Relaxed);
+    }
+    fn trial(&self) {
+        self.store().trials.fetch_add(1, Relaxed);
+    }
+    fn skipped(&self) {
+        self.store().skipped.fetch_add(1, Relaxed);
+    }
+    fn answered(&self, latency: Duration) {
+        self.store().observe_latency(latency);
+    }
+    fn failed(&self) {
+        self.store().errors.fetch_add(1, Relaxed);
+    }
+    fn timed_out(&self) {
+        self.store().timeouts.fetch_add(1, Relaxed);
+    }
+    fn breaker_opened(&self) {
+        self.store().breaker_opened.fetch_add(1, Relaxed);
+    }
+    fn probe(&self) {
+        self.store().probes.fetch_add(1, Relaxed);
+    }
+    fn deny_cache_hit(&self) {
+        self.store().deny_cache_hits.fetch_add(1, Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

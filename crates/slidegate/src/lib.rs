@@ -31,17 +31,21 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+mod delay;
 pub mod distinct;
 mod identity;
 mod penalty;
+#[cfg(feature = "protect")]
+pub mod protect;
 mod quota;
 pub mod store;
 
 pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
+pub use delay::{parse_duration, Delay, DurationError};
 pub use identity::{Digest, Identity, IdentityHasher, Source};
-pub use penalty::{Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
+pub use penalty::{block_denials, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{MemoryStore, SweepReport};
 #[cfg(feature = "redis")]

@@ -20,6 +20,32 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::{Charge, Decision};
+
+/// Every policy's denial while an identity is blocked for `wait`: no permit
+/// left, back (and retry) when the block ends. A block covers every cost:
+/// unlike a limit's denial, a smaller request does not fit sooner.
+///
+/// The store keeps the block, so every instance sharing it refuses the
+/// identity; the deny cache (`protect`) keeps it locally until it ends, so a
+/// blocked identity costs no store call per request. Under a limit with a
+/// penalty the deny cache answers blocks only, not the limits' own denials:
+/// the store must count each denial to know when to block. So an abusive
+/// identity costs at most `after + 1` store calls per `within` before its
+/// block, then none until the block ends.
+pub fn block_denials(charges: &[Charge], wait: Duration) -> Vec<Decision> {
+    charges
+        .iter()
+        .map(|c| Decision {
+            allowed: false,
+            limit: c.limit.quota.permits(),
+            remaining: 0,
+            reset_after: wait,
+            retry_after: Some(wait),
+        })
+        .collect()
+}
+
 /// The largest duration a penalty accepts (about 34 years, in ms): every
 /// sum of two stays far below 2^53, so the Lua doubles stay exact.
 pub const MAX_PENALTY_MS: u64 = 1 << 40;

@@ -21,12 +21,12 @@
 use std::sync::Arc;
 
 use slidegate::algorithm::IdentityState;
+use slidegate::protect::{LeasePolicy, Leased, NoEvents, Protect};
 use slidegate::store::lease::leasable;
 use slidegate::{
     Algorithm, Charge, Clock, Identity, Limit, ManualClock, MemoryStore, Origin, Quota, Request, Store,
     StoreError,
 };
-use slidegate_http::lease::{LeasePolicy, Leased};
 
 use super::traffic::Traffic;
 
@@ -82,7 +82,12 @@ pub fn replay(
     let clock = Arc::new(ManualClock::new(start));
     let store = Arc::new(MemoryStore::with_clock(Arc::clone(&clock)));
     let layers: Vec<Leased<Arc<MemoryStore<Arc<ManualClock>>>>> = (0..instances.max(1))
-        .map(|_| Leased::with_clock(Arc::clone(&store), Some(policy), Arc::clone(&clock) as Arc<dyn Clock>))
+        .map(|_| {
+            Protect::new(Arc::clone(&store), Arc::new(NoEvents))
+                .lease_clock(Arc::clone(&clock) as Arc<dyn Clock>)
+                .leases(Some(policy))
+                .build()
+        })
         .collect();
     let identities: Vec<Identity> =
         (0..traffic.classes.len()).map(|s| Identity::named("accuracy", &s.to_string())).collect();

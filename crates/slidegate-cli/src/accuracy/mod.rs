@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
+use slidegate::protect::LeasePolicy;
 use slidegate::store::lease::leasable;
 use slidegate::{Algorithm, Quota};
-use slidegate_http::lease::LeasePolicy;
 
 use self::leases::LeaseScore;
 use self::replay::AlgorithmReport;

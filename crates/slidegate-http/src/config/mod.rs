@@ -14,9 +14,10 @@
 mod plans;
 mod types;
 
-pub use crate::duration::{parse_duration, Delay, DurationError};
 pub use plans::{PlanConfig, PlanKeys, PlansConfig};
+pub use slidegate::protect::{BreakerPolicy, LeasePolicy, StoreGuard};
+pub use slidegate::{parse_duration, Delay, DurationError};
 pub use types::{
     DelayConfig, DelayError, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig,
-    OnError, RuleConfig, RuleLimits, StoreGuard,
+    OnError, RuleConfig, RuleLimits,
 };

@@ -7,10 +7,10 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use slidegate::{check_charge, Limit, StoreError};
 
-use crate::breaker::BreakerPolicy;
-use crate::duration::Delay;
 use crate::identity::ForwardedHeader;
 use crate::rules::PathPattern;
+use slidegate::protect::StoreGuard;
+use slidegate::Delay;
 
 /// Everything a [`RateLimiter`](crate::RateLimiter) is built from: rules,
 /// identities, headers and how it guards itself against its store.
@@ -342,42 +342,5 @@ impl LimitConfig {
     pub fn new(name: impl Into<String>, limit: Limit, cost: u64) -> Result<Self, StoreError> {
         check_charge(&limit, cost)?;
         Ok(Self { name: name.into(), limit, cost })
-    }
-}
-
-/// How the limiter guards itself against its store: a deadline on each call,
-/// a circuit breaker, and the embedded fallback limiter's share.
-///
-/// Its [`Default`] is the one set of defaults; `slidegate serve` reads its
-/// `[store]` keys into it, each over the default.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreGuard {
-    /// Deadline of one store call.
-    pub timeout: Delay,
-    /// How often an open breaker probes the store.
-    pub probe_interval: Delay,
-    /// When the breaker opens and how it tries the store again.
-    pub breaker: BreakerPolicy,
-    /// Instances sharing the store: the fallback limiter (rules with
-    /// [`OnError::Fallback`], the default) enforces `limit / instances`.
-    pub instances: u32,
-    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
-    pub deny_cache: usize,
-    /// Quota leases (`docs/leases.md`): `None`, the default, decides every
-    /// request in the store.
-    pub lease: Option<crate::lease::LeasePolicy>,
-}
-
-impl Default for StoreGuard {
-    fn default() -> Self {
-        Self {
-            timeout: Delay::from_millis(50),
-            probe_interval: Delay::from_millis(500),
-            breaker: BreakerPolicy::default(),
-            instances: 1,
-            deny_cache: crate::deny_cache::DEFAULT_CAPACITY,
-            lease: None,
-        }
     }
 }

@@ -323,7 +323,7 @@ fn read_answer(
                         tracing::warn!(rule = %rule.name, identity = %identity, block_ms = wait.as_millis() as u64,
                             shadow = rule.shadow, "identity blocked by the penalty box");
                     }
-                    (crate::penalty::block_denials(charges, wait).into(), source, true)
+                    (slidegate::block_denials(charges, wait).into(), source, true)
                 }
                 None => (outcome.decisions, source, false),
             }

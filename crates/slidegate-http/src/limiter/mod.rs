@@ -1,16 +1,16 @@
 //! The rate limiter of an HTTP service: rules and identities in front of a
-//! store composed of layers.
+//! store behind the core's protections (`slidegate::protect`).
 //!
 //! ```text
-//! RateLimiter ── Fallback ── DenyCached ── Guarded ── S (the store)
-//!  rules,         decides     answers      deadline,
-//!  identities,    while S     denials S    breaker,
-//!  verdicts,      cannot      gave, until  probe
+//! RateLimiter ── Fallback ── DenyCached ── Guarded ── Leased ── S (the store)
+//!  rules,         decides     answers      deadline,  hot identities
+//!  identities,    while S     denials S    breaker,   from leased
+//!  verdicts,      cannot      gave, until  probe      permits
 //!  metrics                    they end
 //! ```
 //!
-//! Each layer wraps a [`Store`] and is one (`fallback.rs`, `deny_cache.rs`,
-//! `guard.rs`); the limiter asks the outermost once per request and turns
+//! Each layer wraps a [`Store`] and is one, built in that order by
+//! `slidegate::protect::Protect`; the limiter asks the outermost once per request and turns
 //! its [`Outcome`] into a [`Verdict`]: the policy (which rule, which
 //! identity, what a failure means, shadow mode, peeks before a charge that
 //! comes with the response) lives here, how a store is protected there.
@@ -20,18 +20,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method};
+use slidegate::protect::{Protect, Protected};
 use slidegate::{Identity, MemoryStore, Source, Store};
 
-use crate::clock::Ticks;
 use crate::config::{IdentityConfig, LimiterConfig, OnError, PlansConfig, RuleConfig, StoreGuard};
 use crate::cost_headers::CostHeaders;
 use crate::delay::Delays;
-use crate::deny_cache::DenyCached;
-use crate::fallback::Fallback;
-use crate::guard::Guarded;
 use crate::identity::IdentityExtractor;
 use crate::in_flight::InFlight;
-use crate::lease::Leased;
 use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::lists::{AccessLists, Lists};
 use crate::metrics::Metrics;
@@ -58,10 +54,6 @@ pub use error::{CheckError, LimiterError};
 pub use joint::KeyCheck;
 use rule::{Mode, Rule};
 
-/// The store as the limiter asks it: behind the guard, the deny cache and
-/// the fallback.
-type Layered<S> = Fallback<DenyCached<Guarded<Leased<S>>>>;
-
 /// A limiter: what one configuration says (rules, identity, headers), and
 /// what outlives it, shared with the limiters [`RateLimiter::reconfigure`]
 /// builds from this one (the layered store, whose deny cache, breaker and
@@ -70,7 +62,7 @@ struct Inner<S> {
     rules: Vec<Rule>,
     matcher: RuleMatcher,
     identity: IdentityExtractor,
-    store: Arc<Layered<S>>,
+    store: Arc<Protected<S>>,
     metrics: Arc<Metrics>,
     legacy_headers: bool,
     /// The identities refused most lately, in bounded memory.
@@ -320,12 +312,14 @@ impl<S: Store + 'static> RateLimiter<S> {
         let rules: Vec<Rule> = rules_config.iter().map(|r| Rule::new(r, plans)).collect();
         let plans = Plans::compile(plans, &identity);
         let metrics = Arc::new(Metrics::new(rules.iter().map(|r| r.name.to_string())));
-        let ticks = Ticks::start();
-        let guarded = Guarded::new(Leased::new(store, guard.lease), &guard, Arc::clone(&metrics), ticks);
-        let cached = DenyCached::new(guarded, guard.deny_cache, Arc::clone(&metrics), ticks);
         // The default failure policy: off only when every rule opted out.
         let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);
-        let store = Fallback::new(cached, !opted_out, guard.instances, ticks);
+        let store = Protect::new(store, Arc::clone(&metrics) as Arc<dyn slidegate::protect::Events>)
+            .leases(guard.lease)
+            .guard(&guard)
+            .deny_cache(guard.deny_cache)
+            .fallback(!opted_out, guard.instances)
+            .build();
         Ok(Self {
             inner: Arc::new(Inner {
                 cost_headers: cost_headers(&rules),

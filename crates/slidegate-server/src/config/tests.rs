@@ -365,7 +365,7 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
 fn store_lease_is_read_and_checked() {
     assert_eq!(parse("").unwrap().limiter.guard.lease, None);
     let lease = parse("[store]\nlease = { max = 32, horizon = \"20ms\" }\n").unwrap().limiter.guard.lease;
-    assert_eq!(lease, Some(slidegate_http::lease::LeasePolicy { max: 32, horizon: Delay::from_millis(20) }));
+    assert_eq!(lease, Some(slidegate::protect::LeasePolicy { max: 32, horizon: Delay::from_millis(20) }));
     let lease = parse("[store]\nlease = { max = 64 }\n").unwrap().limiter.guard.lease;
     assert_eq!(lease.map(|l| l.horizon), Some(Delay::from_millis(50)));
     let err = parse("[store]\nlease = { max = 1 }\n").unwrap_err().to_string();

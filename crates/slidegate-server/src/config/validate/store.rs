@@ -6,9 +6,9 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use slidegate::protect::LeasePolicy;
 use slidegate::{Engine, Layout, RedisTarget};
 use slidegate_http::config::{Delay, OnError};
-use slidegate_http::lease::LeasePolicy;
 use slidegate_http::StoreGuard;
 use toml::Spanned;
 

@@ -16,12 +16,12 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
+use slidegate::protect::{LeasePolicy, Leased, NoEvents, Protect};
+use slidegate::Delay;
 use slidegate::{
     Algorithm, Buckets, Charge, Clock, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, ManualClock,
     MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
 };
-use slidegate_http::lease::{LeasePolicy, Leased};
-use slidegate_http::Delay;
 use slidegate_test_redis::{module_args, CommandStats, RedisCluster, RedisServer};
 
 /// 2026-01-01T00:00:00.000Z: a time well inside the stores' range.
@@ -108,7 +108,12 @@ async fn run<S: Store>(
 
 fn layers<S: Store>(store: &Arc<S>, clock: &Arc<ManualClock>) -> Vec<Leased<Arc<S>>> {
     (0..INSTANCES)
-        .map(|_| Leased::with_clock(Arc::clone(store), policy(), Arc::clone(clock) as Arc<dyn Clock>))
+        .map(|_| {
+            Protect::new(Arc::clone(store), Arc::new(NoEvents))
+                .lease_clock(Arc::clone(clock) as Arc<dyn Clock>)
+                .leases(policy())
+                .build()
+        })
         .collect()
 }
 
@@ -342,7 +347,10 @@ async fn leases_survive_redis_dying() {
         .with_timeout(Duration::from_millis(300))
         .with_time_source(TimeSource::Client(Arc::clone(&clock) as Arc<dyn Clock>));
     let store = Arc::new(store);
-    let layer = Leased::with_clock(Arc::clone(&store), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
+    let layer = Protect::new(Arc::clone(&store), Arc::new(NoEvents))
+        .lease_clock(Arc::clone(&clock) as Arc<dyn Clock>)
+        .leases(policy())
+        .build();
     let limit = limit(true);
     let identity = Identity::named("lease", "a");
     let charges = [Charge::new(limit, 1)];
@@ -426,7 +434,10 @@ async fn unused_permits_are_given_back_to_their_window() {
     let store = Arc::new(MemoryStore::with_clock(Arc::clone(&clock)));
     let limit = limit(false);
     let identity = Identity::named("lease", "a");
-    let layer = Leased::with_clock(Arc::clone(&store), policy(), Arc::clone(&clock) as Arc<dyn Clock>);
+    let layer = Protect::new(Arc::clone(&store), Arc::new(NoEvents))
+        .lease_clock(Arc::clone(&clock) as Arc<dyn Clock>)
+        .leases(policy())
+        .build();
     let charges = [Charge::new(limit, 1)];
     for _ in 0..8 {
         assert!(layer.decide(Request::new(&identity, &charges)).await.unwrap().allowed());

@@ -16,20 +16,22 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use slidegate::{
+use crate::{
     Algorithm, Charge, Decision, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part, Quota,
     Request, SharedTables, Source, Store, StoreError, TableEntry, TableName,
 };
 
-use crate::breaker::{Admit, Breaker};
-use crate::clock::Ticks;
-use crate::config::StoreGuard;
-use crate::metrics::Metrics;
+mod breaker;
+
+use super::Events;
+use super::StoreGuard;
+use super::Ticks;
+pub use breaker::BreakerPolicy;
+use breaker::{Admit, Breaker};
 
 struct Shared<S> {
     store: S,
@@ -37,7 +39,7 @@ struct Shared<S> {
     probe_interval: Duration,
     trial_interval: Duration,
     breaker: Breaker,
-    metrics: Arc<Metrics>,
+    events: Arc<dyn Events>,
     ticks: Ticks,
 }
 
@@ -53,8 +55,8 @@ impl<S> std::fmt::Debug for Guarded<S> {
 }
 
 impl<S> Guarded<S> {
-    /// The store, guarded by `guard`'s deadline and breaker, counting in `metrics`.
-    pub(crate) fn new(store: S, guard: &StoreGuard, metrics: Arc<Metrics>, ticks: Ticks) -> Self {
+    /// The store, guarded by `guard`'s deadline and breaker, told to `events`.
+    pub(crate) fn new(store: S, guard: &StoreGuard, events: Arc<dyn Events>, ticks: Ticks) -> Self {
         Self {
             shared: Arc::new(Shared {
                 store,
@@ -62,7 +64,7 @@ impl<S> Guarded<S> {
                 probe_interval: guard.probe_interval.get(),
                 trial_interval: guard.breaker.trial_interval.get(),
                 breaker: Breaker::new(guard.breaker),
-                metrics,
+                events,
                 ticks,
             }),
         }
@@ -103,20 +105,20 @@ impl<S: Store + 'static> Guarded<S> {
     /// trial while it is open), or the error of one it skips.
     fn admit(&self) -> Result<(), StoreError> {
         let shared = &*self.shared;
-        let counters = shared.metrics.store();
+        let events = &*shared.events;
         if shared.breaker.is_open() {
             match shared.breaker.admit(shared.ticks.now_ms()) {
                 Admit::Skip => {
-                    counters.skipped.fetch_add(1, Relaxed);
+                    events.skipped();
                     return Err(StoreError::NotConnected("the circuit breaker is open".into()));
                 }
                 Admit::Trial => {
-                    counters.trials.fetch_add(1, Relaxed);
+                    events.trial();
                 }
                 Admit::Call => {}
             }
         }
-        counters.calls.fetch_add(1, Relaxed);
+        events.call();
         Ok(())
     }
 
@@ -130,10 +132,10 @@ impl<S: Store + 'static> Guarded<S> {
         waited: bool,
     ) -> Result<T, StoreError> {
         let shared = &*self.shared;
-        let counters = shared.metrics.store();
+        let events = &*shared.events;
         match answer {
             Some(Ok(value)) => {
-                counters.observe_latency(start.elapsed());
+                events.answered(start.elapsed());
                 // A store that answered without waiting is not stalling: only
                 // an open breaker needs to hear of it. Counting every such
                 // answer would make each decision write the breaker's shared
@@ -149,19 +151,19 @@ impl<S: Store + 'static> Guarded<S> {
             // The store's own deadline (or the one carried into it) may end
             // a call before this timer does: a miss all the same.
             Some(Err(err)) if err.is_timeout() => {
-                counters.timeouts.fetch_add(1, Relaxed);
+                events.timed_out();
                 tracing::warn!(%err, "rate limit store timed out");
                 self.failed();
                 Err(err)
             }
             Some(Err(err)) => {
-                counters.errors.fetch_add(1, Relaxed);
+                events.failed();
                 tracing::warn!(%err, "rate limit store failed");
                 self.failed();
                 Err(err)
             }
             None => {
-                counters.timeouts.fetch_add(1, Relaxed);
+                events.timed_out();
                 tracing::warn!(timeout_ms = shared.timeout.as_millis() as u64, "rate limit store timed out");
                 self.failed();
                 Err(StoreError::TimedOut(shared.timeout))
@@ -182,7 +184,7 @@ impl<S: Store + 'static> Guarded<S> {
     fn failed(&self) {
         let shared = &*self.shared;
         if shared.breaker.record_failure(shared.ticks.now_ms()) {
-            shared.metrics.store().breaker_opened.fetch_add(1, Relaxed);
+            shared.events.breaker_opened();
             tracing::error!(
                 probe_interval_ms = shared.probe_interval.as_millis() as u64,
                 trial_interval_ms = shared.trial_interval.as_millis() as u64,
@@ -218,7 +220,7 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let answer = store.decide_now(request)?;
         // Counted once answered (a `None` above did nothing); the breaker,
         // closed above, never opens for a store without outages.
-        self.shared.metrics.store().calls.fetch_add(1, Relaxed);
+        self.shared.events.call();
         Some(self.settle(start, Some(answer), false))
     }
 
@@ -229,7 +231,7 @@ impl<S: Store + 'static> Store for Guarded<S> {
 
     /// The store's own, unguarded: the lease layer sits below the guard, so
     /// its lease calls are a decision's and carry its deadline.
-    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+    fn leases(&self) -> Option<impl crate::LeaseStore + '_> {
         self.shared.store.leases()
     }
 
@@ -360,7 +362,7 @@ async fn probe<S: Store>(shared: Arc<Shared<S>>) {
         if !shared.breaker.is_open() {
             return;
         }
-        shared.metrics.store().probes.fetch_add(1, Relaxed);
+        shared.events.probe();
         let answer =
             tokio::time::timeout(shared.timeout, shared.store.decide(Request::new(&identity, &charge))).await;
         if matches!(answer, Ok(Ok(_))) {

@@ -8,7 +8,7 @@
 //! out, in the store's one atomic call, so the store's count is always at
 //! least what every instance admitted. A leased permit is used only before
 //! its window ends (the lease call's send time plus
-//! [`Lease::usable_for`](slidegate::Lease::usable_for), which cannot be
+//! [`Lease::usable_for`](crate::Lease::usable_for), which cannot be
 //! after the store's window end: the store read its clock after the call
 //! was sent), so it counts in the store where the request it admits would
 //! have been counted. `docs/leases.md` gives the argument per algorithm.
@@ -22,7 +22,7 @@
 //!   give-back that fails leaves them charged in their window.
 //! - **what is leased**: one charge of cost 1, no penalty box, under a
 //!   fixed window or sliding window counter limit
-//!   ([`slidegate::store::lease::leasable`]). Every other request goes to
+//!   ([`crate::store::lease::leasable`]). Every other request goes to
 //!   the store as before.
 //!
 //! # Size
@@ -37,16 +37,16 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use slidegate::store::lease::leasable;
-use slidegate::{
+use crate::store::lease::leasable;
+use crate::{
     Charge, Decision, DistinctStore, GiveBack, Identity, LeaseStore, Limit, NoLeases, Origin, Outcome,
     Request, SharedTables, Store, StoreError,
 };
 use std::sync::Arc;
 
-use slidegate::Clock;
+use crate::Clock;
 
-use crate::duration::Delay;
+use crate::Delay;
 
 /// Shards of the lease table: requests of different identities rarely wait
 /// for one another.
@@ -130,14 +130,14 @@ enum Found {
 
 impl<S> Leased<S> {
     /// `inner`, leasing under `policy` (`None`: never).
-    pub fn new(inner: S, policy: Option<LeasePolicy>) -> Self {
+    pub(crate) fn new(inner: S, policy: Option<LeasePolicy>) -> Self {
         Self::with_clock(inner, policy, Arc::new(Monotonic(std::time::Instant::now())))
     }
 
     /// [`Leased::new`] on `clock` (tests drive it by hand). It must not step
     /// back, and must run at the store's rate: a lease is used until its
     /// send time on it plus what the store said was left of the window.
-    pub fn with_clock(inner: S, policy: Option<LeasePolicy>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn with_clock(inner: S, policy: Option<LeasePolicy>, clock: Arc<dyn Clock>) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
         Self { inner, policy: policy.filter(|p| p.max > 1), shards, clock }
     }
@@ -247,7 +247,7 @@ impl<S: Store> Leased<S> {
     }
 
     /// Keeps the permits of a lease decided now, but the one this request uses.
-    fn keep(&self, identity: &Identity, limit: &Limit, lease: slidegate::Lease, size: u64, sent: u64) {
+    fn keep(&self, identity: &Identity, limit: &Limit, lease: crate::Lease, size: u64, sent: u64) {
         let mut shard = self.shard(identity);
         if let Some(held) = shard.get_mut(&(identity.clone(), *limit)) {
             let until = sent.saturating_add(u64::try_from(lease.usable_for.as_millis()).unwrap_or(u64::MAX));
@@ -288,7 +288,7 @@ impl<S: Store> Leased<S> {
             Found::Ask { size, back } => (size, back),
         };
         // A fixed window's ended count no longer matters: nothing to give back.
-        if let Some(back) = back.filter(|b| b.limit.algorithm != slidegate::Algorithm::FixedWindow) {
+        if let Some(back) = back.filter(|b| b.limit.algorithm != crate::Algorithm::FixedWindow) {
             if let Err(err) = leases.give_back(identity, back, request.deadline).await {
                 tracing::debug!(%identity, error = %err, "lease give-back failed");
             }
@@ -343,7 +343,7 @@ impl<S: Store> Store for Leased<S> {
 
     /// The store's own: a leased permit is charged in the store, so a joint
     /// decision there counts it as any other instance's decision would.
-    fn joint(&self) -> Option<impl slidegate::JointStore + '_> {
+    fn joint(&self) -> Option<impl crate::JointStore + '_> {
         self.inner.joint()
     }
 

@@ -17,12 +17,12 @@ use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use slidegate::{
+use crate::{
     Charge, Decision, DistinctStore, Identity, JointStore, Limit, MemoryStore, Origin, Outcome, Part, Quota,
     Request, SharedTables, Store, StoreError,
 };
 
-use crate::clock::Ticks;
+use super::Ticks;
 use crate::penalty::block_denials;
 
 /// Shards of the seed map: requests of different identities rarely share a lock.
@@ -36,7 +36,7 @@ pub const SEED_CAPACITY: usize = 1 << 16;
 struct Seed {
     /// Permits this instance may still admit before `reset_at_ms`.
     remaining: u64,
-    /// When the store's window is back to the full quota (limiter ms).
+    /// When the store's window is back to the full quota (`Ticks` ms).
     reset_at_ms: u64,
 }
 
@@ -152,7 +152,7 @@ impl<S: Store> Store for Fallback<S> {
     }
 
     /// The store's own (the lease layer, below, takes them).
-    fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
+    fn leases(&self) -> Option<impl crate::LeaseStore + '_> {
         self.inner.leases()
     }
 
@@ -424,97 +424,4 @@ fn denials(charges: &[Charge]) -> Vec<Decision> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use slidegate::Algorithm;
-
-    /// The embedded store, as a store that says it can have outages.
-    struct Remote(MemoryStore);
-
-    impl Store for Remote {
-        async fn decide(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
-            self.0.decide_sync(request)
-        }
-
-        /// As a remote store: never at once.
-        fn decide_now(&self, _request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
-            None
-        }
-
-        fn distinct(&self) -> Option<impl DistinctStore + '_> {
-            None::<slidegate::NoDistinct>
-        }
-
-        fn tables(&self) -> Option<impl SharedTables + '_> {
-            None::<slidegate::NoTables>
-        }
-
-        fn leases(&self) -> Option<impl slidegate::LeaseStore + '_> {
-            None::<slidegate::NoLeases>
-        }
-
-        fn joint(&self) -> Option<impl JointStore + '_> {
-            Some(&self.0)
-        }
-
-        async fn lift_penalty(
-            &self,
-            identity: &Identity,
-            _deadline: Option<Instant>,
-        ) -> Result<Option<Duration>, StoreError> {
-            self.0.lift_penalty_sync(identity)
-        }
-
-        fn has_outages(&self) -> bool {
-            true
-        }
-    }
-
-    fn seeds<S>(fallback: &Fallback<S>) -> usize {
-        let seeded = fallback.seeded.as_ref().expect("the fallback is on");
-        seeded.seeds.iter().map(|shard| shard.lock().map(|map| map.len()).unwrap_or(0)).sum()
-    }
-
-    async fn decide_once<S: Store>(fallback: &Fallback<S>) {
-        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10).unwrap());
-        let charges = [Charge::new(limit, 1)];
-        let identity = Identity::named("rule", "client");
-        let outcome = fallback.decide(Request::new(&identity, &charges)).await.unwrap();
-        assert_eq!((outcome.decisions[0].remaining, outcome.origin), (9, Origin::Store));
-    }
-
-    #[tokio::test]
-    async fn answers_of_a_store_without_outages_are_not_remembered() {
-        let fallback = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
-        assert!(!fallback.has_outages());
-        decide_once(&fallback).await;
-        assert_eq!(seeds(&fallback), 0);
-    }
-
-    #[tokio::test]
-    async fn answers_of_a_store_with_outages_are_remembered() {
-        let fallback = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
-        assert!(!fallback.has_outages(), "the fallback decides every outage of the store");
-        decide_once(&fallback).await;
-        assert_eq!(seeds(&fallback), 1);
-        let off = Fallback::new(Remote(MemoryStore::new()), false, 1, Ticks::start());
-        assert!(off.has_outages());
-    }
-
-    /// A store that waits is never decided at once, and asking leaves no
-    /// trace: nothing remembered; the embedded store is, remembered or not
-    /// as through `decide`.
-    #[tokio::test]
-    async fn only_a_store_that_answers_at_once_is_decided_at_once() {
-        let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10).unwrap());
-        let charges = [Charge::new(limit, 1)];
-        let identity = Identity::named("rule", "client");
-        let remote = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
-        assert!(remote.decide_now(Request::new(&identity, &charges)).is_none());
-        assert_eq!(seeds(&remote), 0);
-        let local = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
-        let outcome = local.decide_now(Request::new(&identity, &charges)).unwrap().unwrap();
-        assert_eq!((outcome.decisions[0].allowed, outcome.decisions[0].remaining), (true, 9));
-        assert_eq!(seeds(&local), 0, "a store without outages is not bridged");
-    }
-}
+mod tests;

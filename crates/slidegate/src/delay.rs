@@ -14,12 +14,12 @@ use std::time::Duration;
 /// breaker's probe interval, a shutdown grace period.
 ///
 /// ```
-/// use slidegate_http::config::Delay;
+/// use slidegate::Delay;
 ///
 /// let grace: Delay = "10s".parse()?;
 /// assert_eq!(grace, Delay::from_secs(10));
 /// assert_eq!(grace.get(), std::time::Duration::from_secs(10));
-/// # Ok::<(), slidegate_http::config::DurationError>(())
+/// # Ok::<(), slidegate::DurationError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Delay(Duration);

@@ -18,7 +18,7 @@
 //! Time is passed in as milliseconds since an epoch the caller picks, so the
 //! state machine is tested with hand-made times.
 
-use crate::duration::Delay;
+use crate::Delay;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Buckets of the sliding window: the window slides in steps of `window / BUCKETS`.

@@ -1,0 +1,241 @@
+//! The protections around a store, each a layer that wraps a [`Store`] and
+//! is one, tower-style: for anything that decides — an HTTP service, a job
+//! queue, a message consumer — not only for `slidegate-http`, which builds
+//! its limiter on them.
+//!
+//! ```text
+//! Fallback ── DenyCached ── Guarded ── Leased ── S (the store)
+//!  decides     answers      deadline,  hot identities
+//!  while S     denials S    breaker,   from leased
+//!  cannot      gave, until  probe      permits
+//!              they end
+//! ```
+//!
+//! - [`Leased`] (`lease/`): a hot identity's requests answered from permits
+//!   the store charged ahead in one call; never admits more than the store
+//!   would (`docs/leases.md`).
+//! - [`Guarded`] (`guard/`): every call under a deadline, a circuit breaker
+//!   judging the store by its failure rate, and a background probe that
+//!   closes it once the store answers.
+//! - [`DenyCached`] (`deny_cache/`): a denial the store gave is answered in
+//!   process, exactly, until it ends.
+//! - [`Fallback`] (`fallback/`): while the store cannot answer, an embedded
+//!   limiter seeded with the store's last answers decides, at
+//!   `limit / instances`, answering [`Origin::Fallback`](crate::Origin::Fallback).
+//!
+//! The order is not a convention: it is the only one [`Protect`] builds, and
+//! the layers are built by nothing else. The lease layer must be below the
+//! guard (a lease call is a store call, under its deadline), the deny cache
+//! above it (a cached denial costs no call, so the breaker never hears of
+//! it), and the fallback on top (it decides whatever the layers below
+//! could not).
+//!
+//! ```
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//!
+//! use slidegate::protect::{NoEvents, Protect, StoreGuard};
+//! use slidegate::{Algorithm, Charge, Identity, Limit, MemoryStore, Quota, Request, Store};
+//!
+//! let guard = StoreGuard::default();
+//! let store = Protect::new(MemoryStore::new(), Arc::new(NoEvents))
+//!     .leases(guard.lease)
+//!     .guard(&guard)
+//!     .deny_cache(guard.deny_cache)
+//!     .fallback(true, guard.instances)
+//!     .build();
+//! let tenant = Identity::named("jobs", "tenant-7");
+//! let charge = [Charge::new(Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(2)?), 1)];
+//! assert!(store.decide(Request::new(&tenant, &charge)).await?.allowed());
+//! # Ok(()) }
+//! # tokio::runtime::Runtime::new()?.block_on(run())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What the layers do is told to an [`Events`] (`slidegate-http`'s
+//! `Metrics` counts them); their logs go to `tracing`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Clock, Delay, Store};
+
+mod deny_cache;
+mod fallback;
+mod guard;
+mod lease;
+
+pub use deny_cache::{DenyCached, DEFAULT_CAPACITY};
+pub use fallback::Fallback;
+pub use guard::{BreakerPolicy, Guarded};
+pub use lease::{LeasePolicy, Leased};
+
+/// Every layer, in their one order, around `S`: what [`Protect`] builds.
+pub type Protected<S> = Fallback<DenyCached<Guarded<Leased<S>>>>;
+
+/// What the layers tell whoever counts them. Each method is called on the
+/// decision's path: keep it to a counter.
+pub trait Events: Send + Sync + 'static {
+    /// A decision called the store (a probe is not a decision).
+    fn call(&self);
+    /// A decision called the store while the breaker was open, as its trial.
+    fn trial(&self);
+    /// A decision skipped the store: the breaker is open.
+    fn skipped(&self);
+    /// The store answered a decision's call after `latency`.
+    fn answered(&self, latency: Duration);
+    /// A decision's call failed (the store unavailable).
+    fn failed(&self);
+    /// A decision's call reached its deadline.
+    fn timed_out(&self);
+    /// The breaker opened.
+    fn breaker_opened(&self);
+    /// The open breaker's background probe called the store.
+    fn probe(&self);
+    /// The deny cache answered a denial without a store call.
+    fn deny_cache_hit(&self);
+}
+
+/// Counts nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoEvents;
+
+impl Events for NoEvents {
+    fn call(&self) {}
+    fn trial(&self) {}
+    fn skipped(&self) {}
+    fn answered(&self, _latency: Duration) {}
+    fn failed(&self) {}
+    fn timed_out(&self) {}
+    fn breaker_opened(&self) {}
+    fn probe(&self) {}
+    fn deny_cache_hit(&self) {}
+}
+
+/// How the layers guard a store: a deadline on each call, a circuit
+/// breaker, the deny cache, leases and the fallback's share.
+///
+/// Its [`Default`] is the one set of defaults; `slidegate serve` reads its
+/// `[store]` keys into it, each over the default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreGuard {
+    /// Deadline of one store call.
+    pub timeout: Delay,
+    /// How often an open breaker probes the store.
+    pub probe_interval: Delay,
+    /// When the breaker opens and how it tries the store again.
+    pub breaker: BreakerPolicy,
+    /// Instances sharing the store: the fallback limiter enforces
+    /// `limit / instances`.
+    pub instances: u32,
+    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
+    pub deny_cache: usize,
+    /// Quota leases (`docs/leases.md`): `None`, the default, decides every
+    /// request in the store.
+    pub lease: Option<LeasePolicy>,
+}
+
+impl Default for StoreGuard {
+    fn default() -> Self {
+        Self {
+            timeout: Delay::from_millis(50),
+            probe_interval: Delay::from_millis(500),
+            breaker: BreakerPolicy::default(),
+            instances: 1,
+            deny_cache: DEFAULT_CAPACITY,
+            lease: None,
+        }
+    }
+}
+
+/// Builds the layers around a store, innermost first, in their one order:
+/// each step is a method only of the step before it, so a stack in another
+/// order does not compile. A layer is turned off by its argument (no lease
+/// policy, a deny cache of 0, no fallback), never left out.
+///
+/// Must be used inside a tokio runtime when the guard is built: an open
+/// breaker probes the store from a spawned task.
+pub struct Protect<S> {
+    store: S,
+    events: Arc<dyn Events>,
+    ticks: Ticks,
+    lease_clock: Option<Arc<dyn Clock>>,
+}
+
+impl<S> Protect<S> {
+    /// The layers of `store`, telling `events` what they do.
+    pub fn new(store: S, events: Arc<dyn Events>) -> Self {
+        Self { store, events, ticks: Ticks::start(), lease_clock: None }
+    }
+
+    /// The stack built so far.
+    pub fn build(self) -> S {
+        self.store
+    }
+
+    fn wrap<T>(self, wrap: impl FnOnce(S, &Arc<dyn Events>, Ticks) -> T) -> Protect<T> {
+        let store = wrap(self.store, &self.events, self.ticks);
+        Protect { store, events: self.events, ticks: self.ticks, lease_clock: self.lease_clock }
+    }
+}
+
+impl<S: Store> Protect<S> {
+    /// The lease layer reads the time from `clock` (the store's, in tests
+    /// and replays that drive time by hand) instead of the monotonic clock.
+    pub fn lease_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.lease_clock = Some(clock);
+        self
+    }
+
+    /// First, the lease layer: `None` decides every request in the store.
+    pub fn leases(mut self, policy: Option<LeasePolicy>) -> Protect<Leased<S>> {
+        match self.lease_clock.take() {
+            Some(clock) => self.wrap(|store, _, _| Leased::with_clock(store, policy, clock)),
+            None => self.wrap(|store, _, _| Leased::new(store, policy)),
+        }
+    }
+}
+
+impl<S: Store + 'static> Protect<Leased<S>> {
+    /// Then the deadline, the breaker and its probe.
+    pub fn guard(self, guard: &StoreGuard) -> Protect<Guarded<Leased<S>>> {
+        self.wrap(|store, events, ticks| Guarded::new(store, guard, Arc::clone(events), ticks))
+    }
+}
+
+impl<S: Store + 'static> Protect<Guarded<S>> {
+    /// Then the deny cache of `capacity` denied identities (0: off).
+    pub fn deny_cache(self, capacity: usize) -> Protect<DenyCached<Guarded<S>>> {
+        self.wrap(|store, events, ticks| DenyCached::new(store, capacity, Arc::clone(events), ticks))
+    }
+}
+
+impl<S: Store> Protect<DenyCached<S>> {
+    /// Last, the fallback: when `enabled`, it decides while the store cannot,
+    /// enforcing `limit / instances`.
+    pub fn fallback(self, enabled: bool, instances: u32) -> Protect<Fallback<DenyCached<S>>> {
+        self.wrap(|store, _, ticks| Fallback::new(store, enabled, instances, ticks))
+    }
+}
+
+/// The layers' own time: milliseconds on tokio's monotonic clock (which
+/// tests pause and advance), since the stack was built. The deny cache, the
+/// breaker and the fallback's seeds all count on it, so their deadlines
+/// agree.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ticks {
+    epoch: tokio::time::Instant,
+}
+
+impl Ticks {
+    /// A clock starting now.
+    pub(crate) fn start() -> Self {
+        Self { epoch: tokio::time::Instant::now() }
+    }
+
+    /// Milliseconds since the epoch.
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
