@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use slidegate::{
     Decision, DistinctStore, Identity, JointStore, MemoryStore, Outcome, Part, Quota, RedisOptions,
-    RedisStore, RedisTarget, Request, SharedTables, Store, StoreError, TableEntry, TableName,
+    RedisStore, RedisTarget, Request, SharedTables, Store, StoreError, TableEntry, TableName, Unavailable,
 };
 use tokio::sync::OnceCell;
 
@@ -304,5 +304,5 @@ impl LazyRedis {
 }
 
 fn unavailable(why: &str) -> StoreError {
-    StoreError::NotConnected(why.to_owned())
+    StoreError::Unavailable(Unavailable::NotConnected(why.to_owned()))
 }

@@ -14,7 +14,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
 use axum::{middleware, Router};
 use http::{HeaderMap, Method, StatusCode};
-use slidegate::{MemoryStore, Store, StoreError};
+use slidegate::{MemoryStore, Store, StoreError, Unavailable};
 use slidegate_http::{DecisionSource, PeerAddr, RateLimitLayer, RateLimiter};
 use slidegate_server::Config;
 use tower::ServiceExt;
@@ -111,7 +111,7 @@ impl Store for Shared {
             std::future::pending::<()>().await;
         }
         if store.down.load(Ordering::SeqCst) {
-            return Err(StoreError::UnexpectedReply("switched off".into()));
+            return Err(StoreError::Unavailable(Unavailable::UnexpectedReply("switched off".into())));
         }
         store.memory.decide_sync(request)
     }

@@ -53,7 +53,7 @@ pub use store::redis::{
     Buckets, Engine, Layout, Location, RedisOptions, RedisStore, RedisTarget, TimeSource,
 };
 pub use store::{
-    check_charge, Charge, Decisions, DistinctStore, GiveBack, JointStore, Lease, LeaseStore, NoDistinct,
-    NoJoint, NoLeases, NoTables, Origin, Outcome, Part, Request, SharedTables, Store, StoreError, TableEntry,
-    TableName,
+    check_charge, Charge, Decisions, DistinctStore, GiveBack, InvalidRequest, JointStore, Lease, LeaseStore,
+    NoDistinct, NoJoint, NoLeases, NoTables, Origin, Outcome, Part, Request, SharedTables, Store, StoreError,
+    TableEntry, TableError, TableName, Unavailable,
 };

@@ -9,8 +9,8 @@ use std::sync::Barrier;
 mod support;
 
 use slidegate::{
-    Algorithm, Charge, Decision, Identity, JointStore, Limit, ManualClock, MemoryStore, Part, RedisStore,
-    Store, StoreError,
+    Algorithm, Charge, Decision, Identity, InvalidRequest, JointStore, Limit, ManualClock, MemoryStore, Part,
+    RedisStore, Store, StoreError,
 };
 use slidegate_test_redis::RedisServer;
 use support::{client_time_store, id, limit, Decide, DecideSync, T0};
@@ -58,14 +58,14 @@ async fn joint_contract<S: Store>(store: &S, tag: &str) {
 
         // Invalid calls are refused before anything is charged.
         let (c, d) = (name("c"), name("d"));
-        assert!(matches!(joint(&joint_store, &[]).await, Err(StoreError::NoLimits)));
+        assert!(matches!(joint(&joint_store, &[]).await, Err(StoreError::Invalid(InvalidRequest::NoLimits))));
         assert!(matches!(
             joint(&joint_store, &[(&c, l, 1), (&c, big, 1)]).await,
-            Err(StoreError::DuplicateIdentity(_))
+            Err(StoreError::Invalid(InvalidRequest::DuplicateIdentity(_)))
         ));
         assert!(matches!(
             joint(&joint_store, &[(&c, l, 1), (&d, l, 4)]).await,
-            Err(StoreError::CostExceedsLimit { cost: 4, limit: 3 })
+            Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit { cost: 4, limit: 3 }))
         ));
         assert_eq!(
             store.decide_one(&c, &l, 3).await.expect("valid").remaining,

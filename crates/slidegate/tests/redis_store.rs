@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{Algorithm, Identity, Limit, ManualClock, RedisStore, Store, TimeSource};
+use slidegate::{Algorithm, Identity, Limit, ManualClock, RedisStore, Store, TimeSource, Unavailable};
 use slidegate_test_redis::RedisServer;
 use support::{admin, client_time_store, id, keys_with_pttl, limit, unique_prefix, Decide, T0};
 
@@ -509,7 +509,7 @@ async fn a_dead_redis_fails_every_concurrent_call_within_the_deadline() {
     }
     // Known down now: the calls fail before sending anything.
     let err = store.decide_one(&id("k"), &l, 1).await.expect_err("still dead");
-    assert!(matches!(err, slidegate::StoreError::NotConnected(_)), "{err}");
+    assert!(matches!(err, slidegate::StoreError::Unavailable(Unavailable::NotConnected(_))), "{err}");
     assert!(!err.may_have_charged());
 }
 
@@ -579,7 +579,7 @@ async fn calls_timed_out_on_a_stalled_redis_charge_at_most_themselves() {
     for _ in 0..8 {
         let start = std::time::Instant::now();
         let err = store.decide_one(&id("victim"), &l, 1).await.expect_err("Redis is stalled");
-        assert!(matches!(err, slidegate::StoreError::TimedOut(_)), "{err}");
+        assert!(matches!(err, slidegate::StoreError::Unavailable(Unavailable::TimedOut(_))), "{err}");
         assert!(err.may_have_charged());
         assert!(start.elapsed() < Duration::from_millis(200) + SLACK, "took {:?}", start.elapsed());
         timed_out += 1;

@@ -4,7 +4,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use slidegate::{
-    check_charge, Charge, Decision, Decisions, Identity, Origin, Outcome, Request, Store, StoreError,
+    check_charge, Charge, Decision, Decisions, Identity, InvalidRequest, Origin, Outcome, Request, Store,
+    StoreError,
 };
 
 use super::rule::{Mode, PolicySet, Rule};
@@ -265,7 +266,7 @@ pub(super) enum KeyPlace<'s> {
 /// naming the limit's `policy`.
 pub(super) fn check_policy(limit: &slidegate::Limit, cost: u64, policy: &str) -> Result<(), CheckError> {
     check_charge(limit, cost).map_err(|err| match err {
-        StoreError::CostExceedsLimit { cost, limit } => {
+        StoreError::Invalid(InvalidRequest::CostExceedsLimit { cost, limit }) => {
             CheckError::CostExceedsLimit { cost, limit, policy: policy.to_owned() }
         }
         source => CheckError::InvalidLimit { policy: policy.to_owned(), source },

@@ -7,7 +7,7 @@
 //! random traces through both and asserts identical decisions.
 //!
 //! Every function here expects `cost <= quota.permits()`; the stores check that
-//! first and report a larger cost as an error ([`crate::StoreError::CostExceedsLimit`]).
+//! first and report a larger cost as an error ([`InvalidRequest::CostExceedsLimit`](crate::InvalidRequest::CostExceedsLimit)).
 //! Time is expected not to go backwards for one identity. When a clock steps
 //! back anyway (a Redis failover, an NTP step), the window algorithms decide
 //! as at the start of the state's own window instead of forgetting it, the

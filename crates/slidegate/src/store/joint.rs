@@ -15,7 +15,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use super::{validate, Outcome, StoreError};
-use crate::{Charge, Identity};
+use crate::{Charge, Identity, InvalidRequest};
 
 /// One identity's charges in a joint request.
 #[derive(Debug, Clone, Copy)]
@@ -37,7 +37,7 @@ pub trait JointStore: Send + Sync {
     ///
     /// Rejects, before touching any state, what [`Store::decide`]
     /// rejects in any part, no parts, and an identity named by two parts
-    /// ([`StoreError::DuplicateIdentity`]: merge its charges instead).
+    /// ([`InvalidRequest::DuplicateIdentity`]: merge its charges instead).
     /// `deadline` is [`Request::deadline`](super::Request::deadline)'s.
     ///
     /// [`Store::decide`]: super::Store::decide
@@ -71,11 +71,11 @@ impl<J: JointStore> JointStore for &J {
 /// The checks of [`JointStore::decide_joint`], before any state is touched.
 pub(crate) fn validate_parts(parts: &[Part<'_>]) -> Result<(), StoreError> {
     if parts.is_empty() {
-        return Err(StoreError::NoLimits);
+        return Err(StoreError::Invalid(InvalidRequest::NoLimits));
     }
     for (i, part) in parts.iter().enumerate() {
         if parts[..i].iter().any(|seen| seen.identity == part.identity) {
-            return Err(StoreError::DuplicateIdentity(part.identity.to_string()));
+            return Err(StoreError::Invalid(InvalidRequest::DuplicateIdentity(part.identity.to_string())));
         }
         validate(part.charges)?;
     }

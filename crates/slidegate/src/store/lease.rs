@@ -106,7 +106,7 @@ pub trait LeaseStore: Send + Sync {
     /// the permits count and until when they may be used.
     ///
     /// # Errors
-    /// What `decide` answers, and [`StoreError::NotLeased`] for a limit
+    /// What `decide` answers, and [`InvalidRequest::NotLeased`](crate::InvalidRequest::NotLeased) for a limit
     /// whose algorithm is not [`leasable`].
     fn lease(
         &self,

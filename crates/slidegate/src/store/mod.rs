@@ -24,10 +24,30 @@ use thiserror::Error;
 use crate::algorithm::sliding_log;
 use crate::{Algorithm, Decision, Identity, Limit, Penalty, Quota};
 
-/// Why a store could not decide. A denial is not an error: it is a [`Decision`].
+/// Why a store could not decide, sorted by what the caller does about it.
+/// A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// A request no store could ever decide: it was refused before any
+    /// state was touched, nothing was charged. The caller must change it.
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// The store could not answer: down, unreachable, too late, a reply it
+    /// never sends, a clock out of range. Fail-open policies apply;
+    /// [`Unavailable::may_have_charged`] says whether the call may still
+    /// have been decided.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// A shared table refused an entry: nothing was written.
+    #[error(transparent)]
+    Table(#[from] TableError),
+}
+
+/// A request no store could ever decide ([`StoreError::Invalid`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum InvalidRequest {
     /// The request asked for more permits than the limit could ever allow.
     #[error("cost {cost} exceeds the limit {limit}: such a request could never be allowed")]
     CostExceedsLimit {
@@ -56,6 +76,12 @@ pub enum StoreError {
     /// ([`lease::leasable`]).
     #[error("{0} limits are not leased (only fixed_window and sliding_window_counter are)")]
     NotLeased(Algorithm),
+}
+
+/// Why the store could not answer ([`StoreError::Unavailable`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Unavailable {
     /// Redis failed or could not be reached.
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
@@ -78,21 +104,58 @@ pub enum StoreError {
     UnexpectedReply(String),
     /// The clock read a time the algorithms cannot compute with: past
     /// [`MAX_TIME_MS`] (the end of year 9999), where sums of times and
-    /// windows would overflow or lose exactness.
+    /// windows would overflow or lose exactness. The host's fault, not the
+    /// request's, but no store could decide: fail-open policies apply.
     #[error("time {now_ms} ms since the epoch is out of range: the stores decide at times from 0 to {MAX_TIME_MS} ms (the end of year 9999)")]
     TimeOutOfRange {
         /// The time the clock read, in ms since the Unix epoch.
         now_ms: u64,
     },
+}
+
+impl Unavailable {
+    /// Whether the call missed a deadline: the store's own, the caller's
+    /// carried into the store (refused there, unrun), or a Redis client's
+    /// response timeout. Every such miss is a timeout, whoever noticed it.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Unavailable::TimedOut(_) | Unavailable::Expired => true,
+            #[cfg(feature = "redis")]
+            Unavailable::Redis(e) => e.is_timeout(),
+            Unavailable::NotConnected(_)
+            | Unavailable::UnexpectedReply(_)
+            | Unavailable::TimeOutOfRange { .. } => false,
+        }
+    }
+
+    /// Whether the failed call may still have been decided, and charged, by
+    /// the store: `false` only when it provably never reached it (no
+    /// connection, refused past its deadline, a clock no store computes
+    /// with). A timeout or a connection lost mid-call cannot tell whether
+    /// the script ran.
+    pub fn may_have_charged(&self) -> bool {
+        match self {
+            Unavailable::NotConnected(_) | Unavailable::Expired | Unavailable::TimeOutOfRange { .. } => false,
+            #[cfg(feature = "redis")]
+            Unavailable::Redis(e) => !e.is_connection_refusal(),
+            Unavailable::UnexpectedReply(_) | Unavailable::TimedOut(_) => true,
+        }
+    }
+}
+
+/// Why a shared table refused an entry ([`StoreError::Table`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TableError {
     /// A shared table's name, field, value or TTL out of its bounds
     /// (see [`table`]); nothing was written.
     #[error("shared table: {0}")]
-    InvalidTableEntry(String),
+    InvalidEntry(String),
     /// A shared table holds the most live entries it may
     /// ([`table::MAX_TABLE_ENTRIES`]): a new field is refused, and so is a
     /// read of a table holding more.
     #[error("shared table {table:?} is full: it may hold at most {max} live entries; delete some or let them expire")]
-    TableFull {
+    Full {
         /// The table.
         table: String,
         /// The bound.
@@ -100,64 +163,30 @@ pub enum StoreError {
     },
 }
 
+#[cfg(feature = "redis")]
+impl From<::redis::RedisError> for StoreError {
+    fn from(e: ::redis::RedisError) -> Self {
+        StoreError::Unavailable(Unavailable::Redis(e))
+    }
+}
+
 impl StoreError {
     /// Whether the store itself failed (unreachable, timed out, broken reply),
     /// as opposed to a request that was invalid. Fail-open policies apply to these.
     pub fn is_unavailable(&self) -> bool {
-        match self {
-            StoreError::CostExceedsLimit { .. }
-            | StoreError::NoLimits
-            | StoreError::DuplicateLimit(_)
-            | StoreError::DuplicateIdentity(_)
-            | StoreError::SlidingLogTooLarge { .. }
-            | StoreError::NotLeased(_)
-            | StoreError::InvalidTableEntry(_)
-            | StoreError::TableFull { .. } => false,
-            #[cfg(feature = "redis")]
-            StoreError::Redis(_) => true,
-            StoreError::NotConnected(_)
-            | StoreError::UnexpectedReply(_)
-            | StoreError::TimedOut(_)
-            | StoreError::Expired => true,
-            // A clock this far off is the host's fault, not the request's,
-            // but no store could decide: fail-open policies apply.
-            StoreError::TimeOutOfRange { .. } => true,
-        }
+        matches!(self, StoreError::Unavailable(_))
     }
 
-    /// Whether the call missed a deadline: the store's own, the caller's
-    /// carried into the store (refused there, unrun), or a Redis client's
-    /// response timeout. Every such miss is a timeout, whoever noticed it.
+    /// Whether the call missed a deadline ([`Unavailable::is_timeout`]).
     pub fn is_timeout(&self) -> bool {
-        match self {
-            StoreError::TimedOut(_) | StoreError::Expired => true,
-            #[cfg(feature = "redis")]
-            StoreError::Redis(e) => e.is_timeout(),
-            _ => false,
-        }
+        matches!(self, StoreError::Unavailable(e) if e.is_timeout())
     }
 
     /// Whether the failed call may still have been decided, and charged, by
-    /// the store: `false` only when it provably never reached it (an invalid
-    /// request, or no connection). A timeout or a connection lost mid-call
-    /// cannot tell whether the script ran.
+    /// the store ([`Unavailable::may_have_charged`]); never for an invalid
+    /// request or a table's refusal, which no store ran.
     pub fn may_have_charged(&self) -> bool {
-        match self {
-            StoreError::CostExceedsLimit { .. }
-            | StoreError::NoLimits
-            | StoreError::DuplicateLimit(_)
-            | StoreError::DuplicateIdentity(_)
-            | StoreError::SlidingLogTooLarge { .. }
-            | StoreError::NotLeased(_)
-            | StoreError::NotConnected(_)
-            | StoreError::Expired
-            | StoreError::TimeOutOfRange { .. }
-            | StoreError::InvalidTableEntry(_)
-            | StoreError::TableFull { .. } => false,
-            #[cfg(feature = "redis")]
-            StoreError::Redis(e) => !e.is_connection_refusal(),
-            StoreError::UnexpectedReply(_) | StoreError::TimedOut(_) => true,
-        }
+        matches!(self, StoreError::Unavailable(e) if e.may_have_charged())
     }
 }
 
@@ -191,7 +220,7 @@ pub struct Request<'a> {
     pub penalty: Option<&'a Penalty>,
     /// When the caller stops waiting for the answer. A store that can
     /// carries it along and refuses to decide after it
-    /// ([`StoreError::Expired`]), so that a call the caller counted as failed
+    /// ([`Unavailable::Expired`]), so that a call the caller counted as failed
     /// charges nothing; the Redis store does (see its docs for the bound).
     /// `None`: the store's own deadline only.
     pub deadline: Option<Instant>,
@@ -368,7 +397,7 @@ impl Outcome {
 ///
 /// # Failures and charging
 ///
-/// A decision that fails with [`StoreError::NotConnected`] (or any error for
+/// A decision that fails with [`Unavailable::NotConnected`] (or any error for
 /// which [`StoreError::may_have_charged`] is `false`) never reached the store:
 /// nothing was charged. A decision that fails after it was sent — a timeout,
 /// a connection lost while waiting for the reply — may have run in the store
@@ -436,7 +465,7 @@ pub trait Store: Send + Sync {
     /// does that work only when this is `true`.
     ///
     /// `false` for a store in the process, such as [`MemoryStore`](memory::MemoryStore):
-    /// its only unavailable answer is [`StoreError::TimeOutOfRange`], a host
+    /// its only unavailable answer is [`Unavailable::TimeOutOfRange`], a host
     /// clock past [`MAX_TIME_MS`], which is no outage that an earlier answer
     /// helps to bridge. A layer answers for the stack below it.
     fn has_outages(&self) -> bool;
@@ -531,13 +560,13 @@ impl DistinctStore for NoDistinct {
 /// longest window, [`crate::MAX_WINDOW`]), so the Lua scripts pack times in
 /// 48 bits and compute exactly in doubles, and no sum overflows a `u64`. A
 /// clock past it (a broken RTC, a hostile or buggy client clock) is refused
-/// with [`StoreError::TimeOutOfRange`] before any arithmetic.
+/// with [`Unavailable::TimeOutOfRange`] before any arithmetic.
 pub const MAX_TIME_MS: u64 = 253_402_300_799_999;
 
 /// `now_ms`, when the stores can decide at that time.
 pub(crate) fn check_time(now_ms: u64) -> Result<u64, StoreError> {
     if now_ms > MAX_TIME_MS {
-        return Err(StoreError::TimeOutOfRange { now_ms });
+        return Err(StoreError::Unavailable(Unavailable::TimeOutOfRange { now_ms }));
     }
     Ok(now_ms)
 }
@@ -545,11 +574,11 @@ pub(crate) fn check_time(now_ms: u64) -> Result<u64, StoreError> {
 /// Rejects requests no store could decide, before touching any state.
 pub(crate) fn validate(charges: &[Charge]) -> Result<(), StoreError> {
     if charges.is_empty() {
-        return Err(StoreError::NoLimits);
+        return Err(StoreError::Invalid(InvalidRequest::NoLimits));
     }
     for (i, charge) in charges.iter().enumerate() {
         if charges[..i].iter().any(|seen| seen.limit == charge.limit) {
-            return Err(StoreError::DuplicateLimit(charge.limit));
+            return Err(StoreError::Invalid(InvalidRequest::DuplicateLimit(charge.limit)));
         }
         check_charge(&charge.limit, charge.cost)?;
     }
@@ -561,19 +590,22 @@ pub(crate) fn validate(charges: &[Charge]) -> Result<(), StoreError> {
 /// wants to reject a charge before it reaches a store (a config file, an API).
 ///
 /// ```
-/// use slidegate::{check_charge, Algorithm, Limit, Quota, StoreError};
+/// use slidegate::{check_charge, Algorithm, InvalidRequest, Limit, Quota, StoreError};
 ///
 /// let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10)?);
 /// assert!(check_charge(&limit, 10).is_ok());
-/// assert!(matches!(check_charge(&limit, 11), Err(StoreError::CostExceedsLimit { cost: 11, limit: 10 })));
+/// assert!(matches!(check_charge(&limit, 11), Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit { cost: 11, limit: 10 }))));
 /// # Ok::<(), slidegate::QuotaError>(())
 /// ```
 pub fn check_charge(limit: &Limit, cost: u64) -> Result<(), StoreError> {
     if limit.algorithm == Algorithm::SlidingLog && limit.quota.permits() > sliding_log::MAX_LIMIT {
-        return Err(StoreError::SlidingLogTooLarge { limit: limit.quota.permits() });
+        return Err(StoreError::Invalid(InvalidRequest::SlidingLogTooLarge { limit: limit.quota.permits() }));
     }
     if cost > limit.quota.permits() {
-        return Err(StoreError::CostExceedsLimit { cost, limit: limit.quota.permits() });
+        return Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit {
+            cost,
+            limit: limit.quota.permits(),
+        }));
     }
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! Expiry is the store's clock's, per entry: an entry is live until
 //! `ttl` after it was written, then every read leaves it out.
 
+use crate::TableError;
 use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::store::StoreError;
 
 /// The most live entries a table holds: a write of a new field beyond it is
-/// refused ([`StoreError::TableFull`]), and so is a read of a table that
+/// refused ([`TableError::Full`]), and so is a read of a table that
 /// (through concurrent writes) holds more.
 pub const MAX_TABLE_ENTRIES: usize = 10_000;
 /// The longest field, in bytes.
@@ -48,13 +49,13 @@ impl TableName {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError::InvalidTableEntry`] naming what is wrong.
+    /// [`TableError::InvalidEntry`] naming what is wrong.
     pub fn new(name: &str) -> Result<Self, StoreError> {
         let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-';
         if name.is_empty() || name.len() > MAX_TABLE_NAME || !name.chars().all(valid) {
-            return Err(StoreError::InvalidTableEntry(format!(
+            return Err(StoreError::Table(TableError::InvalidEntry(format!(
                 "table name {name:?}: expected 1 to {MAX_TABLE_NAME} characters of a-z, 0-9, '_' and '-'"
-            )));
+            ))));
         }
         Ok(Self(name.into()))
     }
@@ -87,14 +88,14 @@ pub struct TableEntry {
 ///
 /// Every call takes an optional deadline: a store that can carries it along
 /// and refuses the call unrun when it reaches it later
-/// ([`StoreError::Expired`]), as decisions do.
+/// ([`Unavailable::Expired`](crate::Unavailable::Expired)), as decisions do.
 pub trait SharedTables: Send + Sync {
     /// Writes `value` under `field` in `table`, replacing what was there,
     /// live for `ttl`.
     ///
     /// # Errors
-    /// [`StoreError::InvalidTableEntry`] for a field, value or TTL out of
-    /// bounds, [`StoreError::TableFull`] for a new field in a table holding
+    /// [`TableError::InvalidEntry`] for a field, value or TTL out of
+    /// bounds, [`TableError::Full`] for a new field in a table holding
     /// [`MAX_TABLE_ENTRIES`] live ones, or the store's failure.
     fn put_entry(
         &self,
@@ -108,7 +109,7 @@ pub trait SharedTables: Send + Sync {
     /// Removes `field` from `table`. Answers whether a live entry was there.
     ///
     /// # Errors
-    /// [`StoreError::InvalidTableEntry`] for a field out of bounds, or the
+    /// [`TableError::InvalidEntry`] for a field out of bounds, or the
     /// store's failure.
     fn delete_entry(
         &self,
@@ -120,7 +121,7 @@ pub trait SharedTables: Send + Sync {
     /// Every live entry of `table`, in no particular order.
     ///
     /// # Errors
-    /// [`StoreError::TableFull`] when it holds more than
+    /// [`TableError::Full`] when it holds more than
     /// [`MAX_TABLE_ENTRIES`] live entries, or the store's failure.
     fn read_table(
         &self,
@@ -190,17 +191,17 @@ impl<T: SharedTables> SharedTables for &T {
 pub(crate) fn check_put(field: &[u8], value: &[u8], ttl: Duration) -> Result<u64, StoreError> {
     check_field(field)?;
     if value.len() > MAX_VALUE_BYTES {
-        return Err(StoreError::InvalidTableEntry(format!(
+        return Err(StoreError::Table(TableError::InvalidEntry(format!(
             "a value of {} bytes: at most {MAX_VALUE_BYTES}",
             value.len()
-        )));
+        ))));
     }
     let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     if ms == 0 || ttl > MAX_TABLE_TTL {
-        return Err(StoreError::InvalidTableEntry(format!(
+        return Err(StoreError::Table(TableError::InvalidEntry(format!(
             "a TTL of {ttl:?}: expected 1 ms to {} days",
             MAX_TABLE_TTL.as_secs() / 86_400
-        )));
+        ))));
     }
     Ok(ms)
 }
@@ -208,10 +209,10 @@ pub(crate) fn check_put(field: &[u8], value: &[u8], ttl: Duration) -> Result<u64
 /// The bounds of a field.
 pub(crate) fn check_field(field: &[u8]) -> Result<(), StoreError> {
     if field.is_empty() || field.len() > MAX_FIELD_BYTES {
-        return Err(StoreError::InvalidTableEntry(format!(
+        return Err(StoreError::Table(TableError::InvalidEntry(format!(
             "a field of {} bytes: expected 1 to {MAX_FIELD_BYTES}",
             field.len()
-        )));
+        ))));
     }
     Ok(())
 }

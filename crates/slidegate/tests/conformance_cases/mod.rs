@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use slidegate::{Algorithm, Decision, Limit, ManualClock, Store, StoreError};
+use slidegate::{Algorithm, Decision, InvalidRequest, Limit, ManualClock, Store, StoreError, Unavailable};
 
 use crate::support::{id, limit, Decide, T0};
 
@@ -238,19 +238,22 @@ pub async fn invalid_requests_are_errors<S: Store>(store: &S, clock: &ManualCloc
     clock.set(T0);
     let l = limit(Algorithm::Gcra, 5, 1000);
     match store.decide_one(&id("k"), &l, 6).await {
-        Err(StoreError::CostExceedsLimit { cost: 6, limit: 5 }) => {}
+        Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit { cost: 6, limit: 5 })) => {}
         other => panic!("cost 6 over limit 5 gave {other:?}"),
     }
     // An empty name is a value like any other: its identity is never empty.
     assert!(store.decide_one(&id(""), &l, 1).await.expect("an empty name decides").allowed);
-    assert!(matches!(store.decide_all(&id("k"), &[]).await, Err(StoreError::NoLimits)));
+    assert!(matches!(
+        store.decide_all(&id("k"), &[]).await,
+        Err(StoreError::Invalid(InvalidRequest::NoLimits))
+    ));
     assert!(
-        matches!(store.decide_all(&id("k"), &[(l, 1), (l, 2)]).await, Err(StoreError::DuplicateLimit(d)) if d == l)
+        matches!(store.decide_all(&id("k"), &[(l, 1), (l, 2)]).await, Err(StoreError::Invalid(InvalidRequest::DuplicateLimit(d))) if d == l)
     );
     let other = limit(Algorithm::FixedWindow, 2, 1000);
     assert!(matches!(
         store.decide_all(&id("k"), &[(l, 1), (other, 3)]).await,
-        Err(StoreError::CostExceedsLimit { cost: 3, limit: 2 })
+        Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit { cost: 3, limit: 2 }))
     ));
     // Nothing was charged by the failed calls.
     assert_eq!(one(store, "k", &l, 0).await.remaining, 5);
@@ -489,13 +492,16 @@ pub async fn times_out_of_range_are_errors<S: Store>(store: &S, clock: &ManualCl
             clock.set(bad);
             let err = store.decide_one(&id("late"), &l, 1).await.expect_err("out of range");
             assert!(
-                matches!(err, StoreError::TimeOutOfRange { now_ms } if now_ms == bad),
+                matches!(err, StoreError::Unavailable(Unavailable::TimeOutOfRange { now_ms }) if now_ms == bad),
                 "{algorithm}: {err}"
             );
             assert!(err.to_string().contains(&bad.to_string()), "{err}");
             let other = limit(algorithm, 6, 1000);
             let err = store.decide_all(&id("late"), &[(l, 1), (other, 1)]).await.expect_err("out of range");
-            assert!(matches!(err, StoreError::TimeOutOfRange { .. }), "{algorithm}: {err}");
+            assert!(
+                matches!(err, StoreError::Unavailable(Unavailable::TimeOutOfRange { .. })),
+                "{algorithm}: {err}"
+            );
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use slidegate::store::table::{MAX_FIELD_BYTES, MAX_TABLE_ENTRIES, MAX_TABLE_TTL, MAX_VALUE_BYTES};
-use slidegate::{ManualClock, SharedTables, Store, StoreError, TableEntry, TableName};
+use slidegate::{ManualClock, SharedTables, Store, StoreError, TableEntry, TableError, TableName};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -79,11 +79,11 @@ pub async fn shared_tables_refuse_what_is_out_of_bounds<S: Store>(store: &S, clo
     ];
     for (field, value, ttl, message) in cases {
         let err = tables.put_entry(&t, field, value, ttl, None).await.expect_err(message);
-        assert!(matches!(err, StoreError::InvalidTableEntry(_)), "{message}: {err}");
+        assert!(matches!(err, StoreError::Table(TableError::InvalidEntry(_))), "{message}: {err}");
         assert!(err.to_string().contains(message), "{err} should say {message:?}");
     }
     let err = tables.delete_entry(&t, &[b'f'; MAX_FIELD_BYTES + 1], None).await.expect_err("long field");
-    assert!(matches!(err, StoreError::InvalidTableEntry(_)), "{err}");
+    assert!(matches!(err, StoreError::Table(TableError::InvalidEntry(_))), "{err}");
     for bad in ["", "Lifts", "a:b", "{t}", &"x".repeat(33)] {
         let err = TableName::new(bad).expect_err(bad);
         assert!(err.to_string().contains("expected 1 to 32 characters"), "{bad:?}: {err}");
@@ -103,14 +103,14 @@ pub async fn shared_tables_are_bounded<S: Store>(store: &S, clock: &ManualClock)
         tables.put_entry(&t, format!("f{i}").as_bytes(), b"v", ttl, None).await.expect("fits");
     }
     let err = tables.put_entry(&t, b"one-more", b"v", ms(60_000), None).await.expect_err("full");
-    assert!(matches!(err, StoreError::TableFull { max: MAX_TABLE_ENTRIES, .. }), "{err}");
+    assert!(matches!(err, StoreError::Table(TableError::Full { max: MAX_TABLE_ENTRIES, .. })), "{err}");
     assert!(err.to_string().contains("\"full\" is full: it may hold at most 10000 live entries"), "{err}");
     tables.put_entry(&t, b"f1", b"w", ms(60_000), None).await.expect("a live field may be replaced");
     assert_eq!(tables.read_table(&t, None).await.expect("read").len(), MAX_TABLE_ENTRIES);
     clock.advance(ms(10));
     tables.put_entry(&t, b"one-more", b"v", ms(60_000), None).await.expect("f0 expired: room for one");
     let err = tables.put_entry(&t, b"two-more", b"v", ms(60_000), None).await.expect_err("full again");
-    assert!(matches!(err, StoreError::TableFull { .. }), "{err}");
+    assert!(matches!(err, StoreError::Table(TableError::Full { .. })), "{err}");
 }
 
 /// A lift forgets the identity's penalty box: its block (answering how long

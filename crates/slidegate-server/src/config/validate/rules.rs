@@ -1,7 +1,7 @@
 //! `[[rules]]`: paths, methods, limits per identity, and the rule's
 //! defences (breadth, response-based costs, the penalty box).
 
-use slidegate::{Limit, Quota, QuotaError, StoreError};
+use slidegate::{InvalidRequest, Limit, Quota, QuotaError, StoreError};
 use slidegate_http::config::{
     DelayConfig, DelayError, IdentityKind, LimitConfig, OnError, RuleConfig, RuleLimits,
 };
@@ -305,7 +305,7 @@ impl Validator<'_> {
         // The one check the stores make too (`check_charge`): reported where it went wrong.
         let config = LimitConfig::new(name, limit, cost).map_err(|e| {
             let at = match e {
-                StoreError::CostExceedsLimit { .. } => cost_span,
+                StoreError::Invalid(InvalidRequest::CostExceedsLimit { .. }) => cost_span,
                 _ => raw.limit.span(),
             };
             self.err(at, format!("invalid limit: {e}"))

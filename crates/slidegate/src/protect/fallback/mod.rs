@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Charge, Decision, DistinctStore, Identity, JointStore, Limit, MemoryStore, Origin, Outcome, Part, Quota,
-    Request, SharedTables, Store, StoreError,
+    Charge, Decision, DistinctStore, Identity, InvalidRequest, JointStore, Limit, MemoryStore, Origin,
+    Outcome, Part, Quota, Request, SharedTables, Store, StoreError,
 };
 
 use super::Ticks;
@@ -342,7 +342,7 @@ impl Seeded {
         let outcomes = match self.store.decide_joint_sync(&shared_parts) {
             Ok(outcomes) => outcomes,
             // A cost above this instance's share: no such request passes here.
-            Err(StoreError::CostExceedsLimit { .. }) => {
+            Err(StoreError::Invalid(InvalidRequest::CostExceedsLimit { .. })) => {
                 return Ok(shared.iter().map(|charges| denials(charges)).collect());
             }
             Err(err) => return Err(err),

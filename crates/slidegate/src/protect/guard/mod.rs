@@ -2,7 +2,7 @@
 //!
 //! Every call gets the deadline ([`StoreGuard::timeout`]); the breaker
 //! (`breaker.rs`) counts the answers and, once open, makes calls fail at
-//! once with [`StoreError::NotConnected`] — nothing reached the store, so
+//! once with [`Unavailable::NotConnected`](crate::Unavailable::NotConnected) — nothing reached the store, so
 //! nothing was charged — except one trial per interval. When it opens, a
 //! background probe writes to the store as decisions do until it answers,
 //! then closes it, so the guard also recovers when no traffic arrives.
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     Algorithm, Charge, Decision, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part, Quota,
-    Request, SharedTables, Source, Store, StoreError, TableEntry, TableName,
+    Request, SharedTables, Source, Store, StoreError, TableEntry, TableName, Unavailable,
 };
 
 mod breaker;
@@ -110,7 +110,9 @@ impl<S: Store + 'static> Guarded<S> {
             match shared.breaker.admit(shared.ticks.now_ms()) {
                 Admit::Skip => {
                     events.skipped();
-                    return Err(StoreError::NotConnected("the circuit breaker is open".into()));
+                    return Err(StoreError::Unavailable(Unavailable::NotConnected(
+                        "the circuit breaker is open".into(),
+                    )));
                 }
                 Admit::Trial => {
                     events.trial();
@@ -166,7 +168,7 @@ impl<S: Store + 'static> Guarded<S> {
                 events.timed_out();
                 tracing::warn!(timeout_ms = shared.timeout.as_millis() as u64, "rate limit store timed out");
                 self.failed();
-                Err(StoreError::TimedOut(shared.timeout))
+                Err(StoreError::Unavailable(Unavailable::TimedOut(shared.timeout)))
             }
         }
     }
@@ -178,7 +180,9 @@ impl<S: Store + 'static> Guarded<S> {
     /// answering close it, for the requests' path).
     async fn deadlined<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
         let timeout = self.shared.timeout;
-        tokio::time::timeout(timeout, call).await.unwrap_or(Err(StoreError::TimedOut(timeout)))
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(StoreError::Unavailable(Unavailable::TimedOut(timeout))))
     }
 
     fn failed(&self) {

@@ -58,7 +58,7 @@ use crate::store::{
     check_charge, check_time, lease, validate, Charge, DistinctStore, GiveBack, Lease, LeaseStore, Outcome,
     Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
-use crate::{Clock, Decision, Identity, Quota, SystemClock};
+use crate::{Clock, Decision, Identity, InvalidRequest, Quota, SystemClock};
 
 const DEFAULT_SHARDS: usize = 64;
 
@@ -146,7 +146,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`JointStore::decide_joint`], answered at once.
     ///
     /// # Errors
-    /// As [`JointStore::decide_joint`], and [`StoreError::TimeOutOfRange`]
+    /// As [`JointStore::decide_joint`], and [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange)
     /// when the clock reads past [`crate::store::MAX_TIME_MS`].
     pub fn decide_joint_sync(&self, parts: &[Part<'_>]) -> Result<Vec<Outcome>, StoreError> {
         joint::validate_parts(parts)?;
@@ -188,9 +188,9 @@ impl<C: Clock> MemoryStore<C> {
     /// arithmetic ([`crate::PenaltyState`]) with it.
     ///
     /// # Errors
-    /// [`StoreError::NoLimits`], [`StoreError::DuplicateLimit`],
-    /// [`StoreError::CostExceedsLimit`], [`StoreError::SlidingLogTooLarge`],
-    /// or [`StoreError::TimeOutOfRange`] when the clock reads past
+    /// [`InvalidRequest::NoLimits`], [`InvalidRequest::DuplicateLimit`],
+    /// [`InvalidRequest::CostExceedsLimit`], [`InvalidRequest::SlidingLogTooLarge`],
+    /// or [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange) when the clock reads past
     /// [`crate::store::MAX_TIME_MS`].
     pub fn decide_sync(&self, request: Request<'_>) -> Result<Outcome, StoreError> {
         let now = check_time(self.clock.now_ms())?;
@@ -356,10 +356,10 @@ impl<C: Clock> MemoryStore<C> {
     /// [`LeaseStore::lease`], answered at once.
     ///
     /// # Errors
-    /// As [`MemoryStore::decide_sync`], and [`StoreError::NotLeased`].
+    /// As [`MemoryStore::decide_sync`], and [`InvalidRequest::NotLeased`].
     pub fn lease_sync(&self, identity: &Identity, charge: Charge) -> Result<Lease, StoreError> {
         if !lease::leasable(charge.limit.algorithm) {
-            return Err(StoreError::NotLeased(charge.limit.algorithm));
+            return Err(StoreError::Invalid(InvalidRequest::NotLeased(charge.limit.algorithm)));
         }
         let now = check_time(self.clock.now_ms())?;
         let decision = self.decide_one(self.identity(identity), now, &charge)?;
@@ -369,7 +369,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`LeaseStore::give_back`], answered at once.
     ///
     /// # Errors
-    /// [`StoreError::TimeOutOfRange`] when the clock reads past
+    /// [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange) when the clock reads past
     /// [`crate::store::MAX_TIME_MS`].
     pub fn give_back_sync(&self, identity: &Identity, back: GiveBack) -> Result<u64, StoreError> {
         let now = check_time(self.clock.now_ms())?;
@@ -394,7 +394,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`DistinctStore::decide_distinct`], now.
     ///
     /// # Errors
-    /// [`StoreError::TimeOutOfRange`].
+    /// [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange).
     pub fn decide_distinct_sync(
         &self,
         identity: &Identity,
@@ -442,7 +442,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Store::lift_penalty`], now.
     ///
     /// # Errors
-    /// [`StoreError::TimeOutOfRange`].
+    /// [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange).
     pub fn lift_penalty_sync(&self, identity: &Identity) -> Result<Option<std::time::Duration>, StoreError> {
         let now = check_time(self.clock.now_ms())?;
         let id = self.identity(identity);
@@ -452,7 +452,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`SharedTables::put_entry`], now.
     ///
     /// # Errors
-    /// As [`SharedTables::put_entry`], or [`StoreError::TimeOutOfRange`].
+    /// As [`SharedTables::put_entry`], or [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange).
     pub fn put_entry_sync(
         &self,
         table: &TableName,
@@ -467,7 +467,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`SharedTables::delete_entry`], now.
     ///
     /// # Errors
-    /// As [`SharedTables::delete_entry`], or [`StoreError::TimeOutOfRange`].
+    /// As [`SharedTables::delete_entry`], or [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange).
     pub fn delete_entry_sync(&self, table: &TableName, field: &[u8]) -> Result<bool, StoreError> {
         let now = check_time(self.clock.now_ms())?;
         self.tables.delete(table, field, now)
@@ -476,7 +476,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`SharedTables::read_table`], now.
     ///
     /// # Errors
-    /// As [`SharedTables::read_table`], or [`StoreError::TimeOutOfRange`].
+    /// As [`SharedTables::read_table`], or [`Unavailable::TimeOutOfRange`](crate::Unavailable::TimeOutOfRange).
     pub fn read_table_sync(&self, table: &TableName) -> Result<Vec<TableEntry>, StoreError> {
         let now = check_time(self.clock.now_ms())?;
         self.tables.read(table, now)

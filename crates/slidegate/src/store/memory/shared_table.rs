@@ -2,6 +2,7 @@
 //! every user of this `MemoryStore`. One mutex over all tables: they are
 //! small and written by operators, never on a decision's path.
 
+use crate::TableError;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -42,7 +43,10 @@ impl Tables {
         if entries.len() >= MAX_TABLE_ENTRIES && !entries.contains_key(field) {
             entries.retain(|_, e| e.expires_at > now);
             if entries.len() >= MAX_TABLE_ENTRIES {
-                return Err(StoreError::TableFull { table: table.to_string(), max: MAX_TABLE_ENTRIES });
+                return Err(StoreError::Table(TableError::Full {
+                    table: table.to_string(),
+                    max: MAX_TABLE_ENTRIES,
+                }));
             }
         }
         entries.insert(field.into(), Entry { value: value.into(), expires_at: now + ttl_ms });
@@ -75,7 +79,10 @@ impl Tables {
             })
             .collect();
         if live.len() > MAX_TABLE_ENTRIES {
-            return Err(StoreError::TableFull { table: table.to_string(), max: MAX_TABLE_ENTRIES });
+            return Err(StoreError::Table(TableError::Full {
+                table: table.to_string(),
+                max: MAX_TABLE_ENTRIES,
+            }));
         }
         Ok(live)
     }

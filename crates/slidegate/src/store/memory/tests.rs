@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::store::Decisions;
-use crate::{Algorithm, Limit, ManualClock};
+use crate::{Algorithm, InvalidRequest, Limit, ManualClock};
 
 fn limit(algorithm: Algorithm, n: u64, ms: u64) -> Limit {
     Limit::new(algorithm, Quota::new(n, Duration::from_millis(ms)).unwrap())
@@ -66,7 +66,10 @@ fn invalid_requests_are_errors_naming_the_value() {
     assert_eq!(err.to_string(), "cost 6 exceeds the limit 5: such a request could never be allowed");
     // An empty name is a value like any other: its identity is never empty.
     assert!(store.decide_one_sync(&id(""), &l, 1).unwrap().allowed);
-    assert!(matches!(store.decide_all_sync(&id("k"), &[]), Err(StoreError::NoLimits)));
+    assert!(matches!(
+        store.decide_all_sync(&id("k"), &[]),
+        Err(StoreError::Invalid(InvalidRequest::NoLimits))
+    ));
     // A sliding log past its cap would let one request allocate gigabytes.
     let huge = limit(Algorithm::SlidingLog, 4_000_000_000, 1000);
     let err = store.decide_one_sync(&id("k"), &huge, 4_000_000_000).unwrap_err();

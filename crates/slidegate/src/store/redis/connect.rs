@@ -2,6 +2,7 @@
 //! or an existing connection; the scripts loaded and the server's clock
 //! sampled before the first decision.
 
+use crate::Unavailable;
 use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
@@ -18,8 +19,8 @@ impl RedisStore {
     /// default [`RedisOptions`] and loads the scripts.
     ///
     /// # Errors
-    /// [`StoreError::Redis`] when the URL is invalid or Redis refuses the
-    /// connection, [`StoreError::TimedOut`] when it does not answer within
+    /// [`Unavailable::Redis`] when the URL is invalid or Redis refuses the
+    /// connection, [`Unavailable::TimedOut`] when it does not answer within
     /// the connect timeout (500 ms).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, RedisOptions::default()).await
@@ -51,9 +52,9 @@ impl RedisStore {
     ///   under the calls); calls for other slots are unaffected.
     ///
     /// # Errors
-    /// As [`connect`](Self::connect); also [`StoreError::Redis`] when the CA
+    /// As [`connect`](Self::connect); also [`Unavailable::Redis`] when the CA
     /// file cannot be read or a list of URLs is empty, and
-    /// [`StoreError::NotConnected`] when no sentinel knows the master.
+    /// [`Unavailable::NotConnected`] when no sentinel knows the master.
     pub async fn connect_to(target: &RedisTarget, options: RedisOptions) -> Result<Self, StoreError> {
         let source = match target {
             RedisTarget::Single(url) => {
@@ -95,7 +96,7 @@ impl RedisStore {
         };
         match tokio::time::timeout(options.connect_timeout, load).await {
             Ok(loaded) => loaded?,
-            Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
+            Err(_) => return Err(StoreError::Unavailable(Unavailable::TimedOut(options.connect_timeout))),
         }
         store.sample_time_now().await;
         Ok(store.with_layout(options.layout))
@@ -135,7 +136,7 @@ impl RedisStore {
         let client = builder.build()?;
         let conn = match tokio::time::timeout(options.connect_timeout, client.get_async_connection()).await {
             Ok(conn) => conn?,
-            Err(_) => return Err(StoreError::TimedOut(options.connect_timeout)),
+            Err(_) => return Err(StoreError::Unavailable(Unavailable::TimedOut(options.connect_timeout))),
         };
         // Every node's script cache loaded now, as one server's is: the
         // first call of each script on each master is then one call, not a

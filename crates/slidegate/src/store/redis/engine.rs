@@ -12,7 +12,7 @@ use redis::{Cmd, Value};
 use super::wire::{self, DecideAllArgs};
 use super::{CallDeadline, Connection, RedisStore};
 use crate::store::{Charge, Decisions, StoreError};
-use crate::{Algorithm, Identity};
+use crate::{Algorithm, Identity, Unavailable};
 
 /// What decides inside Redis: the Lua scripts or the native module.
 ///
@@ -182,7 +182,7 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.timeout, probe).await {
             Ok(present) => present,
-            Err(_) => Err(StoreError::TimedOut(self.timeout)),
+            Err(_) => Err(StoreError::Unavailable(Unavailable::TimedOut(self.timeout))),
         }
     }
 
@@ -272,12 +272,12 @@ fn has_module(reply: &Value) -> bool {
 /// Whether the module refused the arguments before running anything, as a
 /// build that knows no deadline argument answers a call carrying one.
 fn is_older_module(err: &StoreError) -> bool {
-    matches!(err, StoreError::Redis(e) if e.code() == Some("ERR")
+    matches!(err, StoreError::Unavailable(Unavailable::Redis(e)) if e.code() == Some("ERR")
         && e.detail().is_some_and(|d| d.starts_with("slidegate: malformed arguments")))
 }
 
 /// Whether Redis refused a command it does not know (nothing ran).
 fn is_unknown_command(err: &StoreError) -> bool {
-    matches!(err, StoreError::Redis(e) if e.code() == Some("ERR")
+    matches!(err, StoreError::Unavailable(Unavailable::Redis(e)) if e.code() == Some("ERR")
         && e.detail().is_some_and(|d| d.starts_with("unknown command")))
 }

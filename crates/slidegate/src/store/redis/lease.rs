@@ -17,7 +17,7 @@ use super::wire::{self, DecideAllArgs, DecideArgs, WithFields};
 use super::{CallDeadline, RedisStore};
 use crate::store::lease::{usable_for, GiveBack, Lease, LeaseStore};
 use crate::store::{check_charge, Charge, StoreError};
-use crate::{Algorithm, Identity};
+use crate::{Algorithm, Identity, InvalidRequest, Unavailable};
 
 /// Window numbers as the scripts keep them: modulo 2^32.
 const WINDOWS: u64 = 1 << 32;
@@ -35,7 +35,7 @@ impl LeaseStore for RedisStore {
         deadline: Option<Instant>,
     ) -> Result<Lease, StoreError> {
         let Some(lua) = scripts::lease(charge.limit.algorithm, self.assembly()) else {
-            return Err(StoreError::NotLeased(charge.limit.algorithm));
+            return Err(StoreError::Invalid(InvalidRequest::NotLeased(charge.limit.algorithm)));
         };
         check_charge(&charge.limit, charge.cost)?;
         let now_ms = self.client_now()?;
@@ -73,7 +73,7 @@ impl LeaseStore for RedisStore {
         let kind: u8 = match back.limit.algorithm {
             Algorithm::SlidingWindowCounter => 1,
             Algorithm::FixedWindow => 2,
-            other => return Err(StoreError::NotLeased(other)),
+            other => return Err(StoreError::Invalid(InvalidRequest::NotLeased(other))),
         };
         if back.unused == 0 {
             return Ok(0);
@@ -87,8 +87,9 @@ impl LeaseStore for RedisStore {
             let args = (kind, back.limit.quota.permits(), back.window, back.unused, deadline_arg);
             let args = (args, identity_keys.field());
             let reply = self.eval(scripts::give_back(Assembly::Packed), &[key], &args, deadline).await?;
-            return redis::from_redis_value(reply)
-                .map_err(|e| StoreError::UnexpectedReply(format!("give_back: {e}")));
+            return redis::from_redis_value(reply).map_err(|e| {
+                StoreError::Unavailable(Unavailable::UnexpectedReply(format!("give_back: {e}")))
+            });
         }
         let args = (kind, back.limit.quota.permits(), back.window % WINDOWS, back.unused, deadline_arg);
         let by_module = || {
@@ -100,7 +101,8 @@ impl LeaseStore for RedisStore {
             Some(reply) => reply,
             None => self.eval(scripts::give_back(Assembly::PerKey), &[key], &args, deadline).await?,
         };
-        redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("give_back: {e}")))
+        redis::from_redis_value(reply)
+            .map_err(|e| StoreError::Unavailable(Unavailable::UnexpectedReply(format!("give_back: {e}"))))
     }
 }
 

@@ -4,7 +4,7 @@
 //! caller awaits the reconnect in progress, retries included: with Redis
 //! dead, each call waited ~9.5 s of growing back-off. Here the state is
 //! explicit instead: while the connection is known to be down a call fails
-//! at once with [`StoreError::NotConnected`] (nothing was sent, so nothing
+//! at once with [`Unavailable::NotConnected`](crate::Unavailable::NotConnected) (nothing was sent, so nothing
 //! was charged), and one background task reconnects with a short, capped
 //! back-off, so the first call after Redis returns finds a connection.
 //!
@@ -24,6 +24,7 @@
 //! generation gone, is closed at the thread's next call, or when the
 //! thread ends.
 
+use crate::Unavailable;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
@@ -107,7 +108,9 @@ impl Link {
                 // The task normally runs already; this starts it again should
                 // a runtime have gone away under the previous one.
                 self.spawn_reconnect();
-                Err(StoreError::NotConnected("Redis is down; reconnecting in the background".to_owned()))
+                Err(StoreError::Unavailable(Unavailable::NotConnected(
+                    "Redis is down; reconnecting in the background".to_owned(),
+                )))
             }
         }
     }
@@ -384,6 +387,6 @@ async fn open(
     .await
     {
         Ok(conn) => Ok((conn?, addr)),
-        Err(_) => Err(StoreError::TimedOut(options.connect_timeout)),
+        Err(_) => Err(StoreError::Unavailable(Unavailable::TimedOut(options.connect_timeout))),
     }
 }

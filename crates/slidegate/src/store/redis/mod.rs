@@ -10,14 +10,14 @@
 //! - Every call runs under a deadline ([`RedisOptions::with_timeout`], 250 ms
 //!   by default, or the [`Request::deadline`] when earlier). While the
 //!   connection is known to be lost, calls fail at once with
-//!   [`StoreError::NotConnected`] and one background task reconnects with a
+//!   [`Unavailable::NotConnected`] and one background task reconnects with a
 //!   short, capped back-off (see `link.rs`). A thread running its own
 //!   runtime can have a connection of its own ([`drive_connections_here`]),
 //!   up and down with the shared one.
 //! - The deadline travels with the call, on the server's clock (the offset
 //!   learned from `TIME` samples, `server_clock.rs`, which states the
 //!   bound): a script or module command that Redis reaches after it refuses
-//!   the call before touching a key ([`StoreError::Expired`]), so a call
+//!   the call before touching a key ([`Unavailable::Expired`]), so a call
 //!   that timed out here charges nothing when a stalled Redis catches up.
 //! - Time comes from Redis `TIME` inside the script by default
 //!   ([`TimeSource::Server`]), so app servers with skewed clocks agree.
@@ -92,7 +92,7 @@ use crate::store::joint::{self, JointStore, Part};
 use crate::store::{
     check_time, validate, Charge, DistinctStore, Outcome, Request, SharedTables, Store, StoreError,
 };
-use crate::{Clock, Decision, Identity, Limit, Penalty, Quota};
+use crate::{Clock, Decision, Identity, Limit, Penalty, Quota, Unavailable};
 
 /// The key prefix when none is set.
 pub const DEFAULT_PREFIX: &str = "slidegate:";
@@ -304,9 +304,9 @@ impl RedisStore {
     fn connection(&self) -> Result<(u64, redis::aio::MultiplexedConnection), StoreError> {
         match &self.conn {
             Connection::Link(link) => link.get(),
-            Connection::Manager(_) | Connection::Cluster(_) => {
-                Err(StoreError::NotConnected("only a store's own link is used here".to_owned()))
-            }
+            Connection::Manager(_) | Connection::Cluster(_) => Err(StoreError::Unavailable(
+                Unavailable::NotConnected("only a store's own link is used here".to_owned()),
+            )),
         }
     }
 
@@ -380,15 +380,15 @@ impl RedisStore {
         deadline: CallDeadline,
     ) -> Result<Value, StoreError> {
         match answer {
-            Ok(Err(StoreError::Redis(err))) => match wire::expired(&err) {
+            Ok(Err(StoreError::Unavailable(Unavailable::Redis(err)))) => match wire::expired(&err) {
                 Some(server_ms) => {
                     self.clock.learn(server_ms, Instant::now());
-                    Err(StoreError::Expired)
+                    Err(StoreError::Unavailable(Unavailable::Expired))
                 }
-                None => Err(StoreError::Redis(err)),
+                None => Err(StoreError::Unavailable(Unavailable::Redis(err))),
             },
             Ok(reply) => reply,
-            Err(_) => Err(StoreError::TimedOut(deadline.budget)),
+            Err(_) => Err(StoreError::Unavailable(Unavailable::TimedOut(deadline.budget))),
         }
     }
 
@@ -517,8 +517,8 @@ impl Store for RedisStore {
         let deadline_arg: i64 = deadline.server_ms.map_or(-1, |ms| ms as i64);
         let key = self.keys(identity).penalty().to_string();
         let reply = self.eval(scripts::lift(), &[key], &(now_arg, deadline_arg), deadline).await?;
-        let left: i64 =
-            redis::from_redis_value(reply).map_err(|e| StoreError::UnexpectedReply(format!("lift: {e}")))?;
+        let left: i64 = redis::from_redis_value(reply)
+            .map_err(|e| StoreError::Unavailable(Unavailable::UnexpectedReply(format!("lift: {e}"))))?;
         Ok(u64::try_from(left).ok().map(Duration::from_millis))
     }
 
@@ -579,7 +579,7 @@ impl DistinctStore for RedisStore {
             None => self.eval(scripts::distinct(), &ordered, &args, deadline).await?,
         };
         let (allowed, count, reset_after): (i64, u64, u64) = redis::from_redis_value(reply)
-            .map_err(|e| StoreError::UnexpectedReply(format!("distinct: {e}")))?;
+            .map_err(|e| StoreError::Unavailable(Unavailable::UnexpectedReply(format!("distinct: {e}"))))?;
         let reset_after = Duration::from_millis(reset_after);
         let allowed = allowed == 1;
         Ok(Decision {

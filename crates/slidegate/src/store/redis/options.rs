@@ -92,7 +92,7 @@ impl RedisOptions {
 
     /// The deadline of one decision, from the call to the reply, the
     /// `NOSCRIPT` fallback included. Past it the call fails with
-    /// [`crate::StoreError::TimedOut`].
+    /// [`Unavailable::TimedOut`](crate::Unavailable::TimedOut).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

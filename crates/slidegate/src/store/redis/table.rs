@@ -7,6 +7,7 @@
 //! hash never holds more fields than the bound; every put extends the
 //! hash's own expiry to its latest entry's.
 
+use crate::{TableError, Unavailable};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -25,7 +26,7 @@ impl RedisStore {
     }
 
     /// Runs `table.lua`'s `op` on `table` with `rest` after the common
-    /// arguments, refusing a full table with [`StoreError::TableFull`].
+    /// arguments, refusing a full table with [`TableError::Full`](crate::TableError::Full).
     async fn table_call<A: redis::ToRedisArgs + Sync>(
         &self,
         table: &TableName,
@@ -40,8 +41,8 @@ impl RedisStore {
         let slack: u64 = if now.is_some() { 10_000 } else { 0 };
         let args = (now_arg, deadline_arg, op, MAX_TABLE_ENTRIES, slack, rest);
         match self.eval(scripts::table(), &[self.table_key(table)], &args, deadline).await {
-            Err(StoreError::Redis(err)) if err.code() == Some(TABLE_FULL) => {
-                Err(StoreError::TableFull { table: table.to_string(), max: MAX_TABLE_ENTRIES })
+            Err(StoreError::Unavailable(Unavailable::Redis(err))) if err.code() == Some(TABLE_FULL) => {
+                Err(StoreError::Table(TableError::Full { table: table.to_string(), max: MAX_TABLE_ENTRIES }))
             }
             reply => reply,
         }
@@ -70,8 +71,9 @@ impl SharedTables for RedisStore {
     ) -> Result<bool, StoreError> {
         check_field(field)?;
         let reply = self.table_call(table, "del", field, deadline).await?;
-        let removed: i64 = redis::from_redis_value(reply)
-            .map_err(|e| StoreError::UnexpectedReply(format!("table delete: {e}")))?;
+        let removed: i64 = redis::from_redis_value(reply).map_err(|e| {
+            StoreError::Unavailable(Unavailable::UnexpectedReply(format!("table delete: {e}")))
+        })?;
         Ok(removed == 1)
     }
 
@@ -82,7 +84,7 @@ impl SharedTables for RedisStore {
     ) -> Result<Vec<TableEntry>, StoreError> {
         let reply = self.table_call(table, "read", Vec::<&[u8]>::new(), deadline).await?;
         let flat: Vec<(Vec<u8>, Vec<u8>, u64)> = redis::from_redis_value(reply)
-            .map_err(|e| StoreError::UnexpectedReply(format!("table read: {e}")))?;
+            .map_err(|e| StoreError::Unavailable(Unavailable::UnexpectedReply(format!("table read: {e}"))))?;
         Ok(flat
             .into_iter()
             .map(|(field, value, ms)| TableEntry {

@@ -1,6 +1,7 @@
 //! Where a [`super::RedisStore`]'s data lives, and how to reach it: URLs,
 //! credentials, TLS, and the master behind a Sentinel.
 
+use crate::Unavailable;
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, TlsCertificates,
 };
@@ -34,7 +35,11 @@ pub enum RedisTarget {
 
 /// An error in the store's configuration: the call never reached Redis.
 pub(super) fn config_error(what: &'static str, detail: String) -> StoreError {
-    StoreError::Redis(RedisError::from((ErrorKind::InvalidClientConfig, what, detail)))
+    StoreError::Unavailable(Unavailable::Redis(RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        what,
+        detail,
+    ))))
 }
 
 /// The CA the options name, read once: `None` trusts the system roots.
@@ -127,7 +132,10 @@ impl SentinelSource {
     /// Asks the sentinels in turn for the master's address, each within the
     /// connect timeout, and returns a client for it.
     pub(super) async fn resolve(&self, options: &RedisOptions) -> Result<Client, StoreError> {
-        let mut last = StoreError::NotConnected(format!("no sentinel knows master {:?}", self.master_name));
+        let mut last = StoreError::Unavailable(Unavailable::NotConnected(format!(
+            "no sentinel knows master {:?}",
+            self.master_name
+        )));
         for sentinel in &self.sentinels {
             let ask = async {
                 let mut conn = sentinel.get_multiplexed_async_connection().await?;
@@ -148,7 +156,7 @@ impl SentinelSource {
                 }
                 Ok(Ok(None)) => {}
                 Ok(Err(e)) => last = e.into(),
-                Err(_) => last = StoreError::TimedOut(options.connect_timeout),
+                Err(_) => last = StoreError::Unavailable(Unavailable::TimedOut(options.connect_timeout)),
             }
         }
         Err(last)

@@ -13,7 +13,7 @@ use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
 use super::scripts;
 use crate::store::StoreError;
 use crate::store::{Charge, Outcome};
-use crate::{Decision, Limit, Penalty};
+use crate::{Decision, Limit, Penalty, Unavailable};
 
 /// The time argument that makes a script read Redis `TIME`.
 const NOW_FROM_REDIS: f64 = -1.0;
@@ -162,10 +162,10 @@ pub(super) fn penalized(
     let bytes = match reply {
         Value::BulkString(bytes) if bytes.len() == 8 || bytes.len() == count * DECISION_BYTES + 8 => bytes,
         other => {
-            return Err(StoreError::UnexpectedReply(format!(
+            return Err(StoreError::Unavailable(Unavailable::UnexpectedReply(format!(
                 "expected 8 or {} bytes ({count} decisions and a block), got {other:?}",
                 count * DECISION_BYTES + 8
-            )))
+            ))))
         }
     };
     let (decided, block) = bytes.split_at(bytes.len() - 8);
@@ -198,10 +198,10 @@ pub(super) fn leased(reply: &Value, limit: u64) -> Result<(Decision, u64), Store
     let bytes = match reply {
         Value::BulkString(bytes) if bytes.len() == DECISION_BYTES + 8 => bytes,
         other => {
-            return Err(StoreError::UnexpectedReply(format!(
+            return Err(StoreError::Unavailable(Unavailable::UnexpectedReply(format!(
                 "expected {} bytes (a lease), got {other:?}",
                 DECISION_BYTES + 8
-            )))
+            ))))
         }
     };
     let (chunk, window) = bytes.split_at(DECISION_BYTES);
@@ -209,7 +209,7 @@ pub(super) fn leased(reply: &Value, limit: u64) -> Result<(Decision, u64), Store
     le.copy_from_slice(window);
     let window = f64::from_le_bytes(le);
     if !(0.0..4_294_967_296.0).contains(&window) || window.fract() != 0.0 {
-        return Err(StoreError::UnexpectedReply(format!("lease window {window}")));
+        return Err(StoreError::Unavailable(Unavailable::UnexpectedReply(format!("lease window {window}"))));
     }
     Ok((decision(chunk, limit)?, window as u64))
 }
@@ -217,7 +217,7 @@ pub(super) fn leased(reply: &Value, limit: u64) -> Result<(Decision, u64), Store
 /// remaining × 2^32 + reset_after ms, as `decide.lua` replies an allowed decision.
 fn allowed_decision(packed: i64, limit: u64) -> Result<Decision, StoreError> {
     const REMAINING_BELOW: u64 = 1 << 21;
-    let unexpected = || StoreError::UnexpectedReply(format!("decision {packed}"));
+    let unexpected = || StoreError::Unavailable(Unavailable::UnexpectedReply(format!("decision {packed}")));
     let packed = u64::try_from(packed).map_err(|_| unexpected())?;
     let (remaining, reset_after) = (packed >> 32, packed & 0xffff_ffff);
     if remaining >= REMAINING_BELOW || remaining > limit {
@@ -235,10 +235,10 @@ fn allowed_decision(packed: i64, limit: u64) -> Result<Decision, StoreError> {
 fn reply_bytes(reply: &Value, count: usize) -> Result<&[u8], StoreError> {
     match reply {
         Value::BulkString(bytes) if bytes.len() == count * DECISION_BYTES => Ok(bytes),
-        other => Err(StoreError::UnexpectedReply(format!(
+        other => Err(StoreError::Unavailable(Unavailable::UnexpectedReply(format!(
             "expected {} bytes ({count} decisions), got {other:?}",
             count * DECISION_BYTES
-        ))),
+        )))),
     }
 }
 
@@ -251,7 +251,7 @@ fn decision(chunk: &[u8], limit: u64) -> Result<Decision, StoreError> {
         *v = f64::from_le_bytes(le);
     }
     let [allowed, remaining, reset_after, retry_after] = values;
-    let unexpected = || StoreError::UnexpectedReply(format!("decision {values:?}"));
+    let unexpected = || StoreError::Unavailable(Unavailable::UnexpectedReply(format!("decision {values:?}")));
     // An integer in 0..=2^53, as every count and duration here is.
     let whole = |v: f64| (v >= 0.0 && v <= crate::MAX_EXACT as f64 && v.fract() == 0.0).then_some(v as u64);
     let allowed = match allowed {
@@ -341,7 +341,7 @@ mod tests {
             Value::Okay,
         ] {
             let Err(err) = single_decision(&bad, 5) else { panic!("accepted {bad:?}") };
-            assert!(matches!(err, StoreError::UnexpectedReply(_)), "{bad:?}");
+            assert!(matches!(err, StoreError::Unavailable(Unavailable::UnexpectedReply(_))), "{bad:?}");
         }
     }
 
