@@ -471,44 +471,72 @@ pub trait Store: Send + Sync {
     fn has_outages(&self) -> bool;
 }
 
+/// Writes the named [`Store`] methods of a layer as plain forwards to the
+/// store it wraps: `self` followed by the tokens in parentheses (`(.inner)`,
+/// `(.as_ref())`). Only the methods named are written, so a method added to
+/// `Store` is still a compile error in every layer until it says what it
+/// does with it; a forward that needs a reason says it in a comment where it
+/// is named.
+macro_rules! forward {
+    (($($to:tt)*) $method:ident $(, $rest:ident)*) => {
+        $crate::store::forward!(@ ($($to)*) $method);
+        $crate::store::forward!(($($to)*) $($rest),*);
+    };
+    (($($to:tt)*)) => {};
+    (@ ($($to:tt)*) decide) => {
+        fn decide(
+            &self,
+            request: $crate::Request<'_>,
+        ) -> impl ::std::future::Future<Output = Result<$crate::Outcome, $crate::StoreError>> + Send {
+            self $($to)* .decide(request)
+        }
+    };
+    (@ ($($to:tt)*) decide_now) => {
+        fn decide_now(&self, request: $crate::Request<'_>) -> Option<Result<$crate::Outcome, $crate::StoreError>> {
+            self $($to)* .decide_now(request)
+        }
+    };
+    (@ ($($to:tt)*) distinct) => {
+        fn distinct(&self) -> Option<impl $crate::DistinctStore + '_> {
+            self $($to)* .distinct()
+        }
+    };
+    (@ ($($to:tt)*) tables) => {
+        fn tables(&self) -> Option<impl $crate::SharedTables + '_> {
+            self $($to)* .tables()
+        }
+    };
+    (@ ($($to:tt)*) leases) => {
+        fn leases(&self) -> Option<impl $crate::LeaseStore + '_> {
+            self $($to)* .leases()
+        }
+    };
+    (@ ($($to:tt)*) joint) => {
+        fn joint(&self) -> Option<impl $crate::JointStore + '_> {
+            self $($to)* .joint()
+        }
+    };
+    (@ ($($to:tt)*) lift_penalty) => {
+        fn lift_penalty(
+            &self,
+            identity: &$crate::Identity,
+            deadline: Option<::std::time::Instant>,
+        ) -> impl ::std::future::Future<Output = Result<Option<::std::time::Duration>, $crate::StoreError>> + Send {
+            self $($to)* .lift_penalty(identity, deadline)
+        }
+    };
+    (@ ($($to:tt)*) has_outages) => {
+        fn has_outages(&self) -> bool {
+            self $($to)* .has_outages()
+        }
+    };
+}
+pub(crate) use forward;
+
 /// A store shared behind an `Arc` is the store: several limiters (or
 /// instances in a simulation) deciding on one state, as on one Redis.
 impl<S: Store> Store for std::sync::Arc<S> {
-    fn decide(&self, request: Request<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        (**self).decide(request)
-    }
-
-    fn decide_now(&self, request: Request<'_>) -> Option<Result<Outcome, StoreError>> {
-        (**self).decide_now(request)
-    }
-
-    fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        (**self).distinct()
-    }
-
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        (**self).tables()
-    }
-
-    fn leases(&self) -> Option<impl LeaseStore + '_> {
-        (**self).leases()
-    }
-
-    fn joint(&self) -> Option<impl JointStore + '_> {
-        (**self).joint()
-    }
-
-    fn lift_penalty(
-        &self,
-        identity: &Identity,
-        deadline: Option<Instant>,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        (**self).lift_penalty(identity, deadline)
-    }
-
-    fn has_outages(&self) -> bool {
-        (**self).has_outages()
-    }
+    forward!((.as_ref()) decide, decide_now, distinct, tables, leases, joint, lift_penalty, has_outages);
 }
 
 /// The ability to count distinct values per identity (crawl breadth): a

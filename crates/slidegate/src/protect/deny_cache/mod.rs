@@ -80,10 +80,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{
-    Charge, Decision, Decisions, DistinctStore, Identity, Origin, Outcome, Request, SharedTables, Store,
-    StoreError,
-};
+use crate::{Charge, Decision, Decisions, Identity, Origin, Outcome, Request, Store, StoreError};
 
 use super::Events;
 use super::Ticks;
@@ -412,27 +409,13 @@ impl<S: Store> Store for DenyCached<S> {
         Some(answer)
     }
 
-    fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        self.inner.distinct()
-    }
-
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        self.inner.tables()
-    }
-
-    /// The store's own (the lease layer, below, takes them).
-    fn leases(&self) -> Option<impl crate::LeaseStore + '_> {
-        self.inner.leases()
-    }
-
-    /// The store's own, uncached: a joint decision is asked of the store
-    /// every time, and what it answers is not remembered (a denial of one
-    /// part is the whole request's, not that identity's alone). An identity
-    /// the cache holds denied is denied by the store too, so nothing that
-    /// passes here is charged where the cache would have refused.
-    fn joint(&self) -> Option<impl crate::JointStore + '_> {
-        self.inner.joint()
-    }
+    // The store's own: leases (the lease layer, below, takes them), and
+    // joint decisions uncached: a joint decision is asked of the store
+    // every time, and what it answers is not remembered (a denial of one
+    // part is the whole request's, not that identity's alone). An identity
+    // the cache holds denied is denied by the store too, so nothing that
+    // passes here is charged where the cache would have refused.
+    crate::store::forward!((.inner) distinct, tables, leases, joint);
 
     /// Forgets the identity's cached denials first: whatever the store
     /// answers, this instance no longer answers for it.
@@ -445,10 +428,8 @@ impl<S: Store> Store for DenyCached<S> {
         self.inner.lift_penalty(identity, deadline).await
     }
 
-    /// The store's: a cached denial is one the store gave.
-    fn has_outages(&self) -> bool {
-        self.inner.has_outages()
-    }
+    // Outages: the store's (a cached denial is one the store gave).
+    crate::store::forward!((.inner) has_outages);
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     Charge, Decision, DistinctStore, Identity, InvalidRequest, JointStore, Limit, MemoryStore, Origin,
-    Outcome, Part, Quota, Request, SharedTables, Store, StoreError,
+    Outcome, Part, Quota, Request, Store, StoreError,
 };
 
 use super::Ticks;
@@ -145,16 +145,10 @@ impl<S: Store> Store for Fallback<S> {
         Some(FallbackDistinct { inner, seeded: self.seeded.as_ref() })
     }
 
-    /// The store's own: shared tables exist to reach every instance, which
-    /// no stand-in in this process can; while the store fails, so do they.
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        self.inner.tables()
-    }
-
-    /// The store's own (the lease layer, below, takes them).
-    fn leases(&self) -> Option<impl crate::LeaseStore + '_> {
-        self.inner.leases()
-    }
+    // The store's own: shared tables exist to reach every instance, which
+    // no stand-in in this process can (while the store fails, so do they);
+    // leases, which the lease layer, below, takes.
+    crate::store::forward!((.inner) tables, leases);
 
     /// The store's, and while it fails the fallback limiter's own joint
     /// decisions: every part under this instance's share of its limits, all

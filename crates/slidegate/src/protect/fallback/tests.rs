@@ -1,5 +1,5 @@
 use super::*;
-use crate::Algorithm;
+use crate::{Algorithm, SharedTables};
 
 /// The embedded store, as a store that says it can have outages.
 struct Remote(MemoryStore);

@@ -233,11 +233,11 @@ impl<S: Store + 'static> Store for Guarded<S> {
         Some(GuardedDistinct { guard: self, inner })
     }
 
-    /// The store's own, unguarded: the lease layer sits below the guard, so
-    /// its lease calls are a decision's and carry its deadline.
-    fn leases(&self) -> Option<impl crate::LeaseStore + '_> {
-        self.shared.store.leases()
-    }
+    // Leases: the store's own, unguarded: the lease layer sits below the
+    // guard, so its lease calls are a decision's and carry its deadline.
+    // Outages: the store's: the breaker opens, and the deadline passes, only
+    // on a store that fails or waits.
+    crate::store::forward!((.shared.store) leases, has_outages);
 
     fn tables(&self) -> Option<impl SharedTables + '_> {
         let inner = self.shared.store.tables()?;
@@ -257,12 +257,6 @@ impl<S: Store + 'static> Store for Guarded<S> {
         let own = Instant::now() + self.shared.timeout;
         let deadline = deadline.map_or(own, |d| d.min(own));
         self.deadlined(self.shared.store.lift_penalty(identity, Some(deadline))).await
-    }
-
-    /// The store's: the breaker opens, and the deadline passes, only on a
-    /// store that fails or waits.
-    fn has_outages(&self) -> bool {
-        self.shared.store.has_outages()
     }
 }
 

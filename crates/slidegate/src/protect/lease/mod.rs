@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use crate::store::lease::leasable;
 use crate::{
-    Charge, Decision, DistinctStore, GiveBack, Identity, LeaseStore, Limit, NoLeases, Origin, Outcome,
-    Request, SharedTables, Store, StoreError,
+    Charge, Decision, GiveBack, Identity, LeaseStore, Limit, NoLeases, Origin, Outcome, Request, Store,
+    StoreError,
 };
 use std::sync::Arc;
 
@@ -328,34 +328,15 @@ impl<S: Store> Store for Leased<S> {
         }
     }
 
-    fn distinct(&self) -> Option<impl DistinctStore + '_> {
-        self.inner.distinct()
-    }
-
-    fn tables(&self) -> Option<impl SharedTables + '_> {
-        self.inner.tables()
-    }
+    crate::store::forward!((.inner) distinct, tables);
 
     /// The leases are this layer's: none is granted above it.
     fn leases(&self) -> Option<impl LeaseStore + '_> {
         None::<NoLeases>
     }
 
-    /// The store's own: a leased permit is charged in the store, so a joint
-    /// decision there counts it as any other instance's decision would.
-    fn joint(&self) -> Option<impl crate::JointStore + '_> {
-        self.inner.joint()
-    }
-
-    fn lift_penalty(
-        &self,
-        identity: &Identity,
-        deadline: Option<std::time::Instant>,
-    ) -> impl std::future::Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        self.inner.lift_penalty(identity, deadline)
-    }
-
-    fn has_outages(&self) -> bool {
-        self.inner.has_outages()
-    }
+    // Joint decisions: the store's own (a leased permit is charged in the
+    // store, so a joint decision there counts it as any other instance's
+    // decision would).
+    crate::store::forward!((.inner) joint, lift_penalty, has_outages);
 }
