@@ -19,10 +19,6 @@ const KEY: &str = "sk-live-0123456789abcdef";
 fn config_with_log(upstream: &Upstream, log: &Path, sample_allowed: &str) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [access_log]
 path = "{log}"
 sample_allowed = {sample_allowed}
@@ -37,7 +33,7 @@ name = "bulk"
 path = "/bulk"
 limits = [{{ limit = 10000, window = "1h", algorithm = "sliding_log" }}]
 "#,
-        head = config_head(upstream.addr, "admin_on_public = true\nthreads = 2", ""),
+        head = keyed_head(upstream.addr, "admin_on_public = true\nthreads = 2", ""),
         log = log.display(),
     )
 }

@@ -31,10 +31,6 @@ fn cluster_config(upstream: &Upstream, store: &str, prefix: &str, timeout_ms: u6
     );
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "search"
 path = "/api/search*"
@@ -50,7 +46,7 @@ name = "busy"
 path = "/api/busy"
 limits = [{{ limit = 1000000, window = "1h" }}]
 "#,
-        head = config_head(upstream.addr, "threads = 2", &store),
+        head = keyed_head(upstream.addr, "threads = 2", &store),
     )
 }
 

@@ -24,17 +24,13 @@ use serde_json::Value;
 fn delay_config(upstream: &Upstream, server: &str, store: &str, rule: &str, extra: &str) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "api"
 path = "/api/*"
 {rule}
 {extra}
 "#,
-        head = config_head(upstream.addr, &format!("admin_on_public = true\n{server}"), store),
+        head = keyed_head(upstream.addr, &format!("admin_on_public = true\n{server}"), store),
     )
 }
 

@@ -386,10 +386,6 @@ fn hang_up(addr: SocketAddr, target: &str, key: &str) {
 fn drain_config(upstream: &DrainUpstream, redis: &RedisServer, server: &str) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "search"
 path = "/api/search/*"
@@ -402,7 +398,7 @@ name = "rest"
 path = "/api/*"
 limits = [{{ limit = 100000, window = "60s" }}]
 "#,
-        head = config_head(upstream.addr, server, &redis_decides(redis)),
+        head = keyed_head(upstream.addr, server, &redis_decides(redis)),
     )
 }
 
@@ -624,16 +620,12 @@ fn what_outlasts_the_grace_is_cut_and_counted() {
 fn leasing(upstream: &Upstream, redis: &RedisServer, lease: &str) -> Slidegate {
     Slidegate::start(&format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "search"
 path = "/search"
 limits = [{{ limit = 1000, window = "1h", algorithm = "fixed_window" }}]
 "#,
-        head = config_head(
+        head = keyed_head(
             upstream.addr,
             "",
             &format!("[store]\nurl = \"{}\"\ntimeout_ms = 5000\ndeny_cache = 0\n{lease}\n", redis.url())

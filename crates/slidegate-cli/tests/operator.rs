@@ -411,16 +411,12 @@ fn identity_show_reads_the_packed_layout_through_serve() {
     );
     let text = format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "api"
 path = "/api/*"
 limits = [{{ name = "burst", limit = 3, window = "60s", algorithm = "sliding_window_counter" }}, {{ name = "steady", limit = 5, window = "60s", algorithm = "fixed_window" }}]
 "#,
-        head = config_head(upstream.addr, "", &store)
+        head = keyed_head(upstream.addr, "", &store)
     );
     let sg = Slidegate::start(&text);
     let statuses: Vec<u16> = (0..4).map(|_| sg.get("/api/x", &[("x-api-key", "k1")]).status).collect();

@@ -24,10 +24,6 @@ fn config(upstream: &Upstream, redis: &RedisServer) -> String {
 fn config_with_window(upstream: &Upstream, redis: &RedisServer, window: &str) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "login"
 path = "/login"
@@ -45,7 +41,7 @@ name = "plain"
 path = "/plain"
 limits = [{{ limit = 1, window = "1m" }}]
 "#,
-        head = config_head(
+        head = keyed_head(
             upstream.addr,
             &format!("admin_listen = \"127.0.0.1:0\"\ncheck_token_env = \"{SECRET_ENV}\""),
             &format!("[store]\nurl = \"{}\"\n", redis.url()),

@@ -140,10 +140,6 @@ fn wait_for_search_left(gate: &Slidegate, key: &str, left: u64) {
 fn gate(upstream: &SlowUpstream, store: &str, search: &str, plain_limit: u64) -> Slidegate {
     Slidegate::start(&format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "search"
 path = "/api/search/*"
@@ -163,7 +159,7 @@ path = "/api/probe/*"
 limits = [{{ limit = 10, window = "60s", algorithm = "sliding_log" }}]
 count_status = [404]
 "#,
-        head = config_head(upstream.addr, "", store),
+        head = keyed_head(upstream.addr, "", store),
     ))
 }
 

@@ -7,17 +7,13 @@ use crate::common::*;
 fn keyed_config(upstream: &Upstream) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "trending"
 path = "/api/videos/trending"
 anonymous = [{{ limit = 5, window = "60s", algorithm = "sliding_log" }}]
 authenticated = [{{ limit = 1000, window = "60s", algorithm = "sliding_log" }}]
 "#,
-        head = config_head(upstream.addr, "", ""),
+        head = keyed_head(upstream.addr, "", ""),
     )
 }
 

@@ -23,16 +23,12 @@ fn scraper_config(upstream: &Upstream, redis: &RedisServer, deny_cache: usize) -
     let store = format!("{}deny_cache = {deny_cache}\n", redis_decides(redis));
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "trending"
 path = "/api/videos/trending"
 limits = [{{ limit = 10, window = "1m", algorithm = "sliding_window_counter" }}]
 "#,
-        head = config_head(upstream.addr, "admin_on_public = true", &store),
+        head = keyed_head(upstream.addr, "admin_on_public = true", &store),
     )
 }
 
@@ -106,10 +102,6 @@ fn without_the_deny_cache_every_denial_is_a_script_call() {
 fn penalty_config(upstream: &Upstream, store: &str, shadow: bool) -> String {
     format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "trending"
 path = "/api/videos/trending"
@@ -117,7 +109,7 @@ shadow = {shadow}
 limits = [{{ limit = 2, window = "1s", algorithm = "sliding_window_counter" }}]
 penalty = {{ after = 3, within = "1m", block = "4s", max_block = "1m" }}
 "#,
-        head = config_head(upstream.addr, "admin_on_public = true", store),
+        head = keyed_head(upstream.addr, "admin_on_public = true", store),
     )
 }
 

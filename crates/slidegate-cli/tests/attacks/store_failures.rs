@@ -141,16 +141,12 @@ fn a_stalled_store_does_not_open_the_gate_by_default() {
     let upstream = Upstream::start();
     let config = format!(
         r#"{head}
-[identity]
-api_key_header = "x-api-key"
-ip_hash_secret_env = "{SECRET_ENV}"
-
 [[rules]]
 name = "api"
 path = "/api/*"
 limits = [{{ limit = 50, window = "1h" }}]
 "#,
-        head = config_head(
+        head = keyed_head(
             upstream.addr,
             "admin_on_public = true",
             &format!("[store]\nurl = \"{}\"\ntimeout_ms = 50\ninstances = 2\n", redis.url()),

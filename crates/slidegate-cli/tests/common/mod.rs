@@ -295,6 +295,13 @@ pub fn config_head(upstream: SocketAddr, server: &str, store: &str) -> String {
     format!("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n{server}\n\n{store}\n")
 }
 
+/// [`config_head`] and the `[identity]` most tests share: API keys in
+/// `x-api-key`, addresses hashed under the test's [`SECRET_ENV`].
+pub fn keyed_head(upstream: SocketAddr, server: &str, store: &str) -> String {
+    let head = config_head(upstream, server, store);
+    format!("{head}\n[identity]\napi_key_header = \"x-api-key\"\nip_hash_secret_env = \"{SECRET_ENV}\"\n")
+}
+
 /// The test configuration: quotas small enough to exhaust, exact by algorithm,
 /// with the admin endpoints on the public listener.
 pub fn config(upstream: &Upstream, store: &str, trusted: &str) -> String {

@@ -44,6 +44,10 @@ pub struct Admission<'a> {
     grpc: Option<GrpcAnswer>,
     /// Whether denials carry the `X-RateLimit-*` headers.
     legacy: bool,
+    /// The client's address, after the trusted proxies (`None` without a
+    /// peer): worked out once here, for everything after the admission
+    /// (`serve`'s upstream share per client, logs).
+    pub client: Option<IpAddr>,
 }
 
 impl Admission<'_> {
@@ -99,8 +103,9 @@ impl<S: Store + 'static> RateLimiter<S> {
         let grpc = grpc::grpc_content_type(request.method(), request.headers())
             .map(|content_type| GrpcAnswer { denial: grpc_denial, content_type: content_type.clone() });
         let legacy = self.legacy_headers();
-        let refused = |reason, grpc| Admission { verdict: None, refused: Some(reason), grpc, legacy };
         self.identity().strip_header_aliases(request.headers_mut());
+        let client = peer.map(|peer| self.identity().client_ip(peer, request.headers()));
+        let refused = |reason, grpc| Admission { verdict: None, refused: Some(reason), grpc, legacy, client };
         let path = request.uri().path();
         if let Some(reason) = crate::refused_path(path) {
             return refused(reason, grpc);
@@ -110,7 +115,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             Err(AmbiguousKey) => return refused(AmbiguousKey::DETAIL, grpc),
         };
         let target = request.uri().path_and_query().map_or(path, |pq| pq.as_str());
-        let verdict = self.check_head(request.method(), target, request.headers(), peer, api_key).await;
-        Admission { verdict, refused: None, grpc, legacy }
+        let verdict = self.check_head(request.method(), target, client, api_key).await;
+        Admission { verdict, refused: None, grpc, legacy, client }
     }
 }

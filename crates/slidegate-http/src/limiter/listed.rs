@@ -5,7 +5,6 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use http::HeaderMap;
 use slidegate::Source;
 
 use super::RateLimiter;
@@ -16,22 +15,20 @@ use crate::verdict::{DecisionSource, Policies, Verdict};
 impl<S> RateLimiter<S> {
     /// The verdict of a request the lists name, counted; `None` when they
     /// name nobody it is (the rules decide). `rule` is the matched rule's
-    /// number, `None` when none matched.
+    /// number, `None` when none matched; `client` the client's address
+    /// after the trusted-proxy logic (a spoofed forwarding header from an
+    /// untrusted peer is never read).
     pub(super) fn listed(
         &self,
         rule: Option<usize>,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
+        client: Option<IpAddr>,
         api_key: Option<&[u8]>,
     ) -> Option<Verdict<'_>> {
         let lists = &self.inner.lists;
         if lists.is_empty() {
             return None;
         }
-        let extractor = &self.inner.identity;
-        // After the trusted-proxy logic: a spoofed forwarding header from an
-        // untrusted peer is never read.
-        let ip = peer.filter(|_| lists.needs_ip()).map(|p| extractor.client_ip(p, headers));
+        let ip = client.filter(|_| lists.needs_ip());
         let key = api_key.filter(|_| lists.needs_key());
         self.listed_client(rule, ip, key)
     }

@@ -385,18 +385,19 @@ impl<S: Store + 'static> RateLimiter<S> {
         peer: Option<IpAddr>,
     ) -> Option<Verdict<'_>> {
         let api_key = self.inner.identity.api_key(headers);
-        self.check_head(method, target, headers, peer, api_key).await
+        let client = peer.map(|peer| self.inner.identity.client_ip(peer, headers));
+        self.check_head(method, target, client, api_key).await
     }
 
-    /// [`RateLimiter::check_request`], given the API key the request
-    /// carries, as the extractor read it (once: [`RateLimiter::admit`] reads
-    /// it while it checks the key is not ambiguous).
+    /// [`RateLimiter::check_request`], given who the request is from, each
+    /// worked out once: the API key it carries, as the extractor read it
+    /// ([`RateLimiter::admit`] reads it while it checks the key is not
+    /// ambiguous), and the client's address, after the trusted proxies.
     async fn check_head(
         &self,
         method: &Method,
         target: &str,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
+        client: Option<IpAddr>,
         api_key: Option<&[u8]>,
     ) -> Option<Verdict<'_>> {
         let (path, query) = match target.split_once('?') {
@@ -404,7 +405,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             None => (target, None),
         };
         let matched = self.inner.matcher.matching(method, path);
-        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), headers, peer, api_key) {
+        if let Some(listed) = self.listed(matched.as_ref().map(|m| m.index), client, api_key) {
             return Some(listed);
         }
         let matched = matched?;
@@ -415,8 +416,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let (identity, plan) = match api_key.filter(|_| rule.counts_keys()) {
             Some(k) => self.key_identity(rule, k),
             None => {
-                let ip = peer.map(|p| extractor.client_ip(p, headers));
-                let bytes = ip.map(|ip| extractor.ip_bytes(ip)).unwrap_or_default();
+                let bytes = client.map(|ip| extractor.ip_bytes(ip)).unwrap_or_default();
                 (extractor.identity(&rule.scope, Source::Ip, &bytes), None)
             }
         };
@@ -433,7 +433,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                         // A crawler refused for breadth is an offender like one
                         // refused for rate (shadow refusals too, as `count` does).
                         self.record_offence(index, &identity, Event::Denied);
-                        self.record_network(index, headers, peer);
+                        self.record_network(index, client);
                         return Some(verdict);
                     }
                 }
@@ -474,7 +474,7 @@ impl<S: Store + 'static> RateLimiter<S> {
         let recorded =
             verdict.blocked || matches!(verdict.source, DecisionSource::Store | DecisionSource::Fallback);
         if !verdict.allowed() && recorded {
-            self.record_network(index, headers, peer);
+            self.record_network(index, client);
         }
         Some(verdict)
     }
@@ -487,12 +487,11 @@ impl<S: Store + 'static> RateLimiter<S> {
         (Identity::new(Arc::clone(&rule.scope), Source::ApiKey, digest), plan)
     }
 
-    /// Counts a refusal of the client at `peer` under rule number `index`
+    /// Counts a refusal of the client at `client` under rule number `index`
     /// by its network (see [`Offenders`]): the identity may be an API key,
     /// and rotated identities add up only there.
-    fn record_network(&self, index: usize, headers: &HeaderMap, peer: Option<IpAddr>) {
-        if let Some(peer) = peer {
-            let ip = self.inner.identity.client_ip(peer, headers);
+    fn record_network(&self, index: usize, client: Option<IpAddr>) {
+        if let Some(ip) = client {
             self.inner.offenders.record_network(index, crate::offenders::Network::of(ip));
         }
     }

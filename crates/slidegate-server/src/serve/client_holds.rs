@@ -30,7 +30,6 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use http::HeaderMap;
 use slidegate::{Digest, IdentityHasher, Source};
 use slidegate_http::IdentityExtractor;
 
@@ -85,10 +84,9 @@ impl ClientHolds {
         }
     }
 
-    /// The client of a request from `peer` with `headers`, grouped by the
-    /// limits' `identity` (trusted proxies, IPv6 prefix).
-    pub(crate) fn key(&self, identity: &IdentityExtractor, peer: IpAddr, headers: &HeaderMap) -> ClientKey {
-        let ip = identity.client_ip(peer, headers);
+    /// The client at `ip` (after the trusted proxies), grouped by the
+    /// limits' `identity` (IPv6 prefix).
+    pub(crate) fn key(&self, identity: &IdentityExtractor, ip: IpAddr) -> ClientKey {
         ClientKey(self.hasher.digest(Source::Ip, &identity.ip_bytes(ip)))
     }
 
@@ -185,7 +183,7 @@ mod tests {
     use super::*;
 
     fn key(holds: &ClientHolds, extractor: &IdentityExtractor, ip: &str) -> ClientKey {
-        holds.key(extractor, ip.parse::<IpAddr>().unwrap(), &HeaderMap::new())
+        holds.key(extractor, ip.parse::<IpAddr>().unwrap())
     }
 
     #[test]
@@ -256,14 +254,16 @@ mod tests {
         assert_ne!(key(&holds, &extractor, "2001:db8::1"), key(&holds, &extractor, "2001:db8:0:1::1"));
         // An IPv4-mapped address is the IPv4 client.
         let mapped = IpAddr::V6(Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0xc000, 0x0201]));
-        assert_eq!(holds.key(&extractor, mapped, &HeaderMap::new()), key(&holds, &extractor, "192.0.2.1"));
-        // Behind a trusted proxy, the forwarded address is the client.
+        let seen = |peer: IpAddr, headers: &HeaderMap| holds.key(&extractor, extractor.client_ip(peer, headers));
+        assert_eq!(seen(mapped, &HeaderMap::new()), key(&holds, &extractor, "192.0.2.1"));
+        // The client the admission works out: behind a trusted proxy, the
+        // forwarded address.
         let mut headers = HeaderMap::new();
         headers.insert("x-forwarded-for", "198.51.100.9".parse().unwrap());
-        let proxied = holds.key(&extractor, "10.1.2.3".parse().unwrap(), &headers);
+        let proxied = seen("10.1.2.3".parse().unwrap(), &headers);
         assert_eq!(proxied, key(&holds, &extractor, "198.51.100.9"));
         // From an untrusted peer the header is ignored.
-        let direct = holds.key(&extractor, "192.0.2.7".parse().unwrap(), &headers);
+        let direct = seen("192.0.2.7".parse().unwrap(), &headers);
         assert_eq!(direct, key(&holds, &extractor, "192.0.2.7"));
         // The key is a keyed hash under the process's secret: another
         // process, another key; the limits' secret plays no part.

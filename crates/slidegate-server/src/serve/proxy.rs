@@ -171,7 +171,8 @@ pub(crate) async fn forward(
         return access_log::logged(log, entry, own(bad_gateway(uri.path(), "no upstream client")));
     };
     prepare(&mut request, &proxy.upstream, peer_value, grpc);
-    let client = proxy.upstream.client(limiter.identity(), peer.ip(), request.headers());
+    // The client the admission worked out (the peer is given, so it did).
+    let client = proxy.upstream.client(limiter.identity(), admission.client.unwrap_or(peer.ip()));
     let pending = verdict.as_mut().and_then(Verdict::take_pending);
     let exchange = exchange(state, limiter, &proxy.upstream, request, client, upgrade, pending).await;
     let response = match exchange {

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use std::net::IpAddr;
 
 use http::uri::Authority;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -279,15 +279,11 @@ impl Upstream {
         (&self.host, self.port)
     }
 
-    /// Who `send` counts a request against: the client address of a request
-    /// from `peer` with `headers`, grouped and hashed as the limits do.
-    pub(crate) fn client(
-        &self,
-        identity: &IdentityExtractor,
-        peer: IpAddr,
-        headers: &HeaderMap,
-    ) -> ClientKey {
-        self.limits.clients.key(identity, peer, headers)
+    /// The upstream share's key of the client at `ip` (the client's
+    /// address, after the trusted proxies: [`slidegate_http::Admission::client`]),
+    /// grouped as the limits' `identity` groups it (IPv6 prefix).
+    pub(crate) fn client(&self, identity: &IdentityExtractor, ip: IpAddr) -> ClientKey {
+        self.limits.clients.key(identity, ip)
     }
 
     /// Sends `request` (origin-form URI) for `client` on a pooled or new
