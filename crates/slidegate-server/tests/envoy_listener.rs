@@ -160,6 +160,66 @@ async fn an_unknown_method_is_unimplemented_trailers_only_and_the_connection_ser
     assert_eq!(message.statuses[0].limit_remaining, 9);
 }
 
+/// Sends `body` as the whole body of a `ShouldRateLimit` call with the
+/// extra `headers`, and reads the answer.
+async fn send_raw(
+    client: &mut h2::client::SendRequest<Bytes>,
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> (http::StatusCode, String, Option<RateLimitResponse>) {
+    let mut request = grpc_request(addr, SHOULD_RATE_LIMIT);
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .insert(http::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
+    }
+    let mut ready = client.clone().ready().await.unwrap();
+    let (response, mut stream) = ready.send_request(request, body.is_empty()).unwrap();
+    if !body.is_empty() {
+        // The answer may come (and the stream close) before the body is sent.
+        let _ = stream.send_data(body, true);
+    }
+    *client = ready;
+    answer(response).await
+}
+
+/// A malformed call: what it is, its extra headers, its body, the
+/// `grpc-status` it gets.
+type Malformed<'a> = (&'a str, &'a [(&'a str, &'a str)], Bytes, &'a str);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_calls_get_a_grpc_error_and_charge_nothing() {
+    let server = start("threads = 1").await;
+    let (mut client, _connection) = h2_client(server.grpc).await;
+    let good = framed(&ask("3.3.3.3"));
+    let mut compressed = BytesMut::from(&good[..]);
+    compressed[0] = 1;
+    let mut twice = BytesMut::from(&good[..]);
+    twice.extend_from_slice(&good);
+    let mut garbage = BytesMut::from(&[0u8, 0, 0, 0, 3][..]);
+    garbage.extend_from_slice(&[0xff, 0xff, 0xff]);
+    let cases: [Malformed<'_>; 7] = [
+        ("no message", &[], Bytes::new(), "13"),
+        ("a prefix cut short", &[], good.slice(..3), "13"),
+        ("a message cut short", &[], good.slice(..good.len() - 1), "13"),
+        ("two messages", &[], twice.freeze(), "13"),
+        ("not protobuf", &[], garbage.freeze(), "13"),
+        ("the compressed flag", &[], compressed.freeze(), "12"),
+        ("gzip", &[("grpc-encoding", "gzip")], good.clone(), "12"),
+    ];
+    for (what, headers, body, code) in cases {
+        let (status, got, message) = send_raw(&mut client, server.grpc, headers, body).await;
+        assert_eq!((status.as_u16(), got.as_str(), message), (200, code, None), "{what}");
+    }
+    // None of them was decided: the real call sees the whole limit, on the
+    // same connection.
+    let (status, code, message) =
+        send_raw(&mut client, server.grpc, &[("grpc-encoding", "identity")], good).await;
+    assert_eq!((status.as_u16(), code.as_str()), (200, "0"));
+    assert_eq!(message.unwrap().statuses[0].limit_remaining, 9);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_is_not_grpc_gets_415_and_reaches_no_method() {
     let server = start("threads = 1").await;

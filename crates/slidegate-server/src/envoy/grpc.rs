@@ -53,7 +53,8 @@ impl GrpcRoutes {
         }
     }
 
-    /// Answers one gRPC call: `ShouldRateLimit`, the health service, or a
+    /// Answers one gRPC call: `ShouldRateLimit` (written out by hand), the
+    /// health service (tonic's), or a
     /// trailers-only `UNIMPLEMENTED` for any other path.
     pub async fn call<B>(&self, request: http::Request<B>) -> http::Response<tonic::body::Body>
     where
@@ -64,7 +65,7 @@ impl GrpcRoutes {
         // Both services are always ready (their `poll_ready` is `Ready`):
         // `call` at once.
         let answer: Result<_, Infallible> = if path == SHOULD_RATE_LIMIT {
-            self.rate_limit.clone().call(request).await
+            Ok(self.rate_limit.should_rate_limit(request).await)
         } else if path.starts_with(HEALTH) {
             self.health.clone().call(request).await
         } else {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::codegen::{http, Body, StdError};
 
 /// The full gRPC name of the service.
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -194,43 +194,127 @@ impl<T> tonic::server::NamedService for RateLimitServiceServer<T> {
     const NAME: &'static str = SERVICE;
 }
 
-/// `ShouldRateLimit` as tonic's unary service.
-struct ShouldRateLimit<T>(Arc<T>);
+/// The 5 bytes before a gRPC message: whether it is compressed, its length.
+const PREFIX: usize = 5;
 
-impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<tonic::Response<RateLimitResponse>, tonic::Status>;
+impl<T: RateLimitService> RateLimitServiceServer<T> {
+    /// Answers a call of `ShouldRateLimit` (routed here by its path): the
+    /// unary call written out — the request's one message read whole,
+    /// decoded, decided, and answered as one message and `grpc-status: 0`
+    /// in the trailers, or as a trailers-only error — rather than through
+    /// tonic's `Grpc::unary`, whose streaming decoder and encoder cost
+    /// more per call than the decision itself.
+    pub async fn should_rate_limit<B>(&self, request: http::Request<B>) -> http::Response<tonic::body::Body>
+    where
+        B: Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        match self.answer(request).await {
+            Ok(message) => unary_answer(message),
+            Err(status) => status.into_http(),
+        }
+    }
 
-    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.should_rate_limit(request.into_inner()).await.map(tonic::Response::new) })
+    async fn answer<B>(&self, request: http::Request<B>) -> Result<bytes::Bytes, tonic::Status>
+    where
+        B: Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        use http_body_util::BodyExt;
+        use prost::Message;
+
+        if let Some(encoding) = request.headers().get("grpc-encoding").filter(|e| e.as_bytes() != b"identity")
+        {
+            return Err(tonic::Status::unimplemented(format!(
+                "messages compressed with {encoding:?} are not supported: send them uncompressed (identity)"
+            )));
+        }
+        let body = http_body_util::Limited::new(request.into_body(), self.max_message + PREFIX);
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+                return Err(tonic::Status::out_of_range(format!(
+                    "the request message is larger than {} bytes",
+                    self.max_message
+                )))
+            }
+            Err(err) => return Err(tonic::Status::cancelled(format!("reading the request failed: {err}"))),
+        };
+        let message = one_message(&bytes)?;
+        let request = RateLimitRequest::decode(message)
+            .map_err(|e| tonic::Status::internal(format!("the request message does not decode: {e}")))?;
+        let response = self.inner.should_rate_limit(request).await?;
+        let length = response.encoded_len();
+        let mut framed = bytes::BytesMut::with_capacity(PREFIX + length);
+        framed.extend_from_slice(&[0]);
+        framed.extend_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_be_bytes());
+        response
+            .encode(&mut framed)
+            .map_err(|e| tonic::Status::internal(format!("encoding the answer: {e}")))?;
+        Ok(framed.freeze())
     }
 }
 
-impl<T, B> Service<http::Request<B>> for RateLimitServiceServer<T>
-where
-    T: RateLimitService,
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
+/// The one message of a unary call's body: uncompressed, and exactly as
+/// long as its prefix says.
+fn one_message(body: &[u8]) -> Result<&[u8], tonic::Status> {
+    let Some((prefix, message)) = body.split_first_chunk::<PREFIX>() else {
+        return Err(tonic::Status::internal(if body.is_empty() {
+            "the call carries no request message"
+        } else {
+            "the request message is cut short"
+        }));
+    };
+    if prefix[0] != 0 {
+        return Err(tonic::Status::unimplemented(
+            "compressed messages are not supported: send them uncompressed",
+        ));
+    }
+    let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    match message.len().cmp(&length) {
+        std::cmp::Ordering::Equal => Ok(message),
+        std::cmp::Ordering::Less => Err(tonic::Status::internal("the request message is cut short")),
+        std::cmp::Ordering::Greater => {
+            Err(tonic::Status::internal("a unary call carries one request message"))
+        }
+    }
+}
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
+/// A unary call's answer: `message` (framed), then `grpc-status: 0`.
+fn unary_answer(message: bytes::Bytes) -> http::Response<tonic::body::Body> {
+    let mut trailers = http::HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let body = Unary { message: Some(message), trailers: Some(trailers) };
+    let mut response = http::Response::new(tonic::body::Body::new(body));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+    response
+}
+
+/// The body of a unary answer: one data frame, then the trailers.
+struct Unary {
+    message: Option<bytes::Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl Body for Unary {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(message) = this.message.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
+        }
+        Poll::Ready(this.trailers.take().map(|trailers| Ok(http_body::Frame::trailers(trailers))))
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(async { Ok(tonic::Status::unimplemented("unknown method").into_http()) });
-        }
-        let (inner, max_message) = (Arc::clone(&self.inner), self.max_message);
-        Box::pin(async move {
-            let codec = tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
-            let mut grpc = tonic::server::Grpc::new(codec).max_decoding_message_size(max_message);
-            Ok(grpc.unary(ShouldRateLimit(inner), request).await)
-        })
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
     }
 }
 

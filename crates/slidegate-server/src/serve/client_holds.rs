@@ -254,7 +254,8 @@ mod tests {
         assert_ne!(key(&holds, &extractor, "2001:db8::1"), key(&holds, &extractor, "2001:db8:0:1::1"));
         // An IPv4-mapped address is the IPv4 client.
         let mapped = IpAddr::V6(Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0xc000, 0x0201]));
-        let seen = |peer: IpAddr, headers: &HeaderMap| holds.key(&extractor, extractor.client_ip(peer, headers));
+        let seen =
+            |peer: IpAddr, headers: &HeaderMap| holds.key(&extractor, extractor.client_ip(peer, headers));
         assert_eq!(seen(mapped, &HeaderMap::new()), key(&holds, &extractor, "192.0.2.1"));
         // The client the admission works out: behind a trusted proxy, the
         // forwarded address.
