@@ -173,6 +173,34 @@ fn an_upstream_that_does_not_verify_gets_a_502_and_nothing_in_clear() {
     assert_eq!((upstream.hits(), elsewhere.hits(), clear.hits()), (0, 0, 0));
 }
 
+#[test]
+fn a_self_signed_upstream_certificate_named_in_upstream_ca_is_pinned() {
+    let (own_dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // `openssl req -x509`: a CA:TRUE certificate, the upstream's own.
+    let own = TlsCerts::self_signed(own_dir.path());
+    let upstream = ProtoUpstream::tls("127.0.0.1", &own);
+    let pinned = format!("upstream_ca = {:?}", own.ca_cert);
+    let sg = start(&format!("https://localhost:{}", upstream.addr.port()), &pinned, "");
+    let reply = get(sg.addr, "/pinned", &[]);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.body, format!("GET /pinned v=HTTP/1.1 host={} sni=localhost", sg.addr));
+    drop(sg);
+    // Pinned for its own names only: it names 127.0.0.1 and localhost.
+    let elsewhere = ProtoUpstream::tls("127.0.0.2", &own);
+    let sg = start(&format!("https://127.0.0.2:{}", elsewhere.addr.port()), &pinned, "");
+    assert_eq!(get(sg.addr, "/name", &[]).status, 502);
+    wait_for("the failure in the log", Duration::from_secs(5), || {
+        sg.log.lock().unwrap().contains("certificate not valid for name \"127.0.0.2\"")
+    });
+    drop(sg);
+    // Another self-signed certificate is not the pinned one.
+    let other = TlsCerts::self_signed(other_dir.path());
+    let impostor = ProtoUpstream::tls("127.0.0.1", &other);
+    let sg = start(&format!("https://localhost:{}", impostor.addr.port()), &pinned, "");
+    assert_eq!(get(sg.addr, "/impostor", &[]).status, 502);
+    assert_eq!((upstream.hits(), elsewhere.hits(), impostor.hits()), (1, 0, 0));
+}
+
 /// Copies `from`'s server certificate and key over `to`'s files.
 fn install(from: &TlsCerts, to: &TlsCerts) {
     std::fs::copy(&from.server_cert, &to.server_cert).unwrap();

@@ -55,6 +55,38 @@ impl TlsCerts {
         );
         certs
     }
+
+    /// Writes into `dir` a server certificate for `127.0.0.1` and
+    /// `localhost` made the usual self-signed way, `openssl req -x509`
+    /// (which marks it `CA:TRUE`): it is its own CA, so `ca_cert` is
+    /// `server_cert`.
+    ///
+    /// # Panics
+    /// If `openssl` is missing or fails; the message holds its output.
+    pub fn self_signed(dir: &Path) -> TlsCerts {
+        let server_cert = dir.join("self-signed.crt");
+        let certs =
+            TlsCerts { ca_cert: server_cert.clone(), server_cert, server_key: dir.join("self-signed.key") };
+        openssl(
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=localhost",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ],
+            &[("-keyout", &certs.server_key), ("-out", &certs.server_cert)],
+        );
+        certs
+    }
 }
 
 fn openssl(args: &[&str], paths: &[(&str, &Path)]) {

@@ -22,7 +22,7 @@ mod validate;
 mod values;
 
 pub use error::ConfigError;
-pub use protocols::{load_roots, Http2Limits, ListenerTls, TlsFileError};
+pub use protocols::{load_certificates, load_roots, Http2Limits, ListenerTls, TlsFileError};
 pub use types::{
     AccessLogConfig, AccessLogPath, Config, GrpcDenialStatus, LogFormat, Password, ServerConfig, StoreConfig,
 };

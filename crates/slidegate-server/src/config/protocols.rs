@@ -35,7 +35,7 @@ impl ListenerTls {
     /// What was wrong, naming the file: unreadable, no PEM certificate or
     /// key in it, a key rustls cannot sign with, or one that does not match.
     pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsFileError> {
-        let chain = certificates(cert)?;
+        let chain = load_certificates(cert)?;
         let der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsFileError::Key(pem_problem(key, &e)))?;
         let provider = rustls::crypto::ring::default_provider();
         let certified = CertifiedKey::from_der(chain, der, &provider).map_err(|e| match e {
@@ -77,7 +77,10 @@ pub enum TlsFileError {
 }
 
 /// The certificates of the PEM file `path`, at least one.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
+///
+/// # Errors
+/// [`TlsFileError::Certificate`] naming the file.
+pub fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
     let problem = |e: &rustls::pki_types::pem::Error| TlsFileError::Certificate(pem_problem(path, e));
     let chain = CertificateDer::pem_file_iter(path)
         .map_err(|e| problem(&e))?
@@ -96,7 +99,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileErro
 /// [`TlsFileError::Certificate`] naming the file.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsFileError> {
     let mut roots = RootCertStore::empty();
-    for cert in certificates(path)? {
+    for cert in load_certificates(path)? {
         roots.add(cert).map_err(|e| {
             TlsFileError::Certificate(format!("{}: not a usable CA certificate: {e}", path.display()))
         })?;

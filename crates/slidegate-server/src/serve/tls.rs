@@ -7,7 +7,12 @@
 //! - The upstream ([`UpstreamTls`]): the server's certificate checked
 //!   against the system's roots or `upstream_ca`, for the upstream's host
 //!   (also its SNI). Verification cannot be turned off: a failure fails the
-//!   request (502), and nothing is ever sent in clear instead.
+//!   request (502), and nothing is ever sent in clear instead. A
+//!   certificate made the usual self-signed way (`openssl req -x509`, which
+//!   marks it a CA) and named itself in `upstream_ca` is *pinned*: it is
+//!   accepted as the upstream's own certificate, still only for the names
+//!   it holds and while it is valid ([`Pinned`]), as nginx's
+//!   `proxy_ssl_trusted_certificate` accepts it.
 
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -94,9 +99,18 @@ impl UpstreamTls {
             Some(path) => crate::config::load_roots(path)?,
             None => system_roots()?,
         };
+        let pinned = match &server.upstream_ca {
+            Some(path) => crate::config::load_certificates(path)?,
+            None => Vec::new(),
+        };
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| UpstreamTlsError::Rustls(rustls::Error::General(e.to_string())))?;
+        let verifier = Arc::new(Pinned { webpki, pinned });
         let mut config = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&VERSIONS)?
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
         config.alpn_protocols =
             vec![if server.upstream_http2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
@@ -109,6 +123,74 @@ impl UpstreamTls {
         stream: tokio::net::TcpStream,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         self.connector.connect(self.name.clone(), stream).await
+    }
+}
+
+/// The upstream's certificate verifier: webpki's against the roots, and
+/// one exception. A certificate webpki refuses only because it is a CA's
+/// (`CaUsedAsEndEntity`: `openssl req -x509` marks every self-signed
+/// certificate so) is accepted when it is, byte for byte, one of the
+/// `upstream_ca` certificates — the operator named that very certificate —
+/// and still only for the upstream's name and while valid: webpki checks
+/// the validity period before the CA flag, and the name is checked here.
+#[derive(Debug)]
+struct Pinned {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<rustls::pki_types::CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => return Ok(verified),
+            Err(refused) => refused,
+        };
+        let ca_as_end_entity = matches!(
+            &refused,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
+                if matches!(other.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
+        );
+        if !ca_as_end_entity || !self.pinned.iter().any(|pin| pin.as_ref() == end_entity.as_ref()) {
+            return Err(refused);
+        }
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, server_name)?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 
