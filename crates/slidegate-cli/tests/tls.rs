@@ -198,6 +198,12 @@ fn a_self_signed_upstream_certificate_named_in_upstream_ca_is_pinned() {
     let impostor = ProtoUpstream::tls("127.0.0.1", &other);
     let sg = start(&format!("https://localhost:{}", impostor.addr.port()), &pinned, "");
     assert_eq!(get(sg.addr, "/impostor", &[]).status, 502);
+    wait_for("the failure and its fix in the log", Duration::from_secs(5), || {
+        sg.log
+            .lock()
+            .unwrap()
+            .contains("to pin a self-signed upstream certificate, name that very certificate file")
+    });
     assert_eq!((upstream.hits(), elsewhere.hits(), impostor.hits()), (1, 0, 0));
 }
 

@@ -163,8 +163,12 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
             rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
                 if matches!(other.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
         );
-        if !ca_as_end_entity || !self.pinned.iter().any(|pin| pin.as_ref() == end_entity.as_ref()) {
+        if !ca_as_end_entity {
             return Err(refused);
+        }
+        if !self.pinned.iter().any(|pin| pin.as_ref() == end_entity.as_ref()) {
+            let why = rustls::OtherError(Arc::new(NotPinned));
+            return Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(why)));
         }
         let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
         rustls::client::verify_server_name(&parsed, server_name)?;
@@ -193,6 +197,28 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
         self.webpki.supported_verify_schemes()
     }
 }
+
+/// A CA's certificate presented as the upstream's own, and not the one
+/// `upstream_ca` names: what the log says, with the fix.
+struct NotPinned;
+
+impl std::fmt::Debug for NotPinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "CaUsedAsEndEntity: the upstream presents a CA's certificate (CA:TRUE, as `openssl req -x509` makes) \
+             as its own, and it is not one upstream_ca names; to pin a self-signed upstream certificate, name \
+             that very certificate file in [server] upstream_ca",
+        )
+    }
+}
+
+impl std::fmt::Display for NotPinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+impl std::error::Error for NotPinned {}
 
 /// The system's trusted roots; those it cannot parse are skipped.
 fn system_roots() -> Result<RootCertStore, UpstreamTlsError> {
