@@ -124,8 +124,7 @@ pub(crate) async fn apply<S: Store + 'static>(
     for entry in entries {
         if applied.0.get(&entry.field) != Some(&entry.value) {
             if let Some(identity) = identity_of(&entry.field, rules) {
-                store.forget(&identity);
-                store.get_ref().forget(&identity);
+                store.forget_in_process(&identity);
                 fresh += 1;
             }
         }

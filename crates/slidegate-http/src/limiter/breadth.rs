@@ -41,7 +41,7 @@ impl<S: Store + 'static> RateLimiter<S> {
                 Some(distinct) => distinct.decide_distinct(identity, &breadth.quota, value).await,
                 None => return Ok(None),
             },
-            OnError::Allow | OnError::Deny => match self.inner.store.get_ref().distinct() {
+            OnError::Allow | OnError::Deny => match self.inner.store.without_fallback().distinct() {
                 Some(distinct) => distinct.decide_distinct(identity, &breadth.quota, value).await,
                 None => return Ok(None),
             },

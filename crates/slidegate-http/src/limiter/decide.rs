@@ -149,12 +149,14 @@ impl<S: Store + 'static> RateLimiter<S> {
         let store = &self.inner.store;
         let now = match rule.on_error {
             OnError::Fallback => store.decide_now(request),
-            OnError::Allow | OnError::Deny => store.get_ref().decide_now(request),
+            OnError::Allow | OnError::Deny => store.without_fallback().decide_now(request),
         };
         let answer = match (now, rule.on_error) {
             (Some(answer), _) => answer,
             (None, OnError::Fallback) => Box::pin(store.decide(request)).await,
-            (None, OnError::Allow | OnError::Deny) => Box::pin(store.get_ref().decide(request)).await,
+            (None, OnError::Allow | OnError::Deny) => {
+                Box::pin(store.without_fallback().decide(request)).await
+            }
         };
         match answer {
             Ok(outcome) => self.verdict(index, identity, set, charges, Ok(outcome), mode),

@@ -139,7 +139,13 @@ impl<S: Store + 'static> RateLimiter<S> {
         Ok(if fallback {
             self.inner.store.joint().ok_or_else(not_joint)?.decide_joint(&parts, None).await
         } else {
-            self.inner.store.get_ref().joint().ok_or_else(not_joint)?.decide_joint(&parts, None).await
+            self.inner
+                .store
+                .without_fallback()
+                .joint()
+                .ok_or_else(not_joint)?
+                .decide_joint(&parts, None)
+                .await
         })
     }
 

@@ -145,7 +145,7 @@ impl<S> RateLimiter<S> {
 
     /// Whether the store's circuit breaker is open.
     pub fn breaker_open(&self) -> bool {
-        self.inner.store.get_ref().get_ref().breaker_open()
+        self.inner.store.breaker_open()
     }
 
     /// Whether `X-RateLimit-*` headers are sent.
@@ -160,7 +160,7 @@ impl<S> RateLimiter<S> {
 
     /// The store, without the layers in front of it.
     pub fn store(&self) -> &S {
-        self.inner.store.get_ref().get_ref().get_ref().get_ref()
+        self.inner.store.store()
     }
 
     /// The identities refused most over the last minutes (the admin
@@ -208,7 +208,7 @@ impl<S: Store + 'static> RateLimiter<S> {
     /// `0` without `[store] lease`. A give-back that fails is logged at
     /// debug level; its permits stay charged until their window ends.
     pub async fn give_back_leases(&self) -> u64 {
-        self.inner.store.get_ref().get_ref().get_ref().give_back_all().await
+        self.inner.store.give_back_leases().await
     }
 
     /// A limiter for `config`'s rules, identity and store guard, deciding on `store`.

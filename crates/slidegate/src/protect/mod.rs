@@ -73,6 +73,43 @@ pub use lease::{LeasePolicy, Leased};
 /// Every layer, in their one order, around `S`: what [`Protect`] builds.
 pub type Protected<S> = Fallback<DenyCached<Guarded<Leased<S>>>>;
 
+/// What a caller of the whole stack reaches below its top, named once here
+/// rather than as a chain of `get_ref()`s wherever it is needed.
+impl<S> Protected<S> {
+    /// The stack without the fallback: what a caller that handles the
+    /// store's failure itself asks (a rule whose failure policy is to allow
+    /// or to deny, not to fall back).
+    pub fn without_fallback(&self) -> &DenyCached<Guarded<Leased<S>>> {
+        self.get_ref()
+    }
+
+    /// Whether the breaker is open (calls skip the store).
+    pub fn breaker_open(&self) -> bool {
+        self.get_ref().get_ref().breaker_open()
+    }
+
+    /// The store itself, under every layer.
+    pub fn store(&self) -> &S {
+        self.get_ref().get_ref().get_ref().get_ref()
+    }
+
+    /// Forgets what every layer of this process holds of `identity` (a
+    /// lifted penalty block): the fallback's seeds and the deny cache's
+    /// denials; the store's own state is the store's to lift.
+    pub fn forget_in_process(&self, identity: &crate::Identity) {
+        Fallback::forget(self, identity);
+        self.get_ref().forget(identity);
+    }
+}
+
+impl<S: Store> Protected<S> {
+    /// Gives every unused leased permit back to the store and forgets the
+    /// leases ([`Leased::give_back_all`]).
+    pub async fn give_back_leases(&self) -> u64 {
+        self.get_ref().get_ref().get_ref().give_back_all().await
+    }
+}
+
 /// What the layers tell whoever counts them. Each method is called on the
 /// decision's path: keep it to a counter.
 pub trait Events: Send + Sync + 'static {
