@@ -58,6 +58,22 @@ async fn used_memory(server: &RedisServer) -> i64 {
         .expect("used_memory in INFO memory")
 }
 
+/// Whether `server` is what the size classes below are Redis's on: Redis
+/// 7.0 with jemalloc (Debian 12's, CI's). Another server or allocator
+/// spends other sizes (Valkey 8.0 holds the same base64 key in 163.5 B).
+async fn sized_as_redis_7_0(server: &RedisServer) -> (bool, String) {
+    let mut conn = admin(server).await;
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.expect("INFO server");
+    let memory: String = redis::cmd("INFO").arg("memory").query_async(&mut conn).await.expect("INFO memory");
+    let field = |text: &str, name: &str| {
+        text.lines().find_map(|line| line.strip_prefix(name)).unwrap_or("?").trim().to_owned()
+    };
+    let (version, allocator) = (field(&info, "redis_version:"), field(&memory, "mem_allocator:"));
+    let valkey = info.lines().any(|line| line.starts_with("valkey_version:"));
+    let sized = version.starts_with("7.0.") && allocator.starts_with("jemalloc") && !valkey;
+    (sized, format!("redis_version {version}, {allocator}{}", if valkey { ", Valkey" } else { "" }))
+}
+
 /// A store with the production default prefix on `clock`.
 async fn store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
     // Deadlines for two busy cores: this test is about bytes, not time.
@@ -112,6 +128,10 @@ async fn bytes_of_keys(name: impl Fn(usize) -> String) -> f64 {
 /// NUL, instead of 80 for 64 bytes); the shortest key (12 bytes: a 16-byte
 /// sds) shows what no key layout goes below: a dict entry and an expires
 /// entry, the value's object and string, the key's sds, two tables' buckets.
+///
+/// Those sizes are Redis 7.0's with jemalloc, and asserted only there; on
+/// another server the figures are printed, and what holds on every server
+/// (the store writes what the bare keys hold) is asserted.
 #[tokio::test]
 async fn the_base64_layout_saves_a_size_class_per_identity() {
     let server = RedisServer::spawn();
@@ -127,8 +147,13 @@ async fn the_base64_layout_saves_a_size_class_per_identity() {
     println!(
         "bytes per identity: through the store {stored:.1}, base64 keys {base64:.1}, hex keys {hex:.1}, 12-byte keys {floor:.1}"
     );
-    assert!((hex - base64 - 16.0).abs() < 1.5, "base64 {base64:.1} B against {hex:.1} B for hex");
-    assert!((base64 - floor - 48.0).abs() < 1.5, "base64 {base64:.1} B, floor {floor:.1} B");
+    let (sized, server_is) = sized_as_redis_7_0(&server).await;
+    if sized {
+        assert!((hex - base64 - 16.0).abs() < 1.5, "base64 {base64:.1} B against {hex:.1} B for hex");
+        assert!((base64 - floor - 48.0).abs() < 1.5, "base64 {base64:.1} B, floor {floor:.1} B");
+    } else {
+        println!("size classes not asserted: they are Redis 7.0's with jemalloc, and this is {server_is}");
+    }
     // The scripts' own writes: the same keys, values within a few bytes.
     assert!((stored - base64).abs() < 8.0, "through the store {stored:.1} B, base64 keys {base64:.1} B");
 }

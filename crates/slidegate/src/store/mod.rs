@@ -102,6 +102,11 @@ pub enum Unavailable {
     /// Redis answered with something the script never returns.
     #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
+    /// The server is older than what the stores need (see
+    /// `redis::MIN_SERVER`): refused at
+    /// connect, naming what it lacks.
+    #[error("{0}")]
+    Incompatible(String),
     /// The clock read a time the algorithms cannot compute with: past
     /// [`MAX_TIME_MS`] (the end of year 9999), where sums of times and
     /// windows would overflow or lose exactness. The host's fault, not the
@@ -124,18 +129,22 @@ impl Unavailable {
             Unavailable::Redis(e) => e.is_timeout(),
             Unavailable::NotConnected(_)
             | Unavailable::UnexpectedReply(_)
-            | Unavailable::TimeOutOfRange { .. } => false,
+            | Unavailable::TimeOutOfRange { .. }
+            | Unavailable::Incompatible(_) => false,
         }
     }
 
     /// Whether the failed call may still have been decided, and charged, by
     /// the store: `false` only when it provably never reached it (no
     /// connection, refused past its deadline, a clock no store computes
-    /// with). A timeout or a connection lost mid-call cannot tell whether
+    /// with, a server refused at connect). A timeout or a connection lost mid-call cannot tell whether
     /// the script ran.
     pub fn may_have_charged(&self) -> bool {
         match self {
-            Unavailable::NotConnected(_) | Unavailable::Expired | Unavailable::TimeOutOfRange { .. } => false,
+            Unavailable::NotConnected(_)
+            | Unavailable::Expired
+            | Unavailable::TimeOutOfRange { .. }
+            | Unavailable::Incompatible(_) => false,
             #[cfg(feature = "redis")]
             Unavailable::Redis(e) => !e.is_connection_refusal(),
             Unavailable::UnexpectedReply(_) | Unavailable::TimedOut(_) => true,

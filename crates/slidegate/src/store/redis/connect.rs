@@ -84,6 +84,12 @@ impl RedisStore {
             // A PING first, so that a refusal (`NOAUTH`, a missing ACL
             // permission) reads as one error, not as six failed loads.
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            // A server too old is refused here, naming what it lacks, rather
+            // than at its first decision. One that will not say (INFO
+            // refused by an ACL) is let be.
+            if let Ok(info) = redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await {
+                super::version::check(&info)?;
+            }
             let mut pipe = redis::pipe();
             for lua in scripts::all(Assembly::of(options.layout)) {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source()).ignore();

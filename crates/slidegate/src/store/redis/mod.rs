@@ -66,6 +66,7 @@ mod scripts;
 mod server_clock;
 mod table;
 mod target;
+mod version;
 mod wire;
 
 use std::fmt;
@@ -87,6 +88,7 @@ pub use self::options::{RedisOptions, TimeSource};
 use self::scripts::{Assembly, Lua};
 use self::server_clock::ServerClock;
 pub use self::target::RedisTarget;
+pub use self::version::MIN_SERVER;
 use self::wire::{DecideAllArgs, DecideArgs, WithFields};
 use crate::store::joint::{self, JointStore, Part};
 use crate::store::{
