@@ -79,6 +79,9 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         if let Some(grpc) = server.grpc_addr() {
             eprintln!("slidegate: envoy rate limit service (gRPC) on {grpc}");
         }
+        if let Some(auth) = server.auth_addr() {
+            eprintln!("slidegate: forward auth on {auth}");
+        }
         eprintln!("slidegate: listening on {}, forwarding to {upstream}, store {store}", server.local_addr());
         server.run(shutdown).await;
         Ok(ExitCode::SUCCESS)

@@ -217,7 +217,10 @@ impl IdentityExtractor {
         self.hasher.digest(Source::Named, value).0
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of the trusted proxies, whose forwarding header
+    /// is believed.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
 

@@ -87,6 +87,8 @@ pub(super) struct RawServer {
     pub(super) admin_listen: Option<Spanned<Parsed<SocketAddr>>>,
     /// The Envoy rate limit service's gRPC listener.
     pub(super) grpc_listen: Option<Spanned<Parsed<SocketAddr>>>,
+    /// The forward-auth listener (a proxy's auth hook).
+    pub(super) auth_listen: Option<Spanned<Parsed<SocketAddr>>>,
     pub(super) shutdown_grace: Option<Parsed<Delay>>,
     pub(super) drain_delay: Option<Spanned<Parsed<Delay>>>,
     pub(super) threads: Option<Spanned<u16>>,

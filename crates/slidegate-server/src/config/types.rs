@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// Where Envoy's rate limit service (gRPC, `ShouldRateLimit`) is
     /// served; `None`: nowhere. See docs/envoy.md.
     pub grpc_listen: Option<SocketAddr>,
+    /// Where a proxy's forward-auth hook (nginx `auth_request`, Traefik
+    /// `forwardAuth`, Caddy `forward_auth`) asks for decisions; `None`:
+    /// nowhere. See docs/forward-auth.md.
+    pub auth_listen: Option<SocketAddr>,
     /// How long a graceful shutdown waits for open connections.
     pub shutdown_grace: Delay,
     /// How long after `SIGTERM` new connections are still accepted, with
@@ -160,6 +164,7 @@ impl Default for ServerConfig {
             admin_prefix: String::new(),
             admin_listen: None,
             grpc_listen: None,
+            auth_listen: None,
             shutdown_grace: Delay::from_secs(10),
             drain_delay: Delay::from_secs(0),
             threads: None,

@@ -31,6 +31,7 @@
 
 mod access_log;
 mod admin;
+mod auth;
 mod body;
 mod client_holds;
 mod connection;

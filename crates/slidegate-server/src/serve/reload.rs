@@ -330,6 +330,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         ("server.upstream", differs(&a.upstream, &b.upstream)),
         ("server.admin_listen", differs(&a.admin_listen, &b.admin_listen)),
         ("server.grpc_listen", differs(&a.grpc_listen, &b.grpc_listen)),
+        ("server.auth_listen", differs(&a.auth_listen, &b.auth_listen)),
         ("server.admin_on_public", differs(&a.admin_on_public, &b.admin_on_public)),
         ("server.admin_prefix", differs(&a.admin_prefix, &b.admin_prefix)),
         ("server.check_token_env", a.check_token != b.check_token),

@@ -67,6 +67,8 @@ pub struct Server {
     /// `[server] grpc_listen`: Envoy's rate limit service, and what its
     /// health service answers.
     grpc: Option<(TcpListener, GrpcHealth)>,
+    /// `[server] auth_listen`: a proxy's forward-auth hook.
+    auth_listener: Option<TcpListener>,
 }
 
 impl Server {
@@ -113,6 +115,12 @@ impl Server {
                 GrpcHealth::serving().await,
             )),
         };
+        let auth_listener = match config.server.auth_listen {
+            None => None,
+            Some(addr) => {
+                Some(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?)
+            }
+        };
         // The limiter holds the digests of the keys file's keys; the copy kept
         // to reload from holds no key as it is.
         let mut kept = config.clone();
@@ -136,6 +144,7 @@ impl Server {
             limiter,
             access_log,
             grpc,
+            auth_listener,
         })
     }
 
@@ -169,6 +178,12 @@ impl Server {
     /// grpc_listen` is set.
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
         self.grpc.as_ref().and_then(|(listener, _)| listener.local_addr().ok())
+    }
+
+    /// The address of the forward-auth endpoint when `[server]
+    /// auth_listen` is set.
+    pub fn auth_addr(&self) -> Option<SocketAddr> {
+        self.auth_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// What has the access log reopen its file (after a rotation moved it),
@@ -253,6 +268,7 @@ impl Server {
                 accepted = self.listener.accept() => (accepted, Listener::Public),
                 accepted = accept(self.admin_listener.as_ref()) => (accepted, Listener::Admin),
                 accepted = accept(grpc_listener.as_ref()) => (accepted, Listener::Grpc),
+                accepted = accept(self.auth_listener.as_ref()) => (accepted, Listener::Auth),
                 () = &mut shutdown => break,
             };
             let (stream, peer) = match accepted {
@@ -281,6 +297,9 @@ impl Server {
         }
         for (stream, peer) in grpc_listener.map(queued).unwrap_or_default() {
             deal(&mut workers, &mut next, (stream, peer, Listener::Grpc));
+        }
+        for (stream, peer) in self.auth_listener.map(queued).unwrap_or_default() {
+            deal(&mut workers, &mut next, (stream, peer, Listener::Auth));
         }
         if let Some(sweeper) = sweeper {
             sweeper.abort();

@@ -31,6 +31,8 @@ pub(super) enum Listener {
     Admin,
     /// `[server] grpc_listen`: Envoy's rate limit service and gRPC health, HTTP/2 only.
     Grpc,
+    /// `[server] auth_listen`: a proxy's forward-auth hook (`auth.rs`).
+    Auth,
 }
 
 /// How each listener's connections are spoken to (TLS, HTTP/1.1, HTTP/2).
@@ -91,6 +93,15 @@ pub(super) async fn worker(
                 let Some(routes) = grpc.clone() else { continue };
                 let protocols = Arc::clone(&protocols.grpc);
                 open.spawn(async move { protocols.serve(stream, grpc_service(routes), watcher, peer).await });
+            }
+            Listener::Auth => {
+                let state = Arc::clone(&state);
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let state = Arc::clone(&state);
+                    async move { Ok::<_, Infallible>(super::auth::handle(&state, request, peer).await) }
+                });
+                let protocols = Arc::clone(&protocols.admin);
+                open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
             }
             Listener::Public | Listener::Admin => {
                 let service = http_service(Arc::clone(&state), listener == Listener::Admin, peer);

@@ -250,8 +250,28 @@ impl Validator<'_> {
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
         // Plans naming a rule that failed are not reported for it.
         let mut rules_partial = self.unread.contains("rules");
+        // A forward-auth hook asks before the upstream answers and never
+        // hears the answer: a rule charged after the response cannot be
+        // decided through it.
+        let auth_listen = server.as_ref().is_some_and(|(server, _)| server.auth_listen.is_some());
         for mut rule in raw.rules {
             let name_span = rule.get_ref().name.span();
+            let after_response = rule.get_ref().cost_header.as_ref().map(|c| (c.span(), "cost_header"));
+            let after_response = after_response
+                .or_else(|| rule.get_ref().count_status.as_ref().map(|c| (c.span(), "count_status")));
+            if let (true, Some((span, key))) = (auth_listen, after_response) {
+                found.push(self.err(
+                    span,
+                    format!(
+                        "{key} charges a request after its response, which a forward-auth hook \
+                         ([server] auth_listen) asks before and never hears: drop {key} from rule {:?}, \
+                         or auth_listen",
+                        rule.get_ref().name.get_ref()
+                    ),
+                ));
+                rules_partial = true;
+                continue;
+            }
             let (allow, deny) = (rule.get_mut().allow.take(), rule.get_mut().deny.take());
             let Some(mut rule) = found.part(self.rule(rule, on_error)) else {
                 rules_partial = true;

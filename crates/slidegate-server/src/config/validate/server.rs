@@ -46,6 +46,9 @@ impl Validator<'_> {
         if let Some(grpc) = raw.grpc_listen {
             server.grpc_listen = Some(self.admin_listen(grpc, server.listen)?);
         }
+        if let Some(auth) = raw.auth_listen {
+            server.auth_listen = Some(self.admin_listen(auth, server.listen)?);
+        }
         if let Some(on) = raw.admin_on_public {
             if *on.get_ref() && server.admin_listen.is_some() {
                 return Err(self.err(

@@ -1,0 +1,328 @@
+//! The forward-auth endpoint (`[server] auth_listen`), asked as a proxy's
+//! auth hook asks: the original request named in the hook's headers,
+//! decided as `serve` decides it, answered with the rate limit headers; the
+//! nginx form (401 for a rate limit denial); hook requests that are
+//! missing a header, ambiguous, or not from a trusted proxy refused
+//! without a decision; a spoofed `X-Forwarded-For` entry never picking the
+//! client; a rule charged after the response refused at load.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+
+use common::{
+    binary, config_with, get, read_body, read_head, remaining, write_config, Reply, Slidegate, Upstream,
+};
+
+/// The trusted proxy: every hook request below comes from it, unless
+/// another address is named.
+const PROXY: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+
+/// `serve` with the common rules (`search`: 2 a minute and 100 an hour, per
+/// key or per address), trusting 127.0.0.1 only, forward auth on a free port.
+fn start(upstream: &Upstream) -> (Slidegate, SocketAddr) {
+    let config = config_with(upstream.addr, "auth_listen = \"127.0.0.1:0\"", "", "\"127.0.0.1/32\"");
+    let sg = Slidegate::start(&config);
+    let auth = {
+        let log = sg.log.lock().unwrap();
+        let line = log.lines().find_map(|l| l.strip_prefix("slidegate: forward auth on "));
+        line.unwrap_or_else(|| panic!("no forward-auth address announced:\n{log}")).parse().unwrap()
+    };
+    (sg, auth)
+}
+
+/// A hook request to `auth` at `path` from the loopback address `from`.
+fn hook(auth: SocketAddr, from: Ipv4Addr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut stream = common::connect_from(from, auth);
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut head = format!("GET {path} HTTP/1.1\r\nhost: {auth}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status_line, headers) = read_head(&mut reader).expect("a response");
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = read_body(&mut reader, &headers);
+    Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned(), elapsed: Default::default() }
+}
+
+/// Traefik's and Caddy's names for the original request, with `extra`.
+fn forwarded<'a>(method: &'a str, uri: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![("x-forwarded-method", method), ("x-forwarded-uri", uri)];
+    headers.extend_from_slice(extra);
+    headers
+}
+
+#[test]
+fn a_hook_request_is_decided_as_serve_decides_the_original() {
+    let upstream = Upstream::start();
+    let (_sg, auth) = start(&upstream);
+    let key = [("x-api-key", "key-one")];
+    for left in [1, 0] {
+        let reply = hook(auth, PROXY, "/", &forwarded("GET", "/api/search?q=rust", &key));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(remaining(&reply), Some(left), "{reply:?}");
+        assert!(reply.header("ratelimit-policy").is_some_and(|p| p.contains("q=2;w=60")), "{reply:?}");
+        assert_eq!(reply.body, "");
+    }
+    let denied = hook(auth, PROXY, "/", &forwarded("GET", "/api/search?q=go", &key));
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let wait: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{denied:?}");
+    assert_eq!(remaining(&denied), Some(0));
+    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    assert!(denied.body.contains("\"status\":429") && denied.body.contains("/api/search"), "{}", denied.body);
+    // The nginx form: 401 stands for the 429, with the same headers.
+    let nginx = hook(
+        auth,
+        PROXY,
+        "/nginx",
+        &[("x-original-method", "GET"), ("x-original-uri", "/api/search"), key[0]],
+    );
+    assert_eq!((nginx.status, nginx.header("x-slidegate-status")), (401, Some("429")), "{nginx:?}");
+    assert!(nginx.header("retry-after").is_some() && remaining(&nginx) == Some(0), "{nginx:?}");
+    // Another key, and a path no rule matches, are not limited by it.
+    let other = hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &[("x-api-key", "key-two")]));
+    assert_eq!((other.status, remaining(&other)), (200, Some(1)), "{other:?}");
+    let free = hook(auth, PROXY, "/nginx", &forwarded("POST", "/static/app.js", &key));
+    assert_eq!((free.status, free.header("ratelimit")), (200, None), "{free:?}");
+    // Nothing reached the upstream: the hook only decides.
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
+fn the_client_behind_the_proxy_is_the_last_untrusted_hop_never_a_spoofed_one() {
+    let upstream = Upstream::start();
+    let (_sg, auth) = start(&upstream);
+    // Both clients claim 6.6.6.6; the proxy appended the address each really came from.
+    let first = [("x-forwarded-for", "6.6.6.6, 203.0.113.9")];
+    for left in [1, 0] {
+        let reply = hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &first));
+        assert_eq!(remaining(&reply), Some(left), "{reply:?}");
+    }
+    assert_eq!(hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &first)).status, 429);
+    let second = [("x-forwarded-for", "6.6.6.6, 203.0.113.10")];
+    let reply = hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &second));
+    assert_eq!((reply.status, remaining(&reply)), (200, Some(1)), "{reply:?}");
+}
+
+/// A hook request refused: what it is, where it comes from, the path it
+/// asks, its headers, the status and a part of the detail it gets.
+type Refused<'a> = (&'a str, Ipv4Addr, &'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+
+#[test]
+fn hook_requests_that_cannot_name_their_client_or_request_are_refused_undecided() {
+    let upstream = Upstream::start();
+    let (sg, auth) = start(&upstream);
+    let key = ("x-api-key", "key-three");
+    let cases: [Refused<'_>; 7] = [
+        (
+            "not a trusted proxy",
+            Ipv4Addr::new(127, 0, 0, 7),
+            "/",
+            forwarded("GET", "/api/search", &[key]),
+            403,
+            "not a trusted proxy",
+        ),
+        (
+            "no target",
+            PROXY,
+            "/",
+            vec![("x-forwarded-method", "GET"), key],
+            400,
+            "must name the original request",
+        ),
+        (
+            "no method",
+            PROXY,
+            "/",
+            vec![("x-original-uri", "/api/search"), key],
+            400,
+            "must name the original request",
+        ),
+        (
+            "two targets",
+            PROXY,
+            "/",
+            forwarded("GET", "/api/search", &[("x-forwarded-uri", "/other"), key]),
+            400,
+            "sent twice",
+        ),
+        (
+            "forms disagreeing",
+            PROXY,
+            "/",
+            forwarded("GET", "/api/search", &[("x-original-uri", "/other"), key]),
+            400,
+            "disagree",
+        ),
+        (
+            "not a path",
+            PROXY,
+            "/",
+            forwarded("GET", "http://elsewhere/api/search", &[key]),
+            400,
+            "is not a path",
+        ),
+        (
+            "another endpoint",
+            PROXY,
+            "/check",
+            forwarded("GET", "/api/search", &[key]),
+            404,
+            "answers / (Traefik, Caddy)",
+        ),
+    ];
+    for (what, from, path, headers, status, detail) in cases {
+        let reply = hook(auth, from, path, &headers);
+        assert_eq!(reply.status, status, "{what}: {reply:?}");
+        assert!(reply.body.contains(detail), "{what}: {}", reply.body);
+        assert!(reply.header("ratelimit").is_none(), "{what}: nothing decided");
+    }
+    // Nothing was charged: the key has its whole quota.
+    let reply = hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &[key]));
+    assert_eq!((reply.status, remaining(&reply)), (200, Some(1)), "{reply:?}");
+    // The public listener still proxies as before.
+    assert_eq!(get(sg.addr, "/elsewhere", &[]).status, 200);
+}
+
+#[test]
+fn a_rule_charged_after_the_response_is_refused_with_forward_auth_at_its_line() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\nauth_listen = \"127.0.0.1:0\"\n\n\
+                [[rules]]\nname = \"search\"\npath = \"/api/search*\"\n\
+                limits = [{ limit = 2, window = \"60s\" }]\ncost_header = \"x-cost\"\n";
+    let (dir, path) = write_config(text);
+    let out = Command::new(binary()).arg("check-config").arg(&path).output().unwrap();
+    drop(dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("slidegate.toml:10:15: cost_header charges a request after its response"), "{err}");
+}
+
+/// A real nginx (Debian's, with `auth_request`) running the nginx block of
+/// docs/forward-auth.md, its ports replaced; killed on drop.
+struct Nginx {
+    child: std::process::Child,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default();
+            eprintln!("--- nginx error log ---\n{log}");
+        }
+    }
+}
+
+/// The nginx block of docs/forward-auth.md, as the page shows it.
+fn documented_nginx() -> String {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/forward-auth.md")).unwrap();
+    let start =
+        page.find("<!-- forward-auth: nginx -->\n```nginx\n").expect("the nginx block's start marker");
+    let block = &page[start..];
+    let block = &block[block.find('\n').unwrap() + 1..];
+    let block = &block[block.find('\n').unwrap() + 1..];
+    block[..block.find("```\n<!-- /forward-auth: nginx -->").expect("the nginx block's end marker")]
+        .to_owned()
+}
+
+impl Nginx {
+    fn start(auth: SocketAddr, upstream: SocketAddr) -> Nginx {
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("nginx is not installed: apt-get install nginx (.ci/run installs it)");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = SocketAddr::from((PROXY, port));
+        let snippet = documented_nginx();
+        for placeholder in ["server 127.0.0.1:9091;", "listen 80;", "proxy_pass http://127.0.0.1:8080;"] {
+            assert!(snippet.contains(placeholder), "the documented block no longer has {placeholder:?}");
+        }
+        let snippet = snippet
+            .replace("server 127.0.0.1:9091;", &format!("server {auth};"))
+            .replace("listen 80;", &format!("listen {addr};"))
+            .replace("proxy_pass http://127.0.0.1:8080;", &format!("proxy_pass http://{upstream};"));
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let conf = format!(
+            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 64; }}\nhttp {{\naccess_log off;\nclient_body_temp_path {d}/body;\n\
+             proxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\nuwsgi_temp_path {d}/uwsgi;\n\
+             scgi_temp_path {d}/scgi;\n{snippet}\n}}\n"
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let nginx = Nginx { child, addr, dir };
+        common::wait_for("nginx to listen", std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        nginx
+    }
+}
+
+#[test]
+fn through_a_real_nginx_the_documented_block_enforces_the_limits() {
+    let upstream = Upstream::start();
+    let (mut sg, auth) = start(&upstream);
+    let nginx = Nginx::start(auth, upstream.addr);
+    let client = Ipv4Addr::new(127, 0, 0, 5);
+    // Per API key: the limit, then the client's 429 with Retry-After.
+    let key = [("x-api-key", "nginx-key")];
+    for left in [1, 0] {
+        let reply = hook(nginx.addr, client, "/api/search?q=1", &key);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert!(reply.body.starts_with("GET /api/search?q=1 "), "the upstream's own answer: {reply:?}");
+        assert_eq!(reply.header("x-upstream"), Some("yes"));
+        assert_eq!(remaining(&reply), Some(left), "{reply:?}");
+    }
+    let denied = hook(nginx.addr, client, "/api/search?q=2", &key);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let wait: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{denied:?}");
+    assert_eq!(remaining(&denied), Some(0), "{denied:?}");
+    assert!(denied.header("ratelimit-policy").is_some_and(|p| p.contains("q=2;w=60")), "{denied:?}");
+    assert!(denied.body.contains("quota-exceeded"), "{}", denied.body);
+    assert_eq!(upstream.hits(), 2, "the denied request never reached the upstream");
+    // Per address behind nginx: a spoofed X-Forwarded-For does not pick the client.
+    let spoofed = [("x-forwarded-for", "6.6.6.6")];
+    let first = Ipv4Addr::new(127, 0, 0, 6);
+    for _ in 0..2 {
+        assert_eq!(hook(nginx.addr, first, "/api/search", &spoofed).status, 200);
+    }
+    assert_eq!(hook(nginx.addr, first, "/api/search", &spoofed).status, 429);
+    let second = Ipv4Addr::new(127, 0, 0, 7);
+    let reply = hook(nginx.addr, second, "/api/search", &spoofed);
+    assert_eq!((reply.status, remaining(&reply)), (200, Some(1)), "{reply:?}");
+    // A path no rule matches passes without headers.
+    let free = hook(nginx.addr, client, "/static/app.js", &key);
+    assert_eq!((free.status, free.header("ratelimit")), (200, None), "{free:?}");
+    // slidegate stopped: nginx fails closed with 500 (documented).
+    let _ = sg.child.kill();
+    let _ = sg.child.wait();
+    let hits = upstream.hits();
+    let closed = hook(nginx.addr, Ipv4Addr::new(127, 0, 0, 8), "/api/search", &[]);
+    assert_eq!(closed.status, 500, "{closed:?}");
+    assert_eq!(upstream.hits(), hits);
+}
