@@ -154,7 +154,9 @@ fn http_service(
             } else {
                 handle(&state, request, peer, &peer_value).await
             };
-            if state.readiness.is_draining() {
+            // A tunnel's 101, decided before the drain began, keeps its
+            // `Connection: upgrade`: the tunnel runs until the shutdown.
+            if state.readiness.is_draining() && response.status() != StatusCode::SWITCHING_PROTOCOLS {
                 // Keep-alive clients reconnect: elsewhere, once the
                 // load balancer has taken this instance out.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
