@@ -410,6 +410,22 @@ fn enforced_through(proxy: &RealProxy, sg: &mut Slidegate, upstream: &Upstream, 
         "another client, the same spoof"
     );
     assert_eq!(hook(proxy.addr, client, "/static/app.js", &key).status, 200);
+    // A reload (SIGHUP) reaches the hook's decisions: the search limit
+    // raised from 2 to 3, a key's third request passes.
+    let config = std::fs::read_to_string(sg.config_path()).unwrap();
+    let raised = config.replacen("limit = 2, window = \"60s\"", "limit = 3, window = \"60s\"", 1);
+    assert_ne!(raised, config, "the search rule's limit in the test configuration");
+    std::fs::write(sg.config_path(), raised).unwrap();
+    let pid = sg.child.id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    // A fresh key each try: three passes only under the new limit.
+    let mut tries = 0;
+    common::wait_for("the reload", std::time::Duration::from_secs(10), || {
+        tries += 1;
+        let key = format!("after-the-reload-{tries}");
+        let key = [("x-api-key", key.as_str())];
+        (0..3).all(|_| hook(proxy.addr, client, "/api/search", &key).status == 200)
+    });
     let _ = sg.child.kill();
     let _ = sg.child.wait();
     let hits = upstream.hits();
