@@ -46,7 +46,7 @@ pub struct Admission<'a> {
     legacy: bool,
     /// The client's address, after the trusted proxies (`None` without a
     /// peer): worked out once here, for everything after the admission
-    /// (`serve`'s upstream share per client, logs).
+    /// (`serve`'s upstream share per client).
     pub client: Option<IpAddr>,
 }
 

@@ -62,7 +62,7 @@ impl GrpcRoutes {
         B::Error: Into<StdError> + Send + 'static,
     {
         let path = request.uri().path();
-        // Both services are always ready (their `poll_ready` is `Ready`):
+        // The health service is always ready (its `poll_ready` is `Ready`):
         // `call` at once.
         let answer: Result<_, Infallible> = if path == SHOULD_RATE_LIMIT {
             Ok(self.rate_limit.should_rate_limit(request).await)

@@ -169,8 +169,9 @@ pub trait RateLimitService: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Result<RateLimitResponse, tonic::Status>> + Send;
 }
 
-/// The gRPC server of a [`RateLimitService`]: routes `ShouldRateLimit` and
-/// answers `UNIMPLEMENTED` for every other method.
+/// The gRPC server of a [`RateLimitService`]: answers `ShouldRateLimit`
+/// calls ([`RateLimitServiceServer::should_rate_limit`]; `GrpcRoutes`
+/// routes them here by path).
 #[derive(Debug)]
 pub struct RateLimitServiceServer<T> {
     inner: Arc<T>,

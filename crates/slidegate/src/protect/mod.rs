@@ -186,38 +186,64 @@ impl Default for StoreGuard {
     }
 }
 
-/// Builds the layers around a store, innermost first, in their one order:
-/// each step is a method only of the step before it, so a stack in another
-/// order does not compile. A layer is turned off by its argument (no lease
-/// policy, a deny cache of 0, no fallback), never left out.
+/// Builds the layers around a store, innermost first, in their one order.
+/// [`Protect`] is the first step: the store, and the lease layer
+/// ([`Protect::leases`]); each later step is a method only of the [`Layers`]
+/// before it, and only the lease layer alone or the whole stack can be
+/// built, so a stack in another order, or missing a layer between, does
+/// not compile. A layer is turned off by its argument (no lease policy, a
+/// deny cache of 0, no fallback), never left out. (What is not prevented:
+/// a built stack handed to `Protect::new` again.) Each of these fails to
+/// compile:
 ///
-/// Must be used inside a tokio runtime when the guard is built: an open
-/// breaker probes the store from a spawned task.
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
+/// # let guard = StoreGuard::default();
+/// // The guard before the lease layer.
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).guard(&guard);
+/// ```
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
+/// # let guard = StoreGuard::default();
+/// // The deny cache left out.
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).fallback(true, 1);
+/// ```
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
+/// # let guard = StoreGuard::default();
+/// // Built without the deny cache and the fallback.
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).build();
+/// ```
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
+/// # let guard = StoreGuard::default();
+/// // A second lease layer above the guard.
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).leases(None);
+/// ```
+///
+/// The stack runs on tokio: a call that waits is timed by tokio's timer,
+/// and an opened breaker probes the store from a spawned task, so its
+/// decisions must be made inside a tokio runtime with the time driver on
+/// (`#[tokio::main]` has it).
 pub struct Protect<S> {
     store: S,
     events: Arc<dyn Events>,
-    ticks: Ticks,
     lease_clock: Option<Arc<dyn Clock>>,
 }
 
-impl<S> Protect<S> {
+impl<S: Store> Protect<S> {
     /// The layers of `store`, telling `events` what they do.
     pub fn new(store: S, events: Arc<dyn Events>) -> Self {
-        Self { store, events, ticks: Ticks::start(), lease_clock: None }
+        Self { store, events, lease_clock: None }
     }
 
-    /// The stack built so far.
-    pub fn build(self) -> S {
-        self.store
-    }
-
-    fn wrap<T>(self, wrap: impl FnOnce(S, &Arc<dyn Events>, Ticks) -> T) -> Protect<T> {
-        let store = wrap(self.store, &self.events, self.ticks);
-        Protect { store, events: self.events, ticks: self.ticks, lease_clock: self.lease_clock }
-    }
-}
-
-impl<S: Store> Protect<S> {
     /// The lease layer reads the time from `clock` (the store's, in tests
     /// and replays that drive time by hand) instead of the monotonic clock.
     pub fn lease_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -226,33 +252,63 @@ impl<S: Store> Protect<S> {
     }
 
     /// First, the lease layer: `None` decides every request in the store.
-    pub fn leases(mut self, policy: Option<LeasePolicy>) -> Protect<Leased<S>> {
-        match self.lease_clock.take() {
-            Some(clock) => self.wrap(|store, _, _| Leased::with_clock(store, policy, clock)),
-            None => self.wrap(|store, _, _| Leased::new(store, policy)),
-        }
+    pub fn leases(self, policy: Option<LeasePolicy>) -> Layers<Leased<S>> {
+        let store = match self.lease_clock {
+            Some(clock) => Leased::with_clock(self.store, policy, clock),
+            None => Leased::new(self.store, policy),
+        };
+        Layers { store, events: self.events, ticks: Ticks::start() }
     }
 }
 
-impl<S: Store + 'static> Protect<Leased<S>> {
+/// The layers built so far: each method adds the next one ([`Protect`]).
+pub struct Layers<S> {
+    store: S,
+    events: Arc<dyn Events>,
+    ticks: Ticks,
+}
+
+impl<S> Layers<S> {
+    fn wrap<T>(self, wrap: impl FnOnce(S, &Arc<dyn Events>, Ticks) -> T) -> Layers<T> {
+        let store = wrap(self.store, &self.events, self.ticks);
+        Layers { store, events: self.events, ticks: self.ticks }
+    }
+}
+
+impl<S: Store + 'static> Layers<Leased<S>> {
     /// Then the deadline, the breaker and its probe.
-    pub fn guard(self, guard: &StoreGuard) -> Protect<Guarded<Leased<S>>> {
+    pub fn guard(self, guard: &StoreGuard) -> Layers<Guarded<Leased<S>>> {
         self.wrap(|store, events, ticks| Guarded::new(store, guard, Arc::clone(events), ticks))
     }
 }
 
-impl<S: Store + 'static> Protect<Guarded<S>> {
+impl<S> Layers<Leased<S>> {
+    /// The lease layer alone, over a store that needs no other protection
+    /// (a simulation of instances on one embedded store, a test).
+    pub fn build(self) -> Leased<S> {
+        self.store
+    }
+}
+
+impl<S: Store + 'static> Layers<Guarded<S>> {
     /// Then the deny cache of `capacity` denied identities (0: off).
-    pub fn deny_cache(self, capacity: usize) -> Protect<DenyCached<Guarded<S>>> {
+    pub fn deny_cache(self, capacity: usize) -> Layers<DenyCached<Guarded<S>>> {
         self.wrap(|store, events, ticks| DenyCached::new(store, capacity, Arc::clone(events), ticks))
     }
 }
 
-impl<S: Store> Protect<DenyCached<S>> {
+impl<S: Store> Layers<DenyCached<S>> {
     /// Last, the fallback: when `enabled`, it decides while the store cannot,
     /// enforcing `limit / instances`.
-    pub fn fallback(self, enabled: bool, instances: u32) -> Protect<Fallback<DenyCached<S>>> {
+    pub fn fallback(self, enabled: bool, instances: u32) -> Layers<Fallback<DenyCached<S>>> {
         self.wrap(|store, _, ticks| Fallback::new(store, enabled, instances, ticks))
+    }
+}
+
+impl<S> Layers<Fallback<S>> {
+    /// The whole stack.
+    pub fn build(self) -> Fallback<S> {
+        self.store
     }
 }
 

@@ -156,6 +156,13 @@ impl RedisStore {
             Ok::<_, redis::RedisError>(())
         };
         let _ = tokio::time::timeout(options.connect_timeout, load).await;
+        // Every node's version (the client asks each and answers a map of
+        // their replies); a Cluster that will not say is let be.
+        let (mut asking, mut info) = (conn.clone(), redis::cmd("INFO"));
+        let info = info.arg("server").query_async::<redis::Value>(&mut asking);
+        if let Ok(Ok(info)) = tokio::time::timeout(options.connect_timeout, info).await {
+            super::version::check_reply(&info)?;
+        }
         let store = Self {
             conn: Connection::Cluster(conn),
             timeout: options.timeout,

@@ -39,6 +39,18 @@ pub(super) fn check(info: &str) -> Result<(), StoreError> {
     ))))
 }
 
+/// [`check`] of each server's `INFO server` in `reply`: one server's text,
+/// or a Cluster client's map of its nodes' replies.
+pub(super) fn check_reply(reply: &redis::Value) -> Result<(), StoreError> {
+    match reply {
+        redis::Value::BulkString(bytes) => check(&String::from_utf8_lossy(bytes)),
+        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => check(text),
+        redis::Value::Map(nodes) => nodes.iter().try_for_each(|(_, info)| check_reply(info)),
+        redis::Value::Array(nodes) => nodes.iter().try_for_each(check_reply),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +78,22 @@ mod tests {
         assert!(check("redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\n").is_ok());
         assert!(check("# Server\r\nredis_mode:standalone\r\n").is_ok());
         assert!(check("redis_version:unknown\r\n").is_ok());
+    }
+
+    #[test]
+    fn one_old_node_of_a_cluster_refuses_the_cluster() {
+        let node = |version: &str| redis::Value::BulkString(info(version).into_bytes());
+        let name = |port: u16| redis::Value::SimpleString(format!("127.0.0.1:{port}"));
+        let cluster = |third: &str| {
+            redis::Value::Map(vec![
+                (name(7000), node("7.0.15")),
+                (name(7001), node("7.0.15")),
+                (name(7002), node(third)),
+            ])
+        };
+        assert!(check_reply(&cluster("7.0.15")).is_ok());
+        let err = check_reply(&cluster("6.0.9")).unwrap_err().to_string();
+        assert!(err.starts_with("Redis 6.0.9 is older than 6.2.0"), "{err}");
+        assert!(check_reply(&node("6.0.9")).is_err());
     }
 }
