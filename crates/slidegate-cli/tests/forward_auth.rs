@@ -306,7 +306,7 @@ fn nginx(auth: SocketAddr, upstream: SocketAddr) -> RealProxy {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     let conf = format!(
-        "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+        "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections 64; }}\nhttp {{\naccess_log off;\nclient_body_temp_path {d}/body;\n\
          proxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\nuwsgi_temp_path {d}/uwsgi;\n\
          scgi_temp_path {d}/scgi;\n{snippet}\n}}\n"
