@@ -41,6 +41,19 @@ impl Clock {
         }
     }
 
+    /// In client time, the expiry (on the server's clock) a key whose state
+    /// matters `reset_ms` more must reach: after a step back of the
+    /// client's clock, the expiry its last write set falls short of it (the
+    /// scripts' `keep`). `None` in server time, where every expiry is the
+    /// state's own instant.
+    pub fn kept_until(&self, reset_ms: u64) -> Option<i64> {
+        if !self.client_time || reset_ms == 0 {
+            return None;
+        }
+        let at = self.server_now.checked_add(reset_ms)?.checked_add(CLIENT_TTL_SLACK_MS)?;
+        i64::try_from(at).ok()
+    }
+
     /// The absolute expiry, on the server's clock, of a state idle at
     /// `idle_at` on the decision's clock: as the script's PXAT (server time),
     /// or its PX from now (client time, with slack).

@@ -39,6 +39,7 @@ fn decide_one(
     if let Some(write) = write {
         key.write(ctx, &write, &clock)?;
     }
+    key.keep(ctx, &clock, reset_ms(&decision))?;
     Ok(Reply::One(decision_bytes(&decision)))
 }
 
@@ -73,6 +74,7 @@ fn decide_all(
         } else if let Some(write) = write {
             key.write(ctx, write, &clock)?;
         }
+        key.keep(ctx, &clock, reset_ms(decision))?;
         reply.extend_from_slice(&decision_bytes(decision));
     }
     Ok(Reply::All(reply))
@@ -96,6 +98,7 @@ fn lease_one(
     if let Some(write) = write {
         key.write(ctx, &write, &clock)?;
     }
+    key.keep(ctx, &clock, reset_ms(&decision))?;
     Ok(Reply::Lease(lease_bytes(&decision, window)))
 }
 
@@ -120,6 +123,11 @@ fn give_back(
         key.write(ctx, &write, &clock)?;
     }
     Ok(Reply::Count(back))
+}
+
+/// A decision's `reset_after` in ms: how much longer its state matters.
+fn reset_ms(d: &slidegate::Decision) -> u64 {
+    u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Replies with `result`: the decisions' bytes, the count, or the error.

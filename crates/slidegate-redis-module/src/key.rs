@@ -90,6 +90,43 @@ impl OpenKey {
     }
 }
 
+impl OpenKey {
+    /// In client time, lengthens the expiry of a key whose state matters
+    /// `reset_ms` more to cover it and the slack, charged or not (a
+    /// refusal after the client's clock stepped back); never shortens it,
+    /// and creates nothing. Propagated as `PEXPIREAT`.
+    #[allow(unsafe_code)]
+    pub fn keep(
+        &mut self,
+        ctx: *mut raw::RedisModuleCtx,
+        clock: &Clock,
+        reset_ms: u64,
+    ) -> Result<(), RedisError> {
+        let Some(at) = clock.kept_until(reset_ms) else {
+            return Ok(());
+        };
+        if self.value()?.is_none() {
+            return Ok(());
+        }
+        // SAFETY: the key is open for writing and holds a value.
+        let current = unsafe { raw::RedisModule_GetAbsExpire.map_or(-1, |f| f(self.key)) };
+        // No expiry (-1) is a key no decision wrote: left as it is.
+        if current < 0 || current >= at {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        let status = unsafe { raw::RedisModule_SetAbsExpire.map_or(-1, |f| f(self.key, at)) };
+        if status != raw::REDISMODULE_OK as i32 {
+            return Err(WRITE_FAILED);
+        }
+        if propagation::needed(ctx) {
+            propagation::replicate_expire(ctx, self.name, at)
+        } else {
+            count_change(ctx)
+        }
+    }
+}
+
 impl Drop for OpenKey {
     fn drop(&mut self) {
         raw::close_key(self.key);

@@ -291,3 +291,22 @@ pub fn replicate_set(
         Err(WRITE_FAILED)
     }
 }
+
+/// Propagates a lengthened expiry as `PEXPIREAT <key> <at>`.
+#[allow(unsafe_code)]
+pub fn replicate_expire(
+    ctx: *mut raw::RedisModuleCtx,
+    key: *mut raw::RedisModuleString,
+    at: i64,
+) -> Result<(), RedisError> {
+    // SAFETY: bound once when the module loads, read-only afterwards.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(WRITE_FAILED)?;
+    // SAFETY: the key is an argument of the running command and lives
+    // across the call; the C strings are NUL-terminated literals.
+    let status = unsafe { replicate(ctx, c"PEXPIREAT".as_ptr(), c"sl".as_ptr(), key, at) };
+    if status == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err(WRITE_FAILED)
+    }
+}

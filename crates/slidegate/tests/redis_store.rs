@@ -455,6 +455,36 @@ async fn a_sliding_log_key_outlives_its_newest_entry_after_a_clock_step_back() {
     assert!(ttl > want - TOLERANCE_MS && ttl <= want, "PTTL {ttl} ms, want about {want}");
 }
 
+/// After the client's clock steps back 30 s (three windows), every
+/// algorithm's key still outlives its state by the slack — the refusal
+/// there lengthens it, though it writes no state. Before, the counter and
+/// the fixed window kept their first write's expiry (PTTL 12 s while the
+/// state mattered 32 s more) and the GCRA's refusal wrote nothing: the key
+/// expired early and Redis then admitted what the embedded store refused.
+#[tokio::test]
+async fn every_key_outlives_its_state_after_a_client_clock_steps_back() {
+    let server = RedisServer::spawn();
+    let clock = ManualClock::new(T0 + 60_000);
+    let store = client_time_store(&server, &clock, "step-back").await;
+    for algorithm in Algorithm::ALL {
+        clock.set(T0 + 60_000);
+        let l = limit(algorithm, 3, 10_000);
+        let who = id(algorithm.name());
+        assert!(store.decide_one(&who, &l, 3).await.expect("decide").allowed, "{algorithm}");
+        clock.set(T0 + 30_000);
+        let d = store.decide_one(&who, &l, 1).await.expect("decide");
+        assert!(!d.allowed, "{algorithm}: the permits charged 30 s later still count");
+        let key = &store.keys_for(&who, &l)[0];
+        let ttl = pttl(&server, key).await;
+        let want = d.reset_after.as_millis() as i64 + CLIENT_TTL_SLACK_MS;
+        assert!(d.reset_after >= Duration::from_secs(30), "{algorithm}: {d:?}");
+        assert!(
+            ttl > want - TOLERANCE_MS && ttl <= want,
+            "{algorithm} {key}: PTTL {ttl} ms, want about {want}"
+        );
+    }
+}
+
 // ------------------------------------------------ deadlines and outages
 
 /// Generous room over a deadline for a machine whose cores are busy: the

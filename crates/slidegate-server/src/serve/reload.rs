@@ -91,8 +91,11 @@ pub struct Reloaded {
     pub rules_removed: Vec<String>,
     /// Rules of both whose settings differ.
     pub rules_changed: Vec<String>,
-    /// Limits (`rule/policy`) whose algorithm or quota changed: their
-    /// counters start from zero, since each limit's state is kept apart.
+    /// Limits (`rule/policy`) of rules kept whose algorithm and quota the
+    /// rule had under no name (changed, renamed with another quota, or
+    /// added): their counters start from zero, since each limit's state is
+    /// kept apart by algorithm and quota. All of them when the identity
+    /// secret changed.
     pub limits_restarted: Vec<String>,
     /// Plans (`[[plans]]`) added, removed, or whose limits changed, by name.
     pub plans_changed: Vec<String>,
@@ -268,11 +271,12 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
         if differs(before, rule) {
             rules_changed.push(rule.name.clone());
         }
+        // A limit's counters are kept under its algorithm and quota, not its
+        // name: one the rule had, under any name, carries on; any other
+        // starts from zero, a renamed policy's new quota included.
         let kept = limits(before);
         for limit in limits(rule) {
-            let same = kept.iter().any(|k| k.name == limit.name && k.limit == limit.limit);
-            let was_there = kept.iter().any(|k| k.name == limit.name);
-            if secret_changed || (was_there && !same) {
+            if secret_changed || !kept.iter().any(|k| k.limit == limit.limit) {
                 let name = format!("{}/{}", rule.name, limit.name);
                 if !limits_restarted.contains(&name) {
                     limits_restarted.push(name);
@@ -414,6 +418,27 @@ authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
         // A cost is not a limit: a renamed rule is a new one, not a restart.
         assert_eq!(changed.limits_restarted, ["search/hour"]);
         assert!(changes(&old, &old).rules_changed.is_empty());
+    }
+
+    /// A policy renamed along with its quota restarts under its new name;
+    /// one renamed alone keeps its counters (they are kept by quota); one
+    /// added to a rule starts from zero.
+    #[test]
+    fn a_renamed_policy_with_another_quota_restarts() {
+        let old = config(RULES);
+        let renamed = config(&RULES.replace(
+            r#"{ limit = 500, window = "1h", name = "hour" }"#,
+            r#"{ limit = 600, window = "1h", name = "hourly" }"#,
+        ));
+        assert_eq!(changes(&old, &renamed).limits_restarted, ["search/hourly"]);
+        let name_only = config(&RULES.replace(r#"name = "hour""#, r#"name = "per-hour""#));
+        let changed = changes(&old, &name_only);
+        assert_eq!((changed.rules_changed, changed.limits_restarted), (vec!["search".to_owned()], vec![]));
+        let added = config(&RULES.replace(
+            r#"name = "hour" }]"#,
+            r#"name = "hour" }, { limit = 5000, window = "1d", name = "day" }]"#,
+        ));
+        assert_eq!(changes(&old, &added).limits_restarted, ["search/day"]);
     }
 
     #[test]

@@ -11,8 +11,9 @@
 --          other: four little-endian doubles, allowed (1|0), remaining,
 --          reset_after ms, retry_after ms (-1 when allowed). Past the
 --          deadline: the error EXPIRED <Redis ms>, and nothing written.
--- A denial or a cost of 0 writes nothing; an allowed cost sets the key's TTL
--- in the same write. The algorithm's sections are inlined, one flat chunk:
+-- A denial or a cost of 0 writes nothing (in client time it may lengthen the
+-- key's TTL: scripts.rs, KEEP); an allowed cost sets the key's TTL in the
+-- same write. The algorithm's sections are inlined, one flat chunk:
 -- no function is defined, so none is allocated per call.
 local now, limit, w, cost = struct.unpack('<dddd', ARGV[1])
 local deadline = -1

@@ -54,6 +54,9 @@ for i, c in ipairs(checked) do
     --! packed field, window_key = string.sub(fields, 8 * i - 7, 8 * i), nil
     algorithm.commit(KEYS[i], limit, w, cost, n1, n2, n3, n4)
   end
+  if client_time then
+    algorithm.keep(KEYS[i], w, reset)
+  end
   reply[i] = struct_pack('<dddd', allowed and 1 or 0, remaining, reset, retry)
 end
 return table.concat(reply)

@@ -58,7 +58,10 @@ end
 -- (or manual) client clock still needs it. An idle key changes no decision,
 -- so living longer is always safe. A state that stops mattering at idle_at
 -- (ms) expires with `expire_how, idle_at - expire_from`: PXAT idle_at on the
--- server's clock, PX (idle_at − now + slack) on the client's.
+-- server's clock, PX (idle_at − now + slack) on the client's. A client clock
+-- that steps back makes a state matter longer than the TTL its last write
+-- set: after every decision in client time, charged or refused, the
+-- algorithm's keep section lengthens the TTL to cover it (scripts.rs).
 -- A key written whole takes `SET … expire_how`, one given its expiry
 -- apart takes the command `expire_key`.
 local CLIENT_TTL_SLACK_MS = 10000

@@ -41,6 +41,13 @@
 //!   the same write (given `limit`, `w`, `cost` and the charged names). It
 //!   runs only when the decision allowed a cost above 0.
 //!
+//! After every decision in client time, charged or not, [`KEEP`] (or a packed
+//! file's own `--! keep` section) makes the key outlive its state by the
+//! slack, given `key`, `w` and the decision's `reset`: the TTL a write set
+//! runs on Redis's clock, so a client clock that stepped back (or lags)
+//! would see the state expire while it still matters, and Redis would then
+//! admit what the embedded store refuses. It only ever lengthens a TTL.
+//!
 //! A section's own `local`s stay inside it. `limit`, `w` (the window in ms)
 //! and `cost` are integers below 2^53, as are all values in the state;
 //! arithmetic follows the prelude's rules.
@@ -185,7 +192,22 @@ struct Sections {
     load: &'static str,
     decide: &'static str,
     commit: &'static str,
+    keep: &'static str,
 }
+
+/// The `keep` of a state in one key: in client time, a state that matters
+/// `reset` ms more keeps its key that long plus the slack (a denial too,
+/// after a step back of the client's clock). Keys written whole already
+/// carry it; the window states' in-place writes keep the TTL of their
+/// window's first write, too short once the clock stepped back.
+const KEEP: &str = "\
+if reset > 0 then
+  local want = reset + CLIENT_TTL_SLACK_MS
+  if call('PTTL', key) < want then
+    call('PEXPIRE', key, format('%d', want))
+  end
+end
+";
 
 impl Sections {
     fn of(algorithm: Algorithm, assembly: Assembly) -> Self {
@@ -201,39 +223,43 @@ impl Sections {
         let (load, rest) = cut(rest, "--! decide\n");
         let (decide, commit) = cut(rest, "--! commit\n");
         match assembly.packed(algorithm) {
-            None => Sections { comment, state, charged, load, decide, commit },
+            None => Sections { comment, state, charged, load, decide, commit, keep: KEEP },
             Some(packed) => {
                 let (packed_comment, rest) = cut(packed, "--! load\n");
-                let (load, commit) = cut(rest, "--! commit\n");
-                Sections { comment: packed_comment, state, charged, load, decide, commit }
+                let (load, rest) = cut(rest, "--! commit\n");
+                let (commit, keep) = cut(rest, "--! keep\n");
+                Sections { comment: packed_comment, state, charged, load, decide, commit, keep }
             }
         }
     }
 
-    /// The three functions `decide_all.lua` dispatches to, named after the
+    /// The four functions `decide_all.lua` dispatches to, named after the
     /// algorithm's key tag: `<tag>_load(key, limit, w)` returns the state,
     /// `<tag>_decide(cost, limit, w, state…)` returns the decision and the
-    /// charged state, `<tag>_commit(key, limit, w, cost, charged…)` writes.
+    /// charged state, `<tag>_commit(key, limit, w, cost, charged…)` writes,
+    /// `<tag>_keep(key, w, reset)` keeps the key alive in client time.
     fn functions(&self, tag: &str) -> String {
-        let Sections { comment, state, charged, load, decide, commit } = self;
-        let (load, decide, commit) = (indent(load), indent(decide), indent(commit));
+        let Sections { comment, state, charged, load, decide, commit, keep } = self;
+        let (load, decide, commit, keep) = (indent(load), indent(decide), indent(commit), indent(keep));
         format!(
             "{comment}local function {tag}_load(key, limit, w)\n  local {state}\n{load}  return {state}\nend\n\n\
              local function {tag}_decide(cost, limit, w, {state})\n  local allowed, remaining, reset, retry, {charged}\n\
              {decide}  return allowed, remaining, reset, retry, {charged}\nend\n\n\
-             local function {tag}_commit(key, limit, w, cost, {charged})\n{commit}end\n"
+             local function {tag}_commit(key, limit, w, cost, {charged})\n{commit}end\n\n\
+             local function {tag}_keep(key, w, reset)\n{keep}end\n"
         )
     }
 
     /// The sections in a row, for one limit at `key`: afterwards `allowed,
     /// remaining, reset, retry` hold the decision, charged when allowed.
     fn inline(&self) -> String {
-        let Sections { comment, state, charged, load, decide, commit } = self;
-        let (load, decide, commit) = (indent(load), indent(decide), indent(commit));
+        let Sections { comment, state, charged, load, decide, commit, keep } = self;
+        let (load, decide, commit, keep) = (indent(load), indent(decide), indent(commit), indent(keep));
         format!(
             "{comment}local {state}\ndo\n{load}end\n\
              local allowed, remaining, reset, retry, {charged}\ndo\n{decide}end\n\
-             if allowed and cost > 0 then\n{commit}end\n"
+             if allowed and cost > 0 then\n{commit}end\n\
+             if client_time then\n{keep}end\n"
         )
     }
 }
@@ -271,7 +297,7 @@ fn dispatch_table(assembly: Assembly) -> String {
     lua.push_str("local algorithms = {\n");
     for a in Algorithm::ALL {
         lua.push_str(&format!(
-            "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit }}, -- {n} {name}\n",
+            "  {{ load = {t}_load, decide = {t}_decide, commit = {t}_commit, keep = {t}_keep }}, -- {n} {name}\n",
             t = tag(a),
             n = number(a),
             name = a.name()
@@ -539,7 +565,7 @@ mod tests {
             let (state, charged) = (names(s.state), names(s.charged));
             assert!((1..=3).contains(&state.len()) && (1..=4).contains(&charged.len()), "{}", a.name());
             assert!(state.iter().all(|n| !charged.contains(n)), "{}: state and charged overlap", a.name());
-            for body in [s.load, s.decide, s.commit] {
+            for body in [s.load, s.decide, s.commit, s.keep] {
                 let code = code(body);
                 assert!(!code.contains("return") && !code.contains("function"), "{}: {body}", a.name());
                 assert!(!body.contains("--!"), "{}: {body}", a.name());

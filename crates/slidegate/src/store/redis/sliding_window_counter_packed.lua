@@ -58,3 +58,15 @@ else
     call(expire_key, window_key, format('%d', now - now % w + 2 * w - expire_from))
   end
 end
+
+--! keep
+-- In client time, window n's hash outlives window n + 1 by the slack after
+-- any decision in window n: its TTL, set by the window's first permit, runs
+-- on Redis's clock, too short once the client's clock stepped back within
+-- the window. Every field in it matters that long, not only this one's.
+local hash = key .. format('%d', (now - now % w) / w)
+local want = 2 * w - now % w + CLIENT_TTL_SLACK_MS
+local ttl = call('PTTL', hash)
+if ttl >= 0 and ttl < want then
+  call('PEXPIRE', hash, format('%d', want))
+end
