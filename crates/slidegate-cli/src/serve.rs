@@ -65,6 +65,9 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
             crate::watch::spawn(args.config.clone(), server.reloader())?;
             tracing::info!(path = %args.config.display(), "watching the configuration file: a change reloads it");
         }
+        for warning in config.server.warnings() {
+            tracing::warn!("{warning}");
+        }
         let shutdown = signals.until_shutdown(server.reloader(), server.access_log_reopen());
         let upstream = config.server.upstream.as_ref().map(ToString::to_string).unwrap_or_default();
         let store = config.store.describe();
@@ -99,6 +102,9 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         Err(code) => return Ok(code),
     };
     outln!("{}: ok", file.display());
+    for warning in config.server.warnings() {
+        eprintln!("slidegate: warning: {warning}");
+    }
     outln!(
         "  listen {}, upstream {}",
         config.server.listen,

@@ -150,6 +150,40 @@ fn check_config_takes_config_as_serve_does() {
     }
 }
 
+/// `check-config` warns (and still says ok) when the admin endpoints,
+/// which reload the configuration, set overrides and lift penalties, are
+/// reachable beyond this host without a token; not on loopback, nor with
+/// a token.
+#[test]
+fn check_config_warns_of_admin_endpoints_open_without_a_token() {
+    let upstream = Upstream::start();
+    let warned = "no token is set; anyone who reaches it can reload the configuration, set overrides \
+                  and lift penalties: set check_token_env to require a bearer token";
+    for (server, warning) in [
+        ("admin_listen = \"0.0.0.0:9091\"", Some("admin_listen 0.0.0.0:9091 is not a loopback address")),
+        ("admin_listen = \"[::]:9091\"", Some("admin_listen [::]:9091 is not a loopback address")),
+        ("admin_on_public = true", Some("the admin endpoints are on the public listener (admin_on_public)")),
+        ("admin_listen = \"127.0.0.1:9091\"", None),
+        ("admin_listen = \"[::1]:9091\"", None),
+        ("admin_listen = \"0.0.0.0:9091\"\ncheck_token_env = \"SLIDEGATE_TEST_TOKEN\"", None),
+    ] {
+        let (_dir, file) = write_config(&config_with(upstream.addr, server, "", ""));
+        let out = Command::new(binary())
+            .args(["check-config", file.to_str().unwrap()])
+            .env(SECRET_ENV, "end-to-end-secret")
+            .env("SLIDEGATE_TEST_TOKEN", "a-token-long-enough-to-be-accepted-here")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{server}: {}", stderr(&out));
+        match warning {
+            Some(warning) => {
+                assert_eq!(stderr(&out), format!("slidegate: warning: {warning} and {warned}\n"), "{server}")
+            }
+            None => assert_eq!(stderr(&out), "", "{server}"),
+        }
+    }
+}
+
 /// A file with errors in three parts: `check-config` and `serve` report
 /// the three, each located, in file order, and exit 64 (EX_USAGE).
 #[test]

@@ -144,6 +144,27 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// What `check-config` warns of and `serve` logs at start: settings that
+    /// are valid but leave a door open. The admin endpoints reload the
+    /// configuration, set overrides and lift penalties; reachable beyond
+    /// this host without a token, anyone who reaches them can.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.check_token.is_some() {
+            return warnings;
+        }
+        const WHY: &str = "no token is set; anyone who reaches it can reload the configuration, set overrides and lift penalties: \
+                           set check_token_env to require a bearer token";
+        if let Some(addr) = self.admin_listen.filter(|a| !a.ip().is_loopback()) {
+            warnings.push(format!("admin_listen {addr} is not a loopback address and {WHY}"));
+        }
+        if self.admin_on_public {
+            warnings
+                .push(format!("the admin endpoints are on the public listener (admin_on_public) and {WHY}"));
+        }
+        warnings
+    }
+
     /// How long a request waits for an upstream slot when
     /// `max_upstream_connections` are busy, before it is answered 503.
     pub const UPSTREAM_QUEUE_WAIT: Delay = Delay::from_secs(1);
