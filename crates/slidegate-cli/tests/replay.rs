@@ -549,3 +549,165 @@ delay = { max_wait = "1s", per_identity = 1 }
         "{text}"
     );
 }
+
+/// A combined-format line at `time` (the log's own form, such as
+/// `01/Jan/1970:00:00:00 +0000`).
+fn combined_at(ip: &str, time: &str, target: &str) -> String {
+    format!("{ip} - - [{time}] \"GET {target} HTTP/1.1\" 200 612 \"-\" \"curl/8.5.0\"\n")
+}
+
+/// A line dated by an unset clock (1970) or forged far ahead (9999) is
+/// skipped as malformed and counted apart: it moves neither the simulated
+/// clock nor the report's span.
+#[test]
+fn lines_dated_before_2000_or_after_tomorrow_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "slidegate.toml", CONFIG);
+    let mut log = combined("203.0.113.7", 0, "/api/a", 200); // 1: replayed
+    log += &combined_at("203.0.113.7", "01/Jan/1970:00:00:00 +0000", "/api/a"); // 2: 1970
+    log += &combined_at("203.0.113.7", "31/Dec/9999:23:59:59 +0000", "/api/a"); // 3: 9999
+    log += "{\"time\": 0, \"method\": \"GET\", \"path\": \"/api/a\", \"ip\": \"203.0.113.7\"}\n"; // 4: unix 0
+    log += "not a log line\n"; // 5: malformed for its form
+    log += &combined_at("203.0.113.7", "31/Dec/1999:23:59:59 +0000", "/api/a"); // 6: a second early
+    log += &combined("203.0.113.7", 30, "/api/a", 200); // 7: replayed
+    let log = write(dir.path(), "access.log", log);
+    let report = replay_json(&config, &[&log], &[]);
+    assert_eq!(report["lines"], 7);
+    assert_eq!(report["requests"], 2, "{report}");
+    assert_eq!(counts(rule(&report, "api")), (2, 2, 0, 0));
+    let malformed = &report["malformed"];
+    assert_eq!(malformed["count"], 5, "{report}");
+    assert_eq!(malformed["out_of_range"]["lines"], 4, "{report}");
+    assert_eq!(malformed["out_of_range"]["from"], "2000-01-01T00:00:00Z");
+    let numbers: Vec<u64> =
+        malformed["first"].as_array().unwrap().iter().map(|m| m["line"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, [2, 3, 4, 5, 6]);
+    let reasons: Vec<&str> =
+        malformed["first"].as_array().unwrap().iter().map(|m| m["reason"].as_str().unwrap()).collect();
+    assert!(reasons[0].contains("1970-01-01T00:00:00Z") && reasons[0].contains("before 2000"), "{reasons:?}");
+    assert!(
+        reasons[1].contains("9999-12-31T23:59:59Z") && reasons[1].contains("a day past this machine's clock"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        (report["start"].as_str(), report["end"].as_str()),
+        (Some("2026-12-01T10:00:00Z"), Some("2026-12-01T10:00:30Z"))
+    );
+    assert_eq!(report["replayed_ms"], 30_000, "the skipped lines moved no clock");
+    assert_eq!(report["out_of_order"]["lines"], 0, "{report}");
+    assert_eq!(report["denials_over_time"]["bucket_ms"], 1_000);
+
+    let out = slidegate(&["replay", "--config", config.to_str().unwrap(), log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("5 malformed"), "{text}");
+    assert!(
+        text.contains("4 of the malformed lines are dated before 2000-01-01T00:00:00Z or after "),
+        "{text}"
+    );
+}
+
+/// Two lines 24 years apart under 3 rules: the chart keeps at most 120
+/// buckets per rule (here 79 of 112 days: 8766 days from 2001 to 2025),
+/// in the JSON and the SVG alike, and both stay small.
+#[test]
+fn the_chart_keeps_at_most_120_buckets_whatever_the_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "slidegate.toml",
+        r#"
+[[rules]]
+name = "a"
+path = "/a"
+limits = [{ limit = 1, window = "60s" }]
+
+[[rules]]
+name = "b"
+path = "/b"
+limits = [{ limit = 1, window = "60s" }]
+
+[[rules]]
+name = "c"
+path = "/c"
+limits = [{ limit = 1, window = "60s" }]
+"#,
+    );
+    let mut log = String::new();
+    for time in ["01/Jan/2001:00:00:00 +0000", "01/Jan/2025:00:00:00 +0000"] {
+        for target in ["/a", "/a", "/b", "/b", "/c"] {
+            log += &combined_at("203.0.113.7", time, target);
+        }
+    }
+    let log = write(dir.path(), "access.log", log);
+    let svg = dir.path().join("refused.svg");
+    let out = slidegate(&[
+        "replay",
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(out.stdout.len() < 16 * 1024, "JSON of {} bytes", out.stdout.len());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["replayed_ms"], 8766 * 86_400_000u64);
+    let over_time = &report["denials_over_time"];
+    assert_eq!(over_time["bucket_ms"], 112 * 86_400_000u64, "{over_time}");
+    for (name, refused) in [("a", 2), ("b", 2), ("c", 0)] {
+        let series: Vec<u64> =
+            over_time["rules"][name].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(series.len(), 79, "{name}");
+        assert_eq!(series.iter().sum::<u64>(), refused, "{name}: {series:?}");
+        assert_eq!((series[0], series[78]), (refused / 2, refused / 2), "{name}: first and last buckets");
+    }
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_well_formed(&text);
+    assert!(text.len() < 32 * 1024, "SVG of {} bytes", text.len());
+    let paths: Vec<&str> = text.split("<path d=\"").skip(1).collect();
+    assert_eq!(paths.len(), 3, "one line per rule");
+    for path in paths {
+        let d = &path[..path.find('"').unwrap()];
+        assert_eq!(d.matches(" L").count(), 78, "79 points: {d}");
+    }
+    assert!(text.contains("buckets of 112 d"), "the axis names the width");
+
+    let out = slidegate(&["replay", "--config", config.to_str().unwrap(), log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("2001-01-01T00:00:00Z to 2025-01-01T00:00:00Z (8766 d)"), "{text}");
+}
+
+/// What only `serve` uses is not asked for: the variable `check_token_env`
+/// names may be unset, the TLS files missing. `check-config` still refuses
+/// the same file, and what the replay does use (`max_delayed`) is checked.
+#[test]
+fn replay_needs_nothing_only_serve_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let var = "SLIDEGATE_TEST_REPLAY_UNSET_CHECK_TOKEN";
+    let server = format!(
+        "[server]\nupstream = \"http://127.0.0.1:9\"\ncheck_token_env = \"{var}\"\n\
+         admin_listen = \"127.0.0.1:9091\"\ntls = {{ cert = \"missing.pem\", key = \"missing.key\" }}\n"
+    );
+    let config = write(dir.path(), "slidegate.toml", format!("{server}{CONFIG}"));
+    let log: String = (0..12).map(|s| combined("203.0.113.7", s, "/api/a", 200)).collect();
+    let log = write(dir.path(), "access.log", log);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_slidegate")).args(args).env_remove(var).output().unwrap()
+    };
+    let out = run(&["replay", "--config", config.to_str().unwrap(), "--json", log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(counts(rule(&report, "api")), (12, 10, 2, 0), "{report}");
+
+    let out = run(&["check-config", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64), "serve would not start: {}", stderr(&out));
+    assert!(stderr(&out).contains(var), "{}", stderr(&out));
+
+    let bad = write(dir.path(), "bad.toml", format!("{server}max_delayed = 0\n{CONFIG}"));
+    let out = run(&["replay", "--config", bad.to_str().unwrap(), log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad.toml:6:") && stderr(&out).contains("max_delayed"), "{}", stderr(&out));
+}

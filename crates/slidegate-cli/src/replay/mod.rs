@@ -3,9 +3,15 @@
 //! would have allowed, denied and blocked before enforcing it.
 //!
 //! The limiter is the one `serve` builds from the file (the same rules,
-//! identities and hash secret), on the embedded store; `replayer.rs` says
-//! how time, out-of-order lines and charges after the response are handled.
-//! A malformed line is counted and listed by its line number, never fatal.
+//! identities and hash secret), on the embedded store; what only `serve`
+//! uses (`[server]`'s listeners, TLS files, token) is not asked for.
+//! `replayer.rs` says how time, out-of-order lines and charges after the
+//! response are handled. A malformed line (one dated before 2000 or in the
+//! future too) is counted and listed by its line number, never fatal.
+//!
+//! Bounds. Memory grows with the rules and the identities seen, never with
+//! the span of time a log covers: the chart keeps at most
+//! [`tally::MAX_BUCKETS`] buckets per rule, widening them as the span grows.
 
 mod access_log;
 mod held;
@@ -19,7 +25,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use slidegate::{ManualClock, MemoryStore};
 use slidegate_http::RateLimiter;
@@ -27,6 +33,7 @@ use slidegate_server::Config;
 
 use self::line_reader::LineReader;
 use self::replayer::Replayer;
+use self::timestamp::Recorded;
 
 /// EX_NOINPUT (sysexits.h): a log named on the command line cannot be read.
 const EX_NOINPUT: u8 = 66;
@@ -67,7 +74,7 @@ struct Log {
 
 /// Runs `slidegate replay`.
 pub fn run(args: ReplayArgs) -> crate::CommandResult {
-    let mut config = match Config::load(&args.config) {
+    let mut config = match Config::load_limiter(&args.config) {
         Ok(config) => config,
         Err(err) => {
             eprintln!("slidegate: {err}");
@@ -76,10 +83,10 @@ pub fn run(args: ReplayArgs) -> crate::CommandResult {
     };
     // The deny cache counts on the process's clock, not the replay's; it is
     // exact, so without it every decision is the same.
-    config.limiter.guard.deny_cache = 0;
+    config.guard.deny_cache = 0;
     // The replay holds what a rule's `delay` would, on its own clock; the
     // limiter answers at once (see `replayer`).
-    let delays: Vec<_> = config.limiter.rules.iter_mut().map(|r| r.delay.take()).collect();
+    let delays: Vec<_> = config.rules.iter_mut().map(|r| r.delay.take()).collect();
     // Every log is opened before anything is replayed: a typo in the last
     // name does not cost a long replay of the first.
     let mut logs = Vec::new();
@@ -98,10 +105,15 @@ pub fn run(args: ReplayArgs) -> crate::CommandResult {
     }
 
     let clock = ManualClock::new(0);
-    let limiter = RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone()))?;
-    let key_header = config.limiter.identity.api_key_header.clone();
-    let mut replay = Replayer::new(limiter, clock, &config.limiter.rules, key_header, args.show_malformed)
-        .with_delays(delays, config.limiter.max_delayed);
+    let limiter = RateLimiter::from_config(&config, MemoryStore::with_clock(clock.clone()))?;
+    let key_header = config.identity.api_key_header.clone();
+    // Whole seconds: the range is printed, and a millisecond says nothing.
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs().saturating_mul(1000));
+    let recorded = Recorded::at(now_ms);
+    let mut replay = Replayer::new(limiter, clock, &config.rules, key_header, args.show_malformed, recorded)
+        .with_delays(delays, config.max_delayed);
     let bar = progress_bar(total_bytes);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();

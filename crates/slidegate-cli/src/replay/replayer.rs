@@ -6,7 +6,9 @@
 //! it exactly. Lines out of order (a log written as requests end, not as
 //! they start, is a little out of order) are decided at the latest time seen
 //! so far: the clock never goes back, as a server's does not, and each such
-//! line is counted with how far behind it was. The limiter's own clock
+//! line is counted with how far behind it was. A line dated outside
+//! [`Recorded`] (before 2000, or over a day past the machine's clock) is
+//! malformed: it would move the clock across decades. The limiter's own clock
 //! (`Ticks`: deny cache, breaker, fallback) is the process's; the caller
 //! turns the deny cache off ([`super::run`]), which changes no decision (it
 //! is exact), and the breaker and fallback act only when a store fails,
@@ -46,6 +48,7 @@ use super::access_log::{self, Entry};
 use super::held::{Held, Holds};
 use super::line_reader::{Line, MAX_LINE};
 use super::tally::{Outcome, RuleTally, Timeline};
+use super::timestamp::Recorded;
 
 /// How often (simulated) the store gives back the memory of idle identities.
 const SWEEP_EVERY_MS: u64 = 60_000;
@@ -80,6 +83,10 @@ pub struct Replayer<'c> {
     /// The first malformed lines, up to the number asked for.
     pub first_malformed: Vec<Malformed>,
     keep_malformed: usize,
+    /// The times a line may carry; one dated outside is malformed.
+    pub recorded: Recorded,
+    /// Malformed lines whose time read but lay outside `recorded`.
+    pub out_of_range: u64,
     pub out_of_order: u64,
     pub max_behind_ms: u64,
     /// Per rule, its `delay`, which this replay simulates (the limiter's
@@ -89,13 +96,15 @@ pub struct Replayer<'c> {
 }
 
 impl<'c> Replayer<'c> {
-    /// A replay of `rules` through `limiter`, whose store reads `clock`.
+    /// A replay of `rules` through `limiter`, whose store reads `clock`, of
+    /// lines dated in `recorded`.
     pub fn new(
         limiter: RateLimiter<MemoryStore<ManualClock>>,
         clock: ManualClock,
         rules: &'c [RuleConfig],
         key_header: Option<HeaderName>,
         keep_malformed: usize,
+        recorded: Recorded,
     ) -> Self {
         Self {
             limiter,
@@ -114,6 +123,8 @@ impl<'c> Replayer<'c> {
             malformed: 0,
             first_malformed: Vec::new(),
             keep_malformed,
+            recorded,
+            out_of_range: 0,
             out_of_order: 0,
             max_behind_ms: 0,
             delays: rules.iter().map(|_| None).collect(),
@@ -134,7 +145,8 @@ impl<'c> Replayer<'c> {
         self.rules
     }
 
-    /// Replays line number `number` of `file`. Blank lines are skipped.
+    /// Replays line number `number` of `file`. Blank lines are skipped; a
+    /// line dated outside `recorded` is malformed, and counted apart.
     pub async fn line(&mut self, file: &str, number: u64, line: Line<'_>) {
         self.lines += 1;
         let entry = match line {
@@ -142,6 +154,13 @@ impl<'c> Replayer<'c> {
             Line::Text(text) => access_log::parse(text),
             Line::TooLong(n) => Err(format!("line of {n} bytes, longer than the {MAX_LINE} read")),
         };
+        let entry = entry.and_then(|entry| match self.recorded.check(entry.time_ms) {
+            Ok(()) => Ok(entry),
+            Err(reason) => {
+                self.out_of_range += 1;
+                Err(reason)
+            }
+        });
         match entry {
             Ok(entry) => self.request(entry).await,
             Err(reason) => {
@@ -331,7 +350,8 @@ anonymous = [{ limit = 1, window = "60s" }]
         let limiter =
             RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap();
         let header = config.limiter.identity.api_key_header.clone();
-        let mut replay = Replayer::new(limiter.clone(), clock, &config.limiter.rules, header, 0);
+        let mut replay =
+            Replayer::new(limiter.clone(), clock, &config.limiter.rules, header, 0, Recorded::at(u64::MAX));
         let t = 1_796_119_200_000;
         for (path, ip, key) in [
             ("/k/a", "10.0.0.1", Some("alpha")),
@@ -396,7 +416,9 @@ delay = { max_wait = "600ms", per_identity = 1 }
         let clock = ManualClock::new(0);
         let limiter =
             RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap();
-        let mut replay = Replayer::new(limiter, clock, &config.limiter.rules, None, 0).with_delays(delays, 1);
+        let mut replay =
+            Replayer::new(limiter, clock, &config.limiter.rules, None, 0, Recorded::at(u64::MAX))
+                .with_delays(delays, 1);
         let t = 1_796_119_200_000;
         let entry = |ms: u64, ip: &str| Entry {
             time_ms: t + ms,

@@ -47,6 +47,11 @@ pub fn to_json(replay: &Replayer<'_>, wall: Duration, top: usize) -> Value {
         "unmatched": replay.unmatched,
         "malformed": {
             "count": replay.malformed,
+            "out_of_range": {
+                "lines": replay.out_of_range,
+                "from": format_rfc3339(replay.recorded.from_ms),
+                "until": format_rfc3339(replay.recorded.until_ms),
+            },
             "first": replay.first_malformed.iter().map(|m| json!({
                 "file": m.file, "line": m.line, "reason": m.reason,
             })).collect::<Vec<_>>(),
@@ -92,6 +97,15 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
         replay.malformed,
         replay.out_of_order,
     );
+    if replay.out_of_range > 0 {
+        outln!(
+            "  {} of the malformed lines are dated before {} or after {} (a day past this machine's clock): \
+             not replayed",
+            replay.out_of_range,
+            format_rfc3339(replay.recorded.from_ms),
+            format_rfc3339(replay.recorded.until_ms),
+        );
+    }
     outln!();
     let width = replay.rules().iter().map(|r| r.name.len()).max().unwrap_or(0).max(4);
     outln!(

@@ -6,12 +6,14 @@ use std::collections::HashMap;
 
 use slidegate_http::offenders::IdentityHash;
 
-/// The buckets a timeline keeps at most: when a log spans more, buckets
-/// widen to the next width of [`WIDTHS_MS`], adding up neighbours.
+/// The buckets a timeline keeps at most, whatever the span: when a log
+/// spans more, buckets widen to the next width ([`next_width`]), adding up
+/// neighbours. A timeline's memory is this many buckets per rule.
 pub const MAX_BUCKETS: usize = 120;
 
 /// Bucket widths, each a multiple of the one before, so widening sums whole
-/// buckets: 1 s, 5 s, 10 s, 30 s, 1 min, 5 min, 10 min, 30 min, 1 h, 6 h, 12 h, 1 d, 7 d, 28 d.
+/// buckets: 1 s, 5 s, 10 s, 30 s, 1 min, 5 min, 10 min, 30 min, 1 h, 6 h, 12 h, 1 d, 7 d, 28 d;
+/// then doubling (56 d, 112 d, ...) for spans over 120 × 28 d, about 9 years.
 const WIDTHS_MS: [u64; 14] = [
     1_000,
     5_000,
@@ -98,7 +100,7 @@ impl RuleTally {
 #[derive(Debug)]
 pub struct Timeline {
     start_ms: Option<u64>,
-    width: usize,
+    width_ms: u64,
     /// Per rule, refusals per bucket; every series as long as the timeline.
     series: Vec<Vec<u64>>,
     len: usize,
@@ -106,16 +108,17 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn new(rules: usize) -> Self {
-        Self { start_ms: None, width: 0, series: vec![Vec::new(); rules], len: 0 }
+        Self { start_ms: None, width_ms: WIDTHS_MS[0], series: vec![Vec::new(); rules], len: 0 }
     }
 
     /// Extends the timeline to `now_ms` (times never go back: the replay's
-    /// clock does not).
+    /// clock does not), widening its buckets until it fits in [`MAX_BUCKETS`].
     pub fn reach(&mut self, now_ms: u64) {
         let start = *self.start_ms.get_or_insert(now_ms);
         loop {
-            let needed = ((now_ms - start) / WIDTHS_MS[self.width]) as usize + 1;
-            if needed <= MAX_BUCKETS || self.width + 1 == WIDTHS_MS.len() {
+            let needed = (now_ms.saturating_sub(start) / self.width_ms).saturating_add(1);
+            // Any span fits at last: a width over half of u64's range needs 2 buckets.
+            if let Ok(needed @ ..=MAX_BUCKETS) = usize::try_from(needed) {
                 if needed > self.len {
                     self.len = needed;
                     for s in &mut self.series {
@@ -131,15 +134,16 @@ impl Timeline {
     /// Counts a refusal under `rule` at `now_ms`, reached already.
     pub fn refuse(&mut self, rule: usize, now_ms: u64) {
         let start = self.start_ms.unwrap_or(now_ms);
-        let i = ((now_ms.saturating_sub(start)) / WIDTHS_MS[self.width]) as usize;
+        let i = usize::try_from(now_ms.saturating_sub(start) / self.width_ms).unwrap_or(usize::MAX);
         if let Some(bucket) = self.series.get_mut(rule).and_then(|s| s.get_mut(i)) {
             *bucket += 1;
         }
     }
 
     fn widen(&mut self) {
-        let factor = (WIDTHS_MS[self.width + 1] / WIDTHS_MS[self.width]) as usize;
-        self.width += 1;
+        let next = next_width(self.width_ms);
+        let factor = usize::try_from(next / self.width_ms).unwrap_or(usize::MAX);
+        self.width_ms = next;
         for s in &mut self.series {
             *s = s.chunks(factor).map(|c| c.iter().sum()).collect();
         }
@@ -151,12 +155,20 @@ impl Timeline {
     }
 
     pub fn bucket_ms(&self) -> u64 {
-        WIDTHS_MS[self.width]
+        self.width_ms
     }
 
     /// Refusals per bucket of rule number `rule`.
     pub fn series(&self, rule: usize) -> &[u64] {
         self.series.get(rule).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The bucket width after `width_ms`: the next of [`WIDTHS_MS`], or twice it.
+fn next_width(width_ms: u64) -> u64 {
+    match WIDTHS_MS.iter().find(|&&w| w > width_ms) {
+        Some(&w) => w,
+        None => width_ms.saturating_mul(2),
     }
 }
 
@@ -185,5 +197,26 @@ mod tests {
         t.reach(start + 365 * 86_400_000);
         assert!(t.series(0).len() <= MAX_BUCKETS);
         assert_eq!(t.series(0).iter().sum::<u64>(), 600);
+    }
+
+    /// Past 120 buckets of 28 days, buckets double: the end of u64's range
+    /// still fits in 120, and every refusal is kept.
+    #[test]
+    fn any_span_fits_in_max_buckets() {
+        let mut t = Timeline::new(3);
+        t.reach(0);
+        t.refuse(2, 0);
+        let day = 86_400_000;
+        // 120 × 28 d and a day: the first doubling.
+        t.reach(120 * 28 * day + day);
+        assert_eq!((t.bucket_ms(), t.series(2).len()), (56 * day, 61));
+        for end in [400 * 365 * day, u64::MAX] {
+            t.reach(end);
+            t.refuse(2, end);
+            assert!(t.series(2).len() <= MAX_BUCKETS, "{end}: {}", t.series(2).len());
+            assert_eq!(t.series(0).len(), t.series(2).len(), "every series as long");
+        }
+        assert_eq!(t.series(2).iter().sum::<u64>(), 3);
+        assert_eq!(t.series(2).last(), Some(&1), "the last refusal in the last bucket");
     }
 }

@@ -4,7 +4,8 @@
 //! would add more than these few functions.
 //!
 //! Every time is checked to lie in what the stores decide on, 1970 to the
-//! end of year 9999 ([`slidegate::store::MAX_TIME_MS`]).
+//! end of year 9999 ([`slidegate::store::MAX_TIME_MS`]); a replay takes
+//! only those of a [`Recorded`] range.
 
 use slidegate::store::MAX_TIME_MS;
 
@@ -15,6 +16,45 @@ const MONTHS: [&str; 12] =
 /// A unix time of 10^11 or more is taken for milliseconds: as seconds it
 /// would be after the year 5000, as milliseconds it is March 1973.
 const MS_FROM: f64 = 1e11;
+
+/// 2000-01-01T00:00:00Z.
+const Y2K_MS: u64 = 946_684_800_000;
+
+/// How far past the replaying machine's clock a line may be dated: a day
+/// covers a writer's clock running ahead and a mislabelled time zone.
+const AHEAD_MS: u64 = MS_PER_DAY as u64;
+
+/// The times a recorded request can carry: from 2000-01-01 to a day after
+/// the replaying machine's clock. A line dated outside is no request a log
+/// recorded (1970 is a writer whose clock was unset, 9999 a forged line),
+/// and replaying it would move the simulated clock across decades.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    pub from_ms: u64,
+    pub until_ms: u64,
+}
+
+impl Recorded {
+    /// The range for a replay run when the machine's clock reads `now_ms`.
+    pub fn at(now_ms: u64) -> Self {
+        Self { from_ms: Y2K_MS, until_ms: now_ms.saturating_add(AHEAD_MS) }
+    }
+
+    /// Whether `time_ms` is in the range, and if not, why.
+    pub fn check(&self, time_ms: u64) -> Result<(), String> {
+        if time_ms < self.from_ms {
+            Err(format!("time {} is before {}", format_rfc3339(time_ms), format_rfc3339(self.from_ms)))
+        } else if time_ms > self.until_ms {
+            Err(format!(
+                "time {} is after {}, a day past this machine's clock",
+                format_rfc3339(time_ms),
+                format_rfc3339(self.until_ms),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
 
 /// `10/Oct/2000:13:55:36 -0700` (nginx `$time_local`, Apache `%t`).
 pub fn parse_common_log(s: &str) -> Result<u64, String> {
@@ -287,6 +327,25 @@ mod tests {
         for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
             assert!(from_unix(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_recorded_time_is_from_2000_to_a_day_ahead() {
+        let range = Recorded::at(T);
+        let day = 86_400_000;
+        for ok in [Y2K_MS, T, T + day] {
+            assert_eq!(range.check(ok), Ok(()));
+        }
+        assert_eq!(
+            range.check(Y2K_MS - 1),
+            Err("time 1999-12-31T23:59:59.999Z is before 2000-01-01T00:00:00Z".into())
+        );
+        assert_eq!(
+            range.check(T + day + 1),
+            Err("time 2026-12-02T10:00:00.001Z is after 2026-12-02T10:00:00Z, a day past this machine's clock".into())
+        );
+        assert!(range.check(0).is_err() && range.check(MAX_TIME_MS).is_err());
+        assert_eq!(Recorded::at(u64::MAX).until_ms, u64::MAX, "saturates");
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //!   `slidegate-http`'s [`LimiterConfig`](slidegate_http::LimiterConfig).
 //! - [`ConfigError`]: what was wrong, at which file, line and column.
 //! - `Config::load` reads and validates a file, `Config::parse` a string, and
-//!   `Config::parse_with_env` takes the environment as an argument. Any
+//!   `Config::parse_with_env` takes the environment as an argument;
+//!   `Config::load_to_serve` also asks for what the proxy needs, and
+//!   `Config::load_limiter` only for what the limiter does. Any
 //!   error — a TOML syntax error, an unknown key, a value of the wrong form,
 //!   a rule that contradicts itself — names the file, line and column and
 //!   the form that was expected.

@@ -4,6 +4,7 @@ use http::Method;
 use ipnet::IpNet;
 use slidegate::Algorithm;
 
+use super::validate::Use;
 use super::*;
 use slidegate::RedisTarget;
 use slidegate_http::config::{Delay, IdentityConfig, IdentityKind, OnError, RuleLimits};
@@ -304,6 +305,33 @@ fn the_admin_surface_defaults_closed_and_its_keys_are_checked() {
     assert_eq!((c.server.body_timeout, c.server.max_upstream_connections), (Delay::from_millis(300), 4));
     assert_eq!(err("[server]\nbody_timeout = \"0s\"\n").0, 2);
     assert_eq!(err("[server]\nmax_upstream_connections = 0\n").0, 2);
+}
+
+/// Loaded for the limiter alone (`slidegate replay`), `[server]` gives its
+/// `max_delayed` and nothing is looked for that only the proxy uses: an
+/// unset token variable, missing TLS files, a clash of listeners. Its keys
+/// are still read, so a typo is still an error.
+#[test]
+fn the_limiter_alone_asks_nothing_of_server_but_max_delayed() {
+    let limiter = |text: &str| Config::parse_for(text, "t.toml".as_ref(), &no_env, Use::Limiter);
+    let server = "[server]
+check_token_env = \"CHECK_TOKEN\"\ntls = { cert = \"no.pem\", key = \"no.key\" }\n\
+                  admin_listen = \"127.0.0.1:8080\"\nlisten = \"127.0.0.1:8080\"\nmax_delayed = 7\n";
+    let text = format!(
+        "{server}[[rules]]\nname = \"api\"\npath = \"/*\"\nlimits = [{{ limit = 1, window = \"1s\" }}]\n"
+    );
+    let c = limiter(&text).unwrap();
+    assert_eq!((c.limiter.max_delayed, c.limiter.rules.len()), (7, 1));
+    assert_eq!(c.server.check_token, None);
+    assert!(parse(&text).is_err(), "the library validates [server] whole");
+    let only_token = text.replace("tls = ", "# tls = ").replace("admin_listen", "# admin_listen");
+    let e = parse(&only_token).unwrap_err().to_string();
+    assert!(e.contains("CHECK_TOKEN is not set"), "{e}");
+    assert_eq!(limiter(&only_token).unwrap().limiter.max_delayed, 7);
+    let (l, c) = limiter("[server]\nmax_delayed = 0\n").unwrap_err().location().unwrap();
+    assert_eq!((l, c), (2, 15));
+    let e = limiter("[server]\ncheck_token = \"t\"\n").unwrap_err();
+    assert!(e.to_string().starts_with("t.toml:2:1: unknown field `check_token`"), "{e}");
 }
 
 #[test]

@@ -58,6 +58,18 @@ impl Config {
         Self::load_for(path.as_ref(), Use::Serve)
     }
 
+    /// The limiter the configuration in `path` describes, for a tool that
+    /// builds it and serves nothing (`slidegate replay`): of `[server]`, only
+    /// `max_delayed` (the limiter's) is validated. What only `serve` uses —
+    /// the variable `check_token_env` names, TLS files, listeners — is not
+    /// asked for, so a file `serve` runs with on another machine loads here.
+    ///
+    /// # Errors
+    /// As [`Config::load`], for every part but `[server]`'s other keys.
+    pub fn load_limiter(path: impl AsRef<Path>) -> Result<LimiterConfig, ConfigError> {
+        Self::load_for(path.as_ref(), Use::Limiter).map(|config| config.limiter)
+    }
+
     fn load_for(path: &Path, used: Use) -> Result<Self, ConfigError> {
         let bytes =
             std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
@@ -130,14 +142,18 @@ impl Config {
 }
 
 /// What a configuration is loaded for: the same file configures the tower
-/// layer (its `[store]`, `[identity]`, `[headers]` and `[[rules]]`) and
-/// `slidegate serve`, which also needs an upstream.
+/// layer (its `[store]`, `[identity]`, `[headers]` and `[[rules]]`),
+/// `slidegate serve`, which also needs an upstream, and `slidegate replay`,
+/// which needs the limiter alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Use {
     /// [`Config::load`], [`Config::parse`]: any complete limiter.
     Library,
     /// [`Config::load_to_serve`]: the proxy too.
     Serve,
+    /// [`Config::load_limiter`]: the limiter alone; `[server]` is read for
+    /// its `max_delayed` only.
+    Limiter,
 }
 
 /// The text of a configuration file; invalid UTF-8 is located at its first
@@ -323,6 +339,11 @@ impl Validator<'_> {
         let (server_span, mut raw_server) =
             raw.map_or((None, Default::default()), |s| (Some(s.span()), s.into_inner()));
         let max_delayed = self.max_delayed(raw_server.max_delayed.take())?;
+        if self.used == Use::Limiter {
+            // Its keys were read (a typo or a wrong type is still an error),
+            // but files and variables only the proxy uses are not looked for.
+            return Ok((ServerConfig::default(), max_delayed));
+        }
         let server = self.server(raw_server)?;
         if self.used == Use::Serve && server.upstream.is_none() && !self.unread.contains("server") {
             let table = if server_span.is_some() { "[server] has no upstream" } else { "no [server] table" };
