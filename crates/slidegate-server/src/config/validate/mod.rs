@@ -264,6 +264,7 @@ impl Validator<'_> {
         let lists =
             keys.as_ref().and_then(|keys| found.part(self.lists(raw.lists.allow, raw.lists.deny, keys)));
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        let mut names = std::collections::HashSet::with_capacity(raw.rules.len());
         // Plans naming a rule that failed are not reported for it.
         let mut rules_partial = self.unread.contains("rules");
         // A forward-auth hook asks before the upstream answers and never
@@ -297,7 +298,9 @@ impl Validator<'_> {
                 let Some(lists) = found.part(self.lists(allow, deny, keys)) else { continue };
                 rule.lists = lists;
             }
-            if rules.iter().any(|r| r.name == rule.name) {
+            // A set, not a scan of the rules so far: validation stays linear
+            // in the number of rules (a reload of 30,000 took seconds).
+            if !names.insert(rule.name.clone()) {
                 found.push(self.err(
                     name_span,
                     format!("duplicate rule name {:?}: rule names must be unique", rule.name),
