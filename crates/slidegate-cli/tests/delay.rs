@@ -1,7 +1,7 @@
 //! End to end: a rule's `delay` (hold a request that fits within
 //! `max_wait` instead of answering 429) and `[server] max_delayed`, through
-//! the real binary: pacing, the caps, a client hanging up while held, and
-//! Redis dying while a request is held.
+//! the real binary: pacing, the caps, a client's share of the queue, a
+//! client hanging up while held, and Redis dying while a request is held.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,17 +20,23 @@ use serde_json::Value;
 
 /// One rule, `api` on `/api/*`: `limit` per `window` by GCRA (one permit
 /// every `window / limit`), per API key, with `delay`; `server` adds to
-/// `[server]`, `extra` to the file's end.
+/// `[server]`, `extra` to the file's end. The tests' own loopback address is
+/// a trusted proxy, so a request names its client in `x-forwarded-for`.
 fn delay_config(upstream: &Upstream, server: &str, store: &str, rule: &str, extra: &str) -> String {
     format!(
         r#"{head}
+[identity]
+api_key_header = "x-api-key"
+ip_hash_secret_env = "{SECRET_ENV}"
+trusted_proxies = ["127.0.0.1/32"]
+
 [[rules]]
 name = "api"
 path = "/api/*"
 {rule}
 {extra}
 "#,
-        head = keyed_head(upstream.addr, &format!("admin_on_public = true\n{server}"), store),
+        head = config_head(upstream.addr, &format!("admin_on_public = true\n{server}"), store),
     )
 }
 
@@ -40,9 +46,17 @@ fn key(n: usize) -> String {
 
 /// A request sent and left waiting for its answer.
 fn send(sg: &Slidegate, key: &str) -> TcpStream {
+    send_from(sg, key, "127.0.0.1")
+}
+
+/// [`send`], from the client at `client` (through the trusted proxy).
+fn send_from(sg: &Slidegate, key: &str, client: &str) -> TcpStream {
     let mut stream = TcpStream::connect(sg.addr).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let head = format!("GET /api/x HTTP/1.1\r\nhost: t\r\nconnection: close\r\nx-api-key: {key}\r\n\r\n");
+    let head = format!(
+        "GET /api/x HTTP/1.1\r\nhost: t\r\nconnection: close\r\nx-api-key: {key}\r\n\
+         x-forwarded-for: {client}\r\n\r\n"
+    );
     stream.write_all(head.as_bytes()).unwrap();
     stream
 }
@@ -108,9 +122,9 @@ delay = { max_wait = "600ms", per_identity = 1 }"#;
     );
 }
 
-/// Many identities at once, each with a request that would be held: never
-/// more than `max_delayed` are held; the others are refused at once, and
-/// the held ones are allowed when their wait ends.
+/// Many identities at once, each from a client of its own with a request
+/// that would be held: never more than `max_delayed` are held; the others
+/// are refused at once, and the held ones are allowed when their wait ends.
 #[test]
 fn many_identities_never_hold_more_than_max_delayed() {
     let upstream = Upstream::start();
@@ -118,8 +132,9 @@ fn many_identities_never_hold_more_than_max_delayed() {
 delay = { max_wait = "6s", per_identity = 4 }"#;
     let sg = Arc::new(Slidegate::start(&delay_config(&upstream, "max_delayed = 3", "", rule, "")));
     assert_eq!(sg.metric("slidegate_delayed_requests_max"), 3.0);
+    let from = |n: usize| format!("192.0.2.{}", n + 1);
     for n in 0..12 {
-        assert_eq!(sg.get("/api/x", &[("x-api-key", &key(n))]).status, 200);
+        assert_eq!(sg.get("/api/x", &[("x-api-key", &key(n)), ("x-forwarded-for", &from(n))]).status, 200);
     }
     let most = Arc::new(AtomicU64::new(0));
     let watcher = {
@@ -134,7 +149,7 @@ delay = { max_wait = "6s", per_identity = 4 }"#;
     let clients: Vec<_> = (0..12)
         .map(|n| {
             let sg = Arc::clone(&sg);
-            thread::spawn(move || sg.get("/api/x", &[("x-api-key", &key(n))]))
+            thread::spawn(move || sg.get("/api/x", &[("x-api-key", &key(n)), ("x-forwarded-for", &from(n))]))
         })
         .collect();
     let replies: Vec<Reply> = clients.into_iter().map(|c| c.join().unwrap()).collect();
@@ -147,6 +162,46 @@ delay = { max_wait = "6s", per_identity = 4 }"#;
     assert_eq!(held(&sg), 0.0);
     assert_eq!(sg.metric("slidegate_requests_denied_total{rule=\"api\"}"), 9.0);
     assert_eq!(upstream.hits(), 15);
+}
+
+/// One client rotating API keys cannot fill the queue: its share of
+/// `max_delayed = 10` shrinks as the queue fills (one holding `h` adds one
+/// only while more than `4 × h` places are free), so of its 12 keys' requests
+/// 2 are held and 10 refused at once, and a client at another address is
+/// still held, then served. Before the share, its keys held all 10 places
+/// and the other client got 429.
+#[test]
+fn one_client_rotating_keys_cannot_fill_the_queue() {
+    let upstream = Upstream::start();
+    let rule = r#"limits = [{ limit = 1, window = "5s", algorithm = "gcra" }]
+delay = { max_wait = "6s", per_identity = 4 }"#;
+    let sg = Slidegate::start(&delay_config(&upstream, "max_delayed = 10", "", rule, ""));
+    let (attacker, victim) = ("203.0.113.7", "198.51.100.9");
+    // Each key's permit spent, so that its next request waits about 5 s.
+    for n in 0..12 {
+        assert_eq!(sg.get("/api/x", &[("x-api-key", &key(n)), ("x-forwarded-for", attacker)]).status, 200);
+    }
+    assert_eq!(sg.get("/api/x", &[("x-api-key", "sk-victim"), ("x-forwarded-for", victim)]).status, 200);
+    let denied = || sg.metric("slidegate_requests_denied_total{rule=\"api\"}");
+    // One key at a time, each held or refused before the next is sent, so
+    // that what the share allows does not depend on which thread is first.
+    let mut attacks = Vec::new();
+    for n in 0..12 {
+        let decided = held(&sg) + denied();
+        attacks.push(send_from(&sg, &key(n), attacker));
+        wait_for(&format!("key {n} to be decided"), Duration::from_secs(5), || {
+            held(&sg) + denied() == decided + 1.0
+        });
+    }
+    let (attacker_held, attacker_refused) = (held(&sg), denied());
+    let victim_status = status(send_from(&sg, "sk-victim", victim));
+    assert_eq!((attacker_held, attacker_refused, victim_status), (2.0, 10.0, 200));
+    let statuses: Vec<u16> = attacks.into_iter().map(status).collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(sg.metric("slidegate_requests_delayed_total{rule=\"api\"}"), 3.0, "the victim's and 2 keys'");
+    assert_eq!(denied(), 10.0);
+    assert_eq!(held(&sg), 0.0);
+    assert_eq!(upstream.hits(), 16);
 }
 
 /// A client that hangs up while its request is held frees its place at

@@ -99,13 +99,7 @@ impl IdentityExtractor {
     /// An extractor keyed by a random secret drawn now: fine for one process
     /// on the embedded store, wrong for several instances sharing Redis.
     pub fn with_random_secret() -> Self {
-        let mut secret = [0u8; 32];
-        if getrandom::fill(&mut secret).is_err() {
-            // No OS randomness is a broken machine; the time still separates runs.
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            secret[..16].copy_from_slice(&now.as_nanos().to_le_bytes());
-        }
-        Self::new(&secret)
+        Self::new(&random_secret())
     }
 
     /// An extractor keyed as this one, every other setting at its default:
@@ -277,6 +271,18 @@ impl IdentityExtractor {
             }
         }
     }
+}
+
+/// 32 bytes of the operating system's randomness: a secret for hashes that
+/// live in this process only.
+pub(crate) fn random_secret() -> [u8; 32] {
+    let mut secret = [0u8; 32];
+    if getrandom::fill(&mut secret).is_err() {
+        // No OS randomness is a broken machine; the time still separates runs.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        secret[..16].copy_from_slice(&now.as_nanos().to_le_bytes());
+    }
+    secret
 }
 
 /// The hops of `header` — `X-Forwarded-For`, or `Forwarded` (RFC 7239

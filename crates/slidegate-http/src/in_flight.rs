@@ -16,45 +16,81 @@
 //! 16 shards behind their own locks, each held for one map operation; a
 //! shard's map hashes the identity with its own random seed, so a client
 //! cannot aim at one bucket.
+//!
+//! The same table counts the requests each client holds in the delay
+//! queue (`crate::delay`), keyed by the client rather than an identity.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use slidegate::Identity;
 
 const SHARDS: usize = 16;
 
-/// The requests in flight per identity, shared by every clone of a limiter.
-#[derive(Debug, Default)]
-pub(crate) struct InFlight {
-    shards: [Mutex<HashMap<Identity, u32>>; SHARDS],
+/// What [`InFlight`] counts under: a keyed hash, whose uniform bits pick
+/// its shard.
+pub(crate) trait Counted: Eq + Hash + Clone {
+    /// A number from the key's uniform bits; its remainder picks the shard.
+    fn spread(&self) -> usize;
 }
 
-impl InFlight {
-    fn shard(&self, identity: &Identity) -> &Mutex<HashMap<Identity, u32>> {
+impl Counted for Identity {
+    fn spread(&self) -> usize {
         // The folded hash is uniform; its top bits pick the shard, the map
         // rehashes the whole with its own seed.
-        &self.shards[(identity.folded() >> 60) as usize % SHARDS]
+        (self.folded() >> 60) as usize
+    }
+}
+
+/// The requests in flight per identity (or per other [`Counted`] key),
+/// shared by every clone of a limiter.
+#[derive(Debug)]
+pub(crate) struct InFlight<K = Identity> {
+    shards: [Mutex<HashMap<K, u32>>; SHARDS],
+}
+
+impl<K> Default for InFlight<K> {
+    fn default() -> Self {
+        Self { shards: std::array::from_fn(|_| Mutex::new(HashMap::new())) }
+    }
+}
+
+impl<K: Counted> InFlight<K> {
+    fn shard(&self, key: &K) -> &Mutex<HashMap<K, u32>> {
+        &self.shards[key.spread() % SHARDS]
     }
 
     /// A slot for one more request of `identity`, or `None` when it already
     /// has `max` in flight.
-    pub(crate) fn enter(self: &Arc<Self>, identity: &Identity, max: u32) -> Option<InFlightSlot> {
-        let mut shard = self.shard(identity).lock().unwrap_or_else(PoisonError::into_inner);
-        match shard.get_mut(identity) {
-            Some(count) if *count >= max => return None,
+    pub(crate) fn enter(self: &Arc<Self>, identity: &K, max: u32) -> Option<InFlightSlot<K>> {
+        self.enter_if(identity, |count| count < max)
+    }
+
+    /// A slot for one more request of `key`, or `None` when `admits` refuses
+    /// one more to a key with that many in flight: the count is read and
+    /// raised under one lock, so two requests of a key never both pass on
+    /// the same count.
+    pub(crate) fn enter_if(
+        self: &Arc<Self>,
+        key: &K,
+        admits: impl Fn(u32) -> bool,
+    ) -> Option<InFlightSlot<K>> {
+        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        match shard.get_mut(key) {
+            Some(count) if !admits(*count) => return None,
             Some(count) => *count += 1,
-            None if max == 0 => return None,
+            None if !admits(0) => return None,
             None => {
-                shard.insert(identity.clone(), 1);
+                shard.insert(key.clone(), 1);
             }
         }
-        Some(InFlightSlot { table: Arc::clone(self), identity: identity.clone() })
+        Some(InFlightSlot { table: Arc::clone(self), key: key.clone() })
     }
 
     /// How many requests of `identity` are in flight.
     #[cfg(test)]
-    pub(crate) fn count(&self, identity: &Identity) -> u32 {
+    pub(crate) fn count(&self, identity: &K) -> u32 {
         self.shard(identity)
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -72,18 +108,18 @@ impl InFlight {
 
 /// One request in flight: counted until dropped.
 #[derive(Debug)]
-pub(crate) struct InFlightSlot {
-    table: Arc<InFlight>,
-    identity: Identity,
+pub(crate) struct InFlightSlot<K: Counted = Identity> {
+    table: Arc<InFlight<K>>,
+    key: K,
 }
 
-impl Drop for InFlightSlot {
+impl<K: Counted> Drop for InFlightSlot<K> {
     fn drop(&mut self) {
-        let mut shard = self.table.shard(&self.identity).lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = shard.get_mut(&self.identity) {
+        let mut shard = self.table.shard(&self.key).lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = shard.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {
-                shard.remove(&self.identity);
+                shard.remove(&self.key);
             }
         }
     }

@@ -44,6 +44,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod breadth;
+pub mod client_share;
 pub mod config;
 mod cost_headers;
 pub mod delay;

@@ -1,6 +1,7 @@
 //! A request of a rule with `delay`: held and decided again rather than
 //! refused, when its wait is short (the policy is in `crate::delay`).
 
+use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -14,20 +15,25 @@ use crate::verdict::{DecisionSource, Verdict};
 
 impl<S: Store + 'static> RateLimiter<S> {
     /// Decides a request under a rule with `delay`, charging: a denial that
-    /// [`wait_for`] says fits is held (if `Delays` has room) and decided
-    /// again, at most [`max_decisions`] times. Only the answer given is
-    /// counted, as allowed or denied; a held request is counted as delayed
-    /// too, and its time held.
+    /// [`wait_for`] says fits is held (if `Delays` has room for its
+    /// identity and for `client`, its address after the trusted proxies)
+    /// and decided again, at most [`max_decisions`] times. Only the answer
+    /// given is counted, as allowed or denied; a held request is counted as
+    /// delayed too, and its time held.
     pub(super) async fn decide_delayed<'s>(
         &'s self,
         index: usize,
         identity: &Identity,
+        client: Option<IpAddr>,
         set: &'s PolicySet,
         delay: &DelayConfig,
     ) -> Verdict<'s> {
         let mut verdict = self.ask(index, identity, set, 1, Mode::Charge).await;
         let first_wait = wait_for(delay, &verdict, std::time::Duration::ZERO);
-        let slot = first_wait.and_then(|_| self.inner.delays.enter(identity, delay.per_identity));
+        let delays = &self.inner.delays;
+        let slot = first_wait.and_then(|_| {
+            delays.enter(identity, delay.per_identity, delays.client(&self.inner.identity, client))
+        });
         if let (Some(mut wait), Some(_slot)) = (first_wait, slot) {
             let started = tokio::time::Instant::now();
             for _ in 0..max_decisions(delay) {
@@ -141,6 +147,7 @@ mod tests {
         let l = limiter.clone();
         let task = tokio::spawn(async move { request(&l, client).await });
         while limiter.delayed_now() == before {
+            assert!(!task.is_finished(), "answered at once, not held");
             tokio::task::yield_now().await;
         }
         task
@@ -182,7 +189,8 @@ mod tests {
     /// `max_wait`; each has its turn.
     #[tokio::test(start_paused = true)]
     async fn requests_held_together_each_have_their_turn_within_max_wait() {
-        let limiter = limiter(2_000, 4, 10);
+        // A cap of 100: one client alone holds up to a fifth of it.
+        let limiter = limiter(2_000, 4, 100);
         request(&limiter, 1).await;
         request(&limiter, 1).await;
         let mut tasks = Vec::new();
@@ -202,7 +210,7 @@ mod tests {
     /// refused: three held together under a `max_wait` with room for two turns.
     #[tokio::test(start_paused = true)]
     async fn a_request_whose_turn_would_come_after_max_wait_is_refused_then() {
-        let limiter = limiter(1_000, 4, 10);
+        let limiter = limiter(1_000, 4, 100);
         request(&limiter, 1).await;
         request(&limiter, 1).await;
         let mut tasks = Vec::new();

@@ -462,7 +462,7 @@ impl<S: Store + 'static> RateLimiter<S> {
             self.count(index, &identity, &verdict, Mode::Peek);
             verdict
         } else if let Some(delay) = &rule.delay {
-            Box::pin(self.decide_delayed(index, &identity, set, delay)).await
+            Box::pin(self.decide_delayed(index, &identity, client, set, delay)).await
         } else {
             self.decide(index, &identity, set, 1, Mode::Charge).await
         };

@@ -6,12 +6,13 @@
 //! clients at a sixteenth each; one IPv6 user with a /60 has 16 /64s), and a
 //! body arriving above `min_body_rate` is never cut. So a client holding `h`
 //! requests may forward another only while more than [`FREE_PER_HELD`] × `h`
-//! of the pool's slots are free, and never more than its share: its first
-//! request always goes on (to the wait for a slot), a client alone on an idle
-//! pool reaches its share, and however many clients trickle, the free slots
-//! stay above four times what the smallest of them holds — the pool is left
-//! to the clients holding least. Only as many clients as there are slots,
-//! each holding one, can take the pool whole.
+//! of the pool's slots are free (the rule of `slidegate_http::client_share`,
+//! which the delay queue follows too), and never more than its share: its
+//! first request always goes on (to the wait for a slot), a client alone on
+//! an idle pool reaches its share, and however many clients trickle, the
+//! free slots stay above four times what the smallest of them holds — the
+//! pool is left to the clients holding least. Only as many clients as there
+//! are slots, each holding one, can take the pool whole.
 //!
 //! A client is its address as the limits group it (the client IP after
 //! trusted proxies, an IPv6 address by its `ipv6_prefix` network), kept
@@ -31,17 +32,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use slidegate::{Digest, IdentityHasher, Source};
+use slidegate_http::client_share::crowded;
+pub(crate) use slidegate_http::client_share::FREE_PER_HELD;
 use slidegate_http::IdentityExtractor;
 
 /// Independent locks, so that worker threads forwarding for different
 /// clients rarely wait on one another.
 const SHARDS: usize = 16;
-
-/// A client holding `h` requests may forward one more only while more than
-/// `FREE_PER_HELD × h` slots of the pool are free: clients together stop
-/// when the free slots are four times what each holds, at most four fifths
-/// of the pool for one client, 51 each of 1,024 for sixteen.
-pub(crate) const FREE_PER_HELD: usize = 4;
 
 /// Why a client's request was not let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +100,7 @@ impl ClientHolds {
         // shards, checked at the same time, each see the others'.
         let before = self.total.fetch_add(1, Ordering::AcqRel);
         let free = self.max.saturating_sub(before);
-        if *held > 0 && free <= FREE_PER_HELD.saturating_mul(*held) {
+        if crowded(*held, free) {
             self.total.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Crowded { held: *held, free, max: self.max });
         }
