@@ -73,7 +73,7 @@ struct Shared {
     /// reload run on whichever thread asked left its garbage in that
     /// thread's arena, out of the next reload's reach, and the process grew
     /// by about a configuration for each thread that had reloaded.
-    reload_thread: Mutex<Option<mpsc::Sender<mpsc::Sender<Result<Reloaded, ReloadError>>>>>,
+    reload_thread: Mutex<Option<mpsc::Sender<Answer>>>,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     /// The TLS listener's certificate: a reload presents the file's from
@@ -86,6 +86,9 @@ impl Shared {
         self.turns.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// Where a reload's answer goes back to the caller that asked for it.
+type Answer = mpsc::Sender<Result<Reloaded, ReloadError>>;
 
 /// The reloads run so far, numbered from 1.
 ///
@@ -252,7 +255,7 @@ impl Reloader {
     fn on_reload_thread(&self) -> Result<Reloaded, ReloadError> {
         let mut thread = self.inner.reload_thread.lock().unwrap_or_else(PoisonError::into_inner);
         if thread.is_none() {
-            let (jobs, queue) = mpsc::channel::<mpsc::Sender<Result<Reloaded, ReloadError>>>();
+            let (jobs, queue) = mpsc::channel::<Answer>();
             // Weak: the thread ends once the server (and its sender) is gone.
             let shared: Weak<Shared> = Arc::downgrade(&self.inner);
             let started = std::thread::Builder::new().name("slidegate-reload".into()).spawn(move || {
