@@ -333,3 +333,48 @@ fn overrides_outlive_a_redis_outage() {
     assert_eq!(search_policy(&sg, "sk-alice"), "\"pro-search\";q=100;w=60", "the last read stays");
     assert_eq!(search_policy(&sg, "sk-bob"), "\"free-search\";q=2;w=60");
 }
+
+/// Every admin endpoint that changes something (a reload, an override, a
+/// penalty lift) takes the `/v1/check` token when one is set: without it,
+/// or with another, 401 and nothing changed; with it, done.
+#[test]
+fn every_mutating_admin_endpoint_takes_the_check_token() {
+    let upstream = Upstream::start();
+    let (_dir, keys) = keys_file("sk-alice free\n");
+    let text = planned(&upstream, "", &keys, false).replace(
+        "admin_on_public = true\n",
+        &format!("admin_on_public = true\ncheck_token_env = \"{SECRET_ENV}\"\n"),
+    );
+    let sg = Slidegate::start(&text);
+    let lift = format!("/v1/penalty/k:{}", "0".repeat(32));
+    // Each call, its answer with the token, and alice's plan before it.
+    let calls: [(&str, &str, &[u8], u16, &str); 5] = [
+        ("POST", "/admin/reload", b"", 200, "free"),
+        ("PUT", "/v1/overrides/sk-alice", br#"{"plan": "pro"}"#, 200, "free"),
+        ("DELETE", "/v1/overrides/sk-alice", b"", 200, "pro"),
+        // Past the token, the lift's own answer: no rule here has a penalty.
+        ("DELETE", &lift, b"", 400, "free"),
+        ("POST", "/v1/check", br#"{"rule": "search", "key": "sk-alice"}"#, 200, "free"),
+    ];
+    for (method, path, body, done, plan) in calls {
+        for refused in [None, Some("Bearer wrong"), Some("end-to-end-secret")] {
+            let headers: Vec<(&str, &str)> = refused.map(|t| ("authorization", t)).into_iter().collect();
+            let reply = request(sg.addr, method, path, &headers, body);
+            assert_eq!(reply.status, 401, "{method} {path} with {refused:?}: {reply:?}");
+            assert_eq!(reply.header("www-authenticate"), Some("Bearer"), "{method} {path}");
+        }
+        let policy = search_policy(&sg, "sk-alice");
+        assert!(
+            policy.starts_with(&format!("\"{plan}-search\"")),
+            "{method} {path}: nothing changed: {policy}"
+        );
+        let reply = request(
+            sg.addr,
+            method,
+            path,
+            &[("authorization", "Bearer end-to-end-secret"), ("content-type", "application/json")],
+            body,
+        );
+        assert_eq!(reply.status, done, "{method} {path}: {reply:?}");
+    }
+}
