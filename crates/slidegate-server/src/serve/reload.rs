@@ -16,6 +16,7 @@
 //! guard's layers). A reload that changes them applies the rest and names
 //! them in [`Reloaded::restart_required`].
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -363,9 +364,14 @@ fn located(err: &ConfigError) -> String {
 /// The rules and limits `new` changes from `old`.
 fn changes(old: &Config, new: &Config) -> Reloaded {
     let (old_rules, new_rules) = (&old.limiter.rules, &new.limiter.rules);
-    let find = |rules: &[RuleConfig], name: &str| rules.iter().position(|r| r.name == name);
-    let names = |rules: &[RuleConfig], other: &[RuleConfig]| -> Vec<String> {
-        rules.iter().filter(|r| find(other, &r.name).is_none()).map(|r| r.name.clone()).collect()
+    // By name in a map: a scan of the other side per rule made a reload of
+    // 30,000 rules take 7 s.
+    fn by_name(rules: &[RuleConfig]) -> HashMap<&str, &RuleConfig> {
+        rules.iter().map(|r| (r.name.as_str(), r)).collect()
+    }
+    let (old_by_name, new_by_name) = (by_name(old_rules), by_name(new_rules));
+    let names = |rules: &[RuleConfig], other: &HashMap<&str, &RuleConfig>| -> Vec<String> {
+        rules.iter().filter(|r| !other.contains_key(r.name.as_str())).map(|r| r.name.clone()).collect()
     };
     // The secret keys every identity: another one restarts every counter.
     let secret_changed =
@@ -373,7 +379,7 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
     let mut rules_changed = Vec::new();
     let mut limits_restarted = Vec::new();
     for rule in new_rules {
-        let Some(before) = find(old_rules, &rule.name).map(|i| &old_rules[i]) else { continue };
+        let Some(&before) = old_by_name.get(rule.name.as_str()) else { continue };
         // Every part of a rule is plain data: its debug form is its whole value.
         if differs(before, rule) {
             rules_changed.push(rule.name.clone());
@@ -412,8 +418,8 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
         old_plans.keys != new_plans.keys || default_name(old_plans) != default_name(new_plans);
     Reloaded {
         reloaded: true,
-        rules_added: names(new_rules, old_rules),
-        rules_removed: names(old_rules, new_rules),
+        rules_added: names(new_rules, &old_by_name),
+        rules_removed: names(old_rules, &new_by_name),
         rules_changed,
         limits_restarted,
         plans_changed,
@@ -546,6 +552,40 @@ authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
             r#"name = "hour" }, { limit = 5000, window = "1d", name = "day" }]"#,
         ));
         assert_eq!(changes(&old, &added).limits_restarted, ["search/day"]);
+    }
+
+    /// Comparing two configurations is linear in their rules: eight times
+    /// the rules take about eight times as long (each rule's name was looked
+    /// for by a scan of the other side: a reload of 30,000 rules took 7 s).
+    #[test]
+    fn comparing_configurations_is_linear_in_the_number_of_rules() {
+        let rules = |n: usize, limit: u64| {
+            let mut text = String::new();
+            for i in 0..n {
+                text.push_str(&format!(
+                    "[[rules]]\nname = \"rule-{i}\"\npath = \"/r{i}\"\nlimits = [{{ limit = {limit}, window = \"1m\" }}]\n"
+                ));
+            }
+            (config(&text), config(&text.replace("rule-0\"", "rule-new\"")))
+        };
+        let fastest = |(old, new): &(Config, Config)| {
+            (0..3)
+                .map(|_| {
+                    let start = std::time::Instant::now();
+                    let changed = changes(old, new);
+                    let took = start.elapsed();
+                    assert_eq!(
+                        (changed.rules_added, changed.rules_removed),
+                        (vec!["rule-new".to_owned()], vec!["rule-0".to_owned()])
+                    );
+                    took
+                })
+                .min()
+                .unwrap()
+        };
+        let (small, large) = (rules(3_000, 5), rules(24_000, 5));
+        let (t_small, t_large) = (fastest(&small), fastest(&large));
+        assert!(t_large < t_small * 14, "3,000 rules in {t_small:?}, 24,000 in {t_large:?}");
     }
 
     #[test]
