@@ -315,7 +315,7 @@ def oracle(result, touched):
             "denied": result["denied"].get(rule, 0),
             "max_in_a_window": worst[0], "max_key": worst[1], "max_window_start": worst[2],
             "windows_over_limit_touched": over_touched, "windows_over_limit_clear": over_limit,
-            "windows_beyond_bound": beyond + over_limit,
+            "windows_beyond_bound": beyond,
         }
     return out
 
