@@ -372,7 +372,10 @@ def report(args):
         base = next(((r, d) for t, r, d in live if t >= warm_until), (live[-1][1], live[-1][2]))
         rss = [r for _, r, _ in live]
         fds = [d for _, _, d in live]
-        entry = {"rss_kb": {"first": rss[0], "after_warmup": base[0], "last": rss[-1], "max": max(rss)},
+        # RSS at each tenth of the run, to tell maps filling to their bound from a leak.
+        tenths = [next((r for t, r, _ in live if t >= result["started"] + secs * k / 10), rss[-1]) for k in range(11)]
+        entry = {"rss_kb": {"first": rss[0], "after_warmup": base[0], "last": rss[-1], "max": max(rss),
+                            "by_tenth": tenths},
                  "fds": {"first": fds[0], "after_warmup": base[1], "last": fds[-1], "max": max(fds)},
                  "samples": len(live), "died": dead}
         # Tolerance: growth after warm-up up to 1.5x + 32 MB of RSS, + 64 fds.
@@ -407,6 +410,10 @@ def report(args):
         print(f"  {name:14} {r['first'] / 1024:6.1f} {r['after_warmup'] / 1024:6.1f} {r['last'] / 1024:6.1f}"
               f" {r['max'] / 1024:6.1f}   {d['first']:4} {d['after_warmup']:4} {d['last']:4} {d['max']:4}"
               + ("  DIED" if e["died"] else ""))
+    print("\nserve RSS (MB) at each tenth of the run:")
+    for name, e in proc_report.items():
+        if name.startswith("serve"):
+            print(f"  {name:14} " + " ".join(f"{r / 1024:.1f}" for r in e["rss_kb"]["by_tenth"]))
     print("\nanswers by client kind, and latency (ms):")
     for kind in sorted(answers):
         lat = latency.get(kind, {})

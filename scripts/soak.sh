@@ -163,6 +163,8 @@ START=$(date +%s)
     done >> "$WORK/reloads"
 ) & PIDS+=($!)
 
+# A sleep that a signal interrupts (a foreground `sleep` would delay the trap).
+pause() { sleep "$1" & PIDS+=($!); wait $!; }
 role() { redis-cli -p "$1" info replication | awk -F: '/^role/ { print $2 }' | tr -d '\r'; }
 # The master holding the hot key (the hot rule's limit is unique: fw:300:5000).
 hot_master() {
@@ -174,7 +176,7 @@ hot_master() {
     echo "soak: the hot key is on no master" >&2; return 1
 }
 
-sleep $((SECS * 35 / 100))
+pause $((SECS * 35 / 100))
 MASTER=$(hot_master)
 REPLICA=$(redis-cli -p "$MASTER" info replication | awk -F'[=,]' '/^slave0:/ { print $4 }')
 t0=$(date +%s.%N)
@@ -184,7 +186,7 @@ for _ in $(seq 100); do [ "$(role "$REPLICA")" = master ] && break; sleep 0.1; d
 echo "$t0 $(date +%s.%N) failover: $REPLICA (replica of $MASTER, holding the hot key) promoted" >> "$WORK/faults"
 
 wait_for=$((START + SECS * 65 / 100 - $(date +%s)))
-[ "$wait_for" -le 0 ] || sleep "$wait_for"
+[ "$wait_for" -le 0 ] || pause "$wait_for"
 MASTER=$(hot_master)
 t0=$(date +%s.%N)
 redis-cli -p "$MASTER" debug sleep 3 >/dev/null
