@@ -209,7 +209,7 @@ impl Reloader {
     /// Reads, validates and applies the configuration file; logs and counts
     /// the outcome. One reload runs at a time: a call made while one runs
     /// waits for the next, shared with every call that arrived meanwhile
-    /// ([`Turns`]), and answers what it did. Blocking (it reads a file, and
+    /// (see `Turns`), and answers what it did. Blocking (it reads a file, and
     /// may wait for a reload in progress): call it off a busy runtime
     /// thread.
     ///
