@@ -338,7 +338,10 @@ def report(args):
     for (kind, name), rows in procs.items():
         if kind == "serve":
             for t, fields in rows:
-                if fields[0] != "dead":
+                # A sample whose /metrics could not be read ("null") is left
+                # out: read as no fallback yet, it would make the next one
+                # look like fallback decisions, loosening the bound.
+                if fields[0] != "dead" and json.loads(fields[2]) is not None:
                     fallback[name].append((t, json.loads(fields[2])))
     # Intervals in which some instance decided requests of a rule by its fallback.
     fell_back = collections.defaultdict(list)
@@ -391,6 +394,8 @@ def report(args):
             reloads[line.split()[1]] += 1
     if reloads["error"]:
         failures.append(f"{reloads['error']} reloads failed")
+    if not reloads["ok"]:
+        failures.append("no reload ran")
 
     answers = result["answers"]
     latency = {kind: {"n": len(v), "p50_ms": 1000 * percentile(v, 50), "p99_ms": 1000 * percentile(v, 99),
@@ -398,6 +403,16 @@ def report(args):
     for kind in ("hot", "warm", "churn", "h2", "ws", "ws-frame", "ws-long-frame"):
         if not answers.get(kind):
             failures.append(f"no answers for {kind}")
+    # No request may fail outright: no connection error, no 5xx (the store's
+    # faults are the fallback's to answer), no long tunnel dropped (each
+    # instance's is opened once).
+    for kind, counts in answers.items():
+        broken = {k: n for k, n in counts.items() if k.startswith("conn:") or k[:1] == "5"}
+        if broken:
+            failures.append(f"{kind}: {broken}")
+    opened = sum(n for k, n in answers.get("ws-long", {}).items() if not k.startswith("conn:"))
+    if opened > result["instances"]:
+        failures.append(f"ws-long: {opened} tunnels opened for {result['instances']} instances: one was dropped")
 
     print(f"soak: {secs:.0f} s, {result['instances']} instances")
     print("\nfaults:")

@@ -19,7 +19,8 @@
 # process died, a reload failed, or RSS or fds grew beyond the tolerance
 # (after warm-up: RSS 1.5x + 32 MB, fds + 64).
 # Needs: redis-server and redis-cli (7.x), curl with HTTP/2, python3.
-# Usage: scripts/soak.sh MINUTES [JSON_OUT]   (SOAK_KEEP=1 keeps the temp dir: logs, samples)
+# Usage: scripts/soak.sh MINUTES [JSON_OUT]   (SOAK_KEEP=1 keeps the temp dir: logs, samples;
+#        SOAK_FAULTS=N runs N failover-and-stall cycles, one by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,9 +58,6 @@ while True:
     b = random.randrange(20000, 45530)
     if all(free(b + i) and free(b + i + 10000) for i in range(6)): print(b); break')
 NODES=($(seq "$NODE_BASE" $((NODE_BASE + 5))))
-UPSTREAM=$(free_port)
-SERVE_PORTS=($(free_port) $(free_port) $(free_port))
-ADMIN_PORTS=($(free_port) $(free_port) $(free_port))
 
 # The cluster: node-timeout above the 3 s stall, so the stall is not a failover.
 for port in "${NODES[@]}"; do
@@ -82,6 +80,10 @@ for port in "${NODES[@]}"; do
         redis-cli -p "$port" info replication | grep -Eq 'role:master|master_link_status:up' && break; sleep 0.1
     done
 done
+# Picked with the nodes and their bus ports bound, so none is picked again.
+UPSTREAM=$(free_port)
+SERVE_PORTS=($(free_port) $(free_port) $(free_port))
+ADMIN_PORTS=($(free_port) $(free_port) $(free_port))
 REDIS_PIDS=$(for port in "${NODES[@]}"; do echo "redis $port $(redis-cli -p "$port" info server | awk -F: '/^process_id/ { print $2 }' | tr -d '\r')"; done)
 
 python3 scripts/soak-upstream.py "$UPSTREAM" & PIDS+=($!)
@@ -122,7 +124,7 @@ echo "soak: cluster on 127.0.0.1:${NODES[0]}..${NODES[5]}, serve on ${SERVE_PORT
 
 # Every 5 s: each process's RSS and fds; each instance's fallback decisions per rule.
 sample() {
-    local now line kind name pid rss fds fallback
+    local now line kind name pid rss fds fallback metrics
     now=$(date +%s.%N)
     while read -r kind name pid; do
         if [ -r "/proc/$pid/status" ]; then
@@ -130,10 +132,12 @@ sample() {
             fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
             fallback='{}'
             if [ "$kind" = serve ]; then
-                fallback=$(curl -s --max-time 2 "http://127.0.0.1:${ADMIN_PORTS[$name]}/metrics" |
-                    awk -F'[{}"= ]+' '/^slidegate_requests_fallback_total\{/ { for (i = 2; i < NF; i++) if ($i == "rule") r = $(i + 1); n[r] += $NF }
-                        END { printf "{"; s = ""; for (r in n) { printf "%s\"%s\": %d", s, r, n[r]; s = ", " } printf "}" }')
-                [ -n "$fallback" ] || fallback='{}'
+                # 'null' when /metrics cannot be read: the report leaves the sample out.
+                fallback=null
+                if metrics=$(curl -sf --max-time 2 "http://127.0.0.1:${ADMIN_PORTS[$name]}/metrics"); then
+                    fallback=$(awk -F'[{}"= ]+' '/^slidegate_requests_fallback_total\{/ { for (i = 2; i < NF; i++) if ($i == "rule") r = $(i + 1); n[r] += $NF }
+                        END { printf "{"; s = ""; for (r in n) { printf "%s\"%s\": %d", s, r, n[r]; s = ", " } printf "}" }' <<< "$metrics")
+                fi
             fi
             echo "$now $kind $name $pid $rss $fds $fallback"
         else
@@ -164,7 +168,7 @@ START=$(date +%s)
 ) & PIDS+=($!)
 
 # A sleep that a signal interrupts (a foreground `sleep` would delay the trap).
-pause() { sleep "$1" & PIDS+=($!); wait $!; }
+pause() { sleep "$1" & local sleeping=$!; wait "$sleeping"; }
 role() { redis-cli -p "$1" info replication | awk -F: '/^role/ { print $2 }' | tr -d '\r'; }
 # The master holding the hot key (the hot rule's limit is unique: fw:300:5000).
 hot_master() {
@@ -176,21 +180,27 @@ hot_master() {
     echo "soak: the hot key is on no master" >&2; return 1
 }
 
-pause $((SECS * 35 / 100))
-MASTER=$(hot_master)
-REPLICA=$(redis-cli -p "$MASTER" info replication | awk -F'[=,]' '/^slave0:/ { print $4 }')
-t0=$(date +%s.%N)
-redis-cli -p "$REPLICA" cluster failover >/dev/null
-for _ in $(seq 100); do [ "$(role "$REPLICA")" = master ] && break; sleep 0.1; done
-[ "$(role "$REPLICA")" = master ] || { echo "soak: $REPLICA was not promoted" >&2; exit 1; }
-echo "$t0 $(date +%s.%N) failover: $REPLICA (replica of $MASTER, holding the hot key) promoted" >> "$WORK/faults"
+# SOAK_FAULTS cycles (default 1), each a failover at 35% of its share of
+# the run and a stall at 65%: repeated, they tell memory kept once per kind
+# of fault from memory kept per fault.
+CYCLES="${SOAK_FAULTS:-1}"
+at() { local wait_for=$((START + $1 - $(date +%s))); [ "$wait_for" -le 0 ] || pause "$wait_for"; }
+for ((c = 0; c < CYCLES; c++)); do
+    at $((SECS * (100 * c + 35) / (100 * CYCLES)))
+    MASTER=$(hot_master)
+    REPLICA=$(redis-cli -p "$MASTER" info replication | awk -F'[=,]' '/^slave0:/ { print $4 }')
+    t0=$(date +%s.%N)
+    redis-cli -p "$REPLICA" cluster failover >/dev/null
+    for _ in $(seq 100); do [ "$(role "$REPLICA")" = master ] && break; sleep 0.1; done
+    [ "$(role "$REPLICA")" = master ] || { echo "soak: $REPLICA was not promoted" >&2; exit 1; }
+    echo "$t0 $(date +%s.%N) failover: $REPLICA (replica of $MASTER, holding the hot key) promoted" >> "$WORK/faults"
 
-wait_for=$((START + SECS * 65 / 100 - $(date +%s)))
-[ "$wait_for" -le 0 ] || pause "$wait_for"
-MASTER=$(hot_master)
-t0=$(date +%s.%N)
-redis-cli -p "$MASTER" debug sleep 3 >/dev/null
-echo "$t0 $(date +%s.%N) stall: master $MASTER (holding the hot key) DEBUG SLEEP 3" >> "$WORK/faults"
+    at $((SECS * (100 * c + 65) / (100 * CYCLES)))
+    MASTER=$(hot_master)
+    t0=$(date +%s.%N)
+    redis-cli -p "$MASTER" debug sleep 3 >/dev/null
+    echo "$t0 $(date +%s.%N) stall: master $MASTER (holding the hot key) DEBUG SLEEP 3" >> "$WORK/faults"
+done
 
 wait "$DRIVER"
 sample >> "$WORK/samples"

@@ -311,3 +311,55 @@ async fn a_switch_of_layout_starts_each_identity_afresh() {
         );
     }
 }
+
+/// In client time, a decision after the clock stepped back more than the
+/// slack within a window lengthens the window hashes it reads: the current
+/// one to outlive the next window, the previous one to outlive this one,
+/// each by the slack (a refusal too). Their TTLs, set by each window's first
+/// permit, ran out while their counts still mattered.
+#[tokio::test]
+async fn a_step_back_within_a_window_keeps_its_hashes() {
+    let server = RedisServer::spawn();
+    let w = 60_000;
+    // The start of a window, so that T0-relative times are window-relative.
+    let start = (T0 / w + 1) * w;
+    let clock = ManualClock::new(start + w - 1_000);
+    let store = support::client_time_store(&server, &clock, "step").await.with_layout(packed(1));
+    for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::FixedWindow] {
+        let l = limit(algorithm, 3, w);
+        let who = id(algorithm.name());
+        // Window 0's first permit, 1 s before it ends; then 59 s back.
+        clock.set(start + w - 1_000);
+        assert!(store.decide_one(&who, &l, 3).await.expect("decide").allowed);
+        clock.set(start);
+        assert!(!store.decide_one(&who, &l, 1).await.expect("decide").allowed, "{algorithm}");
+        let stem = &store.keys_for(&who, &l)[0];
+        let n = start / w;
+        let ttl: i64 = query_int(&server, redis::cmd("PTTL").arg(format!("{stem}{n}"))).await;
+        // Counted until the next window ends (the counter) or this one (fixed).
+        let matters = if algorithm == Algorithm::SlidingWindowCounter { 2 * w } else { w } as i64;
+        let want = matters + 10_000;
+        assert!(ttl > want - 2_000 && ttl <= want, "{algorithm}: PTTL {ttl} ms, want about {want}");
+    }
+    // The counter's previous window, read while the identity has no count
+    // in this one: its hash lengthened to outlive this window by the slack.
+    // (Redis's clock running ahead of the client's is what shortens it; the
+    // test shortens it by hand.)
+    let l = limit(Algorithm::SlidingWindowCounter, 3, w);
+    let who = id("previous");
+    clock.set(start + w - 1_000);
+    assert!(store.decide_one(&who, &l, 3).await.expect("decide").allowed);
+    let stem = &store.keys_for(&who, &l)[0];
+    let previous = format!("{stem}{}", start / w);
+    query_int(&server, redis::cmd("PEXPIRE").arg(&previous).arg(5_000)).await;
+    clock.set(start + w + 1_000);
+    assert!(!store.decide_one(&who, &l, 1).await.expect("decide").allowed, "the previous count weighs");
+    let ttl: i64 = query_int(&server, redis::cmd("PTTL").arg(&previous)).await;
+    let want = w as i64 - 1_000 + 10_000;
+    assert!(ttl > want - 2_000 && ttl <= want, "previous window: PTTL {ttl} ms, want about {want}");
+}
+
+/// `cmd` on the server, as an integer reply.
+async fn query_int(server: &RedisServer, cmd: &mut redis::Cmd) -> i64 {
+    cmd.query_async(&mut admin(server).await).await.expect("admin command")
+}

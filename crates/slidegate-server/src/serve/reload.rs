@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError, Weak};
 
 use serde::Serialize;
-use slidegate_http::config::{LimitConfig, PlansConfig, RuleConfig, RuleLimits};
+use slidegate_http::config::{IdentityKind, LimitConfig, PlansConfig, RuleConfig, RuleLimits};
 use slidegate_http::RateLimiter;
 
 use crate::config::{Config, ConfigError};
@@ -252,30 +252,55 @@ impl Reloader {
     }
 
     /// [`reload_now`](Self::reload_now) on the reload thread, started if
-    /// it is not running; on the caller's thread if it cannot be started.
+    /// it is not running (again, if it ended); on the caller's thread only
+    /// if no thread can be started. A reload that panics is answered as an
+    /// error, and the thread goes on.
     fn on_reload_thread(&self) -> Result<Reloaded, ReloadError> {
         let mut thread = self.inner.reload_thread.lock().unwrap_or_else(PoisonError::into_inner);
-        if thread.is_none() {
-            let (jobs, queue) = mpsc::channel::<Answer>();
-            // Weak: the thread ends once the server (and its sender) is gone.
-            let shared: Weak<Shared> = Arc::downgrade(&self.inner);
-            let started = std::thread::Builder::new().name("slidegate-reload".into()).spawn(move || {
-                for answer in queue {
-                    let Some(inner) = shared.upgrade() else { return };
-                    let _ = answer.send(Reloader { inner }.reload_now());
-                }
-            });
-            if started.is_ok() {
-                *thread = Some(jobs);
-            }
-        }
         let (answer, answered) = mpsc::channel();
-        let sent = thread.as_ref().is_some_and(|jobs| jobs.send(answer).is_ok());
-        drop(thread);
-        match sent.then(|| answered.recv().ok()).flatten() {
-            Some(answer) => answer,
-            None => self.reload_now(),
+        // Not taken: no thread yet, or it ended (its receiver is gone).
+        let unsent = match thread.as_ref() {
+            Some(jobs) => jobs.send(answer).err().map(|mpsc::SendError(answer)| answer),
+            None => Some(answer),
+        };
+        if let Some(unsent) = unsent {
+            *thread = None;
+            let Some(jobs) = self.start_reload_thread() else {
+                drop(thread);
+                return self.reload_now();
+            };
+            // The thread was just started and holds the receiver.
+            let _ = jobs.send(unsent);
+            *thread = Some(jobs);
         }
+        drop(thread);
+        answered.recv().unwrap_or_else(|_| {
+            Err(ReloadError::Invalid(
+                "the reload thread ended unexpectedly; the running configuration stays".into(),
+            ))
+        })
+    }
+
+    /// Starts the reload thread; `None` if it cannot be.
+    fn start_reload_thread(&self) -> Option<mpsc::Sender<Answer>> {
+        let (jobs, queue) = mpsc::channel::<Answer>();
+        // Weak: the thread ends once the server (and its sender) is gone.
+        let shared: Weak<Shared> = Arc::downgrade(&self.inner);
+        let started = std::thread::Builder::new().name("slidegate-reload".into()).spawn(move || {
+            for answer in queue {
+                let Some(inner) = shared.upgrade() else { return };
+                let reloader = Reloader { inner };
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reloader.reload_now()))
+                    .unwrap_or_else(|_| {
+                        Err(ReloadError::Invalid(
+                            "the reload failed unexpectedly (a bug: see the log); the running configuration stays"
+                                .into(),
+                        ))
+                    });
+                let _ = answer.send(outcome);
+            }
+        });
+        started.ok().map(|_| jobs)
     }
 
     fn reload_now(&self) -> Result<Reloaded, ReloadError> {
@@ -378,20 +403,23 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
         new.limiter.identity.secret.is_some() && new.limiter.identity.secret != old.limiter.identity.secret;
     let mut rules_changed = Vec::new();
     let mut limits_restarted = Vec::new();
+    let mut listed = std::collections::HashSet::new();
     for rule in new_rules {
         let Some(&before) = old_by_name.get(rule.name.as_str()) else { continue };
         // Every part of a rule is plain data: its debug form is its whole value.
         if differs(before, rule) {
             rules_changed.push(rule.name.clone());
         }
-        // A limit's counters are kept under its algorithm and quota, not its
-        // name: one the rule had, under any name, carries on; any other
-        // starts from zero, a renamed policy's new quota included.
-        let kept = limits(before);
-        for limit in limits(rule) {
-            if secret_changed || !kept.iter().any(|k| k.limit == limit.limit) {
+        // A limit's counters are kept under its algorithm and quota and the
+        // identity counted, not its name: one the rule counted the same way,
+        // under any name, carries on; any other starts from zero, a renamed
+        // policy's new quota included.
+        let kept = counted(before);
+        for (limit, keyed) in counted(rule) {
+            let carried = kept.iter().any(|(k, was_keyed)| k.limit == limit.limit && *was_keyed == keyed);
+            if secret_changed || !carried {
                 let name = format!("{}/{}", rule.name, limit.name);
-                if !limits_restarted.contains(&name) {
+                if listed.insert(name.clone()) {
                     limits_restarted.push(name);
                 }
             }
@@ -429,11 +457,19 @@ fn changes(old: &Config, new: &Config) -> Reloaded {
     }
 }
 
-/// Every limit of a rule, in either of its sets.
-fn limits(rule: &RuleConfig) -> Vec<&LimitConfig> {
+/// Every limit of a rule with the identities it is counted under: API keys
+/// (`true`) or addresses (`false`). Each has its own counters, so a limit
+/// moved from one to the other (a split rule's set, a shared rule's
+/// `identity`) starts from zero for the requests that move.
+fn counted(rule: &RuleConfig) -> Vec<(&LimitConfig, bool)> {
     match &rule.limits {
-        RuleLimits::Shared { limits, .. } => limits.iter().collect(),
-        RuleLimits::Split { authenticated, anonymous } => authenticated.iter().chain(anonymous).collect(),
+        RuleLimits::Shared { limits, identity: IdentityKind::ApiKey } => {
+            limits.iter().flat_map(|l| [(l, true), (l, false)]).collect()
+        }
+        RuleLimits::Shared { limits, .. } => limits.iter().map(|l| (l, false)).collect(),
+        RuleLimits::Split { authenticated, anonymous } => {
+            authenticated.iter().map(|l| (l, true)).chain(anonymous.iter().map(|l| (l, false))).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -552,6 +588,22 @@ authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]
             r#"name = "hour" }, { limit = 5000, window = "1d", name = "day" }]"#,
         ));
         assert_eq!(changes(&old, &added).limits_restarted, ["search/day"]);
+        // The same quota counted per key rather than per address: new counters.
+        let moved = config(&RULES.replace(
+            r#"anonymous = [{ limit = 5, window = "1m" }]
+authenticated = [{ limit = 50, window = "1m", name = "feed-key" }]"#,
+            r#"anonymous = [{ limit = 50, window = "1m", name = "feed-ip" }]
+authenticated = [{ limit = 5, window = "1m", name = "feed-key" }]"#,
+        ));
+        assert_eq!(changes(&old, &moved).limits_restarted, ["feed/feed-key", "feed/feed-ip"]);
+        let per_address =
+            config(&RULES.replace("name = \"search\"\n", "name = \"search\"\nidentity = \"ip\"\n"));
+        assert!(changes(&old, &per_address).limits_restarted.is_empty(), "addresses keep their counters");
+        assert_eq!(
+            changes(&per_address, &old).limits_restarted,
+            ["search/burst", "search/hour"],
+            "keys get new ones"
+        );
     }
 
     /// Comparing two configurations is linear in their rules: eight times

@@ -197,13 +197,15 @@ struct Sections {
 
 /// The `keep` of a state in one key: in client time, a state that matters
 /// `reset` ms more keeps its key that long plus the slack (a denial too,
-/// after a step back of the client's clock). Keys written whole already
+/// after a step back of the client's clock). A missing key (-2) is not
+/// created, a key without expiry (-1, no decision wrote it) left alone. Keys written whole already
 /// carry it; the window states' in-place writes keep the TTL of their
 /// window's first write, too short once the clock stepped back.
 const KEEP: &str = "\
 if reset > 0 then
   local want = reset + CLIENT_TTL_SLACK_MS
-  if call('PTTL', key) < want then
+  local ttl = call('PTTL', key)
+  if ttl >= 0 and ttl < want then
     call('PEXPIRE', key, format('%d', want))
   end
 end

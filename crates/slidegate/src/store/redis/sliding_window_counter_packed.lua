@@ -60,13 +60,17 @@ else
 end
 
 --! keep
--- In client time, window n's hash outlives window n + 1 by the slack after
--- any decision in window n: its TTL, set by the window's first permit, runs
--- on Redis's clock, too short once the client's clock stepped back within
--- the window. Every field in it matters that long, not only this one's.
-local hash = key .. format('%d', (now - now % w) / w)
-local want = 2 * w - now % w + CLIENT_TTL_SLACK_MS
-local ttl = call('PTTL', hash)
-if ttl >= 0 and ttl < want then
-  call('PEXPIRE', hash, format('%d', want))
+-- In client time, after any decision in window n, window n's hash outlives
+-- window n + 1 by the slack and window n − 1's outlives window n: their
+-- TTLs, set by each window's first permit, run on Redis's clock, too short
+-- once the client's clock stepped back. Every field in a hash matters that
+-- long, not only this one's.
+local n = (now - now % w) / w
+for back = 0, 1 do
+  local hash = key .. format('%d', n - back)
+  local want = (2 - back) * w - now % w + CLIENT_TTL_SLACK_MS
+  local ttl = call('PTTL', hash)
+  if ttl >= 0 and ttl < want then
+    call('PEXPIRE', hash, format('%d', want))
+  end
 end
