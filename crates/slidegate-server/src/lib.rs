@@ -41,6 +41,8 @@ pub mod config;
 pub mod envoy;
 pub mod serve;
 mod store;
+#[cfg(test)]
+mod test_timing;
 
 /// The operator's guide to `slidegate serve` (`docs/serve.md`): the
 /// configuration, identities, failure handling, security notes and every

@@ -666,22 +666,12 @@ fn rules(n: usize) -> String {
 /// Validation is linear in the number of rules: eight times the rules take
 /// about eight times as long, not 64 (a reload of 30,000 rules took 2.7 s,
 /// duplicate names looked for by a scan of the rules before each: 23.5×
-/// here, 8.6× after). The fastest of three runs of each, and a bound of
-/// 14×, leave room for a busy machine; BENCHMARKS.md has the figures.
+/// here, 8.6× after). The least CPU time of three runs of each, and a
+/// bound of 14×, leave room for a busy machine; BENCHMARKS.md has the
+/// figures.
 #[test]
 fn validation_is_linear_in_the_number_of_rules() {
-    let fastest = |text: &str| {
-        (0..3)
-            .map(|_| {
-                let start = std::time::Instant::now();
-                let config = parse(text).unwrap();
-                let took = start.elapsed();
-                drop(config);
-                took
-            })
-            .min()
-            .unwrap()
-    };
+    let fastest = |text: &str| crate::test_timing::fastest(|| parse(text).unwrap());
     let (small, large) = (rules(3_000), rules(24_000));
     let (t_small, t_large) = (fastest(&small), fastest(&large));
     assert!(t_large < t_small * 14, "3,000 rules in {t_small:?}, 24,000 in {t_large:?}");
