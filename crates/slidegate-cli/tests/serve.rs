@@ -236,7 +236,11 @@ fn admin_endpoints_move_under_a_prefix_and_health_answers() {
     let health = sg.get("/_slidegate/healthz", &[]);
     assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
     let metrics = sg.get("/_slidegate/metrics", &[]);
-    assert_eq!(metrics.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+    assert_eq!(
+        metrics.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(metrics.body.ends_with("\n# EOF\n"), "{}", metrics.body);
     assert!(metrics.body.contains("# TYPE slidegate_store_latency_seconds histogram"));
     // Without the prefix the upstream's own /metrics is reached.
     assert_eq!(sg.get("/metrics", &[]).body, "GET /metrics xff=127.0.0.1");

@@ -1,12 +1,36 @@
-//! Counters and the store latency histogram, rendered as Prometheus text.
+//! Counters and the store latency histogram, exposed as OpenMetrics text.
 //!
-//! Hand-rolled on atomics: a handful of counters does not need a metrics
-//! framework, and rendering them is a page of code.
+//! Requests count on sharded atomics, as cheap as counting gets; the
+//! exposition is prometheus-client's: a [`Collector`] sums the shards at
+//! scrape time and hands the sums to its OpenMetrics encoder as constant
+//! counters, gauges and one histogram, so nothing on a request's path knows
+//! the library is there.
+//!
+//! Two things the encoder leaves to its caller, done here:
+//! - Label values. prometheus-client 0.24 writes them as given, and a rule
+//!   may be named anything its configuration can spell: a `"`, `\` or line
+//!   feed in one would end the value early or start a new line, and
+//!   Prometheus would refuse the whole scrape. [`Escaped`] writes the three
+//!   escapes both text formats define, and nothing else needs one: metric
+//!   names and help texts are this file's constants.
+//! - The end. [`Metrics::render`] writes metric families only, without the
+//!   `# EOF` line an exposition ends with, so that whoever serves them can
+//!   add families of its own (`serve` does: reloads, the access log) and then
+//!   end the exposition with [`Metrics::end_exposition`].
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
 
 /// Upper bounds of the store latency histogram, in microseconds.
 const BUCKETS_US: [u64; 12] =
@@ -112,9 +136,16 @@ impl StoreCounters {
 /// store, whose layers it keeps.
 #[derive(Debug)]
 pub struct Metrics {
-    rule_names: Vec<String>,
+    counters: Counters,
+}
+
+/// The counters of one limiter: shared with the limiters a reload carries
+/// them over to, and with a scrape while it encodes them.
+#[derive(Debug, Clone)]
+struct Counters {
+    rule_names: Arc<[String]>,
     /// Per rule, one set of counters per shard.
-    rules: Vec<Arc<[RuleCounters]>>,
+    rules: Arc<[Arc<[RuleCounters]>]>,
     /// One set per shard.
     store: Arc<[StoreCounters]>,
     /// What the global lists answered, one set per shard.
@@ -131,11 +162,14 @@ fn shard_index() -> usize {
 }
 
 impl Metrics {
+    /// The `Content-Type` of an exposition of [`Metrics::render`]'s families.
+    pub const CONTENT_TYPE: &'static str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
     /// Metrics for rules named `rules`, in rule order.
     pub fn new(rules: impl IntoIterator<Item = String>) -> Self {
-        let rule_names: Vec<String> = rules.into_iter().collect();
+        let rule_names: Arc<[String]> = rules.into_iter().collect();
         let rules = rule_names.iter().map(|_| shards()).collect();
-        Self { rule_names, rules, store: shards(), global_lists: shards() }
+        Self { counters: Counters { rule_names, rules, store: shards(), global_lists: shards() } }
     }
 
     /// Metrics for the rules named `rules` that go on counting where these
@@ -143,50 +177,85 @@ impl Metrics {
     /// was already here; a new name starts at zero, a name gone is no
     /// longer rendered.
     pub fn carried_over(&self, rules: impl IntoIterator<Item = String>) -> Self {
-        let rule_names: Vec<String> = rules.into_iter().collect();
+        let old = &self.counters;
+        let rule_names: Arc<[String]> = rules.into_iter().collect();
         // By name in a map: a scan per rule made a reload of 30,000 rules
         // quadratic.
-        let old: std::collections::HashMap<&str, &Arc<_>> =
-            self.rule_names.iter().map(String::as_str).zip(&self.rules).collect();
+        let kept: std::collections::HashMap<&str, &Arc<_>> =
+            old.rule_names.iter().map(String::as_str).zip(old.rules.iter()).collect();
         let rules = rule_names
             .iter()
-            .map(|name| match old.get(name.as_str()) {
+            .map(|name| match kept.get(name.as_str()) {
                 Some(&counters) => Arc::clone(counters),
                 None => shards(),
             })
             .collect();
-        Self {
-            rule_names,
-            rules,
-            store: Arc::clone(&self.store),
-            global_lists: Arc::clone(&self.global_lists),
-        }
+        let (store, global_lists) = (Arc::clone(&old.store), Arc::clone(&old.global_lists));
+        Self { counters: Counters { rule_names, rules, store, global_lists } }
     }
 
     /// The calling thread's counters of rule number `index`.
     pub fn rule(&self, index: usize) -> &RuleCounters {
-        &self.rules[index][shard_index()]
+        &self.counters.rules[index][shard_index()]
     }
 
     /// The calling thread's counters of the global allow and deny lists.
     pub fn global_lists(&self) -> &ListCounters {
-        &self.global_lists[shard_index()]
+        &self.counters.global_lists[shard_index()]
     }
 
     /// The calling thread's store counters.
     pub fn store(&self) -> &StoreCounters {
-        &self.store[shard_index()]
+        &self.counters.store[shard_index()]
     }
 
-    fn sum<T>(shards: &[T], f: impl Fn(&T) -> &AtomicU64) -> u64 {
-        shards.iter().map(|s| f(s).load(Relaxed)).sum()
-    }
-
-    /// The Prometheus text exposition of every metric; `breaker_open` is the
-    /// breaker's state now.
+    /// The OpenMetrics families of every metric, without the `# EOF` line
+    /// that ends an exposition ([`Metrics::end_exposition`]); `breaker_open`
+    /// is the breaker's state now.
     pub fn render(&self, breaker_open: bool) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Scrape { counters: self.counters.clone(), breaker_open }));
         let mut out = String::with_capacity(4096);
-        let per_rule: [(&str, &str, CounterOf); 10] = [
+        // A `String` takes every write, and the collector fails only when
+        // its writer does.
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &registry);
+        out
+    }
+
+    /// Ends the exposition in `out`, which holds [`Metrics::render`]'s
+    /// families and any others served with them.
+    pub fn end_exposition(out: &mut String) {
+        let _ = prometheus_client::encoding::text::encode_eof(out);
+    }
+}
+
+/// The unit of the delay counter and of the latency histogram.
+static SECONDS: Unit = Unit::Seconds;
+
+/// One scrape of a limiter's counters: each summed over its shards as it is
+/// encoded, the breaker's state as it was when the scrape began.
+#[derive(Debug)]
+struct Scrape {
+    counters: Counters,
+    breaker_open: bool,
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_rules(&mut encoder)?;
+        self.encode_lists(&mut encoder)?;
+        self.encode_store(&mut encoder)?;
+        let help = "Whether the circuit breaker is open (1) or closed (0).";
+        let family = encoder.encode_descriptor("slidegate_breaker_open", help, None, MetricType::Gauge)?;
+        ConstGauge::new(i64::from(self.breaker_open)).encode(family)?;
+        self.encode_latency(&mut encoder)
+    }
+}
+
+impl Scrape {
+    /// The counters of each rule, one sample per rule.
+    fn encode_rules(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let per_rule: [(&'static str, &str, CounterOf); 10] = [
             ("slidegate_requests_allowed_total", "Requests decided and allowed.", |c| &c.allowed),
             ("slidegate_requests_denied_total", "Requests decided and denied with 429.", |c| &c.denied),
             (
@@ -232,24 +301,55 @@ impl Metrics {
                 |c| &c.delayed,
             ),
         ];
-        for (name, help, field) in per_rule {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (i, rule) in self.rule_names.iter().enumerate() {
-                let value = Self::sum(&self.rules[i], field);
-                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
+        let Counters { rule_names, rules, .. } = &self.counters;
+        for (sample, help, field) in per_rule {
+            let mut family = counter_family(encoder, sample, help)?;
+            for (rule, shards) in rule_names.iter().zip(rules.iter()) {
+                ConstCounter::new(sum(shards, field))
+                    .encode(family.encode_family(&[("rule", Escaped(rule))])?)?;
             }
         }
-        let name = "slidegate_delayed_seconds_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time requests were held by the rule's delay, allowed or not at the end.\n# TYPE {name} counter"
-        );
-        for (i, rule) in self.rule_names.iter().enumerate() {
-            let ms = Self::sum(&self.rules[i], |c| &c.delayed_ms);
-            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), ms as f64 / 1e3);
+        let help = "Time requests were held by the rule's delay, allowed or not at the end.";
+        let mut family =
+            encoder.encode_descriptor("slidegate_delayed", help, Some(&SECONDS), MetricType::Counter)?;
+        for (rule, shards) in rule_names.iter().zip(rules.iter()) {
+            let seconds = sum(shards, |c| &c.delayed_ms) as f64 / 1e3;
+            ConstCounter::new(seconds).encode(family.encode_family(&[("rule", Escaped(rule))])?)?;
         }
-        self.render_lists(&mut out);
-        let global: [(&str, &str, StoreCounterOf); 10] = [
+        Ok(())
+    }
+
+    /// The list counters: one sample per rule, and one labelled
+    /// `list="global"` for the global lists (a rule may be named `global`).
+    fn encode_lists(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let lists: [(&'static str, &str, ListCounterOf); 2] = [
+            (
+                "slidegate_requests_exempt_total",
+                "Requests an allow list let through unlimited, without a store call.",
+                |c| &c.exempt,
+            ),
+            (
+                "slidegate_requests_listed_denied_total",
+                "Requests a deny list refused with 403, without a store call.",
+                |c| &c.denied,
+            ),
+        ];
+        let Counters { rule_names, rules, global_lists, .. } = &self.counters;
+        for (sample, help, field) in lists {
+            let mut family = counter_family(encoder, sample, help)?;
+            let global = sum(global_lists, field);
+            ConstCounter::new(global).encode(family.encode_family(&[("list", Escaped("global"))])?)?;
+            for (rule, shards) in rule_names.iter().zip(rules.iter()) {
+                let value = sum(shards, |c| field(&c.lists));
+                ConstCounter::new(value).encode(family.encode_family(&[("rule", Escaped(rule))])?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The store's counters, one sample each.
+    fn encode_store(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let global: [(&'static str, &str, StoreCounterOf); 10] = [
             ("slidegate_store_calls_total", "Decisions asked of the store (probes excluded).", |c| &c.calls),
             ("slidegate_store_errors_total", "Store calls that failed.", |c| &c.errors),
             ("slidegate_store_timeouts_total", "Store calls that missed the deadline.", |c| &c.timeouts),
@@ -283,57 +383,56 @@ impl Metrics {
                 |c| &c.lifts_applied,
             ),
         ];
-        for (name, help, field) in global {
-            let value = Self::sum(&self.store, field);
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        for (sample, help, field) in global {
+            ConstCounter::new(sum(&self.counters.store, field))
+                .encode(counter_family(encoder, sample, help)?)?;
         }
-        let _ = writeln!(
-            out,
-            "# HELP slidegate_breaker_open Whether the circuit breaker is open (1) or closed (0).\n\
-             # TYPE slidegate_breaker_open gauge\nslidegate_breaker_open {}",
-            u8::from(breaker_open)
-        );
-        let name = "slidegate_store_latency_seconds";
-        let _ = writeln!(out, "# HELP {name} Latency of store calls that answered.\n# TYPE {name} histogram");
-        let mut cumulative = 0;
+        Ok(())
+    }
+
+    /// `slidegate_store_latency_seconds`, the histogram of store calls that
+    /// answered.
+    fn encode_latency(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let store = &self.counters.store;
+        // The encoder takes each bucket's own count and sums them itself.
+        let mut buckets = Vec::with_capacity(BUCKETS_US.len() + 1);
         for (i, bound) in BUCKETS_US.iter().enumerate() {
-            cumulative += Self::sum(&self.store, |s| &s.latency_buckets[i]);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+            buckets.push((*bound as f64 / 1e6, sum(store, |s| &s.latency_buckets[i])));
         }
-        let count = Self::sum(&self.store, |s| &s.latency_count);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", Self::sum(&self.store, |s| &s.latency_sum_us) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {count}");
-        out
+        let bucketed: u64 = buckets.iter().map(|(_, n)| n).sum();
+        // A call counts in its bucket, then in the count, each on its own
+        // atomic, read shard by shard: a scrape may see it in one and not the
+        // other. The count is at least the buckets' sum, so that `+Inf`
+        // (the rest: the calls slower than the last bound) never goes below
+        // the bucket before it and always equals `_count`.
+        let count = sum(store, |s| &s.latency_count).max(bucketed);
+        buckets.push((f64::MAX, count - bucketed));
+        let seconds = sum(store, |s| &s.latency_sum_us) as f64 / 1e6;
+        let help = "Latency of store calls that answered.";
+        let mut family = encoder.encode_descriptor(
+            "slidegate_store_latency",
+            help,
+            Some(&SECONDS),
+            MetricType::Histogram,
+        )?;
+        family.encode_histogram::<NoLabelSet>(seconds, count, &buckets, None)
     }
 }
 
-impl Metrics {
-    /// The list counters: one line per rule, and one labelled
-    /// `list="global"` for the global lists (a rule may be named `global`).
-    fn render_lists(&self, out: &mut String) {
-        let lists: [(&str, &str, ListCounterOf); 2] = [
-            (
-                "slidegate_requests_exempt_total",
-                "Requests an allow list let through unlimited, without a store call.",
-                |c| &c.exempt,
-            ),
-            (
-                "slidegate_requests_listed_denied_total",
-                "Requests a deny list refused with 403, without a store call.",
-                |c| &c.denied,
-            ),
-        ];
-        for (name, help, field) in lists {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let global = Self::sum(&self.global_lists, field);
-            let _ = writeln!(out, "{name}{{list=\"global\"}} {global}");
-            for (i, rule) in self.rule_names.iter().enumerate() {
-                let value = Self::sum(&self.rules[i], |c| field(&c.lists));
-                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {value}", escape(rule));
-            }
-        }
-    }
+/// Opens the counter family whose samples are named `sample`, as dashboards
+/// and alerts name them: the encoder appends the `_total` itself.
+fn counter_family<'e>(
+    encoder: &'e mut DescriptorEncoder,
+    sample: &'static str,
+    help: &str,
+) -> Result<MetricEncoder<'e>, std::fmt::Error> {
+    let name = sample.strip_suffix("_total").unwrap_or(sample);
+    encoder.encode_descriptor(name, help, None, MetricType::Counter)
+}
+
+/// The sum of one counter over every shard.
+fn sum<T>(shards: &[T], field: impl Fn(&T) -> &AtomicU64) -> u64 {
+    shards.iter().map(|s| field(s).load(Relaxed)).sum()
 }
 
 /// One set of counters per shard.
@@ -341,8 +440,26 @@ fn shards<T: Default>() -> Arc<[T]> {
     (0..SHARDS).map(|_| T::default()).collect()
 }
 
-fn escape(label: &str) -> String {
-    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// A label value with its `\`, `"` and line feeds escaped as `\\`, `\"` and
+/// `\n`, the escapes OpenMetrics (and Prometheus's older text format)
+/// define: the encoder writes a value as it is given.
+#[derive(Debug)]
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 /// What the store's protections (`slidegate::protect`) do, counted in the
@@ -404,7 +521,9 @@ mod tests {
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.00025\"} 1\n"));
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"0.0005\"} 2\n"));
-        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"1\"} 2\n"));
+        // prometheus-client writes a bound as a float, `1.0` where the
+        // hand-written text had `1`: the same bound to `histogram_quantile`.
+        assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"1.0\"} 2\n"), "{text}");
         assert!(text.contains("slidegate_store_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("slidegate_store_latency_seconds_sum 3.00038\n"));
         assert!(text.contains("slidegate_store_latency_seconds_count 3\n"));
@@ -424,5 +543,101 @@ mod tests {
         assert!(text.contains("slidegate_requests_denied_total{rule=\"new\"} 0\n"), "{text}");
         assert!(!text.contains("trending"), "{text}");
         assert!(text.contains("slidegate_store_calls_total 7\n"), "{text}");
+    }
+
+    #[test]
+    fn sample_names_are_the_ones_dashboards_and_alerts_query() {
+        let text = Metrics::new(["search".to_owned()]).render(false);
+        let names: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| line.split(['{', ' ']).next())
+            .collect();
+        let expected = [
+            "slidegate_breaker_open",
+            "slidegate_breaker_opened_total",
+            "slidegate_breaker_trials_total",
+            "slidegate_delayed_seconds_total",
+            "slidegate_deny_cache_hits_total",
+            "slidegate_penalty_lifts_applied_total",
+            "slidegate_penalty_lifts_total",
+            "slidegate_requests_allowed_total",
+            "slidegate_requests_blocked_total",
+            "slidegate_requests_delayed_total",
+            "slidegate_requests_denied_total",
+            "slidegate_requests_exempt_total",
+            "slidegate_requests_fail_closed_total",
+            "slidegate_requests_fail_open_total",
+            "slidegate_requests_fallback_total",
+            "slidegate_requests_listed_denied_total",
+            "slidegate_requests_near_limit_total",
+            "slidegate_requests_shadow_blocked_total",
+            "slidegate_requests_shadow_denied_total",
+            "slidegate_store_calls_total",
+            "slidegate_store_errors_total",
+            "slidegate_store_latency_seconds_bucket",
+            "slidegate_store_latency_seconds_count",
+            "slidegate_store_latency_seconds_sum",
+            "slidegate_store_probes_total",
+            "slidegate_store_skipped_total",
+            "slidegate_store_timeouts_total",
+        ];
+        assert_eq!(names.into_iter().collect::<Vec<_>>(), expected, "{text}");
+    }
+
+    #[test]
+    fn families_are_openmetrics_and_the_exposition_ends_once() {
+        let m = Metrics::new(["search".to_owned()]);
+        m.rule(0).delayed_ms.fetch_add(1_500, Relaxed);
+        m.global_lists().exempt.fetch_add(2, Relaxed);
+        let mut text = m.render(false);
+        // A counter's family is named without the `_total` its samples carry.
+        assert!(
+            text.contains(
+                "# HELP slidegate_requests_allowed Requests decided and allowed.\n\
+                 # TYPE slidegate_requests_allowed counter\n\
+                 slidegate_requests_allowed_total{rule=\"search\"} 0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "# TYPE slidegate_delayed_seconds counter\n\
+                 # UNIT slidegate_delayed_seconds seconds\n\
+                 slidegate_delayed_seconds_total{rule=\"search\"} 1.5\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("slidegate_requests_exempt_total{list=\"global\"} 2\n"), "{text}");
+        assert!(text.contains("# TYPE slidegate_breaker_open gauge\nslidegate_breaker_open 0\n"), "{text}");
+        assert!(text.contains("# TYPE slidegate_store_latency_seconds histogram\n"), "{text}");
+        // Families only: the server adds its own and then ends the exposition.
+        assert!(!text.contains("# EOF"), "{text}");
+        Metrics::end_exposition(&mut text);
+        assert!(text.ends_with("slidegate_store_latency_seconds_bucket{le=\"+Inf\"} 0\n# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+    }
+
+    #[test]
+    fn label_values_escape_quotes_backslashes_and_line_feeds() {
+        let name = "say \"hi\"\\now\nthen";
+        let m = Metrics::new([name.to_owned(), "plain".to_owned()]);
+        m.rule(0).allowed.fetch_add(2, Relaxed);
+        m.rule(0).lists.denied.fetch_add(3, Relaxed);
+        let text = m.render(false);
+        assert!(
+            text.contains("slidegate_requests_allowed_total{rule=\"say \\\"hi\\\"\\\\now\\nthen\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "slidegate_requests_listed_denied_total{rule=\"say \\\"hi\\\"\\\\now\\nthen\"} 3\n"
+            ),
+            "{text}"
+        );
+        // The line feed split no sample: every line is a comment or one
+        // whole sample, and the rule after it is intact.
+        assert!(text.lines().all(|l| l.starts_with("# ") || l.starts_with("slidegate_")), "{text}");
+        assert!(text.contains("slidegate_requests_allowed_total{rule=\"plain\"} 0\n"), "{text}");
     }
 }

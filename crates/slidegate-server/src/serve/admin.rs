@@ -179,7 +179,8 @@ pub(crate) async fn handle(
             if let Some(log) = &state.access_log {
                 super::access_log::render_metrics(log, &mut body);
             }
-            text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
+            slidegate_http::Metrics::end_exposition(&mut body);
+            text(StatusCode::OK, slidegate_http::Metrics::CONTENT_TYPE, body)
         }
         Endpoint::Offenders | Endpoint::OffendersPage => {
             let query = match super::offenders::Query::parse(request.uri().query()) {
