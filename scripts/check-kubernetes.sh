@@ -85,7 +85,7 @@ fail() { echo "check-kubernetes: $*" >&2; failed=1; }
 # has no schema for, which is how a misspelt kind or apiVersion reads: every
 # WARN fails here. kustomization.yaml is kustomize's, not the API server's:
 # step 2 checks it.
-mapfile -t files < <(find "$manifests" -name '*.yaml' ! -name kustomization.yaml | sort)
+mapfile -t files < <(find "$manifests" -maxdepth 1 \( -name '*.yaml' -o -name '*.yml' \) ! -name kustomization.yaml | sort)
 [ "${#files[@]}" -gt 0 ] || fail "no manifests in $manifests"
 echo "== kubernetes-validate $validate_version --strict, Kubernetes $kubernetes_version: ${#files[@]} files"
 # One file a run: a file that is not YAML at all ends kubernetes-validate's run.
@@ -139,6 +139,13 @@ files = sorted(f for f in os.listdir(root) if f.endswith((".yaml", ".yml")))
 applied_files = [f for f in files if f not in ("kustomization.yaml", "secret.example.yaml")]
 if kustomization.get("kind") != "Kustomization" or not str(kustomization.get("apiVersion", "")).startswith("kustomize.config.k8s.io/"):
     error(kustomization_path, "not a kustomize Kustomization")
+# kustomize's own fields; a misspelt one (`resource:`) would be refused by
+# kubectl, not by the schemas above.
+known = {"apiVersion", "kind", "metadata", "namespace", "namePrefix", "nameSuffix", "resources",
+         "images", "labels", "commonLabels", "commonAnnotations", "patches", "replicas",
+         "configMapGenerator", "secretGenerator", "generatorOptions", "components"}
+for key in sorted(set(kustomization) - known):
+    error(kustomization_path, f"unknown field {key!r}")
 for name in listed:
     if not os.path.isfile(os.path.join(root, name)):
         error(kustomization_path, f"lists {name}, which does not exist")
@@ -233,6 +240,12 @@ for kind in ("Service", "PodDisruptionBudget"):
                 target = p.get("targetPort", p["port"])
                 if isinstance(target, str) and target not in pod_ports[chosen[0]][1]:
                     error(at, f"port {p['name']} targets {target!r}, which Deployment {chosen[0]} does not declare")
+
+# An `images` entry of kustomization.yaml renames an image the manifests use.
+used_images = {c["image"].rsplit(":", 1)[0] for _, d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
+for entry in kustomization.get("images") or []:
+    if entry.get("name") not in used_images:
+        error(kustomization_path, f"images names {entry.get('name')!r}, which no container uses (they use {sorted(used_images)})")
 
 # The slidegate Deployment against the slidegate.toml it mounts.
 slidegate = [(f, d) for f, d in deployments if d["metadata"]["name"] == "slidegate"]
