@@ -513,6 +513,15 @@ for ((i = 0; i < 50; i++)); do
 done
 [ -n "$through_envoy" ] || run_fail "a request through Envoy carried no RateLimit-Policy from slidegate"
 echo "envoy: / -> ratelimit-policy $through_envoy"
+# Envoy's gRPC health check of slidegate passes (with every host failing it,
+# Envoy would still send to them all: the request above does not show it).
+for ((i = 0; i < 50; i++)); do
+    health="$(curl -s --max-time 2 "http://127.0.0.1:$port_envoy_admin/clusters" | grep '^slidegate::.*::health_flags::' || true)"
+    [ "${health##*::}" = healthy ] && break
+    sleep 0.2
+done
+[ "${health##*::}" = healthy ] || run_fail "Envoy's health check of slidegate (grpc.health.v1) did not pass: ${health:-no host}"
+echo "envoy: the slidegate cluster's gRPC health check: ${health##*::}"
 
 # A ConfigMap update as the kubelet makes it: a new directory, then ..data
 # swapped to it in one rename. Only ratelimit.yaml changes; slidegate.toml's
