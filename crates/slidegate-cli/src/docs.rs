@@ -6,6 +6,7 @@
 //! slidegate completions bash > /usr/share/bash-completion/completions/slidegate
 //! slidegate man > /usr/share/man/man1/slidegate.1
 //! slidegate man serve > /usr/share/man/man1/slidegate-serve.1   # one per subcommand
+//! slidegate man --out-dir /usr/share/man/man1                    # every page at once
 //! ```
 
 use std::process::ExitCode;
@@ -33,8 +34,12 @@ enum Shell {
 pub struct ManArgs {
     /// The subcommand whose page to print (`slidegate-COMMAND(1)`; `identity hash` for
     /// `slidegate-identity-hash(1)`); without one, the main page.
-    #[arg(value_name = "COMMAND")]
+    #[arg(value_name = "COMMAND", conflicts_with = "out_dir")]
     command: Vec<String>,
+    /// Write every page (`slidegate.1` and one `slidegate-COMMAND.1` per
+    /// subcommand, nested ones included) into this existing directory instead.
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<std::path::PathBuf>,
 }
 
 /// Runs `slidegate completions`.
@@ -56,6 +61,9 @@ pub fn man(args: ManArgs) -> crate::CommandResult {
     let mut command = crate::Cli::command();
     // Gives each subcommand its display name, `slidegate-COMMAND`.
     command.build();
+    if let Some(dir) = args.out_dir {
+        return write_pages(&command, &dir);
+    }
     let mut page = command;
     for name in &args.command {
         let Some(sub) = page.find_subcommand(name) else {
@@ -72,5 +80,24 @@ pub fn man(args: ManArgs) -> crate::CommandResult {
     let mut roff = Vec::new();
     clap_mangen::Man::new(page).render(&mut roff)?;
     out!("{}", String::from_utf8_lossy(&roff));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the page of `command` and of each of its subcommands, depth first,
+/// into `dir` as `DISPLAY-NAME.1`, naming each file written on stdout.
+fn write_pages(command: &clap::Command, dir: &std::path::Path) -> crate::CommandResult {
+    if !dir.is_dir() {
+        return Err(format!("--out-dir {}: not an existing directory", dir.display()).into());
+    }
+    let mut pending = vec![command.clone()];
+    while let Some(page) = pending.pop() {
+        pending.extend(page.get_subcommands().filter(|sub| sub.get_name() != "help").cloned());
+        let name = page.get_display_name().unwrap_or("slidegate").to_string();
+        let mut roff = Vec::new();
+        clap_mangen::Man::new(page.version(env!("CARGO_PKG_VERSION"))).render(&mut roff)?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, roff).map_err(|err| format!("{}: {err}", path.display()))?;
+        outln!("{}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }

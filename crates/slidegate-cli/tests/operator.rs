@@ -307,6 +307,36 @@ fn the_man_page_names_every_subcommand() {
     }
 }
 
+/// `man --out-dir` writes every page a package installs: the main one and
+/// one per subcommand, nested ones too, each titled as its file is named.
+#[test]
+fn man_out_dir_writes_every_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = slidegate(&["man", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut files: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(stdout(&out).lines().count(), files.len(), "{}", stdout(&out));
+    let mut expected = vec!["slidegate.1".to_string(), "slidegate-identity-hash.1".to_string()];
+    expected.extend(SUBCOMMANDS.iter().filter(|name| **name != "help").map(|name| format!("slidegate-{name}.1")));
+    for name in &expected {
+        assert!(files.contains(name), "{name} missing from {files:?}");
+    }
+    assert!(!files.iter().any(|name| name.contains("help")), "{files:?}");
+    for name in &files {
+        let page = std::fs::read_to_string(dir.path().join(name)).unwrap();
+        let title = name.trim_end_matches(".1");
+        assert!(page.contains(&format!(".TH {title} 1")), "{name}: {page}");
+    }
+    let missing = dir.path().join("nowhere");
+    let out = slidegate(&["man", "--out-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not an existing directory"), "{}", stderr(&out));
+    let out = slidegate(&["man", "serve", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
 /// A loopback port nothing listens on.
 fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
