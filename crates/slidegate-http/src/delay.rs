@@ -137,7 +137,7 @@ impl Delays {
         self.cap - u32::try_from(self.held.available_permits()).unwrap_or(self.cap)
     }
 
-    /// The Prometheus gauge of requests held now, and the cap.
+    /// The OpenMetrics gauges of requests held now, and of the cap.
     pub(crate) fn render(&self, out: &mut String) {
         use std::fmt::Write as _;
         let _ = writeln!(

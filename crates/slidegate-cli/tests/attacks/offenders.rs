@@ -230,9 +230,9 @@ fn the_store_states_gauge_counts_this_processs_memory_on_a_redis_store() {
     let metrics = get(sg.addr, "/metrics", &[]).body;
     assert!(
         metrics.contains(
-            "# HELP slidegate_store_states (identity, limit) states held in this process's memory: \
-             store=\"embedded\" by the embedded store, store=\"fallback\" by the fallback deciding while \
-             Redis fails (Redis's own keys are not counted: see its INFO keyspace).\n\
+            "# HELP slidegate_store_states (identity, limit) states held in this process's memory, by store: \
+             embedded (the embedded store) or fallback (the fallback deciding while Redis fails); \
+             Redis's own keys are not counted (see its INFO keyspace).\n\
              # TYPE slidegate_store_states gauge\n\
              slidegate_store_states{store=\"fallback\"} 0\n"
         ),

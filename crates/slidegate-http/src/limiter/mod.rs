@@ -136,7 +136,11 @@ impl<S> RateLimiter<S> {
         &self.inner.metrics
     }
 
-    /// The Prometheus text of every metric.
+    /// The family of every metric as OpenMetrics text, without the `# EOF`
+    /// line that ends an exposition. Whoever serves it appends any families
+    /// of its own, then ends it with [`Metrics::end_exposition`], and
+    /// answers with `Content-Type:` [`Metrics::CONTENT_TYPE`]: without its
+    /// `# EOF`, a strict OpenMetrics scraper refuses the whole text.
     pub fn render_metrics(&self) -> String {
         let mut text = self.inner.metrics.render(self.breaker_open());
         self.inner.delays.render(&mut text);

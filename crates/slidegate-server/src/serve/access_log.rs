@@ -341,13 +341,15 @@ impl Writer {
     }
 }
 
-/// `slidegate_access_log_dropped_total`, appended to `/metrics`.
+/// The `slidegate_access_log_dropped` counter family, appended to `/metrics`
+/// as OpenMetrics text: the family is named without `_total`, its sample
+/// with it.
 pub(crate) fn render_metrics(log: &AccessLog, body: &mut String) {
     use std::fmt::Write as _;
     let _ = write!(
         body,
-        "# HELP slidegate_access_log_dropped_total Access log lines dropped because the writer was behind.\n\
-         # TYPE slidegate_access_log_dropped_total counter\n\
+        "# HELP slidegate_access_log_dropped Access log lines dropped because the writer was behind.\n\
+         # TYPE slidegate_access_log_dropped counter\n\
          slidegate_access_log_dropped_total {}\n",
         log.dropped()
     );

@@ -267,10 +267,11 @@ fn store_states(state: &State, body: &mut String) {
     if embedded.is_none() && fallback.is_none() {
         return;
     }
+    // Worded without `"` or `\`, which an OpenMetrics HELP line must escape.
     body.push_str(
-        "# HELP slidegate_store_states (identity, limit) states held in this process's memory: \
-         store=\"embedded\" by the embedded store, store=\"fallback\" by the fallback deciding while \
-         Redis fails (Redis's own keys are not counted: see its INFO keyspace).\n\
+        "# HELP slidegate_store_states (identity, limit) states held in this process's memory, by store: \
+         embedded (the embedded store) or fallback (the fallback deciding while Redis fails); \
+         Redis's own keys are not counted (see its INFO keyspace).\n\
          # TYPE slidegate_store_states gauge\n",
     );
     for (store, held) in [("embedded", embedded), ("fallback", fallback)] {

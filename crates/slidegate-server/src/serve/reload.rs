@@ -364,13 +364,14 @@ impl Reloader {
         Ok(reloaded)
     }
 
-    /// `slidegate_config_reloads_total`, as Prometheus text.
+    /// The `slidegate_config_reloads` counter family, as OpenMetrics text:
+    /// the family is named without `_total`, its samples with it.
     pub(super) fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         let _ = write!(
             out,
-            "# HELP slidegate_config_reloads_total Configuration reloads, by outcome (error: nothing changed).\n\
-             # TYPE slidegate_config_reloads_total counter\n\
+            "# HELP slidegate_config_reloads Configuration reloads, by outcome (error: nothing changed).\n\
+             # TYPE slidegate_config_reloads counter\n\
              slidegate_config_reloads_total{{result=\"ok\"}} {}\n\
              slidegate_config_reloads_total{{result=\"error\"}} {}\n",
             self.inner.reloads_ok.load(Relaxed),

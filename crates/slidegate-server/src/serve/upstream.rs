@@ -250,15 +250,16 @@ impl Upstream {
         Arc::new(Self { authority, host, port, idle, shared, limits })
     }
 
-    /// `slidegate_upstream_tls_failures_total`, as Prometheus text.
+    /// The `slidegate_upstream_tls_failures` counter family, as OpenMetrics
+    /// text: the family is named without `_total`, its sample with it.
     pub(crate) fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         let failures = self.limits.transport.tls_failures.load(std::sync::atomic::Ordering::Relaxed);
         let _ = write!(
             out,
-            "# HELP slidegate_upstream_tls_failures_total TLS handshakes with the upstream that failed \
+            "# HELP slidegate_upstream_tls_failures TLS handshakes with the upstream that failed \
              (certificate not verified, wrong name, no TLS): each answered 502.\n\
-             # TYPE slidegate_upstream_tls_failures_total counter\n\
+             # TYPE slidegate_upstream_tls_failures counter\n\
              slidegate_upstream_tls_failures_total {failures}\n"
         );
     }
