@@ -314,12 +314,15 @@ fn man_out_dir_writes_every_page() {
     let dir = tempfile::tempdir().unwrap();
     let out = slidegate(&["man", "--out-dir", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let mut files: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     files.sort();
     assert_eq!(stdout(&out).lines().count(), files.len(), "{}", stdout(&out));
     let mut expected = vec!["slidegate.1".to_string(), "slidegate-identity-hash.1".to_string()];
-    expected.extend(SUBCOMMANDS.iter().filter(|name| **name != "help").map(|name| format!("slidegate-{name}.1")));
+    expected
+        .extend(SUBCOMMANDS.iter().filter(|name| **name != "help").map(|name| format!("slidegate-{name}.1")));
     for name in &expected {
         assert!(files.contains(name), "{name} missing from {files:?}");
     }
