@@ -65,7 +65,7 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
             crate::watch::spawn(args.config.clone(), server.reloader())?;
             tracing::info!(path = %args.config.display(), "watching the configuration file: a change reloads it");
         }
-        for warning in config.server.warnings() {
+        for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
         let shutdown = signals.until_shutdown(server.reloader(), server.access_log_reopen());
@@ -102,7 +102,7 @@ pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
         Err(code) => return Ok(code),
     };
     outln!("{}: ok", file.display());
-    for warning in config.server.warnings() {
+    for warning in config.warnings() {
         eprintln!("slidegate: warning: {warning}");
     }
     outln!(

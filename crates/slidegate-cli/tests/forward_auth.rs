@@ -184,6 +184,17 @@ fn hook_requests_that_cannot_name_their_client_or_request_are_refused_undecided(
         assert_eq!(reply.status, status, "{what}: {reply:?}");
         assert!(reply.body.contains(detail), "{what}: {}", reply.body);
         assert!(reply.header("ratelimit").is_none(), "{what}: nothing decided");
+        // On /nginx the same refusal is a 403 naming what it stands for:
+        // auth_request answers any status but 2xx, 401 and 403 with a 500.
+        if path == "/" {
+            let reply = hook(auth, from, "/nginx", &headers);
+            assert_eq!(
+                (reply.status, reply.header("x-slidegate-status")),
+                (403, Some(&*status.to_string())),
+                "{what}: {reply:?}"
+            );
+            assert!(reply.body.contains(detail), "{what}: {}", reply.body);
+        }
     }
     // Nothing was charged: the key has its whole quota.
     let reply = hook(auth, PROXY, "/", &forwarded("GET", "/api/search", &[key]));
@@ -442,7 +453,35 @@ fn through_a_real_nginx_the_documented_block_enforces_the_limits() {
     // nginx also copies the rate limit headers to an allowed response.
     let allowed = hook(proxy.addr, Ipv4Addr::new(127, 0, 0, 9), "/api/search", &[("x-api-key", "other")]);
     assert_eq!((allowed.status, remaining(&allowed)), (200, Some(1)), "{allowed:?}");
+    // A client naming another target in a header of its own makes the
+    // hook request ambiguous: refused, as a 403 rather than nginx's 500.
+    let hits = upstream.hits();
+    let ambiguous =
+        hook(proxy.addr, Ipv4Addr::new(127, 0, 0, 9), "/api/search", &[("x-forwarded-uri", "/static/x")]);
+    assert_eq!(ambiguous.status, 403, "{ambiguous:?}");
+    assert_eq!(upstream.hits(), hits, "the ambiguous request never reached the upstream");
     enforced_through(&proxy, &mut sg, &upstream, 500);
+}
+
+/// An untrusted peer gets its 403 and its connection closed: nothing it
+/// sends next would be answered otherwise, so nothing is kept for it.
+#[test]
+fn an_untrusted_peer_is_refused_and_its_connection_closed() {
+    let upstream = Upstream::start();
+    let (_sg, auth) = start(&upstream);
+    let mut stream = common::connect_from(Ipv4Addr::new(127, 0, 0, 7), auth);
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "GET / HTTP/1.1\r\nhost: {auth}\r\nx-forwarded-method: GET\r\nx-forwarded-uri: /api/search\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status_line, headers) = read_head(&mut reader).expect("a response");
+    assert!(status_line.starts_with("HTTP/1.1 403 "), "{status_line}");
+    read_body(&mut reader, &headers);
+    let mut rest = Vec::new();
+    let read = std::io::Read::read_to_end(&mut reader, &mut rest);
+    assert_eq!(read.ok(), Some(0), "the connection is closed after the 403, nothing more sent: {rest:?}");
 }
 
 #[test]

@@ -20,6 +20,72 @@ fn admin_listen_is_optional_and_located_when_bad() {
     assert_eq!(m, "admin_listen 127.0.0.1:8080 is the listen address: expected another address, such as \"127.0.0.1:9091\"");
 }
 
+/// No two listeners on one socket: `check-config` refuses what `serve`
+/// would fail to bind, at the later one's line, naming both settings.
+#[test]
+fn two_listeners_on_one_socket_are_refused_naming_both() {
+    let cases = [
+        (
+            "admin_listen = \"127.0.0.1:9091\"\nauth_listen = \"127.0.0.1:9091\"",
+            (4, 15),
+            "auth_listen 127.0.0.1:9091 is the admin_listen address",
+        ),
+        (
+            "grpc_listen = \"127.0.0.1:8081\"\nauth_listen = \"127.0.0.1:8081\"",
+            (4, 15),
+            "auth_listen 127.0.0.1:8081 is the grpc_listen address",
+        ),
+        (
+            "admin_listen = \"127.0.0.1:9091\"\ngrpc_listen = \"127.0.0.1:9091\"",
+            (4, 15),
+            "grpc_listen 127.0.0.1:9091 is the admin_listen address",
+        ),
+        ("auth_listen = \"127.0.0.1:8080\"", (3, 15), "auth_listen 127.0.0.1:8080 is the listen address"),
+        (
+            "admin_listen = \"0.0.0.0:8080\"",
+            (3, 16),
+            "admin_listen 0.0.0.0:8080 and listen 127.0.0.1:8080 share port 8080",
+        ),
+        (
+            "admin_listen = \"[::]:9091\"\nauth_listen = \"127.0.0.1:9091\"",
+            (4, 15),
+            "auth_listen 127.0.0.1:9091 and admin_listen [::]:9091 share port 9091",
+        ),
+    ];
+    for (listeners, at, said) in cases {
+        let (l, c, m) = err(&format!("[server]\nlisten = \"127.0.0.1:8080\"\n{listeners}\n"));
+        assert_eq!((l, c), at, "{listeners}: {m}");
+        assert!(m.starts_with(said), "{listeners}: {m}");
+        assert!(m.contains("expected another address"), "{m}");
+    }
+    // Apart: other ports, other families, and ports the system picks.
+    for listeners in [
+        "admin_listen = \"127.0.0.1:9091\"\ngrpc_listen = \"127.0.0.1:8081\"\nauth_listen = \"127.0.0.1:9092\"",
+        "admin_listen = \"0.0.0.0:9091\"\nauth_listen = \"[::1]:9091\"",
+        "admin_listen = \"127.0.0.1:9091\"\nauth_listen = \"127.0.0.2:9091\"",
+        "admin_listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nauth_listen = \"127.0.0.1:0\"",
+    ] {
+        let text = format!("[server]\nlisten = \"127.0.0.1:8080\"\n{listeners}\n");
+        assert!(parse(&text).is_ok(), "{listeners}: {:?}", parse(&text).err().map(|e| e.to_string()));
+    }
+}
+
+/// A forward-auth listener that no proxy may ask is valid, but can only
+/// refuse: warned of, and only then.
+#[test]
+fn auth_listen_without_trusted_proxies_is_warned_of() {
+    let auth = "[server]\nauth_listen = \"127.0.0.1:9092\"\n";
+    let warnings = parse(auth).unwrap().warnings();
+    assert_eq!(
+        warnings,
+        ["auth_listen 127.0.0.1:9092 is set and [identity] trusted_proxies is empty: every forward-auth request \
+          will be refused (403); list the proxies that ask it"]
+    );
+    let trusted = format!("{auth}[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n");
+    assert_eq!(parse(&trusted).unwrap().warnings(), Vec::<String>::new());
+    assert_eq!(parse("[identity]\n").unwrap().warnings(), Vec::<String>::new());
+}
+
 #[test]
 fn drain_delay_defaults_to_none_and_bad_values_are_located() {
     assert_eq!(parse("").unwrap().server.drain_delay, Delay::from_secs(0));

@@ -143,8 +143,26 @@ pub struct ServerConfig {
     pub http2: super::Http2Limits,
 }
 
+impl Config {
+    /// What `check-config` warns of and `serve` logs at start: settings
+    /// that are valid but leave a door open ([`ServerConfig::warnings`]),
+    /// or a listener that can only refuse.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = self.server.warnings();
+        if let Some(addr) = self.server.auth_listen {
+            if self.limiter.identity.trusted_proxies.is_empty() {
+                warnings.push(format!(
+                    "auth_listen {addr} is set and [identity] trusted_proxies is empty: every forward-auth request \
+                     will be refused (403); list the proxies that ask it"
+                ));
+            }
+        }
+        warnings
+    }
+}
+
 impl ServerConfig {
-    /// What `check-config` warns of and `serve` logs at start: settings that
+    /// The warnings of `[server]` alone: settings that
     /// are valid but leave a door open. The admin endpoints reload the
     /// configuration, set overrides and lift penalties; reachable beyond
     /// this host without a token, anyone who reaches them can.

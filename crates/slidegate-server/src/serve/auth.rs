@@ -19,8 +19,11 @@
 //! rate limit headers and the problem; 403; 400; 503). On `/nginx`, for
 //! `auth_request`, which understands only 2xx, 401 and 403: a rate limit
 //! denial is 401 and every other refusal 403, with the same headers and
-//! `X-Slidegate-Status` naming the status it stands for; the snippet in
-//! docs/forward-auth.md turns a 401 back into the client's 429.
+//! `X-Slidegate-Status` naming the status it stands for (a malformed or
+//! ambiguous hook request included: nginx would answer any other status
+//! with a 500 of its own); the snippet in docs/forward-auth.md turns a 401
+//! back into the client's 429. An untrusted peer's connection is closed
+//! after its 403.
 
 use std::net::SocketAddr;
 
@@ -58,21 +61,40 @@ pub(super) async fn handle(
             )
         }
     };
+    let response = decide(state, request, peer, &path).await;
+    if nginx {
+        for_nginx(response)
+    } else {
+        response
+    }
+}
+
+/// The answer to a hook request on `path`, as `/` gives it.
+async fn decide(
+    state: &State,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    path: &str,
+) -> Response<ServeBody> {
     let limiter = state.limiter();
     if !limiter.identity().is_trusted(peer.ip()) {
-        return bad_request(
+        let mut refusal = bad_request(
             StatusCode::FORBIDDEN,
-            &path,
+            path,
             &format!(
                 "{} is not a trusted proxy: forward-auth requests are taken from [identity] trusted_proxies only",
                 peer.ip().to_canonical()
             ),
         );
+        // Nothing a stranger sends next will be answered otherwise: its
+        // connection is not kept.
+        refusal.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        return refusal;
     }
     let mut headers = request.into_parts().0.headers;
     let original = match original(&mut headers) {
         Ok(original) => original,
-        Err(detail) => return bad_request(StatusCode::BAD_REQUEST, &path, &detail),
+        Err(detail) => return bad_request(StatusCode::BAD_REQUEST, path, &detail),
     };
     let mut request = Request::new(());
     *request.method_mut() = original.0;
@@ -80,7 +102,7 @@ pub(super) async fn handle(
     *request.headers_mut() = headers;
     let admission = limiter.admit(&mut request, Some(peer.ip()), GrpcDenialStatus::default()).await;
     let target = request.uri().path();
-    let mut response = match admission.refusal(target) {
+    match admission.refusal(target) {
         Some(refusal) => boxed(refusal),
         None => {
             let mut response = Response::new(full(""));
@@ -89,16 +111,25 @@ pub(super) async fn handle(
             }
             response
         }
-    };
-    if nginx && !response.status().is_success() {
-        let stands_for = response.status();
-        *response.status_mut() = if stands_for == StatusCode::TOO_MANY_REQUESTS {
-            StatusCode::UNAUTHORIZED
-        } else {
-            StatusCode::FORBIDDEN
-        };
-        response.headers_mut().insert(X_SLIDEGATE_STATUS.clone(), HeaderValue::from(stands_for.as_u16()));
     }
+}
+
+/// `response` in the statuses nginx's `auth_request` understands: 2xx as
+/// it is, a rate limit denial as 401 and every other refusal (a malformed
+/// or ambiguous hook request, an untrusted peer, a failing store) as 403,
+/// with `X-Slidegate-Status` naming the status it stands for. Any other
+/// status would make nginx answer its client 500.
+fn for_nginx(mut response: Response<ServeBody>) -> Response<ServeBody> {
+    let stands_for = response.status();
+    if stands_for.is_success() {
+        return response;
+    }
+    *response.status_mut() = if stands_for == StatusCode::TOO_MANY_REQUESTS {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::FORBIDDEN
+    };
+    response.headers_mut().insert(X_SLIDEGATE_STATUS.clone(), HeaderValue::from(stands_for.as_u16()));
     response
 }
 

@@ -40,14 +40,15 @@ impl Validator<'_> {
         if let Some(listen) = raw.listen {
             server.listen = listen.0;
         }
+        let mut placed = vec![("listen", server.listen)];
         if let Some(admin) = raw.admin_listen {
-            server.admin_listen = Some(self.admin_listen(admin, server.listen)?);
+            server.admin_listen = Some(self.own_address("admin_listen", admin, &mut placed)?);
         }
         if let Some(grpc) = raw.grpc_listen {
-            server.grpc_listen = Some(self.admin_listen(grpc, server.listen)?);
+            server.grpc_listen = Some(self.own_address("grpc_listen", grpc, &mut placed)?);
         }
         if let Some(auth) = raw.auth_listen {
-            server.auth_listen = Some(self.admin_listen(auth, server.listen)?);
+            server.auth_listen = Some(self.own_address("auth_listen", auth, &mut placed)?);
         }
         if let Some(on) = raw.admin_on_public {
             if *on.get_ref() && server.admin_listen.is_some() {
@@ -211,21 +212,49 @@ impl Validator<'_> {
         Ok(text.to_owned())
     }
 
-    /// `admin_listen`: any address but the public one.
-    fn admin_listen(
+    /// The address of listener `name`, which must not be one another
+    /// listener in `placed` binds (or, through a wildcard, shares): two
+    /// would pass `check-config` and then fail to start. Port 0 (a port the
+    /// system picks) never clashes.
+    fn own_address(
         &self,
+        name: &'static str,
         a: Spanned<Parsed<SocketAddr>>,
-        listen: SocketAddr,
+        placed: &mut Vec<(&'static str, SocketAddr)>,
     ) -> Result<SocketAddr, ConfigError> {
-        if a.get_ref().0 == listen && listen.port() != 0 {
-            return Err(self.err(
-                a.span(),
-                format!(
-                    "admin_listen {} is the listen address: expected another address, such as \"127.0.0.1:9091\"",
-                    a.get_ref().0
-                ),
-            ));
+        let addr = a.get_ref().0;
+        if let Some(&(other, taken)) = placed.iter().find(|(_, taken)| shares_a_socket(addr, *taken)) {
+            let example = match name {
+                "grpc_listen" => "127.0.0.1:8081",
+                "auth_listen" => "127.0.0.1:9092",
+                _ => "127.0.0.1:9091",
+            };
+            let clash = if addr == taken {
+                format!("{name} {addr} is the {other} address")
+            } else {
+                format!("{name} {addr} and {other} {taken} share port {}", addr.port())
+            };
+            return Err(
+                self.err(a.span(), format!("{clash}: expected another address, such as \"{example}\""))
+            );
         }
-        Ok(a.into_inner().0)
+        placed.push((name, addr));
+        Ok(addr)
+    }
+}
+
+/// Whether listeners on `a` and `b` cannot both bind: the same port (not 0)
+/// and the same address, or a wildcard covering the other (`[::]` takes
+/// IPv4 too, as Linux binds it by default).
+fn shares_a_socket(a: SocketAddr, b: SocketAddr) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    match (a.ip(), b.ip()) {
+        (x, y) if x == y => true,
+        (V6(x), _) | (_, V6(x)) if x.is_unspecified() => true,
+        (V4(x), V4(y)) => x.is_unspecified() || y.is_unspecified(),
+        _ => false,
     }
 }
