@@ -4,7 +4,8 @@
 //! nginx form (401 for a rate limit denial); hook requests that are
 //! missing a header, ambiguous, or not from a trusted proxy refused
 //! without a decision; a spoofed `X-Forwarded-For` entry never picking the
-//! client; a rule charged after the response refused at load.
+//! client; a rule charged after the response refused at load, and at a
+//! reload while the hook listens.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,8 +26,12 @@ const PROXY: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 /// `serve` with the common rules (`search`: 2 a minute and 100 an hour, per
 /// key or per address), trusting 127.0.0.1 only, forward auth on a free port.
 fn start(upstream: &Upstream) -> (Slidegate, SocketAddr) {
-    let config = config_with(upstream.addr, "auth_listen = \"127.0.0.1:0\"", "", "\"127.0.0.1/32\"");
-    let sg = Slidegate::start(&config);
+    start_with(upstream, "auth_listen = \"127.0.0.1:0\"")
+}
+
+/// [`start`] with `server` as the `[server]` table's own lines.
+fn start_with(upstream: &Upstream, server: &str) -> (Slidegate, SocketAddr) {
+    let sg = Slidegate::start(&config_with(upstream.addr, server, "", "\"127.0.0.1/32\""));
     let auth = {
         let log = sg.log.lock().unwrap();
         let line = log.lines().find_map(|l| l.strip_prefix("slidegate: forward auth on "));
@@ -214,6 +219,65 @@ fn a_rule_charged_after_the_response_is_refused_with_forward_auth_at_its_line() 
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("slidegate.toml:10:15: cost_header charges a request after its response"), "{err}");
+}
+
+/// A reload keeps the listeners (a restart changes them), so a file that
+/// drops `auth_listen` leaves the hook answering: a rule it charges after
+/// the response would then pass every hook request (the hook never hears
+/// the response to charge). Such a reload is refused, and changes nothing.
+#[test]
+fn a_reload_charging_a_rule_after_the_response_is_refused_while_the_hook_listens() {
+    let upstream = Upstream::start();
+    let (sg, auth) = start_with(&upstream, "auth_listen = \"127.0.0.1:0\"\nadmin_on_public = true");
+    // `trending` allows an address 3 requests a minute.
+    let ask = |client: &str| {
+        let reply =
+            hook(auth, PROXY, "/", &forwarded("GET", "/api/videos/trending", &[("x-forwarded-for", client)]));
+        (reply.status, remaining(&reply))
+    };
+    let exhausted = "203.0.113.20";
+    for left in [2, 1, 0] {
+        assert_eq!(ask(exhausted), (200, Some(left)));
+    }
+    assert_eq!(ask(exhausted), (429, Some(0)));
+
+    let path = sg.config_path();
+    let file = config_with(upstream.addr, "admin_on_public = true", "", "\"127.0.0.1/32\"")
+        .replace("methods = [\"GET\"]\n", "methods = [\"GET\"]\ncost_header = \"x-cost\"\n");
+    std::fs::write(&path, &file).unwrap();
+    let line = file.lines().position(|l| l.starts_with("cost_header")).unwrap() + 1;
+    let detail = format!(
+        "{}:{line}:15: cost_header charges a request after its response, which a forward-auth hook asks \
+         before and never hears, and the forward-auth listener this process started with ([server] \
+         auth_listen) keeps running until a restart: drop cost_header from rule \"trending\", or restart \
+         without auth_listen",
+        path.display()
+    );
+    let answer = common::request(sg.addr, "POST", "/admin/reload", &[], b"");
+    assert_eq!(answer.status, 422, "{answer:?}");
+    let expected = serde_json::json!({
+        "type": "about:blank",
+        "title": "Unprocessable Entity",
+        "status": 422,
+        "detail": format!("the configuration was not reloaded: {detail}"),
+        "instance": "/admin/reload",
+    });
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&answer.body).unwrap(), expected);
+    common::wait_for("the refusal's log line", std::time::Duration::from_secs(10), || {
+        sg.log.lock().unwrap().contains(&detail)
+    });
+    assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"error\"}"), 1.0);
+    assert_eq!(sg.metric("slidegate_config_reloads_total{result=\"ok\"}"), 0.0);
+
+    // The hook limits as before: the exhausted address stays refused, a
+    // fresh one gets exactly its 3.
+    assert_eq!(ask(exhausted), (429, Some(0)));
+    let fresh = "203.0.113.21";
+    for left in [2, 1, 0] {
+        assert_eq!(ask(fresh), (200, Some(left)));
+    }
+    assert_eq!(ask(fresh), (429, Some(0)));
+    assert_eq!(upstream.hits(), 0);
 }
 
 /// A real proxy running a block of docs/forward-auth.md, its ports

@@ -2,8 +2,10 @@
 //! `POST /admin/reload` both call [`Reloader::reload`].
 //!
 //! A reload reads the file `serve` was started with, validates it as
-//! `check-config` does, and builds a limiter for its rules, identity and
-//! headers over the running one's store and layers
+//! `check-config` does and against the listeners running (a rule charged
+//! after the response is refused while the forward-auth listener runs,
+//! whatever the file says of `auth_listen`), and builds a limiter for its
+//! rules, identity and headers over the running one's store and layers
 //! ([`RateLimiter::reconfigure`]); only then is the new limiter handed to
 //! every worker, each of which takes it for its next request. A request
 //! already decided keeps the limiter it was decided by until it ends
@@ -335,7 +337,12 @@ impl Reloader {
 
     fn try_reload(&self) -> Result<Reloaded, ReloadError> {
         let path = self.inner.path.as_ref().ok_or(ReloadError::NoFile)?;
-        let file = Config::load_to_serve(path).map_err(|err| ReloadError::Invalid(located(&err)))?;
+        // Checked against the listeners running too: a reload keeps them.
+        // `[server]` is the one the process started with (a reload keeps
+        // it), read without holding the lock while the file is parsed.
+        let started = self.lock().config.server.clone();
+        let file =
+            Config::load_to_reload(path, &started).map_err(|err| ReloadError::Invalid(located(&err)))?;
         let mut running = self.lock();
         let restart_required = restart_required(&running.config, &file);
         let file_tls = file.server.tls.clone();
@@ -699,6 +706,36 @@ limits = { search = [{ limit = 40, window = "1s" }] }
             (changed.rules_changed, changed.limits_restarted),
             (vec![], vec![]),
             "plans are not rules"
+        );
+    }
+
+    /// The forward-auth listener is kept until a restart, both ways: a file
+    /// that adds `auth_listen` cannot start it, and one that drops it
+    /// cannot stop it, so a rule charged after the response (which the
+    /// hook would pass every time) is refused while it runs.
+    #[test]
+    fn the_forward_auth_listener_is_kept_until_a_restart() {
+        const SERVER: &str = "[server]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n";
+        let hooked = format!("{SERVER}auth_listen = \"127.0.0.1:9091\"\n");
+        let (with, without) = (config(&hooked), config(SERVER));
+        assert_eq!(restart_required(&without, &with), ["server.auth_listen"]);
+        assert_eq!(restart_required(&with, &without), ["server.auth_listen"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reload.toml");
+        let rule = "[[rules]]\nname = \"probes\"\npath = \"/p\"\nlimits = [{ limit = 3, window = \"1m\" }]\n";
+        std::fs::write(&path, format!("{SERVER}{rule}count_status = [404]\n")).unwrap();
+        assert!(Config::load_to_reload(&path, &without.server).is_ok());
+        let err = Config::load_to_reload(&path, &with.server).unwrap_err();
+        assert_eq!(
+            located(&err),
+            format!(
+                "{}:8:16: count_status charges a request after its response, which a forward-auth hook \
+                 asks before and never hears, and the forward-auth listener this process started with \
+                 ([server] auth_listen) keeps running until a restart: drop count_status from rule \
+                 \"probes\", or restart without auth_listen",
+                path.display()
+            )
         );
     }
 

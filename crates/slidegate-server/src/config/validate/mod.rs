@@ -44,7 +44,7 @@ impl Config {
     /// [`ConfigError::Read`] when the file cannot be read, [`ConfigError::Invalid`]
     /// with line and column for anything wrong inside it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::load_for(path.as_ref(), Use::Library)
+        Self::load_for(path.as_ref(), Use::Library, Listening::default())
     }
 
     /// [`Config::load`] for `slidegate serve`, which also needs what only
@@ -55,7 +55,16 @@ impl Config {
     /// # Errors
     /// As [`Config::load`], and a located error when `upstream` is missing.
     pub fn load_to_serve(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::load_for(path.as_ref(), Use::Serve)
+        Self::load_for(path.as_ref(), Use::Serve, Listening::default())
+    }
+
+    /// [`Config::load_to_serve`] for a reload of a `serve` started with
+    /// `running`, whose listeners stay until a restart whatever the file
+    /// says: what they cannot serve is refused as if the file set them
+    /// (a rule charged after the response, while the forward-auth listener
+    /// runs, even when the file drops `auth_listen`).
+    pub(crate) fn load_to_reload(path: &Path, running: &ServerConfig) -> Result<Self, ConfigError> {
+        Self::load_for(path, Use::Serve, Listening { auth: running.auth_listen.is_some() })
     }
 
     /// The limiter the configuration in `path` describes, for a tool that
@@ -67,13 +76,14 @@ impl Config {
     /// # Errors
     /// As [`Config::load`], for every part but `[server]`'s other keys.
     pub fn load_limiter(path: impl AsRef<Path>) -> Result<LimiterConfig, ConfigError> {
-        Self::load_for(path.as_ref(), Use::Limiter).map(|config| config.limiter)
+        Self::load_for(path.as_ref(), Use::Limiter, Listening::default()).map(|config| config.limiter)
     }
 
-    fn load_for(path: &Path, used: Use) -> Result<Self, ConfigError> {
+    fn load_for(path: &Path, used: Use, listening: Listening) -> Result<Self, ConfigError> {
         let bytes =
             std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse_for(decode(path, &bytes)?, path, &|name| std::env::var(name).ok(), used)
+        let env = |name: &str| std::env::var(name).ok();
+        Self::parse_listening(decode(path, &bytes)?, path, &env, used, listening)
     }
 
     /// Validates the configuration text `source`; `path` names it in errors.
@@ -127,10 +137,21 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         used: Use,
     ) -> Result<Self, ConfigError> {
+        Self::parse_listening(source, path, env, used, Listening::default())
+    }
+
+    fn parse_listening(
+        source: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+        used: Use,
+        listening: Listening,
+    ) -> Result<Self, ConfigError> {
         let fail = |span: Option<Range<usize>>, message: String| ConfigError::at(path, source, span, message);
         let mut found = Found::default();
         let config = document::read(source, &fail, &mut found).and_then(|read| {
-            Validator { fail: &fail, env, used, unread: &read.unread, path }.config(read.raw, &mut found)
+            Validator { fail: &fail, env, used, listening, unread: &read.unread, path }
+                .config(read.raw, &mut found)
         });
         match (ConfigError::from_found(found.0), config) {
             (None, Some(config)) => Ok(config),
@@ -154,6 +175,14 @@ pub(super) enum Use {
     /// [`Config::load_limiter`]: the limiter alone; `[server]` is read for
     /// its `max_delayed` only.
     Limiter,
+}
+
+/// The listeners of the process a file is reloaded into, which it keeps
+/// until a restart whatever the file says; none for a file loaded to start.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Listening {
+    /// A forward-auth listener (`[server] auth_listen`) runs.
+    auth: bool,
 }
 
 /// The text of a configuration file; invalid UTF-8 is located at its first
@@ -192,6 +221,8 @@ struct Validator<'a> {
     fail: &'a dyn Fn(Option<Range<usize>>, String) -> ConfigError,
     env: &'a dyn Fn(&str) -> Option<String>,
     used: Use,
+    /// The listeners a reload cannot stop.
+    listening: Listening,
     /// Top-level keys with a part that could not be read (its error found):
     /// a check across parts does not report such a part missing.
     unread: &'a BTreeSet<String>,
@@ -269,22 +300,33 @@ impl Validator<'_> {
         let mut rules_partial = self.unread.contains("rules");
         // A forward-auth hook asks before the upstream answers and never
         // hears the answer: a rule charged after the response cannot be
-        // decided through it.
+        // decided through it, whether the file sets the listener or a
+        // reload leaves the running one (a pass for every hook request).
         let auth_listen = server.as_ref().is_some_and(|(server, _)| server.auth_listen.is_some());
+        let hooked = auth_listen || self.listening.auth;
         for mut rule in raw.rules {
             let name_span = rule.get_ref().name.span();
             let after_response = rule.get_ref().cost_header.as_ref().map(|c| (c.span(), "cost_header"));
             let after_response = after_response
                 .or_else(|| rule.get_ref().count_status.as_ref().map(|c| (c.span(), "count_status")));
-            if let (true, Some((span, key))) = (auth_listen, after_response) {
+            if let (true, Some((span, key))) = (hooked, after_response) {
+                let name = rule.get_ref().name.get_ref();
                 found.push(self.err(
                     span,
-                    format!(
-                        "{key} charges a request after its response, which a forward-auth hook \
-                         ([server] auth_listen) asks before and never hears: drop {key} from rule {:?}, \
-                         or auth_listen",
-                        rule.get_ref().name.get_ref()
-                    ),
+                    if auth_listen {
+                        format!(
+                            "{key} charges a request after its response, which a forward-auth hook \
+                             ([server] auth_listen) asks before and never hears: drop {key} from rule \
+                             {name:?}, or auth_listen"
+                        )
+                    } else {
+                        format!(
+                            "{key} charges a request after its response, which a forward-auth hook asks \
+                             before and never hears, and the forward-auth listener this process started \
+                             with ([server] auth_listen) keeps running until a restart: drop {key} from \
+                             rule {name:?}, or restart without auth_listen"
+                        )
+                    },
                 ));
                 rules_partial = true;
                 continue;
