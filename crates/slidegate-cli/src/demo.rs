@@ -289,7 +289,7 @@ async fn on_redis(target: &RedisTarget, run: &Run) -> Result<(Report, Curves), B
     let cleanup = nodes.delete_prefix(&prefix).await;
     match (result, cleanup) {
         (Ok(()), Ok(())) => {}
-        (Ok(()), Err(e)) => return Err(e.into()),
+        (Ok(()), Err(e)) => return Err(e),
         (Err(e), Ok(())) => report.error = Some(e.to_string()),
         (Err(e), Err(cleanup)) => {
             report.error =

@@ -18,21 +18,17 @@ pub fn run_prefix(tag: &str) -> String {
 ///
 /// The prefix is taken literally: glob characters in it match only
 /// themselves, so a prefix like `a*:` never reaches another run's `ab:` keys.
+///
+/// On a cluster node this fails with `MOVED` for a key the node holds but
+/// does not own (a slot it is importing): a cluster's keys are deleted
+/// through a cluster client instead (`Nodes::delete_prefix`).
 pub async fn delete_prefix(conn: &mut impl ConnectionLike, prefix: &str) -> Result<(), redis::RedisError> {
-    let pattern = format!("{}*", glob_escape(prefix));
     let mut cursor: u64 = 0;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
+        let (next, keys) = scan_prefix(conn, prefix, cursor).await?;
         if !keys.is_empty() {
-            // One UNLINK per key, pipelined: a cluster node refuses one
-            // command whose keys lie in different slots, and this serves both.
+            // One UNLINK per key, pipelined, as a cluster node would need
+            // (it refuses one command whose keys lie in different slots).
             let mut pipe = redis::pipe();
             for key in &keys {
                 pipe.cmd("UNLINK").arg(key).ignore();
@@ -44,6 +40,41 @@ pub async fn delete_prefix(conn: &mut impl ConnectionLike, prefix: &str) -> Resu
         }
         cursor = next;
     }
+}
+
+/// One `SCAN` step from `cursor` over the keys that start with `prefix`
+/// (taken literally): the next cursor (0 at the end) and the keys found.
+pub async fn scan_prefix(
+    conn: &mut impl ConnectionLike,
+    prefix: &str,
+    cursor: u64,
+) -> Result<(u64, Vec<String>), redis::RedisError> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(format!("{}*", glob_escape(prefix)))
+        .arg("COUNT")
+        .arg(10_000)
+        .query_async(conn)
+        .await
+}
+
+/// `UNLINK`s each of `keys` on `conn`, pipelined, and returns the keys
+/// whose `UNLINK` failed (say, `MOVED` from a cluster node that holds a key
+/// of a slot it does not own) with their errors.
+pub async fn unlink_each(
+    conn: &mut impl ConnectionLike,
+    keys: &[String],
+) -> Result<Vec<(String, redis::RedisError)>, redis::RedisError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("UNLINK").arg(key);
+    }
+    let replies: Vec<redis::RedisResult<u64>> = pipe.ignore_errors().query_async(conn).await?;
+    Ok(keys.iter().zip(replies).filter_map(|(key, reply)| Some((key.clone(), reply.err()?))).collect())
 }
 
 /// Escapes the glob metacharacters of a `SCAN MATCH` pattern (`* ? [ ] \`).

@@ -106,6 +106,39 @@ impl RedisCluster {
     /// # Panics
     /// As [`start`](Self::start).
     pub fn start_with_args(args: &[&str]) -> RedisCluster {
+        let cluster = Self::create(args);
+        cluster.wait_until_settled("the new cluster to form");
+        cluster
+    }
+
+    /// Starts six nodes and joins them as [`start`](Self::start) does, but
+    /// returns as soon as the first node reports `cluster_state:ok`, without
+    /// waiting for the others to agree: the state a cluster is in just after
+    /// `redis-cli --cluster create`, where a node may still see a new
+    /// replica as a master or not yet know every slot's owner.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_fresh() -> RedisCluster {
+        let cluster = Self::create(&[]);
+        let first = cluster.nodes[0].process.port();
+        wait_for(
+            "the first node of the new cluster to report cluster_state:ok",
+            SETTLE_TIMEOUT,
+            || {
+                let info = cluster.cli(first, &["CLUSTER", "INFO"]);
+                match node::info_field(&info, "cluster_state") {
+                    Some("ok") => Ok(()),
+                    _ => Err(format!("port {first}: {info}")),
+                }
+            },
+            || cluster.logs(),
+        );
+        cluster
+    }
+
+    /// Six nodes joined by `redis-cli --cluster create --cluster-replicas 1`.
+    fn create(args: &[&str]) -> RedisCluster {
         let dir = tempfile::Builder::new()
             .prefix("slidegate-cluster-")
             .tempdir()
@@ -143,7 +176,6 @@ impl RedisCluster {
         if !out.status.success() || !text.contains("All 16384 slots covered") {
             panic!("redis-cli --cluster create failed:\n{text}\n{}", cluster.logs());
         }
-        cluster.wait_until_settled("the new cluster to form");
         cluster
     }
 
@@ -298,6 +330,35 @@ impl RedisCluster {
             if master != to && master != from {
                 self.expect_ok(master, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
             }
+        }
+    }
+
+    /// Writes each of `keys` (value `1`) on the node on `port` after
+    /// `ASKING`, as a client redirected there by `ASK` would: into a slot
+    /// the node is importing ([`begin_slot_migration`](Self::begin_slot_migration)),
+    /// which it holds keys of but does not own.
+    ///
+    /// # Panics
+    /// If a `SET` is refused.
+    pub fn set_asking(&self, port: u16, keys: &[String]) {
+        use std::io::Write;
+        let mut child = std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}"));
+        // One connection: ASKING holds for the command right after it only.
+        let commands: String = keys.iter().map(|key| format!("ASKING\nSET {key} 1\n")).collect();
+        let mut stdin = child.stdin.take().unwrap_or_else(|| panic!("redis-cli has no stdin"));
+        stdin.write_all(commands.as_bytes()).unwrap_or_else(|e| panic!("cannot write to redis-cli: {e}"));
+        drop(stdin);
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("redis-cli failed: {e}"));
+        let replies = String::from_utf8_lossy(&out.stdout);
+        let expected = "OK\n".repeat(2 * keys.len());
+        if replies != expected {
+            panic!("ASKING + SET on port {port} answered {replies:?}\n{}", self.logs());
         }
     }
 

@@ -579,7 +579,7 @@ impl<'a> Bench<'a> {
         &mut self,
         host: &str,
         port: u16,
-    ) -> Result<Option<f64>, redis::RedisError> {
+    ) -> Result<Option<f64>, Box<dyn std::error::Error>> {
         let prefix = format!("{}rb:", self.prefix);
         let figure = redis_benchmark_p16(host, port, self.script.sha(), &prefix, &self.quota).await;
         self.admin.delete_prefix(&prefix).await?;
