@@ -57,10 +57,7 @@ fn the_systemd_unit_reloads_on_sighup_and_stops_within_its_timeout() {
     let reloads: Vec<&str> = unit.lines().filter_map(|l| l.strip_prefix("ExecReload=")).collect();
     assert_eq!(
         reloads,
-        [
-            "/usr/bin/slidegate check-config --config /etc/slidegate/slidegate.toml",
-            "/bin/kill -HUP $MAINPID"
-        ]
+        ["/usr/bin/slidegate check-config --config /etc/slidegate/slidegate.toml", "/bin/kill -HUP $MAINPID"]
     );
     assert_eq!(value("KillSignal"), "SIGTERM");
     assert!(value("ExecStart").ends_with("serve --config /etc/slidegate/slidegate.toml"));
