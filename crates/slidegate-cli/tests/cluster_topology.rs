@@ -4,7 +4,8 @@
 //! cleanup finds keys on a node that does not own them (which answers
 //! `MOVED`) and must still delete every one. `serve` while the slots of its
 //! hot identities move between masters: every answer a decision, exactly
-//! the limit admitted.
+//! the limit admitted, and while a fourth master joins and
+//! `redis-cli --cluster rebalance` moves a quarter of the slots to it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -206,5 +207,89 @@ fn wait_for_more(sent: &AtomicUsize, n: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while sent.load(Ordering::Relaxed) < target && std::time::Instant::now() < deadline {
         thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Requests per identity before [`serve_decides_exactly_while_a_fourth_master_takes_slots`]
+/// stops its load: the rebalance runs under load until it ends.
+const REBALANCE_MIN_REQUESTS: usize = 150;
+
+/// Of `serve`'s identities `hot-0`, `hot-1`, …, the first `n` whose keys
+/// all lie in the lowest 1,000 slots of their master: `redis-cli --cluster
+/// rebalance` moves each giving master's lowest slots first, ~1,365 of
+/// them to a fourth master, so these keys certainly move. Each candidate
+/// is sent one request (admitted) to create its keys. Returns each chosen
+/// identity with the slots of its keys.
+fn identities_that_rebalance_moves(
+    sg: &Slidegate,
+    cluster: &RedisCluster,
+    prefix: &str,
+    n: usize,
+) -> Vec<(String, Vec<u16>)> {
+    let mut chosen = Vec::new();
+    let mut seen = keys_left(cluster, prefix);
+    for i in 0.. {
+        let identity = format!("hot-{i}");
+        assert_eq!(sg.get("/api/hot", &[("x-api-key", &identity)]).status, 200);
+        let now = keys_left(cluster, prefix);
+        let slots: Vec<u16> = now.iter().filter(|k| !seen.contains(k)).map(slot_of).collect();
+        seen = now;
+        let moves = !slots.is_empty()
+            && slots.iter().all(|&slot| slot - cluster.slot_ranges(cluster.master_of_slot(slot))[0].0 < 1000);
+        if moves {
+            chosen.push((identity, slots));
+            if chosen.len() == n {
+                return chosen;
+            }
+        }
+        assert!(i < 200, "no {n} identities among 200 have keys in their master's lowest slots");
+    }
+    unreachable!()
+}
+
+#[test]
+fn serve_decides_exactly_while_a_fourth_master_takes_slots() {
+    let upstream = Upstream::start();
+    for (prefix, lease) in [("nolease:", ""), ("lease:", "lease = { max = 16, horizon = \"50ms\" }")] {
+        let mut cluster = RedisCluster::start();
+        let sg = Slidegate::start(&hot_config(&upstream, &cluster, prefix, lease));
+        let chosen = identities_that_rebalance_moves(&sg, &cluster, prefix, 4);
+        let identities: Vec<&String> = chosen.iter().map(|(identity, _)| identity).collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let statuses = Mutex::new(Vec::new());
+        let added = thread::scope(|scope| {
+            for &identity in &identities {
+                let (sg, done, statuses) = (&sg, &done, &statuses);
+                scope.spawn(move || {
+                    let mut sent = 1;
+                    while sent < REBALANCE_MIN_REQUESTS || !done.load(Ordering::Relaxed) {
+                        let status = sg.get("/api/hot", &[("x-api-key", identity)]).status;
+                        statuses.lock().unwrap().push((identity, status));
+                        sent += 1;
+                    }
+                });
+            }
+            let added = cluster.add_master();
+            cluster.rebalance();
+            done.store(true, Ordering::Relaxed);
+            added
+        });
+        let statuses = statuses.into_inner().unwrap();
+        let odd: Vec<_> = statuses.iter().filter(|(_, s)| *s != 200 && *s != 429).collect();
+        assert_eq!(odd, Vec::<&(&String, u16)>::new(), "{prefix}: answers other than 200 and 429");
+        for identity in identities {
+            let sent = 1 + statuses.iter().filter(|(id, _)| *id == identity).count();
+            let allowed = 1 + statuses.iter().filter(|(id, s)| *id == identity && *s == 200).count();
+            assert!(sent > HOT_LIMIT, "{prefix}: {identity} sent only {sent}");
+            assert_eq!(allowed, HOT_LIMIT, "{prefix}: {identity} admitted {allowed} of {sent}");
+        }
+        // The premise: the keys decided on did move to the new master.
+        for (identity, slots) in &chosen {
+            let owners: Vec<u16> = slots.iter().map(|&slot| cluster.master_of_slot(slot)).collect();
+            assert!(
+                owners.iter().all(|&o| o == added),
+                "{prefix}: {identity}'s slots {slots:?} on {owners:?}, not {added}"
+            );
+        }
     }
 }

@@ -39,6 +39,9 @@ pub struct RedisCluster {
     /// The slot the most recently killed master owned first, for
     /// [`wait_for_failover`](Self::wait_for_failover).
     killed_slot: Option<u16>,
+    /// The extra `redis-server` arguments every node was started with, for
+    /// nodes [`add_master`](Self::add_master) starts later.
+    node_args: Vec<String>,
     // Dropped after the nodes (field order): removes the directory even when
     // the cluster is a never-dropped static.
     _reaper: Option<DirReaper>,
@@ -161,7 +164,8 @@ impl RedisCluster {
                 .map(|s| s.join().unwrap_or_else(|_| panic!("a cluster node did not start")))
                 .collect()
         });
-        let cluster = RedisCluster { nodes, killed_slot: None, _reaper: reaper, dir };
+        let node_args = args.iter().map(|a| (*a).to_owned()).collect();
+        let cluster = RedisCluster { nodes, killed_slot: None, node_args, _reaper: reaper, dir };
         let addrs: Vec<String> =
             cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.process.port())).collect();
         let out = std::process::Command::new("redis-cli")
@@ -220,6 +224,15 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no master owns slot {slot}: {view:?}"))
     }
 
+    /// The slot ranges (inclusive) the node on `port` owns, lowest first, as
+    /// the live cluster reports them; empty for a replica or an empty master.
+    pub fn slot_ranges(&self, port: u16) -> Vec<(u16, u16)> {
+        let mut ranges =
+            self.view().into_iter().find(|n| n.port == port).map(|n| n.slots).unwrap_or_default();
+        ranges.sort_unstable();
+        ranges
+    }
+
     /// The node id of the node on `port`.
     pub fn node_id(&self, port: u16) -> &str {
         &self.node(port).id
@@ -270,21 +283,68 @@ impl RedisCluster {
     /// every node agrees on the new slot map.
     pub fn move_slots(&mut self, from: u16, to: u16, count: u16) {
         let (from_id, to_id) = (self.node(from).id.clone(), self.node(to).id.clone());
+        let (from_addr, count_arg) = (format!("127.0.0.1:{from}"), count.to_string());
+        self.run_cluster_tool(
+            &[
+                "reshard",
+                &from_addr,
+                "--cluster-from",
+                &from_id,
+                "--cluster-to",
+                &to_id,
+                "--cluster-slots",
+                &count_arg,
+                "--cluster-yes",
+            ],
+            &format!("reshard {from} -> {to} ({count} slots)"),
+        );
+        self.wait_until_settled("the cluster to agree on the resharded slots");
+    }
+
+    /// Starts one more node, joins it to the cluster as a master owning no
+    /// slots (`redis-cli --cluster add-node`), waits until every node knows
+    /// it, and returns its port. [`rebalance`](Self::rebalance) gives it slots.
+    ///
+    /// # Panics
+    /// If the node does not start or join within 30 s.
+    pub fn add_master(&mut self) -> u16 {
+        let args: Vec<&str> = self.node_args.iter().map(String::as_str).collect();
+        let process = RedisNode::start(&node_spec(&self.dir, &args), self.dir.path());
+        let port = process.port();
+        let id = redis_cli(port, &[], &["CLUSTER", "MYID"]);
+        let seed = self.masters()[0];
+        self.run_cluster_tool(
+            &["add-node", &format!("127.0.0.1:{port}"), &format!("127.0.0.1:{seed}")],
+            &format!("add-node {port}"),
+        );
+        self.nodes.push(ClusterNode { id, process, killed: false });
+        self.wait_until_settled("every node to know the added master");
+        port
+    }
+
+    /// Spreads the slots evenly over every master, empty ones included
+    /// (`redis-cli --cluster rebalance --cluster-use-empty-masters`), keys
+    /// moved with them, then waits until every node agrees on the slot map.
+    /// `redis-cli` takes each giving master's lowest slots first.
+    pub fn rebalance(&mut self) {
+        let seed = format!("127.0.0.1:{}", self.masters()[0]);
+        self.run_cluster_tool(&["rebalance", &seed, "--cluster-use-empty-masters"], "rebalance");
+        self.wait_until_settled("the cluster to agree on the rebalanced slots");
+    }
+
+    /// Runs `redis-cli --cluster <args>`, panicking with its output and the
+    /// logs if it fails.
+    fn run_cluster_tool(&self, args: &[&str], what: &str) {
         let out = std::process::Command::new("redis-cli")
-            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
-            .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
-            .args(["--cluster-slots", &count.to_string(), "--cluster-yes"])
+            .arg("--cluster")
+            .args(args)
             .stdin(std::process::Stdio::null())
             .output()
-            .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster reshard: {e}"));
+            .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster {what}: {e}"));
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         if !out.status.success() || text.contains("[ERR]") {
-            panic!(
-                "redis-cli --cluster reshard {from} -> {to} ({count} slots) failed:\n{text}\n{}",
-                self.logs()
-            );
+            panic!("redis-cli --cluster {what} failed:\n{text}\n{}", self.logs());
         }
-        self.wait_until_settled("the cluster to agree on the resharded slots");
     }
 
     /// Moves one slot, with its keys, from the master on `from` to the master
