@@ -16,7 +16,7 @@
 #       and writes every admission of the oracle's rules, latencies and
 #       answers by kind to FILE (JSON)
 #   soak-driver.py report --load FILE --samples FILE --faults FILE --reloads FILE
-#                  [--json FILE]
+#                  --cycles FILE [--flat-mb M] [--json FILE]
 #       the oracle, processes' RSS and fds, errors and p99 by kind; exits 1 on
 #       a verdict that fails (see `report` below for each criterion)
 import argparse, base64, collections, http.client, json, os, random, socket, subprocess
@@ -283,15 +283,19 @@ def oracle(result, touched):
     never over the limit); in a window a fault or a fallback decision touched,
     `limit + N·⌊limit/N⌋` ("Circuit breaker and fallback", *Over-admission
     bound*: the store admits at most `limit`, each instance's fallback at most
-    `⌊limit/N⌋`). The failover is a manual CLUSTER FAILOVER, which waits for
-    the replica to catch up, so no acknowledged write is lost ("Lost writes"
-    does not apply)."""
+    `⌊limit/N⌋`). A manual CLUSTER FAILOVER waits for the replica to catch
+    up, so no acknowledged write is lost; a killed master loses what it had
+    not yet replicated ("Lost writes": an identity can be admitted again up to
+    what was lost, at most `limit` more), so a window a kill touched has
+    `limit` more. `touched(rule, start, end)` names the faults that touched
+    the window: None if none did, else the set of their kinds."""
     n = result["instances"]
     out = {}
     for rule, (_, limit, window_ms, checked) in result["rules"].items():
         if not checked:
             continue
         loose = limit + n * (limit // n)
+        killed = loose + limit
         w = window_ms / 1000
         windows = over_limit = over_touched = beyond = 0
         worst = (0, None, None)
@@ -299,8 +303,9 @@ def oracle(result, touched):
             certain = collections.Counter(int(t0 // w) for t0, t1 in times if int(t0 // w) == int(t1 // w))
             windows += len(certain)
             for k, count in certain.items():
-                is_touched = touched(rule, k * w, (k + 1) * w)
-                bound = loose if is_touched else limit
+                kinds = touched(rule, k * w, (k + 1) * w)
+                is_touched = kinds is not None
+                bound = limit if not is_touched else killed if "kill" in kinds else loose
                 if count > limit:
                     over_touched += is_touched
                     over_limit += not is_touched
@@ -309,7 +314,7 @@ def oracle(result, touched):
                 if count > worst[0]:
                     worst = (count, key, k * w)
         out[rule] = {
-            "limit": limit, "window_ms": window_ms, "bound_when_touched": loose,
+            "limit": limit, "window_ms": window_ms, "bound_when_touched": loose, "bound_when_killed": killed,
             "identities": len(result["admitted"].get(rule, {})), "windows": windows,
             "admitted": sum(len(t) for t in result["admitted"].get(rule, {}).values()),
             "denied": result["denied"].get(rule, 0),
@@ -328,6 +333,8 @@ def report(args):
         for line in f:
             start, end, what = line.rstrip("\n").split(" ", 2)
             faults.append((float(start), float(end), what))
+    with open(args.cycles) as f:
+        cycles = [float(line) for line in f if line.strip()]
     # samples: time kind name pid rss_kb fds fallback_total (or "dead")
     procs = collections.defaultdict(list)
     fallback = collections.defaultdict(list)  # instance -> [(t, {rule: n})]
@@ -352,8 +359,13 @@ def report(args):
                     fell_back[rule].append((t0, t1))
 
     def touched(rule, start, end):
-        spans = [(s, e) for s, e, _ in faults] + fell_back[rule]
-        return any(s < end and e > start for s, e in spans)
+        spans = [(s, e, what.split(":")[0]) for s, e, what in faults] + [(s, e, "fallback") for s, e in fell_back[rule]]
+        kinds = {kind for s, e, kind in spans if s < end and e > start}
+        return kinds or None
+
+    def killed_then(name, t):
+        """Whether redis node `name` was down for a kill of the soak's at `t`."""
+        return any(what.startswith(f"kill: master {name} ") and s <= t <= e for s, e, what in faults)
 
     verdicts = oracle(result, touched)
     failures = []
@@ -367,7 +379,7 @@ def report(args):
     proc_report = {}
     for (kind, name), rows in sorted(procs.items()):
         live = [(t, int(f[0]), int(f[1])) for t, f in rows if f[0] != "dead"]
-        dead = any(f[0] == "dead" for _, f in rows)
+        dead = any(f[0] == "dead" and not (kind == "redis" and killed_then(name, t)) for t, f in rows)
         if dead:
             failures.append(f"{kind} {name} died")
         if not live:
@@ -377,13 +389,19 @@ def report(args):
         fds = [d for _, _, d in live]
         # RSS at each tenth of the run, to tell maps filling to their bound from a leak.
         tenths = [next((r for t, r, _ in live if t >= result["started"] + secs * k / 10), rss[-1]) for k in range(11)]
+        # RSS at the end of each fault cycle (the first sample after it).
+        by_cycle = [next((r for t, r, _ in live if t >= end), rss[-1]) for end in cycles]
         entry = {"rss_kb": {"first": rss[0], "after_warmup": base[0], "last": rss[-1], "max": max(rss),
-                            "by_tenth": tenths},
+                            "by_tenth": tenths, "by_cycle": by_cycle},
                  "fds": {"first": fds[0], "after_warmup": base[1], "last": fds[-1], "max": max(fds)},
                  "samples": len(live), "died": dead}
         # Tolerance: growth after warm-up up to 1.5x + 32 MB of RSS, + 64 fds.
         if rss[-1] > base[0] * 1.5 + 32 * 1024:
             failures.append(f"{kind} {name}: RSS {base[0]} kB after warm-up -> {rss[-1]} kB")
+        if kind == "serve" and args.flat_mb is not None and by_cycle:
+            worst = max(by_cycle[1:], default=by_cycle[0])
+            if worst > by_cycle[0] + args.flat_mb * 1024:
+                failures.append(f"{kind} {name}: RSS {by_cycle[0]} kB after the first fault cycle -> {worst} kB")
         if fds[-1] > base[1] + 64:
             failures.append(f"{kind} {name}: fds {base[1]} after warm-up -> {fds[-1]}")
         proc_report[f"{kind} {name}"] = entry
@@ -429,6 +447,10 @@ def report(args):
     for name, e in proc_report.items():
         if name.startswith("serve"):
             print(f"  {name:14} " + " ".join(f"{r / 1024:.1f}" for r in e["rss_kb"]["by_tenth"]))
+    print("\nserve RSS (MB) at the end of each fault cycle:")
+    for name, e in proc_report.items():
+        if name.startswith("serve"):
+            print(f"  {name:14} " + " ".join(f"{r / 1024:.1f}" for r in e["rss_kb"]["by_cycle"]))
     print("\nanswers by client kind, and latency (ms):")
     for kind in sorted(answers):
         lat = latency.get(kind, {})
@@ -436,7 +458,8 @@ def report(args):
         p = f"p50 {lat['p50_ms']:.1f}, p99 {lat['p99_ms']:.1f}, max {lat['max_ms']:.1f}" if lat else ""
         print(f"  {kind:14} {counts}  |  {p}")
     print("\noracle (admissions certainly within one window, per identity; bound = limit,"
-          "\n        or limit + N*floor(limit/N) in windows a fault or a fallback decision touched):")
+          "\n        or limit + N*floor(limit/N) in windows a fault or a fallback decision touched,"
+          "\n        and limit more in windows a killed master touched):")
     for rule, v in verdicts.items():
         print(f"  {rule:6} limit {v['limit']} per {v['window_ms']} ms (bound when touched {v['bound_when_touched']}):"
               f" {v['identities']} identities, {v['windows']} windows, {v['admitted']} admitted, {v['denied']} denied;"
@@ -459,8 +482,9 @@ def main():
     p.add_argument("--secs", type=float, required=True)
     p.add_argument("--out", required=True)
     p = sub.add_parser("report")
-    for name in ("load", "samples", "faults", "reloads"):
+    for name in ("load", "samples", "faults", "reloads", "cycles"):
         p.add_argument(f"--{name}", required=True)
+    p.add_argument("--flat-mb", type=float)
     p.add_argument("--json")
     args = parser.parse_args()
     if args.command == "rules":

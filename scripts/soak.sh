@@ -2,8 +2,11 @@
 # A soak: three `slidegate serve` instances sharing a Redis Cluster (3
 # masters, 3 replicas) with quota leases on, under mixed load for MINUTES,
 # while each instance is reloaded every few seconds, one master fails over
-# (a manual CLUSTER FAILOVER) and one master stalls (DEBUG SLEEP 3). Loopback
-# only; every process is spawned here and stopped on exit (Ctrl-C included).
+# (a manual CLUSTER FAILOVER), one master stalls (DEBUG SLEEP 3) and, with
+# SOAK_KILL=1, the master holding the hot key is killed (SIGKILL: its replica
+# is promoted after the node timeout, then the killed node is started again
+# and rejoins as a replica). Loopback only; every process is spawned here and
+# stopped on exit (Ctrl-C included).
 #
 # Load (scripts/soak-driver.py): one API key hammering one rule, 20 keys near
 # their limit, keys drawn from 100,000 (each seen rarely), HTTP/2 clients
@@ -17,10 +20,12 @@
 # window of the checked rules, the admissions across the three instances
 # against docs/serve.md's bounds. Exits 1 if the oracle finds more, a
 # process died, a reload failed, or RSS or fds grew beyond the tolerance
-# (after warm-up: RSS 1.5x + 32 MB, fds + 64).
+# (after warm-up: RSS 1.5x + 32 MB, fds + 64; with SOAK_FLAT_MB=M, serve's RSS
+# at the end of each fault cycle after the first within M MB of the first's).
 # Needs: redis-server and redis-cli (7.x), curl with HTTP/2, python3.
 # Usage: scripts/soak.sh MINUTES [JSON_OUT]   (SOAK_KEEP=1 keeps the temp dir: logs, samples;
-#        SOAK_FAULTS=N runs N failover-and-stall cycles, one by default)
+#        SOAK_FAULTS=N runs N fault cycles, one by default; SOAK_KILL=1 adds
+#        the kill of the hot key's master to each cycle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,12 +65,16 @@ while True:
 NODES=($(seq "$NODE_BASE" $((NODE_BASE + 5))))
 
 # The cluster: node-timeout above the 3 s stall, so the stall is not a failover.
-for port in "${NODES[@]}"; do
+# Each node's pid is kept in its directory: a killed node is started again.
+start_node() {
+    local port="$1"
     mkdir -p "$WORK/redis-$port"
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK/redis-$port" \
         --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
         --enable-debug-command local --logfile "$WORK/redis-$port/log" & PIDS+=($!)
-done
+    echo $! > "$WORK/redis-$port/pid"
+}
+for port in "${NODES[@]}"; do start_node "$port"; done
 for port in "${NODES[@]}"; do
     for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 done
@@ -84,7 +93,6 @@ done
 UPSTREAM=$(free_port)
 SERVE_PORTS=($(free_port) $(free_port) $(free_port))
 ADMIN_PORTS=($(free_port) $(free_port) $(free_port))
-REDIS_PIDS=$(for port in "${NODES[@]}"; do echo "redis $port $(redis-cli -p "$port" info server | awk -F: '/^process_id/ { print $2 }' | tr -d '\r')"; done)
 
 python3 scripts/soak-upstream.py "$UPSTREAM" & PIDS+=($!)
 SEEDS=$(printf '"redis://127.0.0.1:%s", ' "${NODES[@]:0:3}")
@@ -115,6 +123,7 @@ export SLIDEGATE_SOAK_SECRET=soak SLIDEGATE_LOG=warn
 SERVE_PIDS=()
 for i in 0 1 2; do
     "$BIN" serve --config "$WORK/serve-$i.toml" 2>"$WORK/serve-$i.log" & PIDS+=($!); SERVE_PIDS+=($!)
+    echo $! > "$WORK/serve-$i.pid"
 done
 for i in 0 1 2; do
     for _ in $(seq 200); do curl -sf -o /dev/null "http://127.0.0.1:${ADMIN_PORTS[$i]}/healthz" && break; sleep 0.05; done
@@ -124,9 +133,10 @@ echo "soak: cluster on 127.0.0.1:${NODES[0]}..${NODES[5]}, serve on ${SERVE_PORT
 
 # Every 5 s: each process's RSS and fds; each instance's fallback decisions per rule.
 sample() {
-    local now line kind name pid rss fds fallback metrics
+    local now line kind name pidfile pid rss fds fallback metrics
     now=$(date +%s.%N)
-    while read -r kind name pid; do
+    while read -r kind name pidfile; do
+        pid=$(cat "$pidfile")
         if [ -r "/proc/$pid/status" ]; then
             rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status")
             fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
@@ -145,7 +155,7 @@ sample() {
         fi
     done <<< "$PROCS"
 }
-PROCS=$(for i in 0 1 2; do echo "serve $i ${SERVE_PIDS[$i]}"; done; echo "$REDIS_PIDS")
+PROCS=$(for i in 0 1 2; do echo "serve $i $WORK/serve-$i.pid"; done; for port in "${NODES[@]}"; do echo "redis $port $WORK/redis-$port/pid"; done)
 : > "$WORK/samples"; : > "$WORK/faults"; : > "$WORK/reloads"
 python3 scripts/soak-driver.py load --ports "$(IFS=,; echo "${SERVE_PORTS[*]}")" --secs "$SECS" --out "$WORK/load.json" &
 DRIVER=$!; PIDS+=($DRIVER)
@@ -180,32 +190,66 @@ hot_master() {
     echo "soak: the hot key is on no master" >&2; return 1
 }
 
+# A replica of the master on $1 whose link is up (empty if none).
+synced_replica() {
+    local port
+    for port in $(redis-cli -p "$1" info replication | awk -F'[=,]' '/^slave[0-9]+:/ { print $4 }'); do
+        redis-cli -p "$port" info replication | grep -q 'master_link_status:up' && { echo "$port"; return; }
+    done
+}
+
 # SOAK_FAULTS cycles (default 1), each a failover at 35% of its share of
-# the run and a stall at 65%: repeated, they tell memory kept once per kind
-# of fault from memory kept per fault.
+# the run and a stall at 65% (with SOAK_KILL=1: at 25%, 50%, and a kill at
+# 75%): repeated, they tell memory kept once per kind of fault from memory
+# kept per fault. The end of each cycle goes to $WORK/cycles, for the
+# report's RSS after each.
 CYCLES="${SOAK_FAULTS:-1}"
+if [ -n "${SOAK_KILL:-}" ]; then STEPS=(25 50 75); else STEPS=(35 65); fi
 at() { local wait_for=$((START + $1 - $(date +%s))); [ "$wait_for" -le 0 ] || pause "$wait_for"; }
+: > "$WORK/cycles"
 for ((c = 0; c < CYCLES; c++)); do
-    at $((SECS * (100 * c + 35) / (100 * CYCLES)))
+    at $((SECS * (100 * c + STEPS[0]) / (100 * CYCLES)))
     MASTER=$(hot_master)
-    REPLICA=$(redis-cli -p "$MASTER" info replication | awk -F'[=,]' '/^slave0:/ { print $4 }')
+    for _ in $(seq 200); do REPLICA=$(synced_replica "$MASTER"); [ -n "$REPLICA" ] && break; sleep 0.1; done
+    [ -n "$REPLICA" ] || { echo "soak: master $MASTER has no synced replica to fail over to" >&2; exit 1; }
     t0=$(date +%s.%N)
     redis-cli -p "$REPLICA" cluster failover >/dev/null
     for _ in $(seq 100); do [ "$(role "$REPLICA")" = master ] && break; sleep 0.1; done
     [ "$(role "$REPLICA")" = master ] || { echo "soak: $REPLICA was not promoted" >&2; exit 1; }
     echo "$t0 $(date +%s.%N) failover: $REPLICA (replica of $MASTER, holding the hot key) promoted" >> "$WORK/faults"
 
-    at $((SECS * (100 * c + 65) / (100 * CYCLES)))
+    at $((SECS * (100 * c + STEPS[1]) / (100 * CYCLES)))
     MASTER=$(hot_master)
     t0=$(date +%s.%N)
     redis-cli -p "$MASTER" debug sleep 3 >/dev/null
     echo "$t0 $(date +%s.%N) stall: master $MASTER (holding the hot key) DEBUG SLEEP 3" >> "$WORK/faults"
+
+    if [ -n "${SOAK_KILL:-}" ]; then
+        # The master dies with what it acknowledged but had not yet
+        # replicated; its replica is promoted after the node timeout. The
+        # node is then started again: empty (nothing is saved), it rejoins
+        # as the new master's replica. The fault lasts until it has synced.
+        at $((SECS * (100 * c + STEPS[2]) / (100 * CYCLES)))
+        MASTER=$(hot_master)
+        REPLICA=$(synced_replica "$MASTER")
+        t0=$(date +%s.%N)
+        kill -9 "$(cat "$WORK/redis-$MASTER/pid")"
+        for _ in $(seq 300); do [ "$(role "$REPLICA")" = master ] && break; sleep 0.1; done
+        [ "$(role "$REPLICA")" = master ] || { echo "soak: $REPLICA was not promoted after $MASTER was killed" >&2; exit 1; }
+        start_node "$MASTER"
+        for _ in $(seq 300); do
+            redis-cli -p "$MASTER" info replication 2>/dev/null | grep -q 'master_link_status:up' && break; sleep 0.1
+        done
+        echo "$t0 $(date +%s.%N) kill: master $MASTER (holding the hot key) SIGKILL, $REPLICA promoted, $MASTER back as its replica" >> "$WORK/faults"
+    fi
+    date +%s.%N >> "$WORK/cycles"
 done
 
 wait "$DRIVER"
 sample >> "$WORK/samples"
 python3 scripts/soak-driver.py report --load "$WORK/load.json" --samples "$WORK/samples" \
-    --faults "$WORK/faults" --reloads "$WORK/reloads" ${JSON_OUT:+--json "$JSON_OUT"} || {
+    --faults "$WORK/faults" --reloads "$WORK/reloads" --cycles "$WORK/cycles" ${SOAK_FLAT_MB:+--flat-mb "$SOAK_FLAT_MB"} \
+    ${JSON_OUT:+--json "$JSON_OUT"} || {
     status=$?
     for i in 0 1 2; do echo "--- serve $i log (last 20 lines)"; tail -20 "$WORK/serve-$i.log"; done >&2
     exit "$status"

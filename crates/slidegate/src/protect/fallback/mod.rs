@@ -40,15 +40,38 @@ struct Seed {
     reset_at_ms: u64,
 }
 
+/// How often (ms) a shard of the seeds forgets the identities whose every
+/// seed is past its reset, when a new identity comes.
+const SEED_SWEEP_MS: u64 = 1_000;
+
 /// One shard of the seeds: identity → one seed per limit of its rule.
-type SeedMap = HashMap<Identity, Vec<Seed>>;
+#[derive(Debug, Default)]
+struct SeedShard {
+    map: HashMap<Identity, Vec<Seed>>,
+    /// When (`Ticks` ms) a new identity next sweeps the shard.
+    next_sweep: u64,
+}
+
+impl SeedShard {
+    /// Forgets the identities none of whose seeds is live (a seed past its
+    /// reset decides nothing: the fallback store alone does), and gives the
+    /// map's spare room back, so that the seeds of identities seen once
+    /// (churn, a crawl) do not stay until the map is full.
+    fn sweep(&mut self, now_ms: u64) {
+        self.map.retain(|_, seeds| seeds.iter().any(|s| s.reset_at_ms > now_ms));
+        if self.map.capacity() > 64.max(4 * self.map.len()) {
+            self.map.shrink_to(2 * self.map.len());
+        }
+        self.next_sweep = now_ms.saturating_add(SEED_SWEEP_MS);
+    }
+}
 
 /// The embedded limiter and what the store last said.
 struct Seeded {
     store: MemoryStore,
     instances: u64,
     hasher: std::hash::RandomState,
-    seeds: Box<[Mutex<SeedMap>]>,
+    seeds: Box<[Mutex<SeedShard>]>,
 }
 
 /// A store with an embedded fallback limiter (when on), itself a store.
@@ -73,7 +96,7 @@ impl<S> Fallback<S> {
             store: MemoryStore::new(),
             instances: u64::from(instances.max(1)),
             hasher: std::hash::RandomState::new(),
-            seeds: (0..SEED_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            seeds: (0..SEED_SHARDS).map(|_| Mutex::new(SeedShard::default())).collect(),
         });
         Self { inner, seeded, ticks }
     }
@@ -86,7 +109,7 @@ impl<S> Fallback<S> {
     /// Forgets what the store last said of `identity` (its seeds).
     pub fn forget(&self, identity: &Identity) {
         if let Some(seeded) = &self.seeded {
-            seeded.shard(identity).remove(identity);
+            seeded.shard(identity).map.remove(identity);
         }
     }
 
@@ -245,7 +268,7 @@ impl<D: DistinctStore> DistinctStore for FallbackDistinct<'_, D> {
 }
 
 impl Seeded {
-    fn shard(&self, identity: &Identity) -> std::sync::MutexGuard<'_, SeedMap> {
+    fn shard(&self, identity: &Identity) -> std::sync::MutexGuard<'_, SeedShard> {
         let index = (self.hasher.hash_one(identity) % SEED_SHARDS as u64) as usize;
         // A panic while holding the lock leaves a map that is still sound.
         self.seeds[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -261,11 +284,15 @@ impl Seeded {
                     .saturating_add(u64::try_from(d.reset_after.as_millis()).unwrap_or(u64::MAX)),
             })
             .collect();
-        let mut map = self.shard(identity);
-        if let Some(slot) = map.get_mut(identity) {
+        let mut shard = self.shard(identity);
+        if let Some(slot) = shard.map.get_mut(identity) {
             *slot = seeds;
             return;
         }
+        if now_ms >= shard.next_sweep || shard.map.len() >= SEED_CAPACITY / SEED_SHARDS {
+            shard.sweep(now_ms);
+        }
+        let map = &mut shard.map;
         if map.len() >= SEED_CAPACITY / SEED_SHARDS {
             // Full: forget an arbitrary identity (the hash order), in O(1).
             if let Some(old) = map.keys().next().cloned() {
@@ -277,7 +304,8 @@ impl Seeded {
 
     /// Decides `charges` for `identity` at `now_ms` without the store.
     fn decide(&self, identity: &Identity, charges: &[Charge], now_ms: u64) -> Vec<Decision> {
-        let mut map = self.shard(identity);
+        let mut shard = self.shard(identity);
+        let map = &mut shard.map;
         let live = |seed: &Seed| seed.reset_at_ms > now_ms;
         if let Some(seeds) = map.get(identity).filter(|s| s.len() == charges.len()) {
             if seeds.iter().zip(charges).any(|(s, c)| live(s) && s.remaining < c.cost) {
@@ -313,7 +341,9 @@ impl Seeded {
         let live = |seed: &Seed| seed.reset_at_ms > now_ms;
         let seeds: Vec<Option<Vec<Seed>>> = parts
             .iter()
-            .map(|p| self.shard(p.identity).get(p.identity).filter(|s| s.len() == p.charges.len()).cloned())
+            .map(|p| {
+                self.shard(p.identity).map.get(p.identity).filter(|s| s.len() == p.charges.len()).cloned()
+            })
             .collect();
         let short = parts.iter().zip(&seeds).any(|(part, seeds)| {
             seeds
@@ -356,8 +386,8 @@ impl Seeded {
         let mut answers = Vec::with_capacity(parts.len());
         for (part, outcome) in parts.iter().zip(outcomes) {
             let mut decisions = outcome.decisions.to_vec();
-            let mut map = self.shard(part.identity);
-            if let Some(seeds) = map.get_mut(part.identity).filter(|s| s.len() == part.charges.len()) {
+            let mut shard = self.shard(part.identity);
+            if let Some(seeds) = shard.map.get_mut(part.identity).filter(|s| s.len() == part.charges.len()) {
                 for ((seed, c), d) in seeds.iter_mut().zip(part.charges).zip(&mut decisions) {
                     if live(seed) {
                         if admitted {

@@ -45,7 +45,7 @@ impl Store for Remote {
 
 fn seeds<S>(fallback: &Fallback<S>) -> usize {
     let seeded = fallback.seeded.as_ref().expect("the fallback is on");
-    seeded.seeds.iter().map(|shard| shard.lock().map(|map| map.len()).unwrap_or(0)).sum()
+    seeded.seeds.iter().map(|shard| shard.lock().map(|s| s.map.len()).unwrap_or(0)).sum()
 }
 
 async fn decide_once<S: Store>(fallback: &Fallback<S>) {
@@ -89,4 +89,28 @@ async fn only_a_store_that_answers_at_once_is_decided_at_once() {
     let outcome = local.decide_now(Request::new(&identity, &charges)).unwrap().unwrap();
     assert_eq!((outcome.decisions[0].allowed, outcome.decisions[0].remaining), (true, 9));
     assert_eq!(seeds(&local), 0, "a store without outages is not bridged");
+}
+
+/// Seeds past their reset are forgotten when new identities come, and the
+/// room they took is given back: churn does not fill the map to its bound.
+#[tokio::test(start_paused = true)]
+async fn seeds_past_their_reset_are_forgotten() {
+    let fallback = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+    let limit = Limit::new(Algorithm::FixedWindow, Quota::new(10, Duration::from_secs(1)).unwrap());
+    let charges = [Charge::new(limit, 1)];
+    for i in 0..5_000 {
+        let identity = Identity::named("churn", &i.to_string());
+        assert!(fallback.decide(Request::new(&identity, &charges)).await.unwrap().decisions[0].allowed);
+    }
+    assert_eq!(seeds(&fallback), 5_000, "every store answer is remembered while it is live");
+    // Every seed's window ends; new identities, then: only theirs are kept.
+    tokio::time::advance(Duration::from_millis(2 * SEED_SWEEP_MS)).await;
+    for i in 0..200 {
+        let identity = Identity::named("later", &i.to_string());
+        fallback.decide(Request::new(&identity, &charges)).await.unwrap();
+    }
+    assert_eq!(seeds(&fallback), 200);
+    let seeded = fallback.seeded.as_ref().unwrap();
+    let room: usize = seeded.seeds.iter().map(|s| s.lock().unwrap().map.capacity()).sum();
+    assert!(room <= 4 * 200 + SEED_SHARDS * 64, "room for {room} seeds kept for 200");
 }

@@ -54,6 +54,10 @@ const SHARDS: usize = 16;
 /// The most identities one shard tracks (rates and leases): the table's
 /// memory is bounded; past it, a request goes to the store unleased.
 const MAX_HELD: usize = 4096;
+/// A swept shard whose table has room for more than this many times its
+/// entries, and more than [`MIN_ROOM`], gives the room back.
+const SPARE_FACTOR: usize = 4;
+const MIN_ROOM: usize = 64;
 
 /// How big leases get: `[store] lease = { max = 64, horizon = "50ms" }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +101,36 @@ struct Held {
 pub struct Leased<S> {
     inner: S,
     policy: Option<LeasePolicy>,
-    shards: Vec<Mutex<HashMap<(Identity, Limit), Held>>>,
+    shards: Vec<Mutex<Shard>>,
     /// The layer's time, in ms: monotonic, so a lease never outlives its
     /// window because the wall clock stepped back.
     clock: Arc<dyn Clock>,
+}
+
+/// One shard of the lease table.
+#[derive(Debug, Default)]
+struct Shard {
+    held: HashMap<(Identity, Limit), Held>,
+    /// When (layer ms) a new identity next sweeps the shard.
+    next_sweep: u64,
+}
+
+impl Shard {
+    /// Forgets the identities neither leasing nor seen in the last two
+    /// horizons (their rates would read 0 anyway; an ended lease dropped
+    /// here keeps its permits charged in its window: under-admission, never
+    /// over), and gives back the table's spare room, so that identities
+    /// seen once (a crawl, a burst while the store was away) do not keep
+    /// memory until the table is full.
+    fn sweep(&mut self, now: u64, horizon: u64) {
+        self.held.retain(|_, h| {
+            (h.left > 0 && now < h.until) || now.saturating_sub(h.horizon_start) < 2 * horizon
+        });
+        if self.held.capacity() > MIN_ROOM.max(SPARE_FACTOR * self.held.len()) {
+            self.held.shrink_to(2 * self.held.len());
+        }
+        self.next_sweep = now.saturating_add(2 * horizon);
+    }
 }
 
 /// Milliseconds since the layer was built, on the monotonic clock.
@@ -138,7 +168,7 @@ impl<S> Leased<S> {
     /// back, and must run at the store's rate: a lease is used until its
     /// send time on it plus what the store said was left of the window.
     pub(crate) fn with_clock(inner: S, policy: Option<LeasePolicy>, clock: Arc<dyn Clock>) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
         Self { inner, policy: policy.filter(|p| p.max > 1), shards, clock }
     }
 
@@ -149,7 +179,7 @@ impl<S> Leased<S> {
 }
 
 impl<S: Store> Leased<S> {
-    fn shard(&self, identity: &Identity) -> std::sync::MutexGuard<'_, HashMap<(Identity, Limit), Held>> {
+    fn shard(&self, identity: &Identity) -> std::sync::MutexGuard<'_, Shard> {
         let shard = &self.shards[(identity.folded() % SHARDS as u64) as usize];
         shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -161,7 +191,7 @@ impl<S: Store> Leased<S> {
             .iter()
             .map(|s| {
                 let held = s.lock().unwrap_or_else(PoisonError::into_inner);
-                held.values().filter(|h| now < h.until).map(|h| h.left).sum::<u64>()
+                held.held.values().filter(|h| now < h.until).map(|h| h.left).sum::<u64>()
             })
             .sum()
     }
@@ -174,7 +204,7 @@ impl<S: Store> Leased<S> {
         let mut backs = Vec::new();
         for shard in &self.shards {
             let mut held = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            backs.extend(held.drain().filter(|(_, h)| h.left > 0).map(|(_, h)| {
+            backs.extend(held.held.drain().filter(|(_, h)| h.left > 0).map(|(_, h)| {
                 (h.identity.clone(), GiveBack { limit: h.limit, window: h.window, unused: h.left })
             }));
         }
@@ -193,17 +223,13 @@ impl<S: Store> Leased<S> {
         let horizon = policy.horizon.as_millis().max(1);
         let mut shard = self.shard(identity);
         let key = (identity.clone(), *limit);
-        if shard.len() >= MAX_HELD && !shard.contains_key(&key) {
-            // Keep the identities still leasing or seen lately; an ended
-            // lease dropped here keeps its permits charged in its window.
-            shard.retain(|_, h| {
-                (h.left > 0 && now < h.until) || now.saturating_sub(h.horizon_start) < 2 * horizon
-            });
-            if shard.len() >= MAX_HELD {
+        if (now >= shard.next_sweep || shard.held.len() >= MAX_HELD) && !shard.held.contains_key(&key) {
+            shard.sweep(now, horizon);
+            if shard.held.len() >= MAX_HELD {
                 return Found::Ask { size: 1, back: None };
             }
         }
-        let held = shard.entry(key).or_insert_with(|| Held {
+        let held = shard.held.entry(key).or_insert_with(|| Held {
             identity: identity.clone(),
             limit: *limit,
             left: 0,
@@ -249,7 +275,7 @@ impl<S: Store> Leased<S> {
     /// Keeps the permits of a lease decided now, but the one this request uses.
     fn keep(&self, identity: &Identity, limit: &Limit, lease: crate::Lease, size: u64, sent: u64) {
         let mut shard = self.shard(identity);
-        if let Some(held) = shard.get_mut(&(identity.clone(), *limit)) {
+        if let Some(held) = shard.held.get_mut(&(identity.clone(), *limit)) {
             let until = sent.saturating_add(u64::try_from(lease.usable_for.as_millis()).unwrap_or(u64::MAX));
             // A lease a concurrent request took in the same window: both
             // sets of permits count there, and end with it (the earlier end
@@ -269,7 +295,7 @@ impl<S: Store> Leased<S> {
 
     /// Remembers a plain decision's remaining permits, which size the next lease.
     fn saw(&self, identity: &Identity, limit: &Limit, decision: &Decision) {
-        if let Some(held) = self.shard(identity).get_mut(&(identity.clone(), *limit)) {
+        if let Some(held) = self.shard(identity).held.get_mut(&(identity.clone(), *limit)) {
             held.decision = *decision;
         }
     }
@@ -340,3 +366,6 @@ impl<S: Store> Store for Leased<S> {
     // decision would).
     crate::store::forward!((.inner) joint, lift_penalty, has_outages);
 }
+
+#[cfg(test)]
+mod tests;
