@@ -52,7 +52,8 @@ mod test_timing;
 pub mod guide {}
 
 pub use config::{
-    AccessLogConfig, AccessLogPath, Config, ConfigError, LogFormat, Password, ServerConfig, StoreConfig,
+    AccessLogConfig, AccessLogPath, Config, ConfigError, LogFormat, OnCorruptSnapshot, Password,
+    ServerConfig, SnapshotConfig, StoreConfig,
 };
 pub use serve::{
     redis_options, AccessLogReopen, ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server,

@@ -47,7 +47,7 @@ pub use delay::{parse_duration, Delay, DurationError};
 pub use identity::{Digest, Identity, IdentityHasher, Source};
 pub use penalty::{block_denials, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
-pub use store::memory::{MemoryStore, SweepReport};
+pub use store::memory::{Corruption, MemoryStore, SnapshotError, SnapshotReport, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{
     Buckets, Engine, Layout, Location, RedisOptions, RedisStore, RedisTarget, TimeSource,

@@ -26,7 +26,8 @@ mod values;
 pub use error::ConfigError;
 pub use protocols::{load_certificates, load_roots, Http2Limits, ListenerTls, TlsFileError};
 pub use types::{
-    AccessLogConfig, AccessLogPath, Config, GrpcDenialStatus, LogFormat, Password, ServerConfig, StoreConfig,
+    AccessLogConfig, AccessLogPath, Config, GrpcDenialStatus, LogFormat, OnCorruptSnapshot, Password,
+    ServerConfig, SnapshotConfig, StoreConfig,
 };
 
 #[cfg(test)]

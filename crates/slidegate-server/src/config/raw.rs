@@ -162,6 +162,11 @@ pub(super) struct RawStore {
     pub(super) expected_identities: Option<Spanned<u64>>,
     /// Quota leases: `lease = { max = 64, horizon = "50ms" }`.
     pub(super) lease: Option<Spanned<RawLease>>,
+    /// The embedded store's snapshot file, how often it is written, and
+    /// what a start does with one it cannot read.
+    pub(super) snapshot: Option<Spanned<String>>,
+    pub(super) snapshot_interval: Option<WindowValue>,
+    pub(super) snapshot_corrupt: Option<Spanned<String>>,
 }
 
 /// `[store] lease`.

@@ -228,3 +228,30 @@ fn the_layout_is_per_key_unless_packed_and_only_for_redis() {
         assert!(parse_store(body).is_err(), "{body:?}");
     }
 }
+
+#[test]
+fn the_snapshot_keys_default_and_bad_values_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.snap");
+    let c = parse_store(&format!("snapshot = \"{}\"\n", file.display())).unwrap();
+    let snapshot = c.store.snapshot.unwrap();
+    assert_eq!(snapshot.path, file);
+    assert_eq!(snapshot.interval, std::time::Duration::from_secs(30));
+    assert_eq!(snapshot.on_corrupt, crate::config::OnCorruptSnapshot::StartEmpty);
+    let c =
+        parse_store(&format!("snapshot = \"{}\"\nsnapshot_corrupt = \"refuse\"\n", file.display())).unwrap();
+    assert_eq!(c.store.snapshot.unwrap().on_corrupt, crate::config::OnCorruptSnapshot::Refuse);
+    // A relative file is found next to the configuration.
+    let c = parse_store("snapshot = \"state.snap\"\n").unwrap();
+    assert_eq!(c.store.snapshot.unwrap().path, std::path::Path::new("state.snap"));
+    let (line, column, message) =
+        store_err(&format!("snapshot = \"{}\"\nsnapshot_interval = \"0s\"\n", file.display()));
+    assert_eq!((line, column), (3, 21));
+    assert!(message.starts_with("snapshot_interval \"0s\" is out of range"), "{message}");
+    let (line, column, message) = store_err("snapshot = \"\"\n");
+    assert_eq!((line, column), (2, 12));
+    assert!(message.starts_with("snapshot \"\" is not a file name"), "{message}");
+    let (line, _, message) = store_err("snapshot_corrupt = \"refuse\"\n");
+    assert_eq!(line, 2);
+    assert_eq!(message, "snapshot_corrupt needs `snapshot = \"<file>\"` in [store]");
+}

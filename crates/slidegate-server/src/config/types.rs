@@ -252,6 +252,40 @@ pub struct StoreConfig {
     /// How the state is laid out in Redis (`layout`, and for the packed
     /// layout `expected_identities`, which sizes its buckets).
     pub layout: Layout,
+    /// The embedded store's snapshot (`snapshot`), if it keeps one.
+    pub snapshot: Option<SnapshotConfig>,
+}
+
+/// `[store] snapshot`: where the embedded store's counters and penalty box
+/// are kept across restarts, how often they are written, and what a start
+/// does with a file it cannot read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotConfig {
+    /// The file (`snapshot`), relative to the configuration's directory when relative.
+    pub path: PathBuf,
+    /// How often it is written while serving (`snapshot_interval`); it is
+    /// also written at the end of a drain.
+    pub interval: std::time::Duration,
+    /// What a start does when the file is there but unusable (`snapshot_corrupt`).
+    pub on_corrupt: OnCorruptSnapshot,
+}
+
+impl SnapshotConfig {
+    /// `snapshot_interval`'s default: a crash loses at most this much.
+    pub const DEFAULT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+}
+
+/// What `serve` does at start with a snapshot file it cannot use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnCorruptSnapshot {
+    /// Log the error, move the file aside (`<file>.corrupt`) and start with
+    /// an empty store, as without a file (`"start-empty"`, the default).
+    #[default]
+    StartEmpty,
+    /// Exit with the error (`"refuse"`).
+    Refuse,
 }
 
 impl StoreConfig {
@@ -274,7 +308,12 @@ impl StoreConfig {
     pub fn describe(&self) -> String {
         let list = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
         let mut out = match &self.redis {
-            None => return "embedded".to_owned(),
+            None => {
+                return match &self.snapshot {
+                    None => "embedded".to_owned(),
+                    Some(s) => format!("embedded, snapshot {} every {:?}", s.path.display(), s.interval),
+                }
+            }
             Some(RedisTarget::Single(url)) => format!("Redis {}", redact_url(url)),
             Some(RedisTarget::Cluster(seeds)) => format!("Redis Cluster {}", list(seeds)),
             Some(RedisTarget::Sentinel { sentinels, master_name }) => {

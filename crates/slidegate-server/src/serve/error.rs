@@ -32,4 +32,8 @@ pub enum ServeError {
     /// A rule needs what the store cannot do.
     #[error(transparent)]
     Limiter(#[from] slidegate_http::LimiterError),
+    /// The snapshot could not be restored, and `[store] snapshot_corrupt =
+    /// "refuse"` says not to start without it.
+    #[error("{0} ([store] snapshot_corrupt = \"refuse\"; move the file away to start with empty counters)")]
+    Snapshot(slidegate::SnapshotError),
 }

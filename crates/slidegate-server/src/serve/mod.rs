@@ -20,7 +20,9 @@
 //!   slots, handed to the clients holding least first.
 //! - `websocket`: WebSocket handshakes tunnelled to the upstream; `grpc`:
 //!   the gRPC answers `serve` makes itself (denials as `grpc-status`).
-//! - `sweeper`: gives the embedded store's memory back on a timer.
+//! - `sweeper`: gives the embedded store's memory back on a timer;
+//!   `snapshot`: restores its counters at start and writes them on a timer
+//!   and at the end of a drain (`[store] snapshot`).
 //! - `reload`: [`Reloader`] reloads the configuration file while serving
 //!   (`SIGHUP` in the binary, `POST /admin/reload`).
 //! - `access_log`: one JSON line per decision, written by a thread of its own.
@@ -46,6 +48,7 @@ mod readiness;
 mod reload;
 mod server;
 mod slots;
+mod snapshot;
 mod sweeper;
 mod tls;
 mod token;

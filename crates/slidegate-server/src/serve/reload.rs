@@ -523,6 +523,7 @@ fn restart_required(old: &Config, new: &Config) -> Vec<String> {
         || differs(&a.tls_ca, &b.tls_ca)
         || differs(&a.engine, &b.engine)
         || differs(&a.layout, &b.layout)
+        || a.snapshot != b.snapshot
         || old.limiter.guard != new.limiter.guard;
     let mut keys: Vec<String> =
         server.iter().filter(|(_, changed)| *changed).map(|(key, _)| (*key).to_owned()).collect();

@@ -16,6 +16,7 @@ use super::access_log::{self, AccessLog};
 use super::connection::Protocols;
 use super::error::ServeError;
 use super::readiness::{self, Readiness};
+use super::snapshot::{self, Snapshots};
 use super::tls::{self, ListenerCerts, UpstreamTls};
 use super::upstream::UpstreamLimits;
 use super::worker::{worker, Accepted, Listener, ListenerProtocols, WorkerEnd};
@@ -69,6 +70,8 @@ pub struct Server {
     grpc: Option<(TcpListener, GrpcHealth)>,
     /// `[server] auth_listen`: a proxy's forward-auth hook.
     auth_listener: Option<TcpListener>,
+    /// `[store] snapshot`: the embedded store's counters across restarts.
+    snapshots: Option<Snapshots>,
 }
 
 impl Server {
@@ -83,8 +86,9 @@ impl Server {
         let upstream = config.server.upstream.clone().ok_or(ServeError::NoUpstream)?;
         let upstream_tls = UpstreamTls::of(&config.server).map_err(|e| ServeError::Tls(e.to_string()))?;
         let (protocols, certs) = listener_protocols(&config.server)?;
-        let store = connect_store(config).await;
+        let store = connect_store(config).await?;
         let limiter = RateLimiter::from_config(&config.limiter, store)?;
+        let snapshots = Snapshots::new(&limiter, config.store.snapshot.as_ref());
         let threads = config
             .server
             .threads
@@ -145,6 +149,7 @@ impl Server {
             access_log,
             grpc,
             auth_listener,
+            snapshots,
         })
     }
 
@@ -256,6 +261,7 @@ impl Server {
     /// channel in a test.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let sweeper = sweeper::spawn(&self.limiter);
+        let snapshotter = self.snapshots.as_ref().map(Snapshots::spawn);
         let lifts = super::lifts::spawn(self.reloader.worker());
         let overrides = super::overrides::spawn_poller(self.limiter.clone());
         let (mut workers, threads) = self.spawn_workers();
@@ -322,6 +328,19 @@ impl Server {
         })
         .await
         .unwrap_or_default();
+        // Every request is answered: the counters are final, and kept.
+        if let Some(snapshots) = &self.snapshots {
+            if let Some(snapshotter) = snapshotter {
+                snapshotter.abort();
+            }
+            if let Some(report) = snapshots.write("drain").await {
+                tracing::info!(
+                    states = report.states,
+                    penalties = report.penalties,
+                    "snapshot written at the end of the drain"
+                );
+            }
+        }
         // Every request is answered: leased permits nobody will use go back
         // to the store, so other instances may admit them (within the
         // grace: a store that does not answer keeps them until their window ends).
@@ -447,9 +466,15 @@ pub fn redis_options(config: &Config) -> Option<(RedisTarget, RedisOptions)> {
 /// The store `config` names: Redis (one server, a cluster or through
 /// Sentinel; connected now if it answers, in the background otherwise) or the
 /// embedded one.
-async fn connect_store(config: &Config) -> AnyStore {
+async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
     let store = &config.store;
-    let Some((target, options)) = redis_options(config) else { return AnyStore::Memory(MemoryStore::new()) };
+    let Some((target, options)) = redis_options(config) else {
+        let mut memory = MemoryStore::new();
+        if let Some(kept) = &store.snapshot {
+            snapshot::restore(kept, &mut memory)?;
+        }
+        return Ok(AnyStore::Memory(memory));
+    };
     let name = store.describe();
     let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
     if let Some(err) = error {
@@ -457,5 +482,5 @@ async fn connect_store(config: &Config) -> AnyStore {
         // store connects in the background once Redis is back.
         tracing::error!(%err, store = %name, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
     }
-    AnyStore::Redis(lazy)
+    Ok(AnyStore::Redis(lazy))
 }

@@ -46,6 +46,13 @@ impl Log {
         self.entries.partition_point(|&t| t + w <= now_ms)
     }
 
+    /// A log of `entries`, admission times in ms, oldest first (a
+    /// snapshot's, read back and checked by the caller).
+    pub(crate) fn from_entries(entries: VecDeque<u64>) -> Self {
+        debug_assert!(entries.iter().zip(entries.iter().skip(1)).all(|(a, b)| a <= b));
+        Self { entries }
+    }
+
     /// Bytes this log holds on the heap.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<u64>()

@@ -148,7 +148,7 @@ impl Validator<'_> {
     }
 
     /// `file` as written, or next to the configuration file when relative.
-    fn beside(&self, file: &str) -> PathBuf {
+    pub(super) fn beside(&self, file: &str) -> PathBuf {
         let file = Path::new(file);
         match self.path.parent() {
             Some(dir) if file.is_relative() => dir.join(file),

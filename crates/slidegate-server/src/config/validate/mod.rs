@@ -20,6 +20,7 @@ mod plans;
 mod protocols;
 mod rules;
 mod server;
+mod snapshot;
 mod store;
 
 use std::collections::BTreeSet;
@@ -269,6 +270,7 @@ impl Validator<'_> {
             .or_else(|| raw.store.sentinel.as_ref().map(Spanned::span));
         // A Cluster's identities live in different slots: no joint decisions.
         let joint = raw.store.cluster.is_none();
+        let snapshot_span = raw.store.snapshot.as_ref().map(Spanned::span);
         let store =
             found.part(self.store(&mut raw.store).and_then(|store| Ok((store, self.guard(raw.store)?))));
         let plan_keys = plans::RawPlanKeys {
@@ -285,6 +287,18 @@ impl Validator<'_> {
                     "a shared store needs [identity] ip_hash_secret_env: without it each instance draws \
                      its own random hash secret, a client is counted under a different key on each, and \
                      instances sharing this store together admit a multiple of every limit",
+                ));
+            }
+        }
+        if let (Some(span), Some(None)) = (snapshot_span, identity.as_ref().map(|i| &i.secret)) {
+            if !self.unread.contains("identity") {
+                // A client's key is its hash under the secret: a new random
+                // secret after the restart would find none of the snapshot's counts.
+                found.push(self.err(
+                    span,
+                    "a snapshot needs [identity] ip_hash_secret_env: without it each start draws a new \
+                     random hash secret, every client gets a new key, and the counts and blocks the \
+                     snapshot kept would never be found",
                 ));
             }
         }

@@ -56,6 +56,7 @@ impl Validator<'_> {
             store.on_error = on_error;
         }
         store.redis = self.redis_target(raw)?;
+        store.snapshot = self.snapshot(raw, store.redis.is_some())?;
         self.redis_login(raw, &mut store)?;
         self.redis_layout(raw, &mut store)?;
         Ok(store)

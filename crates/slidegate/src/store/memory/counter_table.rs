@@ -147,6 +147,18 @@ impl PackedStates for CounterTable {
         self.slots.len()
     }
 
+    /// A state held frozen is read from its held copy.
+    fn for_each_state(&self, mut each: impl FnMut(u64, &sliding_window_counter::State)) {
+        let (packing, reference) = (self.packing, self.swept.reference);
+        for (index, id, packed) in self.slots.entries() {
+            let packed = match self.held.iter().find(|&&(_, held, _)| held == index) {
+                Some(&(_, _, held)) => held,
+                None => packed,
+            };
+            each(id, &packing.unpack(packed, reference));
+        }
+    }
+
     /// Through the slot's compare-and-swap, as a decision without the lock
     /// would: a hot handle on the same slot sees the state given back.
     fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {

@@ -22,7 +22,7 @@ use crate::{Algorithm, Decision, Limit};
 /// an implementation is a compile error.
 pub(super) trait Kept: Definition {
     /// How the states of one limit under the algorithm are kept.
-    type Table: LimitTable;
+    type Table: LimitTable<State = Self::State>;
 }
 
 impl Kept for SlidingWindowCounter {

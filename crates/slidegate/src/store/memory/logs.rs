@@ -47,6 +47,7 @@ impl Logs {
 }
 
 impl LimitTable for Logs {
+    type State = sliding_log::Log;
     fn new(quota: Quota, _now: u64) -> Self {
         Self { quota, map: HashMap::default(), sweep_at: MIN_SWEEP }
     }
@@ -94,5 +95,17 @@ impl LimitTable for Logs {
     // Never leased: each permit is a timestamp.
     fn give_back(&mut self, _id: u64, _now: u64, _window: u64, _unused: u64) -> u64 {
         0
+    }
+    fn for_each_state(&self, mut each: impl FnMut(u64, &sliding_log::Log)) {
+        for (&id, log) in &self.map {
+            each(id, log);
+        }
+    }
+    fn restore(&mut self, _now: u64, states: Vec<(u64, sliding_log::Log)>) {
+        self.map.reserve(states.len());
+        for (id, log) in states {
+            self.map.entry(id).or_insert(log);
+        }
+        self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
 }

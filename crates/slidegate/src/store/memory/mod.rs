@@ -40,6 +40,7 @@ mod shard;
 mod shared_slots;
 mod shared_table;
 mod slots;
+mod snapshot;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -59,6 +60,8 @@ use crate::store::{
     Request, SharedTables, Store, StoreError, TableEntry, TableName,
 };
 use crate::{Clock, Decision, Identity, InvalidRequest, Quota, SystemClock};
+
+pub use self::snapshot::{Corruption, SnapshotError, SnapshotReport};
 
 const DEFAULT_SHARDS: usize = 64;
 
@@ -81,7 +84,10 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     /// Names this store's tables in threads' handles (`hot.rs`); never reused.
     uid: u64,
     shards: Box<[Mutex<Shard>]>,
-    hasher: foldhash::quality::RandomState,
+    /// Keys `hasher`: drawn at random, and kept in a snapshot so that a
+    /// restored store finds each identity where the snapshot's put it.
+    seed: u64,
+    hasher: foldhash::quality::FixedState,
     clock: C,
     /// The shard [`MemoryStore::evict_idle_step`] sweeps next.
     next_sweep: AtomicUsize,
@@ -95,6 +101,12 @@ pub struct MemoryStore<C: Clock = SystemClock> {
 fn next_uid() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A seed for a store's identity hasher: the standard library's random
+/// keys (drawn from the operating system), so no process can predict it.
+fn random_seed() -> u64 {
+    std::hash::RandomState::new().hash_one(next_uid())
 }
 
 impl MemoryStore<SystemClock> {
@@ -113,10 +125,12 @@ impl Default for MemoryStore<SystemClock> {
 impl<C: Clock> MemoryStore<C> {
     /// A store on `clock` (a [`crate::ManualClock`] in tests and replays).
     pub fn with_clock(clock: C) -> Self {
+        let seed = random_seed();
         Self {
             uid: next_uid(),
             shards: (0..DEFAULT_SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: foldhash::quality::RandomState::default(),
+            seed,
+            hasher: foldhash::quality::FixedState::with_seed(seed),
             clock,
             next_sweep: AtomicUsize::new(0),
             distinct: DistinctTable::default(),

@@ -52,6 +52,21 @@ impl Shard {
     pub(super) fn len(&self) -> usize {
         self.tables.iter().map(Table::len).sum()
     }
+
+    /// The tables, one per limit (what a snapshot writes).
+    pub(super) fn tables(&self) -> &[Table] {
+        &self.tables
+    }
+
+    /// The penalty states, by identity.
+    pub(super) fn penalties(&self) -> &HashMap<u64, PenaltyState> {
+        &self.penalties
+    }
+
+    /// Sets the penalty state of identity `id`, unless it has one.
+    pub(super) fn restore_penalty(&mut self, id: u64, state: PenaltyState) {
+        self.penalties.entry(id).or_insert(state);
+    }
 }
 
 /// Decides `charges` for identity `id` at `now` all-or-nothing, under the

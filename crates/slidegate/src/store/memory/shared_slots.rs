@@ -144,6 +144,15 @@ impl SharedSlots {
         update(&self.slots[index].state, decide)
     }
 
+    /// Every `(index, id, state)` as it is now, leaving the states in
+    /// place; a state frozen by [`SharedSlots::freeze`] reads as [`FROZEN`].
+    pub(super) fn entries(&self) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(index, slot)| {
+            let id = slot.id.load(Ordering::Relaxed);
+            (id != EMPTY).then(|| (index, id, slot.state.load(Ordering::Acquire)))
+        })
+    }
+
     /// Every `(id, state)`, each state frozen for good as it is read (as by
     /// [`SharedSlots::rebuild`]); the table is left empty.
     pub(super) fn take(&mut self) -> Vec<(u64, u64)> {

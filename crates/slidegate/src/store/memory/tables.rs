@@ -13,6 +13,8 @@ use crate::{Decision, Quota};
 /// names its kind of table in `Kept::Table` (`kept.rs`). Every method is
 /// required: a table states whether it takes part in the lock-free path.
 pub(super) trait LimitTable {
+    /// The state of one identity, as the algorithm decides on it.
+    type State;
     /// An empty table for states under `quota`, created at `now`.
     fn new(quota: Quota, now: u64) -> Self;
     /// Decides `cost` for identity `id`; charges it only when `commit`.
@@ -33,6 +35,12 @@ pub(super) trait LimitTable {
     /// Undoes up to `unused` permits a lease charged `id` in window
     /// `window` (`GivesBack`); how many it undid.
     fn give_back(&mut self, id: u64, now: u64, window: u64, unused: u64) -> u64;
+    /// Calls `each` with every state the table holds and its id, unpacked:
+    /// what a snapshot writes (`snapshot/`), read under the shard's lock.
+    fn for_each_state(&self, each: impl FnMut(u64, &Self::State));
+    /// Adds `states` at `now` (a snapshot's, read back); an id the table
+    /// holds already keeps its state.
+    fn restore(&mut self, now: u64, states: Vec<(u64, Self::State)>);
 }
 
 /// When a table of packed states was last re-referenced: what unpacking
@@ -137,6 +145,25 @@ impl<P: Packing> Keyed<P> {
         self.slots.len()
     }
 
+    /// As [`LimitTable::for_each_state`].
+    fn for_each_state(&self, mut each: impl FnMut(u64, &packing::State<P>)) {
+        let (packing, reference) = (self.packing, self.swept.reference);
+        for (id, p) in self.slots.entries() {
+            each(id, &packing.unpack(p, reference));
+        }
+    }
+
+    /// Adds the states of ids the table does not hold yet; each must restore
+    /// exactly relative to the table's reference (always, for plain states).
+    fn insert_missing(&mut self, states: &[(u64, packing::State<P>)]) {
+        self.slots.rebuild(|_| true, states.len());
+        for &(id, state) in states {
+            if self.slots.get_mut(id).is_none() {
+                self.slots.insert_new(id, self.packing.pack(state));
+            }
+        }
+    }
+
     /// As [`LimitTable::give_back`], at a time within the table's reach.
     pub(super) fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
         let (packing, reference) = (self.packing, self.swept.reference);
@@ -152,6 +179,7 @@ impl<P: Packing> Keyed<P> {
 pub(super) type PlainTable<A> = Keyed<Plain<A>>;
 
 impl<A: Definition<State: Copy> + GivesBack> LimitTable for PlainTable<A> {
+    type State = A::State;
     fn new(quota: Quota, now: u64) -> Self {
         Keyed::new(Plain::of(quota), now)
     }
@@ -173,6 +201,12 @@ impl<A: Definition<State: Copy> + GivesBack> LimitTable for PlainTable<A> {
     }
     fn give_back(&mut self, id: u64, _now: u64, window: u64, unused: u64) -> u64 {
         Keyed::give_back(self, id, window, unused)
+    }
+    fn for_each_state(&self, each: impl FnMut(u64, &A::State)) {
+        Keyed::for_each_state(self, each);
+    }
+    fn restore(&mut self, _now: u64, states: Vec<(u64, A::State)>) {
+        self.insert_missing(&states);
     }
 }
 
@@ -201,6 +235,8 @@ pub(super) trait PackedStates: Sized {
     fn handle(&self, id: u64) -> Option<hot::Handle>;
     /// As [`LimitTable::give_back`], at a time within the table's reach.
     fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64;
+    /// As [`LimitTable::for_each_state`].
+    fn for_each_state(&self, each: impl FnMut(u64, &packing::State<Self::Packing>));
 }
 
 impl<P: Packing> PackedStates for Keyed<P> {
@@ -241,6 +277,9 @@ impl<P: Packing> PackedStates for Keyed<P> {
     }
     fn give_back(&mut self, id: u64, window: u64, unused: u64) -> u64 {
         Keyed::give_back(self, id, window, unused)
+    }
+    fn for_each_state(&self, each: impl FnMut(u64, &packing::State<P>)) {
+        Keyed::for_each_state(self, each);
     }
 }
 
@@ -289,11 +328,26 @@ impl<T: PackedStates> PackedTable<T> {
     /// would, when it grows or is swept, so that a state idle now still
     /// counts as written if the clock steps back before its window ends.
     fn rereference(&mut self, now: u64) {
-        let (packing, states) = match self {
-            Self::Plain(_) => return,
+        self.rereference_with(now, Vec::new());
+    }
+
+    /// As [`PackedTable::rereference`], with `more` states of ids the table
+    /// does not hold yet (those it holds keep theirs).
+    fn rereference_with(&mut self, now: u64, more: Vec<(u64, packing::State<T::Packing>)>) {
+        let (packing, mut states) = match self {
+            Self::Plain(t) => {
+                t.insert_missing(&more);
+                return;
+            }
             Self::Packed(t) => (*t.packing(), t.take_states()),
             Self::Unpacked(u) => (u.packing, u.table.states()),
         };
+        if !more.is_empty() {
+            // Stable: the table's own state comes first and is the one kept.
+            states.extend(more);
+            states.sort_by_key(|&(id, _)| id);
+            states.dedup_by_key(|&mut (id, _)| id);
+        }
         let reference = packing.reference(now);
         *self = if states.iter().all(|&(_, s)| packing.restores(s, reference)) {
             Self::Packed(T::with_states(packing, now, &states))
@@ -305,6 +359,7 @@ impl<T: PackedStates> PackedTable<T> {
 }
 
 impl<T: PackedStates> LimitTable for PackedTable<T> {
+    type State = packing::State<T::Packing>;
     fn new(quota: Quota, now: u64) -> Self {
         match <T::Packing as Packing>::new(quota) {
             Some(packing) => Self::Packed(T::new(packing, now)),
@@ -371,6 +426,18 @@ impl<T: PackedStates> LimitTable for PackedTable<T> {
             Self::Plain(t) => Keyed::give_back(t, id, window, unused),
             Self::Unpacked(u) => Keyed::give_back(&mut u.table, id, window, unused),
         }
+    }
+    fn for_each_state(&self, each: impl FnMut(u64, &Self::State)) {
+        match self {
+            Self::Packed(t) => t.for_each_state(each),
+            Self::Plain(t) => Keyed::for_each_state(t, each),
+            Self::Unpacked(u) => Keyed::for_each_state(&u.table, each),
+        }
+    }
+    /// Packed when every state fits relative to `now`, as after a
+    /// re-reference: restored states may be far from the table's reference.
+    fn restore(&mut self, now: u64, states: Vec<(u64, Self::State)>) {
+        self.rereference_with(now, states);
     }
 }
 
