@@ -455,6 +455,13 @@ pub(super) fn distinct() -> &'static Lua {
     &DISTINCT
 }
 
+/// The layout record's script (`layout_record.lua`): standalone, loaded by
+/// its first call's `EVAL` fallback.
+pub(super) fn layout_record() -> &'static Lua {
+    static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("layout_record.lua").to_owned()));
+    &RECORD
+}
+
 /// The shared tables' script (`table.lua`): standalone, loaded by its
 /// first call's `EVAL` fallback.
 pub(super) fn table() -> &'static Lua {
