@@ -3,15 +3,22 @@
 //! naming both, instead of counting apart from it.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::time::Duration;
 
 use slidegate::{Buckets, Layout, RedisStore, StoreError, Unavailable};
 use slidegate_test_redis::RedisServer;
-use support::{admin, unique_prefix};
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// Each test has its own server; prefixes tell the stores of one test apart.
+fn unique_prefix(name: &str) -> String {
+    format!("{name}:")
+}
+
+async fn admin(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).expect("valid url");
+    client.get_multiplexed_async_connection().await.expect("connect to the spawned redis-server")
+}
 
 fn packed(buckets: u32) -> Layout {
     Layout::Packed(Buckets::new(buckets).expect("a power of two"))
@@ -50,7 +57,7 @@ async fn packed_and_per_key_on_one_prefix_are_refused_naming_both() {
     assert!(message.contains("use a new prefix"), "{message}");
     assert!(message.contains(&format!("DEL {prefix}layout")), "{message}");
     // And the other way round.
-    let other = unique_prefix("mixed");
+    let other = unique_prefix("mixed-again");
     store(&server, &other, Layout::PerKey).await.record_layout(HOUR).await.expect("recorded");
     let message = conflict(store(&server, &other, packed(1024)).await.record_layout(HOUR).await);
     assert!(message.contains("recorded in Redis as per_key"), "{message}");
