@@ -493,6 +493,10 @@ limits = [{{ name = "burst", limit = 3, window = "60s", algorithm = "sliding_win
     let keys = redis_cli(&redis, &["--scan", "--pattern", "slidegate:*"]);
     let mut keys: Vec<&str> = keys.lines().collect();
     keys.sort_unstable();
+    // Beside them, the record of the layout every instance on the prefix shares.
+    let record = keys.iter().position(|k| *k == "slidegate:layout").map(|i| keys.remove(i));
+    assert_eq!(record, Some("slidegate:layout"), "{keys:?}");
+    assert_eq!(redis_cli(&redis, &["GET", "slidegate:layout"]), "packed 32");
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(keys[0].contains("}:fw:5:60000:") && keys[1].contains("}:swc:3:60000:"), "{keys:?}");
     for key in &keys {

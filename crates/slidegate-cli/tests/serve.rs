@@ -481,3 +481,69 @@ fn the_example_config_checks_and_serves_on_redis() {
     assert_eq!(anonymous.header("ratelimit-policy"), Some("\"trending\";q=100;w=60"));
     assert_eq!(anonymous.header("x-ratelimit-remaining"), Some("99"));
 }
+
+/// `serve` with `[store]` lines `extra` on `redis`, given 20 s to stop: its
+/// exit code (`None`: still running, then killed) and its stderr.
+fn serve_refuses(upstream: &Upstream, redis: &RedisServer, extra: &str) -> (Option<i32>, String) {
+    let text = config(upstream, &format!("{}{extra}", redis_decides(redis)), "");
+    let (_dir, path) = write_config(&text);
+    let mut child = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env(SECRET_ENV, "s")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (code, stderr)
+}
+
+#[test]
+fn a_second_instance_with_another_layout_on_one_prefix_refuses_to_start() {
+    let redis = RedisServer::spawn();
+    let upstream = Upstream::start();
+    let packed = "layout = \"packed\"\nexpected_identities = 20000\n";
+    // The first instance records its layout; one with the same settings runs beside it.
+    let first = Slidegate::start(&config(&upstream, &format!("{}{packed}", redis_decides(&redis)), ""));
+    let same = Slidegate::start(&config(&upstream, &format!("{}{packed}", redis_decides(&redis)), ""));
+    let layout: String = redis::cmd("GET")
+        .arg("slidegate:layout")
+        .query(&mut redis::Client::open(redis.url()).unwrap().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(layout, "packed 1024");
+    for (extra, this) in
+        [("", "per_key"), ("layout = \"packed\"\nexpected_identities = 1000\n", "packed (32 buckets)")]
+    {
+        let (code, stderr) = serve_refuses(&upstream, &redis, extra);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "[store] layout and expected_identities: the prefix's layout is recorded in Redis as \
+                 packed (1024 buckets) (key slidegate:layout), but this store is {this}:"
+            )),
+            "{stderr}"
+        );
+        assert!(stderr.contains("use a new prefix") && stderr.contains("DEL slidegate:layout"), "{stderr}");
+    }
+    // Under another prefix, other settings run.
+    let apart =
+        Slidegate::start(&config(&upstream, &format!("{}prefix = \"other:\"\n", redis_decides(&redis)), ""));
+    for sg in [&first, &same, &apart] {
+        assert_eq!(sg.get("/api/search", &[]).status, 200);
+    }
+}

@@ -41,13 +41,14 @@ impl Clock {
         }
     }
 
-    /// In client time, the expiry (on the server's clock) a key whose state
-    /// matters `reset_ms` more must reach: after a step back of the
-    /// client's clock, the expiry its last write set falls short of it (the
-    /// scripts' `keep`). `None` in server time, where every expiry is the
-    /// state's own instant.
+    /// In client time, the expiry (on the server's clock) of a key whose
+    /// state matters `reset_ms` more (0: idle): that plus the slack, no
+    /// more. After a step back of the client's clock the expiry its last
+    /// write set falls short of it, and once the clock has caught up one
+    /// set then lies beyond it (the scripts' `keep`). `None` in server
+    /// time, where every expiry is the state's own instant.
     pub fn kept_until(&self, reset_ms: u64) -> Option<i64> {
-        if !self.client_time || reset_ms == 0 {
+        if !self.client_time {
             return None;
         }
         let at = self.server_now.checked_add(reset_ms)?.checked_add(CLIENT_TTL_SLACK_MS)?;

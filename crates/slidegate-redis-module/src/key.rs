@@ -91,10 +91,11 @@ impl OpenKey {
 }
 
 impl OpenKey {
-    /// In client time, lengthens the expiry of a key whose state matters
+    /// In client time, sets the expiry of a key whose state matters
     /// `reset_ms` more to cover it and the slack, charged or not (a
-    /// refusal after the client's clock stepped back); never shortens it,
-    /// and creates nothing. Propagated as `PEXPIREAT`.
+    /// refusal after the client's clock stepped back), and no more (a TTL
+    /// lengthened while the clock was behind comes back down once it has
+    /// caught up); creates nothing. Propagated as `PEXPIREAT`.
     #[allow(unsafe_code)]
     pub fn keep(
         &mut self,
@@ -111,7 +112,7 @@ impl OpenKey {
         // SAFETY: the key is open for writing and holds a value.
         let current = unsafe { raw::RedisModule_GetAbsExpire.map_or(-1, |f| f(self.key)) };
         // No expiry (-1) is a key no decision wrote: left as it is.
-        if current < 0 || current >= at {
+        if current < 0 || current == at {
             return Ok(());
         }
         // SAFETY: as above.

@@ -58,4 +58,4 @@ pub use config::{
 pub use serve::{
     redis_options, AccessLogReopen, ReloadError, Reloaded, Reloader, ServeBody, ServeError, Server,
 };
-pub use store::{AnyStore, LazyRedis};
+pub use store::{AnyStore, LazyRedis, LAYOUT_RECORD_MIN};

@@ -4,7 +4,7 @@
 //! is the run-time choice instead, and costs one branch.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use slidegate::{
@@ -178,6 +178,15 @@ impl DistinctStore for AnyStore {
     }
 }
 
+/// How long the layout record lives at least ([`LazyRedis::connect_to`]'s
+/// `record_for` when nothing asks for longer).
+pub const LAYOUT_RECORD_MIN: Duration = Duration::from_secs(3600);
+
+/// How often a connected store renews its layout record: far within
+/// [`LAYOUT_RECORD_MIN`], so that a Redis outage of many minutes does not
+/// let the record of live instances expire.
+const LAYOUT_RECORD_RENEW: Duration = Duration::from_secs(60);
+
 /// A [`RedisStore`] that may not be connected yet.
 ///
 /// When Redis is down as `serve` starts, the proxy starts anyway (its rules
@@ -190,6 +199,13 @@ impl DistinctStore for AnyStore {
 /// decisions resume within a few hundred ms of Redis answering again. The
 /// target may be one server, a Redis Cluster or a master behind Sentinel;
 /// following a failover to the promoted replica is the store's part.
+///
+/// Before its first decision the store records its layout and bucket count
+/// under its prefix, or checks them against the record
+/// ([`RedisStore::record_layout`]): a store with other settings than the
+/// first instance's never connects (its connect fails with the conflict,
+/// logged at each attempt), and a connected one renews the record every
+/// minute while it lives.
 #[derive(Clone)]
 pub struct LazyRedis {
     inner: Arc<LazyInner>,
@@ -201,6 +217,8 @@ struct LazyInner {
     name: String,
     prefix: Option<String>,
     options: RedisOptions,
+    /// How long the layout record lives after each renewal.
+    record_for: Duration,
     store: OnceCell<RedisStore>,
     connecting: AtomicBool,
 }
@@ -227,17 +245,26 @@ impl LazyRedis {
         prefix: Option<String>,
         options: RedisOptions,
     ) -> (Self, Option<StoreError>) {
-        LazyRedis::connect_to(RedisTarget::Single(url.to_owned()), url.to_owned(), prefix, options).await
+        LazyRedis::connect_to(
+            RedisTarget::Single(url.to_owned()),
+            url.to_owned(),
+            prefix,
+            options,
+            LAYOUT_RECORD_MIN,
+        )
+        .await
     }
 
     /// As [`connect_with`](Self::connect_with), to one server, a cluster or a
     /// master behind Sentinel; `name` stands for the target in logs (leave
-    /// secrets out of it).
+    /// secrets out of it); the layout record lives `record_for` after each
+    /// renewal (give at least the longest life of any state decided).
     pub async fn connect_to(
         target: RedisTarget,
         name: String,
         prefix: Option<String>,
         options: RedisOptions,
+        record_for: Duration,
     ) -> (Self, Option<StoreError>) {
         let lazy = LazyRedis {
             inner: Arc::new(LazyInner {
@@ -245,6 +272,7 @@ impl LazyRedis {
                 name,
                 prefix,
                 options,
+                record_for,
                 store: OnceCell::new(),
                 connecting: AtomicBool::new(false),
             }),
@@ -253,16 +281,38 @@ impl LazyRedis {
         (lazy, error)
     }
 
-    async fn attempt(inner: &LazyInner) -> Result<(), StoreError> {
+    async fn attempt(inner: &Arc<LazyInner>) -> Result<(), StoreError> {
         // `connect_with` bounds itself by the connect timeout (per step).
         let store = RedisStore::connect_to(&inner.target, inner.options.clone()).await?;
         let store = match &inner.prefix {
             Some(p) => store.with_prefix(p.clone()),
             None => store,
         };
-        let _ = inner.store.set(store);
-        tracing::info!(store = %inner.name, "connected to Redis");
+        store.record_layout(inner.record_for).await?;
+        if inner.store.set(store).is_ok() {
+            tracing::info!(store = %inner.name, "connected to Redis");
+            tokio::spawn(LazyRedis::renew_layout_record(Arc::downgrade(inner)));
+        }
         Ok(())
+    }
+
+    /// Renews the layout record every [`LAYOUT_RECORD_RENEW`] while the
+    /// store lives. A conflict found then (the record expired while Redis
+    /// was away, or was deleted, and an instance with other settings wrote
+    /// its own) is logged as an error at each renewal.
+    async fn renew_layout_record(inner: Weak<LazyInner>) {
+        loop {
+            tokio::time::sleep(LAYOUT_RECORD_RENEW).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let Some(store) = inner.store.get() else { return };
+            match store.record_layout(inner.record_for).await {
+                Err(err @ StoreError::Unavailable(Unavailable::LayoutConflict(_))) => {
+                    tracing::error!(%err, store = %inner.name, "another layout is recorded for this prefix");
+                }
+                Err(err) => tracing::debug!(%err, store = %inner.name, "cannot renew the layout record"),
+                Ok(()) => {}
+            }
+        }
     }
 
     /// A store that is already connected.
@@ -275,6 +325,7 @@ impl LazyRedis {
                 name: String::new(),
                 prefix: None,
                 options: RedisOptions::new(),
+                record_for: LAYOUT_RECORD_MIN,
                 store: cell,
                 connecting: AtomicBool::new(false),
             }),

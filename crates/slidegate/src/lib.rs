@@ -50,7 +50,7 @@ pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
 pub use store::memory::{Corruption, MemoryStore, SnapshotError, SnapshotReport, SweepReport};
 #[cfg(feature = "redis")]
 pub use store::redis::{
-    Buckets, Engine, Layout, Location, RedisOptions, RedisStore, RedisTarget, TimeSource,
+    Buckets, Engine, Layout, LayoutConflict, Location, RedisOptions, RedisStore, RedisTarget, TimeSource,
 };
 pub use store::{
     check_charge, Charge, Decisions, DistinctStore, GiveBack, InvalidRequest, JointStore, Lease, LeaseStore,

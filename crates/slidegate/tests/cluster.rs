@@ -54,6 +54,25 @@ async fn a_cluster_makes_no_joint_decisions() {
     assert!(slidegate::Store::joint(&store).is_none());
 }
 
+/// One layout per prefix on a Cluster too: the record is one key, on the
+/// node owning its slot, which every store reaches through its redirects.
+#[tokio::test]
+async fn a_cluster_keeps_one_layout_per_prefix() {
+    let clock = ManualClock::new(support::T0);
+    let first = cluster_store(&clock, "layout").await.with_layout(Layout::packed_for(1_000));
+    first.record_layout(Duration::from_secs(60)).await.expect("the first record");
+    let same = first.clone().with_layout(Layout::packed_for(1_000));
+    same.record_layout(Duration::from_secs(60)).await.expect("the same settings");
+    let other = first.clone().with_layout(Layout::PerKey);
+    match other.record_layout(Duration::from_secs(60)).await {
+        Err(slidegate::StoreError::Unavailable(slidegate::Unavailable::LayoutConflict(conflict))) => {
+            assert_eq!(conflict.recorded, "packed 32");
+            assert_eq!(conflict.key, format!("{}layout", first.prefix()));
+        }
+        other => panic!("expected a layout conflict, got {other:?}"),
+    }
+}
+
 /// Fewer cases than on one server: each step is a round trip through the
 /// cluster client, and the single-server run covers the arithmetic broadly.
 const AGREE_CASES: u32 = 32;

@@ -29,6 +29,10 @@ pub enum ServeError {
     /// `https://` upstream's (its roots, its host name).
     #[error("TLS: {0}")]
     Tls(String),
+    /// Another instance recorded another layout or bucket count under the
+    /// store's prefix (`[store] layout`, `expected_identities`).
+    #[error("[store] layout and expected_identities: {0}")]
+    LayoutConflict(Box<slidegate::LayoutConflict>),
     /// A rule needs what the store cannot do.
     #[error(transparent)]
     Limiter(#[from] slidegate_http::LimiterError),

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::{MemoryStore, RedisOptions, RedisTarget};
-use slidegate_http::config::Delay;
+use slidegate::{MemoryStore, RedisOptions, RedisTarget, StoreError, Unavailable};
+use slidegate_http::config::{Delay, LimitConfig, RuleLimits};
 use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
@@ -463,9 +463,38 @@ pub fn redis_options(config: &Config) -> Option<(RedisTarget, RedisOptions)> {
     Some((target, options.with_engine(store.engine).with_layout(store.layout)))
 }
 
+/// How long the record of the store's layout lives after each renewal: at
+/// least [`LAYOUT_RECORD_MIN`](crate::store::LAYOUT_RECORD_MIN), and at least
+/// twice the longest window of any limit (a sliding window counter's state
+/// lives two windows), so that a record expires only after the counts of
+/// the instances that wrote it.
+pub fn layout_record_ttl(config: &Config) -> Duration {
+    let mut limits: Vec<&LimitConfig> = Vec::new();
+    for rule in &config.limiter.rules {
+        match &rule.limits {
+            RuleLimits::Shared { limits: shared, .. } => limits.extend(shared),
+            RuleLimits::Split { authenticated, anonymous } => {
+                limits.extend(authenticated);
+                limits.extend(anonymous);
+            }
+            _ => {}
+        }
+    }
+    for plan in &config.limiter.plans.plans {
+        limits.extend(plan.limits.iter().flat_map(|(_, l)| l));
+    }
+    let longest = limits.iter().map(|l| l.limit.quota.window_ms()).max().unwrap_or(0);
+    crate::store::LAYOUT_RECORD_MIN.max(Duration::from_millis(longest.saturating_mul(2)))
+}
+
 /// The store `config` names: Redis (one server, a cluster or through
 /// Sentinel; connected now if it answers, in the background otherwise) or the
 /// embedded one.
+///
+/// # Errors
+/// [`ServeError::LayoutConflict`] when Redis answers and another layout or
+/// bucket count is recorded under the prefix; a snapshot that cannot be
+/// restored under `snapshot_corrupt = "refuse"`.
 async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
     let store = &config.store;
     let Some((target, options)) = redis_options(config) else {
@@ -476,11 +505,20 @@ async fn connect_store(config: &Config) -> Result<AnyStore, ServeError> {
         return Ok(AnyStore::Memory(memory));
     };
     let name = store.describe();
-    let (lazy, error) = LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options).await;
-    if let Some(err) = error {
+    let record_for = layout_record_ttl(config);
+    let (lazy, error) =
+        LazyRedis::connect_to(target, name.clone(), store.prefix.clone(), options, record_for).await;
+    match error {
+        Some(StoreError::Unavailable(Unavailable::LayoutConflict(conflict))) => {
+            return Err(ServeError::LayoutConflict(conflict));
+        }
         // Start anyway: rules fail open or closed as configured, and the
-        // store connects in the background once Redis is back.
-        tracing::error!(%err, store = %name, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
+        // store connects in the background once Redis is back (and checks
+        // the layout record then).
+        Some(err) => {
+            tracing::error!(%err, store = %name, "cannot connect to Redis at start; serving with each rule's on_error until it answers");
+        }
+        None => {}
     }
     Ok(AnyStore::Redis(lazy))
 }

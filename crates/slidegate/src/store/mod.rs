@@ -107,6 +107,12 @@ pub enum Unavailable {
     /// connect, naming what it lacks.
     #[error("{0}")]
     Incompatible(String),
+    /// Another store recorded another layout or bucket count under this
+    /// store's prefix (`RedisStore::record_layout`): deciding here would
+    /// count apart from it.
+    #[cfg(feature = "redis")]
+    #[error(transparent)]
+    LayoutConflict(Box<crate::store::redis::LayoutConflict>),
     /// The clock read a time the algorithms cannot compute with: past
     /// [`MAX_TIME_MS`] (the end of year 9999), where sums of times and
     /// windows would overflow or lose exactness. The host's fault, not the
@@ -131,6 +137,8 @@ impl Unavailable {
             | Unavailable::UnexpectedReply(_)
             | Unavailable::TimeOutOfRange { .. }
             | Unavailable::Incompatible(_) => false,
+            #[cfg(feature = "redis")]
+            Unavailable::LayoutConflict(_) => false,
         }
     }
 
@@ -145,6 +153,8 @@ impl Unavailable {
             | Unavailable::Expired
             | Unavailable::TimeOutOfRange { .. }
             | Unavailable::Incompatible(_) => false,
+            #[cfg(feature = "redis")]
+            Unavailable::LayoutConflict(_) => false,
             #[cfg(feature = "redis")]
             Unavailable::Redis(e) => !e.is_connection_refusal(),
             Unavailable::UnexpectedReply(_) | Unavailable::TimedOut(_) => true,

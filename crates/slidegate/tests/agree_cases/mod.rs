@@ -121,8 +121,13 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
         .clone()
         .with_prefix(format!("{prefix}case{case}:"))
         .with_time_source(TimeSource::Client(Arc::new(clock.clone())));
+    // The latest time the clock showed: a key may outlive its state by how
+    // far the clock is behind it.
+    let mut latest = trace.start;
     for (i, step) in trace.steps.iter().enumerate() {
         clock.set(clock.now_ms().saturating_add_signed(step.advance));
+        latest = latest.max(clock.now_ms());
+        let behind = latest - clock.now_ms();
         let identity = IDENTITIES[step.identity];
         let at = format!("step {i} at t = start + {} ms: {step:?}", clock_offset(&clock, trace));
         match &step.call {
@@ -136,7 +141,7 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 let (m, r) = (format!("{m:?}"), format!("{r:?}"));
                 prop_assert_eq!(&m, &r, "{} on {}", at, limit);
                 if decided {
-                    outlives_its_state(&memory, &redis, admin, identity, limit, &at).await?;
+                    outlives_its_state(&memory, &redis, admin, identity, limit, behind, &at).await?;
                 }
             }
             Call::All { mask, costs } => {
@@ -150,7 +155,7 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 let (m, r) = (format!("{m:?}"), format!("{r:?}"));
                 prop_assert_eq!(&m, &r, "{} on {:?}", at, charges);
                 for (limit, _) in charges.iter().filter(|_| decided) {
-                    outlives_its_state(&memory, &redis, admin, identity, limit, &at).await?;
+                    outlives_its_state(&memory, &redis, admin, identity, limit, behind, &at).await?;
                 }
             }
         }
@@ -164,11 +169,25 @@ const TTL_TOLERANCE_MS: u128 = 1_000;
 /// The slack a key outlives its state by in client time (`prelude.lua`).
 const CLIENT_TTL_SLACK_MS: u128 = 10_000;
 
+/// The longest a state of `limit` matters after a write, on the clock
+/// that wrote it: a sliding window counter's until the end of the next
+/// window, every other state at most a window.
+fn life_ms(limit: &Limit) -> u128 {
+    let w = u128::from(limit.quota.window_ms());
+    match limit.algorithm {
+        Algorithm::SlidingWindowCounter => 2 * w,
+        _ => w,
+    }
+}
+
 /// After any decision Redis made, charged or refused, the key lives as
 /// long as its state matters (a peek's `reset_after`) plus the slack, whatever the
 /// clock did: a key timed from an earlier write forgot permits that still
 /// counted once the clock stepped back past the slack, and Redis then
-/// allowed what the embedded store denied. Per-key layout only (a packed
+/// allowed what the embedded store denied. And no longer than the state's
+/// life, the slack and how far the clock is `behind` the latest time it
+/// showed: a TTL lengthened after a step back must come back down once the
+/// clock has, or keys outlive their state by every step back of a trace. Per-key layout only (a packed
 /// limit's key is its bucket's stem).
 async fn outlives_its_state<C: ConnectionLike + Clone + Send>(
     memory: &MemoryStore<ManualClock>,
@@ -176,21 +195,35 @@ async fn outlives_its_state<C: ConnectionLike + Clone + Send>(
     admin: &C,
     identity: &str,
     limit: &Limit,
+    behind: u64,
     at: &str,
 ) -> Result<(), TestCaseError> {
     if redis.layout() != Layout::PerKey {
         return Ok(());
     }
-    let reset = memory.decide_one(&id(identity), limit, 0).await.map(|d| d.reset_after);
-    let Some(reset) = reset.ok().filter(|r| !r.is_zero()) else {
-        return Ok(());
-    };
     let key = &redis.keys_for(&id(identity), limit)[0];
     let pttl: i64 = redis::cmd("PTTL")
         .arg(key)
         .query_async(&mut admin.clone())
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    // Redis's clock only shortens a TTL between the write and this PTTL.
+    let bound = life_ms(limit) + CLIENT_TTL_SLACK_MS + u128::from(behind);
+    prop_assert!(
+        u128::try_from(pttl).unwrap_or(0) <= bound,
+        "{} on {}: key {} lives {} ms, more than its state's life, the slack and the {} ms the clock \
+         is behind its latest time ({} ms)",
+        at,
+        limit,
+        key,
+        pttl,
+        behind,
+        bound
+    );
+    let reset = memory.decide_one(&id(identity), limit, 0).await.map(|d| d.reset_after);
+    let Some(reset) = reset.ok().filter(|r| !r.is_zero()) else {
+        return Ok(());
+    };
     prop_assert!(
         u128::try_from(pttl).unwrap_or(0) + TTL_TOLERANCE_MS >= reset.as_millis() + CLIENT_TTL_SLACK_MS,
         "{} on {}: key {} lives {} ms, its state {:?} and the slack",

@@ -11,7 +11,7 @@
 --          other: four little-endian doubles, allowed (1|0), remaining,
 --          reset_after ms, retry_after ms (-1 when allowed). Past the
 --          deadline: the error EXPIRED <Redis ms>, and nothing written.
--- A denial or a cost of 0 writes nothing (in client time it may lengthen the
+-- A denial or a cost of 0 writes nothing (in client time it may set the
 -- key's TTL: scripts.rs, KEEP); an allowed cost sets the key's TTL in the
 -- same write. The algorithm's sections are inlined, one flat chunk:
 -- no function is defined, so none is allocated per call.

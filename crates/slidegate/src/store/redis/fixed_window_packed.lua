@@ -24,11 +24,11 @@ if not same_window then
 end
 
 --! keep
--- In client time, window n's hash outlives the window by the slack after
--- any decision in it (see sliding_window_counter_packed.lua).
+-- In client time, window n's hash outlives the window by exactly the slack
+-- after any decision in it (see sliding_window_counter_packed.lua).
 local hash = key .. format('%d', (now - now % w) / w)
 local want = w - now % w + CLIENT_TTL_SLACK_MS
 local ttl = call('PTTL', hash)
-if ttl >= 0 and ttl < want then
+if ttl >= 0 and ttl ~= want then
   call('PEXPIRE', hash, format('%d', want))
 end

@@ -61,7 +61,8 @@ end
 -- server's clock, PX (idle_at − now + slack) on the client's. A client clock
 -- that steps back makes a state matter longer than the TTL its last write
 -- set: after every decision in client time, charged or refused, the
--- algorithm's keep section lengthens the TTL to cover it (scripts.rs).
+-- algorithm's keep section sets the TTL to cover it and the slack, no more
+-- (scripts.rs, KEEP).
 -- A key written whole takes `SET … expire_how`, one given its expiry
 -- apart takes the command `expire_key`.
 local CLIENT_TTL_SLACK_MS = 10000

@@ -41,12 +41,15 @@
 //!   the same write (given `limit`, `w`, `cost` and the charged names). It
 //!   runs only when the decision allowed a cost above 0.
 //!
-//! After every decision in client time, charged or not, [`KEEP`] (or a packed
-//! file's own `--! keep` section) makes the key outlive its state by the
-//! slack, given `key`, `w` and the decision's `reset`: the TTL a write set
-//! runs on Redis's clock, so a client clock that stepped back (or lags)
+//! After every decision in client time, charged or not, [`KEEP`] (or the
+//! file's own `--! keep` section, after its commit: the packed files', and
+//! the sliding log's, whose key lives by its newest entry) makes the key outlive its state by exactly
+//! the slack, given `key`, `w` and the decision's `reset`: the TTL a write
+//! set runs on Redis's clock, so a client clock that stepped back (or lags)
 //! would see the state expire while it still matters, and Redis would then
-//! admit what the embedded store refuses. It only ever lengthens a TTL.
+//! admit what the embedded store refuses; and a TTL lengthened then would
+//! outlive the state by the step once the clock caught up. It sets the TTL
+//! both ways, never creates a key, and leaves one without expiry alone.
 //!
 //! A section's own `local`s stay inside it. `limit`, `w` (the window in ms)
 //! and `cost` are integers below 2^53, as are all values in the state;
@@ -196,18 +199,21 @@ struct Sections {
 }
 
 /// The `keep` of a state in one key: in client time, a state that matters
-/// `reset` ms more keeps its key that long plus the slack (a denial too,
-/// after a step back of the client's clock). A missing key (-2) is not
-/// created, a key without expiry (-1, no decision wrote it) left alone. Keys written whole already
-/// carry it; the window states' in-place writes keep the TTL of their
-/// window's first write, too short once the clock stepped back.
+/// `reset` ms more (0: idle) keeps its key exactly that long plus the slack,
+/// after any decision, a denial too. The window states' in-place writes
+/// keep the TTL of their window's first write, too short once the clock
+/// stepped back; and a TTL lengthened while the clock was behind is too
+/// long once it has caught up (Redis's clock never saw the step), so the
+/// TTL is set, not only lengthened: it then never exceeds the state's life,
+/// the slack and how far the clock is behind the latest time it showed. A
+/// missing key (-2) is not created, a key without expiry (-1, no decision
+/// wrote it) left alone, a TTL already right (a key just written whole)
+/// not written again.
 const KEEP: &str = "\
-if reset > 0 then
-  local want = reset + CLIENT_TTL_SLACK_MS
-  local ttl = call('PTTL', key)
-  if ttl >= 0 and ttl < want then
-    call('PEXPIRE', key, format('%d', want))
-  end
+local want = reset + CLIENT_TTL_SLACK_MS
+local ttl = call('PTTL', key)
+if ttl >= 0 and ttl ~= want then
+  call('PEXPIRE', key, format('%d', want))
 end
 ";
 
@@ -223,9 +229,10 @@ impl Sections {
         let (charged, rest) = cut(rest, "\n");
         let (_, rest) = cut(rest, "--! load\n");
         let (load, rest) = cut(rest, "--! decide\n");
-        let (decide, commit) = cut(rest, "--! commit\n");
+        let (decide, rest) = cut(rest, "--! commit\n");
+        let (commit, keep) = rest.split_once("--! keep\n").unwrap_or((rest, KEEP));
         match assembly.packed(algorithm) {
-            None => Sections { comment, state, charged, load, decide, commit, keep: KEEP },
+            None => Sections { comment, state, charged, load, decide, commit, keep },
             Some(packed) => {
                 let (packed_comment, rest) = cut(packed, "--! load\n");
                 let (load, rest) = cut(rest, "--! commit\n");
@@ -446,6 +453,13 @@ pub(super) fn decide_all(assembly: Assembly) -> &'static Lua {
 pub(super) fn distinct() -> &'static Lua {
     static DISTINCT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("distinct.lua").to_owned()));
     &DISTINCT
+}
+
+/// The layout record's script (`layout_record.lua`): standalone, loaded by
+/// its first call's `EVAL` fallback.
+pub(super) fn layout_record() -> &'static Lua {
+    static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("layout_record.lua").to_owned()));
+    &RECORD
 }
 
 /// The shared tables' script (`table.lua`): standalone, loaded by its

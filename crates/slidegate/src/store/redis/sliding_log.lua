@@ -60,3 +60,20 @@ if client_time then
 else
   call('PEXPIREAT', key, at)
 end
+
+--! keep
+-- The log lives until its newest entry stops counting (as the commit sets):
+-- `reset` counts from now when this call admitted a permit, short of it
+-- while entries stamped before a step back of the clock lie later.
+local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+if newest then
+  local left = newest + w - now
+  if left < 0 then
+    left = 0
+  end
+  local want = left + CLIENT_TTL_SLACK_MS
+  local ttl = call('PTTL', key)
+  if ttl >= 0 and ttl ~= want then
+    call('PEXPIRE', key, format('%d', want))
+  end
+end

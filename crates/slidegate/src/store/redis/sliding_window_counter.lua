@@ -91,7 +91,7 @@ end
 -- holds this window has exactly that expiry: SETRANGE rewrites the value in
 -- place and keeps it (cheaper than SET … KEEPTTL, whose reply is a table).
 -- (In client time, a clock that stepped back leaves that expiry short of
--- the state; the keep after the decision lengthens it: scripts.rs, KEEP.)
+-- the state; the keep after the decision sets it: scripts.rs, KEEP.)
 -- The GET of this script saw the key, and keys do not expire while a
 -- script runs, so SETRANGE never creates one without a TTL.
 local value

@@ -61,16 +61,17 @@ end
 
 --! keep
 -- In client time, after any decision in window n, window n's hash outlives
--- window n + 1 by the slack and window n − 1's outlives window n: their
--- TTLs, set by each window's first permit, run on Redis's clock, too short
--- once the client's clock stepped back. Every field in a hash matters that
--- long, not only this one's.
+-- window n + 1 by exactly the slack and window n − 1's outlives window n:
+-- their TTLs, set by each window's first permit, run on Redis's clock, too
+-- short once the client's clock stepped back, too long once it caught up
+-- again (scripts.rs, KEEP). Every field in a hash matters that long, not
+-- only this one's.
 local n = (now - now % w) / w
 for back = 0, 1 do
   local hash = key .. format('%d', n - back)
   local want = (2 - back) * w - now % w + CLIENT_TTL_SLACK_MS
   local ttl = call('PTTL', hash)
-  if ttl >= 0 and ttl < want then
+  if ttl >= 0 and ttl ~= want then
     call('PEXPIRE', hash, format('%d', want))
   end
 end
