@@ -279,7 +279,7 @@ async fn on_each_listener_the_connection_past_the_cap_is_closed_and_counted() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(alone, "the admin probes gave their slots back");
-    let mut held = vec![first, TcpStream::connect(admin).await.unwrap()];
+    let mut held = [first, TcpStream::connect(admin).await.unwrap()];
     let mut third = TcpStream::connect(admin).await.unwrap();
     let _ = third.write_all(request(Which::Admin)).await;
     assert!(closed(&mut third).await, "admin: the third connection is closed at once");

@@ -150,8 +150,8 @@ mod tests {
 
     #[test]
     fn metrics_name_only_the_listeners_configured() {
-        let mut server = ServerConfig::default();
-        server.auth_listen = Some("127.0.0.1:0".parse().unwrap());
+        let server =
+            ServerConfig { auth_listen: Some("127.0.0.1:0".parse().unwrap()), ..ServerConfig::default() };
         let caps = ListenerCaps::new(&server);
         let _held = caps.public.admit();
         let mut out = String::new();
