@@ -16,7 +16,10 @@
 //!
 //! So a thread of its own calls `malloc_trim(0)` every [`TRIM_INTERVAL`]:
 //! it walks each arena and hands its free whole pages back (`madvise`),
-//! taking each arena's lock only while it walks that arena.
+//! taking each arena's lock only while it walks that arena. Measured:
+//! 14–52 µs idle, about 150 µs with 10,000 connections held, 33 ms for
+//! the one call that gives back what they freed (a thread allocating from
+//! an arena being walked waits that long, once).
 
 use std::time::{Duration, Instant};
 
