@@ -21,6 +21,7 @@ mod bench_lease;
 mod demo;
 mod docs;
 mod heap;
+mod heap_trim;
 mod identity;
 mod plot;
 mod redis_errors;

@@ -54,6 +54,8 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
         return Ok(ExitCode::from(crate::EX_USAGE));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // Memory freed by closed connections goes back to the system.
+    crate::heap_trim::spawn();
     runtime.block_on(async {
         // Installed before the address is announced: a SIGTERM from then on
         // stops gracefully, a SIGHUP reloads.

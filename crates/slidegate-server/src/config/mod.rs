@@ -16,6 +16,7 @@
 //! parses single values, and `validate` turns raw into typed, one section
 //! per file.
 
+mod connections;
 mod error;
 mod protocols;
 mod raw;
@@ -23,6 +24,7 @@ mod types;
 mod validate;
 mod values;
 
+pub use connections::{ConnectionLimits, ListenerConnections};
 pub use error::ConfigError;
 pub use protocols::{load_certificates, load_roots, Http2Limits, ListenerTls, TlsFileError};
 pub use types::{

@@ -110,6 +110,28 @@ pub(super) struct RawServer {
     pub(super) upstream_ca: Option<Spanned<String>>,
     pub(super) upstream_http2: Option<Spanned<bool>>,
     pub(super) http2: Option<Spanned<RawHttp2>>,
+    /// `connections.<listener> = { max, header_timeout, idle_timeout }`.
+    pub(super) connections: Option<Spanned<RawConnections>>,
+}
+
+/// `connections = { public = { ... }, admin = { ... }, auth = { ... }, grpc = { ... } }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConnections {
+    pub(super) public: Option<Spanned<RawConnectionLimits>>,
+    pub(super) admin: Option<Spanned<RawConnectionLimits>>,
+    pub(super) auth: Option<Spanned<RawConnectionLimits>>,
+    pub(super) grpc: Option<Spanned<RawConnectionLimits>>,
+}
+
+/// `{ max = 10000, header_timeout = "30s", idle_timeout = "60s" }`. `max`
+/// is read signed, so a negative count is refused with the range expected.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConnectionLimits {
+    pub(super) max: Option<Spanned<i64>>,
+    pub(super) header_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) idle_timeout: Option<Spanned<Parsed<Delay>>>,
 }
 
 /// `tls = { cert = "server.crt", key = "server.key" }`.

@@ -141,6 +141,8 @@ pub struct ServerConfig {
     pub upstream_http2: bool,
     /// What one client HTTP/2 connection may ask for (`http2`).
     pub http2: super::Http2Limits,
+    /// What bounds each listener's client connections (`connections`).
+    pub connections: super::ListenerConnections,
 }
 
 impl Config {
@@ -222,6 +224,7 @@ impl Default for ServerConfig {
             upstream_ca: None,
             upstream_http2: false,
             http2: super::Http2Limits::default(),
+            connections: super::ListenerConnections::default(),
         }
     }
 }

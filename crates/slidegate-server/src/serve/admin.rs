@@ -173,6 +173,7 @@ pub(crate) async fn handle(
             let mut body = state.limiter().render_metrics();
             store_states(state, &mut body);
             state.reloader.render_metrics(&mut body);
+            state.caps.render_metrics(&mut body);
             if let Some(proxy) = &state.proxy {
                 proxy.render_metrics(&mut body);
             }

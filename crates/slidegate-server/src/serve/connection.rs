@@ -4,20 +4,24 @@
 //! (`[server] grpc_listen`, no TLS) HTTP/2 in clear only, with the same
 //! bounds: a client speaking anything else gets no answer but a close.
 //!
-//! What bounds a connection before its requests reach the worker's routing:
+//! What bounds a connection before its requests reach the worker's routing
+//! (each listener's own, `[server] connections.<listener>`: [`ConnectionLimits`];
+//! the cap on open connections is the acceptor's, `listener_caps`):
 //! - the TLS handshake must end within [`TLS_HANDSHAKE_TIMEOUT`];
-//! - the first request must come within [`FIRST_REQUEST_TIMEOUT`] of the
-//!   connection (hyper's header timeout guards each HTTP/1.1 request after,
-//!   but nothing in hyper times the wait for HTTP/2's preface or a first
-//!   request);
+//! - the first request must come within `header_timeout` of the connection
+//!   (hyper's header timer guards each HTTP/1.1 request after, from the
+//!   moment the connection waits for it, but nothing in hyper times the
+//!   wait for HTTP/2's preface or a first request);
+//! - a connection with no request in flight for `idle_timeout` is closed
+//!   gracefully (HTTP/2: GOAWAY; hyper has no idle timeout of its own);
 //! - HTTP/2: `[server] http2` — streams open at once, the header list's
 //!   size, streams the client resets before they are taken (rapid reset,
 //!   CVE-2023-44487) and streams reset for its protocol errors; past either
 //!   reset bound the connection gets GOAWAY. Every stream is a request like
 //!   any other: the per-client upstream share and body timeouts count it.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -25,15 +29,13 @@ use hyper::body::Incoming;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::Watcher;
+use tokio::sync::watch;
 
-use crate::config::ServerConfig;
+use super::activity::{Activity, Tracked};
+use crate::config::{ConnectionLimits, ServerConfig};
 
 /// How long a client has to complete the TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a connection may stay open without a complete first request head.
-const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often an idle HTTP/2 connection is pinged, and how long its answer may take.
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
@@ -44,15 +46,24 @@ pub(super) struct Protocols {
     http: auto::Builder<TokioExecutor>,
     /// HTTP/1.1 and its upgrades too; without, HTTP/2 only.
     http1: bool,
+    /// The first request's deadline, and the idle timeout.
+    header_timeout: Duration,
+    idle_timeout: Duration,
 }
 
 impl Protocols {
-    /// The protocols of `[server]`, with `tls` on the public listener when it has TLS.
-    pub(super) fn new(server: &ServerConfig, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
+    /// The protocols of `[server]`, with `tls` on the public listener when
+    /// it has TLS, for a listener bounded by `bounds`.
+    pub(super) fn new(
+        server: &ServerConfig,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        bounds: ConnectionLimits,
+    ) -> Self {
         let limits = server.http2;
         let mut http = auto::Builder::new(TokioExecutor::new());
-        // hyper arms a 30 s header-read timer per HTTP/1.1 request (slowloris protection).
-        http.http1().timer(TokioTimer::new());
+        // hyper arms a header-read timer per HTTP/1.1 request (slowloris
+        // protection), from when the connection waits for one.
+        http.http1().timer(TokioTimer::new()).header_read_timeout(bounds.header_timeout.get());
         http.http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.max_concurrent_streams)
@@ -61,25 +72,32 @@ impl Protocols {
             .max_local_error_reset_streams(limits.max_local_error_resets)
             .keep_alive_interval(H2_KEEP_ALIVE)
             .keep_alive_timeout(H2_KEEP_ALIVE);
-        Self { tls, http, http1: true }
+        Self {
+            tls,
+            http,
+            http1: true,
+            header_timeout: bounds.header_timeout.get(),
+            idle_timeout: bounds.idle_timeout.get(),
+        }
     }
 
     /// The gRPC listener's protocol: HTTP/2 in clear (prior knowledge, as
     /// gRPC clients and Envoy speak it), bounded by `[server] http2`.
     pub(super) fn grpc(server: &ServerConfig) -> Self {
-        let Self { http, .. } = Self::new(server, None);
+        let plain = Self::new(server, None, server.connections.grpc);
         // hyper's HTTP/2 server at once, with the bounds above: no sniffing
         // of the first bytes, so HTTP/1.1 is a broken preface.
-        Self { tls: None, http: http.http2_only(), http1: false }
+        Self { http: plain.http.http2_only(), http1: false, ..plain }
     }
 
-    /// Serves `stream` with `service` until it closes, or `watcher`'s
-    /// shutdown has it finish its requests and close.
+    /// Serves `stream` with `service` until it closes, or a drain
+    /// (`draining` turning true) or the idle timeout has it finish its
+    /// requests and close.
     pub(super) async fn serve<S, B>(
         &self,
         stream: tokio::net::TcpStream,
         service: S,
-        watcher: Watcher,
+        draining: watch::Receiver<bool>,
         peer: std::net::SocketAddr,
     ) where
         S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
@@ -89,11 +107,11 @@ impl Protocols {
         B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let seen = Arc::new(AtomicBool::new(false));
-        let service = FirstRequest { inner: service, seen: Arc::clone(&seen) };
+        let activity = Activity::new();
+        let service = Tracked::new(service, &activity);
         let served = async {
             match &self.tls {
-                None => self.http_on(TokioIo::new(stream), service, watcher).await,
+                None => self.http_on(TokioIo::new(stream), service, draining, &activity).await,
                 Some(acceptor) => {
                     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
                     {
@@ -101,20 +119,28 @@ impl Protocols {
                         Ok(Err(err)) => return Err(format!("TLS handshake failed: {err}").into()),
                         Err(_) => return Err("TLS handshake timed out".into()),
                     };
-                    self.http_on(TokioIo::new(tls), service, watcher).await
+                    self.http_on(TokioIo::new(tls), service, draining, &activity).await
                 }
             }
         };
         let result = tokio::select! {
             result = served => result,
-            () = first_request_overdue(&seen) => Err("no request within the first request timeout".into()),
+            () = activity.first_request_overdue(self.header_timeout) => {
+                Err("no request within the header timeout".into())
+            }
         };
         if let Err(err) = result {
             tracing::debug!(%err, %peer, "connection ended with an error");
         }
     }
 
-    async fn http_on<I, S, B>(&self, io: I, service: S, watcher: Watcher) -> Result<(), BoxError>
+    async fn http_on<I, S, B>(
+        &self,
+        io: I,
+        service: S,
+        draining: watch::Receiver<bool>,
+        activity: &Activity,
+    ) -> Result<(), BoxError>
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
         S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
@@ -126,36 +152,40 @@ impl Protocols {
     {
         if !self.http1 {
             // (`serve_connection_with_upgrades` would ignore `http2_only`.)
-            return watcher.watch(self.http.serve_connection(io, service)).await;
+            let connection = pin!(self.http.serve_connection(io, service));
+            return self.until_closed(connection, |c| c.graceful_shutdown(), draining, activity).await;
         }
         // With upgrades: an HTTP/1.1 `Upgrade` is the proxy's to take.
-        watcher.watch(self.http.serve_connection_with_upgrades(io, service)).await
+        let connection = pin!(self.http.serve_connection_with_upgrades(io, service));
+        self.until_closed(connection, |c| c.graceful_shutdown(), draining, activity).await
+    }
+
+    /// Runs `connection` to its end; once the worker drains or the
+    /// connection has been idle for the idle timeout, `close` has it finish
+    /// its requests in flight and close.
+    async fn until_closed<C: Future<Output = Result<(), BoxError>>>(
+        &self,
+        mut connection: Pin<&mut C>,
+        close: impl Fn(Pin<&mut C>),
+        mut draining: watch::Receiver<bool>,
+        activity: &Activity,
+    ) -> Result<(), BoxError> {
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => return result,
+                // A worker gone (`Err`) drains too.
+                _ = draining.wait_for(|draining| *draining), if !closing => {
+                    close(connection.as_mut());
+                    closing = true;
+                }
+                () = activity.idle_for(self.idle_timeout), if !closing => {
+                    close(connection.as_mut());
+                    closing = true;
+                }
+            }
+        }
     }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Completes once [`FIRST_REQUEST_TIMEOUT`] has passed with no request seen; never after one.
-async fn first_request_overdue(seen: &AtomicBool) {
-    tokio::time::sleep(FIRST_REQUEST_TIMEOUT).await;
-    if seen.load(Relaxed) {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// A service that notes that a request came.
-struct FirstRequest<S> {
-    inner: S,
-    seen: Arc<AtomicBool>,
-}
-
-impl<S: Service<Request<Incoming>>> Service<Request<Incoming>> for FirstRequest<S> {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        self.seen.store(true, Relaxed);
-        self.inner.call(request)
-    }
-}

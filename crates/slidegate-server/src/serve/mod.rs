@@ -27,11 +27,14 @@
 //!   (`SIGHUP` in the binary, `POST /admin/reload`).
 //! - `access_log`: one JSON line per decision, written by a thread of its own.
 //! - `error`: [`ServeError`]; `body`: [`ServeBody`].
-//! - `connection`: one client connection: TLS, then HTTP/1.1 or HTTP/2 and
-//!   HTTP/2's bounds; `tls`: rustls on both sides (the listener's
+//! - `connection`: one client connection: TLS, then HTTP/1.1 or HTTP/2,
+//!   HTTP/2's bounds, and the header and idle timeouts (`activity`: what
+//!   its requests are doing); `listener_caps`: each listener's cap on open
+//!   connections; `tls`: rustls on both sides (the listener's
 //!   certificate, swapped by a reload; the upstream's, verified).
 
 mod access_log;
+mod activity;
 mod admin;
 mod auth;
 mod body;
@@ -40,6 +43,7 @@ mod connection;
 mod error;
 mod grpc;
 mod lifts;
+mod listener_caps;
 mod offenders;
 mod overrides;
 mod penalty;
@@ -89,6 +93,8 @@ pub(crate) struct State {
     /// This thread's charges of requests whose clients left (run in tasks
     /// of their own): awaited before the thread ends.
     pub(crate) settling: tokio_util::task::TaskTracker,
+    /// Each listener's open connections against its cap, for `/metrics`.
+    pub(crate) caps: std::sync::Arc<listener_caps::ListenerCaps>,
 }
 
 impl State {

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use super::access_log::{self, AccessLog};
 use super::connection::Protocols;
 use super::error::ServeError;
+use super::listener_caps::{ConnectionSlot, ListenerCaps};
 use super::readiness::{self, Readiness};
 use super::snapshot::{self, Snapshots};
 use super::tls::{self, ListenerCerts, UpstreamTls};
@@ -72,6 +73,8 @@ pub struct Server {
     auth_listener: Option<TcpListener>,
     /// `[store] snapshot`: the embedded store's counters across restarts.
     snapshots: Option<Snapshots>,
+    /// Each listener's cap on open connections.
+    caps: Arc<ListenerCaps>,
 }
 
 impl Server {
@@ -150,6 +153,7 @@ impl Server {
             grpc,
             auth_listener,
             snapshots,
+            caps: Arc::new(ListenerCaps::new(&config.server)),
         })
     }
 
@@ -219,6 +223,7 @@ impl Server {
                 readiness: Arc::clone(&self.readiness),
                 settling: tokio_util::task::TaskTracker::new(),
                 access_log: self.access_log.as_ref().map(|(log, _)| log.clone()),
+                caps: Arc::clone(&self.caps),
             };
             let (upstream, grace, limits) = (self.upstream.clone(), self.grace, self.limits.clone());
             let protocols = self.protocols.clone();
@@ -286,26 +291,30 @@ impl Server {
                     continue;
                 }
             };
+            // Over the cap: closed at once (`listener_caps`).
+            let Some(slot) = admit(&self.caps, listener) else { continue };
             let _ = stream.set_nodelay(true);
             let Ok(stream) = stream.into_std() else { continue };
-            deal(&mut workers, &mut next, (stream, peer, listener));
+            deal(&mut workers, &mut next, (stream, peer, listener, slot));
         }
         tracing::info!(
             grace_ms = self.grace.as_millis(),
             "drain delay over: no new connections; finishing open ones within the shutdown grace"
         );
-        // Connections the kernel completed before the close are served, not reset by it.
-        for (stream, peer) in queued(self.listener) {
-            deal(&mut workers, &mut next, (stream, peer, Listener::Public));
-        }
-        for (stream, peer) in self.admin_listener.map(queued).unwrap_or_default() {
-            deal(&mut workers, &mut next, (stream, peer, Listener::Admin));
-        }
-        for (stream, peer) in grpc_listener.map(queued).unwrap_or_default() {
-            deal(&mut workers, &mut next, (stream, peer, Listener::Grpc));
-        }
-        for (stream, peer) in self.auth_listener.map(queued).unwrap_or_default() {
-            deal(&mut workers, &mut next, (stream, peer, Listener::Auth));
+        // Connections the kernel completed before the close are served, not
+        // reset by it (within the caps).
+        let closing = [
+            (Some(self.listener), Listener::Public),
+            (self.admin_listener, Listener::Admin),
+            (grpc_listener, Listener::Grpc),
+            (self.auth_listener, Listener::Auth),
+        ];
+        for (listener, which) in closing {
+            for (stream, peer) in listener.map(queued).unwrap_or_default() {
+                if let Some(slot) = admit(&self.caps, which) {
+                    deal(&mut workers, &mut next, (stream, peer, which, slot));
+                }
+            }
         }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
@@ -355,6 +364,16 @@ impl Server {
     }
 }
 
+/// A slot under `listener`'s cap, or `None` when it holds its `max`.
+fn admit(caps: &ListenerCaps, listener: Listener) -> Option<ConnectionSlot> {
+    match listener {
+        Listener::Public => caps.public.admit(),
+        Listener::Admin => caps.admin.as_ref()?.admit(),
+        Listener::Auth => caps.auth.as_ref()?.admit(),
+        Listener::Grpc => caps.grpc.as_ref()?.admit(),
+    }
+}
+
 /// The protocols of each listener: TLS on the public one when `[server]
 /// tls` is set (never on the admin one, which should not face the
 /// internet, nor on the gRPC one, which Envoy reaches in clear), HTTP/1.1
@@ -368,10 +387,12 @@ fn listener_protocols(
         None => None,
         Some(certs) => Some(tls::acceptor(Arc::clone(certs)).map_err(|e| ServeError::Tls(e.to_string()))?),
     };
-    let public = Arc::new(Protocols::new(server, acceptor));
-    let admin = Arc::new(Protocols::new(server, None));
+    let limits = &server.connections;
+    let public = Arc::new(Protocols::new(server, acceptor, limits.public));
+    let admin = Arc::new(Protocols::new(server, None, limits.admin));
+    let auth = Arc::new(Protocols::new(server, None, limits.auth));
     let grpc = Arc::new(Protocols::grpc(server));
-    Ok((ListenerProtocols { public, admin, grpc }, certs))
+    Ok((ListenerProtocols { public, admin, auth, grpc }, certs))
 }
 
 /// Hands a connection to the next worker, forgetting a worker that stopped.

@@ -11,16 +11,17 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::server::graceful::GracefulShutdown;
 use slidegate_http::config::Delay;
 
 use super::body::ServeBody;
 use super::connection::Protocols;
+use super::listener_caps::ConnectionSlot;
 use super::{admin, proxy, State};
 use crate::envoy::GrpcRoutes;
 
-/// A connection handed to a worker thread, and the listener it came in on.
-pub(super) type Accepted = (std::net::TcpStream, SocketAddr, Listener);
+/// A connection handed to a worker thread, the listener it came in on, and
+/// its place under that listener's cap, held until it closes.
+pub(super) type Accepted = (std::net::TcpStream, SocketAddr, Listener, ConnectionSlot);
 
 /// Which listener accepted a connection: what its requests may reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,7 @@ pub(super) enum Listener {
 pub(super) struct ListenerProtocols {
     pub(super) public: Arc<Protocols>,
     pub(super) admin: Arc<Protocols>,
+    pub(super) auth: Arc<Protocols>,
     pub(super) grpc: Arc<Protocols>,
 }
 
@@ -65,7 +67,9 @@ pub(super) async fn worker(
     protocols: ListenerProtocols,
     grpc: Option<GrpcRoutes>,
 ) -> WorkerEnd {
-    let graceful = GracefulShutdown::new();
+    // Turned true when the acceptor stops: every connection finishes its
+    // requests and closes.
+    let (drain, draining) = tokio::sync::watch::channel(false);
     let open = tokio_util::task::TaskTracker::new();
     // hyper arms a 30 s header-read timer per request (slowloris protection).
     // tokio wakes its driver through an eventfd whenever a new timer is due
@@ -78,7 +82,7 @@ pub(super) async fn worker(
             tick.tick().await;
         }
     });
-    while let Some((stream, peer, listener)) = connections.recv().await {
+    while let Some((stream, peer, listener, slot)) = connections.recv().await {
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => stream,
             Err(err) => {
@@ -86,13 +90,16 @@ pub(super) async fn worker(
                 continue;
             }
         };
-        let watcher = graceful.watcher();
+        let watcher = draining.clone();
         match listener {
             Listener::Grpc => {
                 // Dealt only when the listener exists, which gives every worker routes.
                 let Some(routes) = grpc.clone() else { continue };
                 let protocols = Arc::clone(&protocols.grpc);
-                open.spawn(async move { protocols.serve(stream, grpc_service(routes), watcher, peer).await });
+                open.spawn(async move {
+                    protocols.serve(stream, grpc_service(routes), watcher, peer).await;
+                    drop(slot);
+                });
             }
             Listener::Auth => {
                 let state = Arc::clone(&state);
@@ -100,8 +107,11 @@ pub(super) async fn worker(
                     let state = Arc::clone(&state);
                     async move { Ok::<_, Infallible>(super::auth::handle(&state, request, peer).await) }
                 });
-                let protocols = Arc::clone(&protocols.admin);
-                open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
+                let protocols = Arc::clone(&protocols.auth);
+                open.spawn(async move {
+                    protocols.serve(stream, service, watcher, peer).await;
+                    drop(slot);
+                });
             }
             Listener::Public | Listener::Admin => {
                 let service = http_service(Arc::clone(&state), listener == Listener::Admin, peer);
@@ -110,7 +120,10 @@ pub(super) async fn worker(
                 } else {
                     &protocols.public
                 });
-                open.spawn(async move { protocols.serve(stream, service, watcher, peer).await });
+                open.spawn(async move {
+                    protocols.serve(stream, service, watcher, peer).await;
+                    drop(slot);
+                });
             }
         }
     }
@@ -118,7 +131,9 @@ pub(super) async fn worker(
     // A grace too long to add (a `Delay` built in code) is as good as none.
     let now = tokio::time::Instant::now();
     let deadline = now.checked_add(grace.get()).unwrap_or(now + Duration::from_secs(100 * 365 * 86_400));
-    let finished = tokio::time::timeout_at(deadline, graceful.shutdown()).await.is_ok();
+    let _ = drain.send(true);
+    open.close();
+    let finished = tokio::time::timeout_at(deadline, open.wait()).await.is_ok();
     let connections_cut = if finished { 0 } else { open.len() };
     state.settling.close();
     let pending = state.settling.len();

@@ -12,6 +12,7 @@
 //! [`Found`]. A new part is one more `found.part(self.new_part(..))` there.
 
 mod access_log;
+mod connections;
 mod document;
 mod envoy;
 mod identity;

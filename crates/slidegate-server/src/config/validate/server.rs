@@ -118,6 +118,9 @@ impl Validator<'_> {
             }
             server.threads = Some(usize::from(*t.get_ref()));
         }
+        if let Some(connections) = raw.connections {
+            server.connections = self.connections(connections.into_inner())?;
+        }
         server.watch_config = raw.watch_config.unwrap_or_default();
         self.tunnels_and_grpc(&mut server, raw.websocket_idle_timeout, raw.grpc_denial_status)?;
         self.protocols(protocols, &mut server)?;
