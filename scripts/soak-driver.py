@@ -461,7 +461,8 @@ def report(args):
           "\n        or limit + N*floor(limit/N) in windows a fault or a fallback decision touched,"
           "\n        and limit more in windows a killed master touched):")
     for rule, v in verdicts.items():
-        print(f"  {rule:6} limit {v['limit']} per {v['window_ms']} ms (bound when touched {v['bound_when_touched']}):"
+        print(f"  {rule:6} limit {v['limit']} per {v['window_ms']} ms (bound when touched {v['bound_when_touched']},"
+              f" killed {v['bound_when_killed']}):"
               f" {v['identities']} identities, {v['windows']} windows, {v['admitted']} admitted, {v['denied']} denied;"
               f" max {v['max_in_a_window']} in a window; over limit: {v['windows_over_limit_touched']} touched,"
               f" {v['windows_over_limit_clear']} clear; beyond bound: {v['windows_beyond_bound']}")
