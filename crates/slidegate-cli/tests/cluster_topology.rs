@@ -5,7 +5,8 @@
 //! `MOVED`) and must still delete every one. `serve` while the slots of its
 //! hot identities move between masters: every answer a decision, exactly
 //! the limit admitted, and while a fourth master joins and
-//! `redis-cli --cluster rebalance` moves a quarter of the slots to it.
+//! `redis-cli --cluster rebalance` moves a quarter of the slots to it. A
+//! penalty block holds while its slots move, and lifts after.
 
 #![allow(clippy::unwrap_used)]
 
@@ -292,4 +293,62 @@ fn serve_decides_exactly_while_a_fourth_master_takes_slots() {
             );
         }
     }
+}
+
+/// The penalty box on a Cluster whose slots move: a block recorded before
+/// the abuser's slots migrate holds while each is half moved (`MIGRATING`
+/// on the old master, `IMPORTING` on the new) and once it is reassigned
+/// (`MOVED`); a lift then, sent to the new master, frees the client, whose
+/// limit is still spent (a plain 429, not the block).
+#[test]
+fn a_penalty_block_holds_while_its_slots_move_and_lifts_after() {
+    let mut cluster = RedisCluster::start();
+    let upstream = Upstream::start();
+    let prefix = "penalty:";
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let store =
+        format!("[store]\ncluster = [{}]\nprefix = \"{prefix}\"\ntimeout_ms = 5000\n", seeds.join(", "));
+    let config = format!(
+        "{head}\n[[rules]]\nname = \"login\"\npath = \"/login\"\n\
+         limits = [{{ limit = 2, window = \"1h\", algorithm = \"sliding_window_counter\" }}]\n\
+         penalty = {{ after = 3, within = \"1h\", block = \"1h\" }}\n",
+        head = keyed_head(
+            upstream.addr,
+            &format!("admin_listen = \"127.0.0.1:0\"\ncheck_token_env = \"{SECRET_ENV}\""),
+            &store
+        ),
+    );
+    let sg = Slidegate::start(&config);
+    let login = || sg.get("/login", &[("x-api-key", "abuser-key")]);
+    let blocked = |reply: &Reply| reply.status == 429 && reply.body.contains("abnormal-usage-detected");
+    let statuses: Vec<u16> = (0..5).map(|_| login().status).collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert!(blocked(&login()), "the 4th denial blocks");
+
+    let slots = slots_of_keys(&cluster, prefix);
+    assert!(!slots.is_empty(), "no keys under {prefix}");
+    let masters = cluster.masters();
+    for &(slot, from) in &slots {
+        let to = masters[(masters.iter().position(|&m| m == from).unwrap() + 1) % masters.len()];
+        cluster.begin_slot_migration(slot, from, to);
+        for _ in 0..3 {
+            let reply = login();
+            assert!(blocked(&reply), "slot {slot} half moved: {reply:?}");
+        }
+        cluster.finish_slot_migration(slot, from, to);
+        for _ in 0..3 {
+            let reply = login();
+            assert!(blocked(&reply), "slot {slot} moved: {reply:?}");
+        }
+    }
+    let moved = slots_of_keys(&cluster, prefix);
+    assert!(moved.iter().all(|m| !slots.contains(m)), "slots not moved: {slots:?} → {moved:?}");
+
+    let id = full_key_id(&sg.config_path(), "abuser-key");
+    let auth = "Bearer end-to-end-secret";
+    let lift =
+        request(sg.admin_addr(), "DELETE", &format!("/v1/penalty/{id}"), &[("authorization", auth)], b"");
+    assert_eq!(lift.status, 204, "{lift:?}");
+    let after = login();
+    assert!(after.status == 429 && !blocked(&after), "the lift did not free the client: {after:?}");
 }

@@ -59,17 +59,7 @@ fn blocked(reply: &Reply) -> bool {
 
 /// The full id `identity hash --full` prints for the abuser's key.
 fn abuser_id(sg: &Slidegate) -> String {
-    let out = std::process::Command::new(binary())
-        .args(["identity", "hash", "--full", "--config"])
-        .arg(sg.config_path())
-        .args(["--key", "abuser-key"])
-        .env(SECRET_ENV, TOKEN)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let id = String::from_utf8(out.stdout).unwrap().trim_end().to_owned();
-    assert!(id.starts_with("k:") && id.len() == 34, "{id:?}");
-    id
+    full_key_id(&sg.config_path(), "abuser-key")
 }
 
 fn delete(sg: &Slidegate, target: &str, token: Option<&str>) -> Reply {

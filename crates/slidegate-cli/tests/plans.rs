@@ -103,15 +103,7 @@ fn a_key_given_as_its_hash_gets_its_plan_on_redis() {
     let config = planned(&upstream, &store, &keys, true);
     let config_path = dir.path().join("slidegate.toml");
     std::fs::write(&config_path, &config).unwrap();
-    let out = Command::new(binary())
-        .args(["identity", "hash", "--full", "--key", "sk-carol", "--config"])
-        .arg(&config_path)
-        .env(SECRET_ENV, "end-to-end-secret")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let hash = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    assert!(hash.starts_with("k:") && hash.len() == 34, "{hash}");
+    let hash = full_key_id(&config_path, "sk-carol");
     std::fs::write(&keys, format!("{hash} pro\n")).unwrap();
     let sg = Slidegate::start(&config);
     assert_eq!(policy(&as_key(&sg, "/search", "sk-carol")), owned("\"pro-search\";q=100;w=60", 99));
@@ -219,13 +211,8 @@ fn an_override_set_on_one_instance_applies_on_another_and_expires_and_is_deleted
     assert_eq!(again.status, 404, "{again:?}");
 
     // An unknown key with an expiring override, given as its hash.
-    let out = Command::new(binary())
-        .args(["identity", "hash", "--full", "--key", "sk-zoe", "--config"])
-        .arg(write_config(&config).1)
-        .env(SECRET_ENV, "end-to-end-secret")
-        .output()
-        .unwrap();
-    let hash = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let (_dir, config_path) = write_config(&config);
+    let hash = full_key_id(&config_path, "sk-zoe");
     let set = put_override(&a, &hash, r#"{"plan": "pro", "expires_in": "2s"}"#);
     assert_eq!((set.status, set.body.as_str()), (200, r#"{"expires_in_ms":2000,"plan":"pro"}"#), "{set:?}");
     assert_eq!(policy(&as_key(&a, "/search", "sk-zoe")), owned("\"pro-search\";q=100;w=60", 99));

@@ -200,6 +200,22 @@ pub fn write_config(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// The full id (`k:` and 32 hex digits) `slidegate identity hash --full`
+/// prints for the API key `key` under the config at `config`, hashed with
+/// the secret every [`Slidegate`] runs with.
+pub fn full_key_id(config: &std::path::Path, key: &str) -> String {
+    let out = Command::new(binary())
+        .args(["identity", "hash", "--full", "--key", key, "--config"])
+        .arg(config)
+        .env(SECRET_ENV, "end-to-end-secret")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8(out.stdout).unwrap().trim_end().to_owned();
+    assert!(id.starts_with("k:") && id.len() == 34, "{id:?}");
+    id
+}
+
 impl Slidegate {
     pub fn start(config: &str) -> Slidegate {
         let (dir, path) = write_config(config);
