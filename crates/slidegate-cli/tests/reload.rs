@@ -206,7 +206,7 @@ penalty = {{ after = 3, within = "1m", block = "10m" }}
 [[rules]]
 name = "cached"
 path = "/cached"
-limits = [{{ limit = 1, window = "1m", algorithm = "fixed_window" }}]
+limits = [{{ limit = 1, window = "1m", algorithm = "sliding_window_counter" }}]
 {extra}"#,
             head = config_head(upstream.addr, "admin_on_public = true", store),
         )
