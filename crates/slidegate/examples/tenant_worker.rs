@@ -60,12 +60,13 @@ fn per_tenant() -> Result<Charge, Box<dyn std::error::Error>> {
 /// Takes jobs from a queue (here, a made-up one: a noisy tenant and two
 /// quiet ones) and runs those their tenant's limit admits; the others wait.
 async fn work<S: Store + 'static>(store: S, events: Arc<Counts>) -> Result<(), Box<dyn std::error::Error>> {
-    let guard = StoreGuard::default();
+    let mut guard = StoreGuard::default();
+    guard.lease = Some(LeasePolicy::default());
     let store = Protect::new(store, Arc::clone(&events) as Arc<dyn Events>)
-        .leases(Some(LeasePolicy::default()))
-        .guard(&guard)
+        .leases(guard.lease)
+        .guard(guard.calls)
         .deny_cache(guard.deny_cache)
-        .fallback(true, guard.instances)
+        .fallback(Some(guard.fallback))
         .build();
     let charge = [per_tenant()?];
     let queue = (0..60).map(|i| if i % 4 == 3 { ["acme", "globex"][i % 8 / 4] } else { "noisy" });

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::protect::{Events, LeasePolicy, Protect, Protected, StoreGuard};
+use slidegate::protect::{Events, FallbackPolicy, LeasePolicy, NoEvents, Protect, Protected, StoreGuard};
 use slidegate::{
     Algorithm, Charge, Delay, Identity, Limit, Origin, Quota, RedisOptions, RedisStore, Request, Store,
 };
@@ -88,13 +88,14 @@ async fn a_worker_limits_each_tenant_through_a_redis_outage() {
     let store = RedisStore::connect_with(&redis.url(), options).await.expect("connect");
     let events = Arc::new(Counted::default());
     let mut guard = StoreGuard::default();
-    guard.timeout = Delay::from_millis(200);
-    guard.probe_interval = Delay::from_millis(50);
+    guard.lease = Some(LeasePolicy { max: 8, horizon: Delay::from_secs(1) });
+    guard.calls.timeout = Delay::from_millis(200);
+    guard.calls.probe_interval = Delay::from_millis(50);
     let store = Protect::new(store, Arc::clone(&events) as Arc<dyn Events>)
-        .leases(Some(LeasePolicy { max: 8, horizon: Delay::from_secs(1) }))
-        .guard(&guard)
+        .leases(guard.lease)
+        .guard(guard.calls)
         .deny_cache(guard.deny_cache)
-        .fallback(true, 1)
+        .fallback(Some(guard.fallback))
         .build();
 
     // Redis up: a hot tenant gets exactly its limit, most of it from leases.
@@ -138,4 +139,39 @@ async fn a_worker_limits_each_tenant_through_a_redis_outage() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(origins, [Origin::Store], "the store decides once Redis is back");
+}
+
+/// The fallback step takes a policy or none: with none, a store's failure
+/// is the caller's to handle; with one, each of its `instances` gets its
+/// share of each limit, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_decides_by_its_policy_or_not_at_all() {
+    let mut redis = RedisServer::spawn();
+    let options = RedisOptions::new()
+        .with_timeout(Duration::from_millis(200))
+        .with_connect_timeout(Duration::from_millis(200));
+    let mut guard = StoreGuard::default();
+    guard.deny_cache = 0;
+    let stack = |store, fallback| {
+        Protect::new(store, Arc::new(NoEvents))
+            .leases(guard.lease)
+            .guard(guard.calls)
+            .deny_cache(guard.deny_cache)
+            .fallback(fallback)
+            .build()
+    };
+    let off = stack(RedisStore::connect_with(&redis.url(), options.clone()).await.expect("connect"), None);
+    let shared = stack(
+        RedisStore::connect_with(&redis.url(), options).await.expect("connect"),
+        Some(FallbackPolicy { instances: 3 }),
+    );
+    redis.kill();
+
+    let identity = Identity::named("jobs", "tenant");
+    let err =
+        off.decide(Request::new(&identity, &charge())).await.expect_err("no fallback: the store's error");
+    assert!(err.is_unavailable(), "{err}");
+    let (admitted, origins) = run_jobs(&shared, "tenant", 40).await;
+    assert_eq!(admitted, PERMITS / 3, "each of 3 instances gets a third of the limit: {origins:?}");
+    assert_eq!(count(&origins, Origin::Fallback), 40, "{origins:?}");
 }

@@ -15,7 +15,7 @@ mod plans;
 mod types;
 
 pub use plans::{PlanConfig, PlanKeys, PlansConfig};
-pub use slidegate::protect::{BreakerPolicy, LeasePolicy, StoreGuard};
+pub use slidegate::protect::{BreakerPolicy, FallbackPolicy, GuardPolicy, LeasePolicy, StoreGuard};
 pub use slidegate::{parse_duration, Delay, DurationError};
 pub use types::{
     DelayConfig, DelayError, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig,

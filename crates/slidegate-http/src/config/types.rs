@@ -78,7 +78,7 @@ impl Default for LimiterConfig {
 pub enum OnError {
     /// Decide with the embedded fallback limiter, seeded with the store's
     /// last answers, each instance enforcing `limit / instances`
-    /// ([`StoreGuard::instances`]; bound in docs/serve.md, "Circuit breaker
+    /// ([`FallbackPolicy::instances`](slidegate::protect::FallbackPolicy::instances); bound in docs/serve.md, "Circuit breaker
     /// and fallback").
     #[default]
     Fallback,

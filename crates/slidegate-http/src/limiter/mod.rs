@@ -320,9 +320,9 @@ impl<S: Store + 'static> RateLimiter<S> {
         let opted_out = !rules.is_empty() && rules.iter().all(|r| r.on_error != OnError::Fallback);
         let store = Protect::new(store, Arc::clone(&metrics) as Arc<dyn slidegate::protect::Events>)
             .leases(guard.lease)
-            .guard(&guard)
+            .guard(guard.calls)
             .deny_cache(guard.deny_cache)
-            .fallback(!opted_out, guard.instances)
+            .fallback((!opted_out).then_some(guard.fallback))
             .build();
         Ok(Self {
             inner: Arc::new(Inner {

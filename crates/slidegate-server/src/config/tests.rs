@@ -41,7 +41,7 @@ fn the_example_config_parses_as_written() {
     let c = Config::parse_with_env(EXAMPLE_CONFIG, "slidegate.toml", &env).unwrap();
     assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
     assert_eq!(c.store.redis, Some(RedisTarget::Single(example_redis_url().to_owned())));
-    assert_eq!(c.limiter.guard.timeout, Delay::from_millis(50));
+    assert_eq!(c.limiter.guard.calls.timeout, Delay::from_millis(50));
     assert_eq!(c.store.on_error, OnError::Fallback);
     assert_eq!(c.limiter.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
     assert_eq!(c.limiter.identity.secret.as_deref(), Some(&b"test-secret"[..]));

@@ -143,7 +143,7 @@ impl Server {
             limits: UpstreamLimits::new(&config.server, threads, upstream_tls),
             grace: config.server.shutdown_grace,
             drain_delay: config.server.drain_delay,
-            readiness: Arc::new(Readiness::new(config.limiter.guard.timeout)),
+            readiness: Arc::new(Readiness::new(config.limiter.guard.calls.timeout)),
             reloader: Reloader::new(None, kept.clone(), limiter.clone(), certs.clone()),
             config: kept,
             protocols,
@@ -473,7 +473,7 @@ pub fn redis_options(config: &Config) -> Option<(RedisTarget, RedisOptions)> {
     // matches it, so a stalled call is dropped at once.
     let mut options = RedisOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
-        .with_timeout(config.limiter.guard.timeout.get());
+        .with_timeout(config.limiter.guard.calls.timeout.get());
     if store.username.is_some() || store.password.is_some() {
         let password = store.password.as_ref().map(|p| p.expose().to_owned());
         options = options.with_credentials(store.username.clone(), password);

@@ -40,9 +40,9 @@
 //! let guard = StoreGuard::default();
 //! let store = Protect::new(MemoryStore::new(), Arc::new(NoEvents))
 //!     .leases(guard.lease)
-//!     .guard(&guard)
+//!     .guard(guard.calls)
 //!     .deny_cache(guard.deny_cache)
-//!     .fallback(true, guard.instances)
+//!     .fallback(Some(guard.fallback))
 //!     .build();
 //! let tenant = Identity::named("jobs", "tenant-7");
 //! let charge = [Charge::new(Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(2)?), 1)];
@@ -58,7 +58,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Clock, Delay, Store};
+use crate::{Clock, Store};
 
 mod deny_cache;
 mod fallback;
@@ -66,8 +66,8 @@ mod guard;
 mod lease;
 
 pub use deny_cache::{DenyCached, DEFAULT_CAPACITY};
-pub use fallback::Fallback;
-pub use guard::{BreakerPolicy, Guarded};
+pub use fallback::{Fallback, FallbackPolicy};
+pub use guard::{BreakerPolicy, GuardPolicy, Guarded};
 pub use lease::{LeasePolicy, Leased};
 
 /// Every layer, in their one order, around `S`: what [`Protect`] builds.
@@ -149,39 +149,36 @@ impl Events for NoEvents {
     fn deny_cache_hit(&self) {}
 }
 
-/// How the layers guard a store: a deadline on each call, a circuit
-/// breaker, the deny cache, leases and the fallback's share.
+/// How the layers guard a store: one field per layer, innermost first, each
+/// the argument of that layer's step of [`Protect`] (`.leases(guard.lease)
+/// .guard(guard.calls).deny_cache(guard.deny_cache)
+/// .fallback(Some(guard.fallback))`).
 ///
 /// Its [`Default`] is the one set of defaults; `slidegate serve` reads its
 /// `[store]` keys into it, each over the default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreGuard {
-    /// Deadline of one store call.
-    pub timeout: Delay,
-    /// How often an open breaker probes the store.
-    pub probe_interval: Delay,
-    /// When the breaker opens and how it tries the store again.
-    pub breaker: BreakerPolicy,
-    /// Instances sharing the store: the fallback limiter enforces
-    /// `limit / instances`.
-    pub instances: u32,
-    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
-    pub deny_cache: usize,
     /// Quota leases (`docs/leases.md`): `None`, the default, decides every
     /// request in the store.
     pub lease: Option<LeasePolicy>,
+    /// Each store call's deadline, the circuit breaker and its probe.
+    pub calls: GuardPolicy,
+    /// Capacity of the exact local deny cache (denied identities); 0 turns it off.
+    pub deny_cache: usize,
+    /// The fallback limiter's share of each limit. Whether it is on is the
+    /// caller's choice at [`Layers::fallback`]: `slidegate-http` turns it
+    /// off when no rule falls back.
+    pub fallback: FallbackPolicy,
 }
 
 impl Default for StoreGuard {
     fn default() -> Self {
         Self {
-            timeout: Delay::from_millis(50),
-            probe_interval: Delay::from_millis(500),
-            breaker: BreakerPolicy::default(),
-            instances: 1,
-            deny_cache: DEFAULT_CAPACITY,
             lease: None,
+            calls: GuardPolicy::default(),
+            deny_cache: DEFAULT_CAPACITY,
+            fallback: FallbackPolicy::default(),
         }
     }
 }
@@ -191,17 +188,18 @@ impl Default for StoreGuard {
 /// ([`Protect::leases`]); each later step is a method only of the [`Layers`]
 /// before it, and only the lease layer alone or the whole stack can be
 /// built, so a stack in another order, or missing a layer between, does
-/// not compile. A layer is turned off by its argument (no lease policy, a
-/// deny cache of 0, no fallback), never left out. (What is not prevented:
-/// a built stack handed to `Protect::new` again.) Each of these fails to
-/// compile:
+/// not compile. Each step takes one field of [`StoreGuard`], whole, in the
+/// same order: `lease`, `calls`, `deny_cache`, `fallback`. A layer is turned
+/// off by its argument (no lease policy, a deny cache of 0, no fallback
+/// policy), never left out. (What is not prevented: a built stack handed to
+/// `Protect::new` again.) Each of these fails to compile:
 ///
 /// ```compile_fail
 /// # use std::sync::Arc;
 /// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
 /// # let guard = StoreGuard::default();
 /// // The guard before the lease layer.
-/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).guard(&guard);
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).guard(guard.calls);
 /// ```
 ///
 /// ```compile_fail
@@ -209,7 +207,7 @@ impl Default for StoreGuard {
 /// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
 /// # let guard = StoreGuard::default();
 /// // The deny cache left out.
-/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).fallback(true, 1);
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(guard.calls).fallback(None);
 /// ```
 ///
 /// ```compile_fail
@@ -217,7 +215,7 @@ impl Default for StoreGuard {
 /// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
 /// # let guard = StoreGuard::default();
 /// // Built without the deny cache and the fallback.
-/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).build();
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(guard.calls).build();
 /// ```
 ///
 /// ```compile_fail
@@ -225,7 +223,7 @@ impl Default for StoreGuard {
 /// # use slidegate::protect::{NoEvents, Protect, StoreGuard};
 /// # let guard = StoreGuard::default();
 /// // A second lease layer above the guard.
-/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(&guard).leases(None);
+/// let _ = Protect::new(slidegate::MemoryStore::new(), Arc::new(NoEvents)).leases(None).guard(guard.calls).leases(None);
 /// ```
 ///
 /// The stack runs on tokio: a call that waits is timed by tokio's timer,
@@ -277,8 +275,8 @@ impl<S> Layers<S> {
 
 impl<S: Store + 'static> Layers<Leased<S>> {
     /// Then the deadline, the breaker and its probe.
-    pub fn guard(self, guard: &StoreGuard) -> Layers<Guarded<Leased<S>>> {
-        self.wrap(|store, events, ticks| Guarded::new(store, guard, Arc::clone(events), ticks))
+    pub fn guard(self, policy: GuardPolicy) -> Layers<Guarded<Leased<S>>> {
+        self.wrap(|store, events, ticks| Guarded::new(store, policy, Arc::clone(events), ticks))
     }
 }
 
@@ -298,10 +296,11 @@ impl<S: Store + 'static> Layers<Guarded<S>> {
 }
 
 impl<S: Store> Layers<DenyCached<S>> {
-    /// Last, the fallback: when `enabled`, it decides while the store cannot,
-    /// enforcing `limit / instances`.
-    pub fn fallback(self, enabled: bool, instances: u32) -> Layers<Fallback<DenyCached<S>>> {
-        self.wrap(|store, _, ticks| Fallback::new(store, enabled, instances, ticks))
+    /// Last, the fallback: with a policy, an embedded limiter decides while
+    /// the store cannot, at the policy's share of each limit; `None` passes
+    /// the store's failures through, for the caller to handle.
+    pub fn fallback(self, policy: Option<FallbackPolicy>) -> Layers<Fallback<DenyCached<S>>> {
+        self.wrap(|store, _, ticks| Fallback::new(store, policy, ticks))
     }
 }
 

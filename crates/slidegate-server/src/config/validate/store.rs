@@ -305,11 +305,11 @@ impl Validator<'_> {
     /// The guard's keys of `[store]`, each written over [`StoreGuard::default`].
     pub(super) fn guard(&self, raw: RawStore) -> Result<StoreGuard, ConfigError> {
         let mut guard = StoreGuard::default();
-        self.set_millis(&mut guard.timeout, "timeout_ms", raw.timeout_ms, 1)?;
-        self.set_count(&mut guard.breaker.failures, "breaker_failures", raw.breaker_failures)?;
-        self.set_millis(&mut guard.probe_interval, "probe_interval_ms", raw.probe_interval_ms, 1)?;
-        self.set_millis(&mut guard.breaker.window, "breaker_window_ms", raw.breaker_window_ms, 10)?;
-        self.set_count(&mut guard.breaker.min_calls, "breaker_min_calls", raw.breaker_min_calls)?;
+        self.set_millis(&mut guard.calls.timeout, "timeout_ms", raw.timeout_ms, 1)?;
+        self.set_count(&mut guard.calls.breaker.failures, "breaker_failures", raw.breaker_failures)?;
+        self.set_millis(&mut guard.calls.probe_interval, "probe_interval_ms", raw.probe_interval_ms, 1)?;
+        self.set_millis(&mut guard.calls.breaker.window, "breaker_window_ms", raw.breaker_window_ms, 10)?;
+        self.set_count(&mut guard.calls.breaker.min_calls, "breaker_min_calls", raw.breaker_min_calls)?;
         if let Some(r) = raw.breaker_failure_rate {
             if !(1..=100).contains(r.get_ref()) {
                 return Err(self.err(
@@ -317,11 +317,11 @@ impl Validator<'_> {
                     format!("breaker_failure_rate is a percentage from 1 to 100, got {}", r.get_ref()),
                 ));
             }
-            guard.breaker.failure_rate = *r.get_ref();
+            guard.calls.breaker.failure_rate = *r.get_ref();
         }
         let trial = raw.breaker_trial_interval_ms;
-        self.set_millis(&mut guard.breaker.trial_interval, "breaker_trial_interval_ms", trial, 1)?;
-        self.set_count(&mut guard.instances, "instances", raw.instances)?;
+        self.set_millis(&mut guard.calls.breaker.trial_interval, "breaker_trial_interval_ms", trial, 1)?;
+        self.set_count(&mut guard.fallback.instances, "instances", raw.instances)?;
         if let Some(n) = raw.deny_cache {
             // A u32 in the file: at most 4 Gi slots, which fits every usize we build for.
             guard.deny_cache = *n.get_ref() as usize;

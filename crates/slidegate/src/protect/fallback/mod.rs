@@ -31,6 +31,21 @@ const SEED_SHARDS: usize = 16;
 /// about 100 bytes each, a few MB in all.
 pub const SEED_CAPACITY: usize = 1 << 16;
 
+/// How the fallback limiter decides: each of `instances` instances sharing
+/// the store enforces `limit / instances` (at least 1) while the store
+/// cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FallbackPolicy {
+    /// Instances sharing the store (0 counts as 1).
+    pub instances: u32,
+}
+
+impl Default for FallbackPolicy {
+    fn default() -> Self {
+        Self { instances: 1 }
+    }
+}
+
 /// What the store last said of one limit of an identity.
 #[derive(Debug, Clone, Copy)]
 struct Seed {
@@ -89,12 +104,12 @@ impl<S> std::fmt::Debug for Fallback<S> {
 }
 
 impl<S> Fallback<S> {
-    /// `inner`, with a fallback limiter enforcing `limit / instances` when
-    /// `on`; without, the store's failures pass through.
-    pub(crate) fn new(inner: S, on: bool, instances: u32, ticks: Ticks) -> Self {
-        let seeded = on.then(|| Seeded {
+    /// `inner`, with a fallback limiter deciding by `policy`; without one,
+    /// the store's failures pass through.
+    pub(crate) fn new(inner: S, policy: Option<FallbackPolicy>, ticks: Ticks) -> Self {
+        let seeded = policy.map(|policy| Seeded {
             store: MemoryStore::new(),
-            instances: u64::from(instances.max(1)),
+            instances: u64::from(policy.instances.max(1)),
             hasher: std::hash::RandomState::new(),
             seeds: (0..SEED_SHARDS).map(|_| Mutex::new(SeedShard::default())).collect(),
         });

@@ -58,7 +58,7 @@ async fn decide_once<S: Store>(fallback: &Fallback<S>) {
 
 #[tokio::test]
 async fn answers_of_a_store_without_outages_are_not_remembered() {
-    let fallback = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
+    let fallback = Fallback::new(MemoryStore::new(), Some(FallbackPolicy::default()), Ticks::start());
     assert!(!fallback.has_outages());
     decide_once(&fallback).await;
     assert_eq!(seeds(&fallback), 0);
@@ -66,11 +66,11 @@ async fn answers_of_a_store_without_outages_are_not_remembered() {
 
 #[tokio::test]
 async fn answers_of_a_store_with_outages_are_remembered() {
-    let fallback = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+    let fallback = Fallback::new(Remote(MemoryStore::new()), Some(FallbackPolicy::default()), Ticks::start());
     assert!(!fallback.has_outages(), "the fallback decides every outage of the store");
     decide_once(&fallback).await;
     assert_eq!(seeds(&fallback), 1);
-    let off = Fallback::new(Remote(MemoryStore::new()), false, 1, Ticks::start());
+    let off = Fallback::new(Remote(MemoryStore::new()), None, Ticks::start());
     assert!(off.has_outages());
 }
 
@@ -82,10 +82,10 @@ async fn only_a_store_that_answers_at_once_is_decided_at_once() {
     let limit = Limit::new(Algorithm::SlidingWindowCounter, Quota::per_minute(10).unwrap());
     let charges = [Charge::new(limit, 1)];
     let identity = Identity::named("rule", "client");
-    let remote = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+    let remote = Fallback::new(Remote(MemoryStore::new()), Some(FallbackPolicy::default()), Ticks::start());
     assert!(remote.decide_now(Request::new(&identity, &charges)).is_none());
     assert_eq!(seeds(&remote), 0);
-    let local = Fallback::new(MemoryStore::new(), true, 1, Ticks::start());
+    let local = Fallback::new(MemoryStore::new(), Some(FallbackPolicy::default()), Ticks::start());
     let outcome = local.decide_now(Request::new(&identity, &charges)).unwrap().unwrap();
     assert_eq!((outcome.decisions[0].allowed, outcome.decisions[0].remaining), (true, 9));
     assert_eq!(seeds(&local), 0, "a store without outages is not bridged");
@@ -95,7 +95,7 @@ async fn only_a_store_that_answers_at_once_is_decided_at_once() {
 /// room they took is given back: churn does not fill the map to its bound.
 #[tokio::test(start_paused = true)]
 async fn seeds_past_their_reset_are_forgotten() {
-    let fallback = Fallback::new(Remote(MemoryStore::new()), true, 1, Ticks::start());
+    let fallback = Fallback::new(Remote(MemoryStore::new()), Some(FallbackPolicy::default()), Ticks::start());
     let limit = Limit::new(Algorithm::FixedWindow, Quota::new(10, Duration::from_secs(1)).unwrap());
     let charges = [Charge::new(limit, 1)];
     for i in 0..5_000 {

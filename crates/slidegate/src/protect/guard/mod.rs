@@ -1,6 +1,6 @@
 //! The guard: a store behind a deadline and a circuit breaker, itself a store.
 //!
-//! Every call gets the deadline ([`StoreGuard::timeout`]); the breaker
+//! Every call gets the deadline ([`GuardPolicy::timeout`]); the breaker
 //! (`breaker.rs`) counts the answers and, once open, makes calls fail at
 //! once with [`Unavailable::NotConnected`](crate::Unavailable::NotConnected) — nothing reached the store, so
 //! nothing was charged — except one trial per interval. When it opens, a
@@ -21,17 +21,39 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part, Quota,
-    Request, SharedTables, Source, Store, StoreError, TableEntry, TableName, Unavailable,
+    Algorithm, Charge, Decision, Delay, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part,
+    Quota, Request, SharedTables, Source, Store, StoreError, TableEntry, TableName, Unavailable,
 };
 
 mod breaker;
 
 use super::Events;
-use super::StoreGuard;
 use super::Ticks;
 pub use breaker::BreakerPolicy;
 use breaker::{Admit, Breaker};
+
+/// How the guard guards each store call: its deadline, the breaker, and how
+/// often an open breaker probes the store ([`StoreGuard::calls`](super::StoreGuard::calls)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GuardPolicy {
+    /// Deadline of one store call.
+    pub timeout: Delay,
+    /// How often an open breaker probes the store.
+    pub probe_interval: Delay,
+    /// When the breaker opens and how it tries the store again.
+    pub breaker: BreakerPolicy,
+}
+
+impl Default for GuardPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: Delay::from_millis(50),
+            probe_interval: Delay::from_millis(500),
+            breaker: BreakerPolicy::default(),
+        }
+    }
+}
 
 struct Shared<S> {
     store: S,
@@ -55,15 +77,15 @@ impl<S> std::fmt::Debug for Guarded<S> {
 }
 
 impl<S> Guarded<S> {
-    /// The store, guarded by `guard`'s deadline and breaker, told to `events`.
-    pub(crate) fn new(store: S, guard: &StoreGuard, events: Arc<dyn Events>, ticks: Ticks) -> Self {
+    /// The store, guarded by `policy`'s deadline and breaker, told to `events`.
+    pub(crate) fn new(store: S, policy: GuardPolicy, events: Arc<dyn Events>, ticks: Ticks) -> Self {
         Self {
             shared: Arc::new(Shared {
                 store,
-                timeout: guard.timeout.get(),
-                probe_interval: guard.probe_interval.get(),
-                trial_interval: guard.breaker.trial_interval.get(),
-                breaker: Breaker::new(guard.breaker),
+                timeout: policy.timeout.get(),
+                probe_interval: policy.probe_interval.get(),
+                trial_interval: policy.breaker.trial_interval.get(),
+                breaker: Breaker::new(policy.breaker),
                 events,
                 ticks,
             }),
