@@ -493,4 +493,53 @@ delay = { max_wait = "600ms", per_identity = 1 }
         let counts: Vec<_> = a.iter().map(|(_, c)| (c.allowed, c.delayed, c.denied)).collect();
         assert_eq!(counts, [(2, 2, 1), (2, 0, 1)], "a (more requests) first, then b");
     }
+
+    /// What `serve` refuses with a 400 before any rule is refused here too,
+    /// counted by reason and under no rule; the lines around are decided
+    /// as if those were never sent.
+    #[tokio::test]
+    async fn what_serve_refuses_before_any_rule_is_refused() {
+        let config = slidegate_server::Config::parse(
+            r#"
+[identity]
+api_key_header = "x-api-key"
+
+[[rules]]
+name = "api"
+path = "/api/*"
+limits = [{ limit = 1, window = "60s" }]
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        let clock = ManualClock::new(0);
+        let limiter =
+            RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap();
+        let header = config.limiter.identity.api_key_header.clone();
+        let mut replay =
+            Replayer::new(limiter, clock, &config.limiter.rules, header, 0, Recorded::at(u64::MAX));
+        let lines = [
+            r#"{"time":1796119200,"method":"GET","path":"/api/x%00","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k, k2"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x y","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/nowhere%00","ip":"10.0.0.1"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k"}"#,
+        ];
+        for (number, line) in (1..).zip(lines) {
+            replay.line("t.log", number, Line::Text(line.as_bytes())).await;
+        }
+        let refused: Vec<(&str, u64)> = replay.refused.iter().map(|(r, n)| (*r, *n)).collect();
+        assert_eq!(
+            refused,
+            [
+                (slidegate_http::AmbiguousKey::DETAIL, 1),
+                (slidegate_http::refused_path("%00").unwrap(), 2),
+                (UNREADABLE_TARGET, 1),
+            ]
+        );
+        assert_eq!((replay.requests, replay.unmatched, replay.malformed), (6, 0, 0));
+        let c = replay.tallies[0].counts;
+        assert_eq!((c.requests, c.allowed, c.denied), (2, 1, 1), "the key's first request is allowed");
+    }
 }
