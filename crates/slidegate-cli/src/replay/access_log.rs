@@ -164,8 +164,9 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// At most 40 characters of `s`, for an error message.
-fn clip(s: &str) -> &str {
+/// At most 40 characters of `s`, for an error message (a line's reasons,
+/// here and in `timestamp`).
+pub(super) fn clip(s: &str) -> &str {
     match s.char_indices().nth(40) {
         Some((i, _)) => &s[..i],
         None => s,

@@ -1,6 +1,19 @@
 //! The simulation: each request of a log through the limiter `serve` would
 //! build from the config, on the embedded store, at the time the log gives.
 //!
+//! Admission. Each request is decided by [`RateLimiter::admit`], the
+//! pipeline `serve`, the tower layer and forward-auth run: a path with an
+//! encoded NUL and an ambiguous API key (a logged key with a comma, which
+//! is how nginx logs a key header sent twice) are refused as `serve`
+//! refuses them, with a 400, before any rule, and counted apart. A target
+//! `http` cannot read as a request target is refused too: `serve`'s HTTP
+//! server answers it 400 before the limiter sees it. What a log does not
+//! carry cannot be judged: the key header on two lines (logged as one
+//! value, so only a comma between them shows), other spellings of the key
+//! header (`x_api_key`, which `admit` removes: counted as no key, as
+//! replay counts a line without one), and whether a request was a gRPC
+//! call, which changes the form of `serve`'s answer, never the verdict.
+//!
 //! Time. The store reads a [`ManualClock`] set to each line's time; the
 //! limits and the penalty box keep their state in the store, so they follow
 //! it exactly. Lines out of order (a log written as requests end, not as
@@ -37,10 +50,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
+use std::collections::BTreeMap;
+
+use http::{HeaderMap, HeaderName, Request};
 use slidegate::{ManualClock, MemoryStore, Source};
 use slidegate_http::config::{DelayConfig, IdentityKind, RuleConfig, RuleLimits};
 use slidegate_http::delay::{max_decisions, wait_for};
+use slidegate_http::grpc::GrpcDenialStatus;
 use slidegate_http::offenders::IdentityHash;
 use slidegate_http::RateLimiter;
 
@@ -52,6 +68,20 @@ use super::timestamp::Recorded;
 
 /// How often (simulated) the store gives back the memory of idle identities.
 const SWEEP_EVERY_MS: u64 = 60_000;
+
+/// Why a target `http` cannot read is refused: `serve` never gets to decide it.
+const UNREADABLE_TARGET: &str = "the target is not one an HTTP server reads (serve answers 400)";
+
+/// What the admission made of one request.
+enum Decided {
+    /// Refused before any rule, with a 400: why.
+    Refused(&'static str),
+    /// No rule matched: not limited.
+    Unmatched,
+    /// Decided under rule number `.0`: the outcome and, under a rule with
+    /// `delay`, how long to hold it before deciding again (`None`: answer now).
+    Rule(usize, Outcome, Option<Duration>),
+}
 
 /// A line that did not read.
 #[derive(Debug, Clone)]
@@ -79,6 +109,8 @@ pub struct Replayer<'c> {
     pub requests: u64,
     /// Requests no rule matched: not limited.
     pub unmatched: u64,
+    /// Requests refused before any rule (a 400 from `serve`), by reason.
+    pub refused: BTreeMap<&'static str, u64>,
     pub malformed: u64,
     /// The first malformed lines, up to the number asked for.
     pub first_malformed: Vec<Malformed>,
@@ -120,6 +152,7 @@ impl<'c> Replayer<'c> {
             lines: 0,
             requests: 0,
             unmatched: 0,
+            refused: BTreeMap::new(),
             malformed: 0,
             first_malformed: Vec::new(),
             keep_malformed,
@@ -191,9 +224,16 @@ impl<'c> Replayer<'c> {
         if let (Some(name), Some(key)) = (&self.key_header, &entry.key) {
             headers.insert(name.clone(), key.clone());
         }
-        let Some((index, outcome, wait)) = self.decide(&entry, &headers, Duration::ZERO).await else {
-            self.unmatched += 1;
-            return;
+        let (index, outcome, wait) = match self.decide(&entry, &headers, Duration::ZERO).await {
+            Decided::Rule(index, outcome, wait) => (index, outcome, wait),
+            Decided::Unmatched => {
+                self.unmatched += 1;
+                return;
+            }
+            Decided::Refused(reason) => {
+                *self.refused.entry(reason).or_default() += 1;
+                return;
+            }
         };
         let identity = self.identity(index, &headers, entry.ip);
         if let (Some(wait), Some(delay)) = (wait, self.delays[index]) {
@@ -213,7 +253,9 @@ impl<'c> Replayer<'c> {
             let at = held.due_ms;
             self.reach(at);
             let since = Duration::from_millis(at - held.since_ms);
-            let Some((index, outcome, wait)) = self.decide(&held.entry, &held.headers, since).await else {
+            // It was admitted when first decided, and the same request is again.
+            let Decided::Rule(index, outcome, wait) = self.decide(&held.entry, &held.headers, since).await
+            else {
                 continue;
             };
             held.decisions += 1;
@@ -247,18 +289,18 @@ impl<'c> Replayer<'c> {
         }
     }
 
-    /// One decision of `entry`, held `held` so far: its rule's number, its
-    /// outcome and, under a rule with `delay`, how long to hold it before
-    /// deciding again (`None`: answer now). `None` when no rule matches.
-    async fn decide(
-        &self,
-        entry: &Entry,
-        headers: &HeaderMap,
-        held: Duration,
-    ) -> Option<(usize, Outcome, Option<Duration>)> {
+    /// One decision of `entry`, sent with `headers` and held `held` so far,
+    /// through the admission `serve` runs.
+    async fn decide(&self, entry: &Entry, headers: &HeaderMap, held: Duration) -> Decided {
         let limiter = &self.limiter;
-        let mut verdict =
-            limiter.check_request(&entry.method, &entry.target, headers, Some(entry.ip)).await?;
+        let request = Request::builder().method(entry.method.clone()).uri(entry.target.as_str()).body(());
+        let Ok(mut request) = request else { return Decided::Refused(UNREADABLE_TARGET) };
+        request.headers_mut().clone_from(headers);
+        let admission = limiter.admit(&mut request, Some(entry.ip), GrpcDenialStatus::default()).await;
+        if let Some(reason) = admission.refused() {
+            return Decided::Refused(reason);
+        }
+        let Some(mut verdict) = admission.verdict else { return Decided::Unmatched };
         let outcome = if verdict.blocked {
             Outcome::Blocked
         } else if verdict.allowed() {
@@ -274,7 +316,10 @@ impl<'c> Replayer<'c> {
                 None => drop(limiter.charge_abandoned(&pending).await),
             }
         }
-        Some((index?, outcome, wait))
+        match index {
+            Some(index) => Decided::Rule(index, outcome, wait),
+            None => Decided::Unmatched,
+        }
     }
 
     /// Counts one request's fate under rule number `index`, at `now`.
@@ -289,7 +334,7 @@ impl<'c> Replayer<'c> {
 
     /// The identity rule number `index` counts the request under, as the
     /// limiter makes it: the API key for a rule keyed by it when the
-    /// request has one, else the client address. `check_request` keeps its
+    /// request has one, else the client address. `admit` keeps its
     /// identity to itself, so this follows it; a test holds the two equal.
     fn identity(&self, index: usize, headers: &HeaderMap, peer: std::net::IpAddr) -> IdentityHash {
         let extractor = self.limiter.identity();
@@ -447,5 +492,54 @@ delay = { max_wait = "600ms", per_identity = 1 }
         let a = replay.tallies[0].heaviest(2);
         let counts: Vec<_> = a.iter().map(|(_, c)| (c.allowed, c.delayed, c.denied)).collect();
         assert_eq!(counts, [(2, 2, 1), (2, 0, 1)], "a (more requests) first, then b");
+    }
+
+    /// What `serve` refuses with a 400 before any rule is refused here too,
+    /// counted by reason and under no rule; the lines around are decided
+    /// as if those were never sent.
+    #[tokio::test]
+    async fn what_serve_refuses_before_any_rule_is_refused() {
+        let config = slidegate_server::Config::parse(
+            r#"
+[identity]
+api_key_header = "x-api-key"
+
+[[rules]]
+name = "api"
+path = "/api/*"
+limits = [{ limit = 1, window = "60s" }]
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        let clock = ManualClock::new(0);
+        let limiter =
+            RateLimiter::from_config(&config.limiter, MemoryStore::with_clock(clock.clone())).unwrap();
+        let header = config.limiter.identity.api_key_header.clone();
+        let mut replay =
+            Replayer::new(limiter, clock, &config.limiter.rules, header, 0, Recorded::at(u64::MAX));
+        let lines = [
+            r#"{"time":1796119200,"method":"GET","path":"/api/x%00","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k, k2"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x y","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/nowhere%00","ip":"10.0.0.1"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k"}"#,
+            r#"{"time":1796119200,"method":"GET","path":"/api/x","ip":"10.0.0.1","api_key":"k"}"#,
+        ];
+        for (number, line) in (1..).zip(lines) {
+            replay.line("t.log", number, Line::Text(line.as_bytes())).await;
+        }
+        let refused: Vec<(&str, u64)> = replay.refused.iter().map(|(r, n)| (*r, *n)).collect();
+        assert_eq!(
+            refused,
+            [
+                (slidegate_http::AmbiguousKey::DETAIL, 1),
+                (slidegate_http::refused_path("%00").unwrap(), 2),
+                (UNREADABLE_TARGET, 1),
+            ]
+        );
+        assert_eq!((replay.requests, replay.unmatched, replay.malformed), (6, 0, 0));
+        let c = replay.tallies[0].counts;
+        assert_eq!((c.requests, c.allowed, c.denied), (2, 1, 1), "the key's first request is allowed");
     }
 }

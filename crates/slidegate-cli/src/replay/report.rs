@@ -45,6 +45,11 @@ pub fn to_json(replay: &Replayer<'_>, wall: Duration, top: usize) -> Value {
         "lines": replay.lines,
         "requests": replay.requests,
         "unmatched": replay.unmatched,
+        "refused": {
+            "count": replay.refused.values().sum::<u64>(),
+            "reasons": replay.refused.iter().map(|(reason, n)| json!({ "reason": reason, "requests": n }))
+                .collect::<Vec<_>>(),
+        },
         "malformed": {
             "count": replay.malformed,
             "out_of_range": {
@@ -91,12 +96,17 @@ pub fn print_text(replay: &Replayer<'_>, wall: Duration, top: usize) {
         String::new()
     };
     outln!(
-        "  {} requests, {} matching no rule (not limited), {} malformed, {} out of order{late}",
+        "  {} requests, {} matching no rule (not limited), {} refused before any rule (400), {} malformed, \
+         {} out of order{late}",
         replay.requests,
         replay.unmatched,
+        replay.refused.values().sum::<u64>(),
         replay.malformed,
         replay.out_of_order,
     );
+    for (reason, n) in &replay.refused {
+        outln!("  {n} refused: {reason}");
+    }
     if replay.out_of_range > 0 {
         outln!(
             "  {} of the malformed lines are dated before {} or after {} (a day past this machine's clock): \

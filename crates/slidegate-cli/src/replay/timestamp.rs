@@ -9,6 +9,8 @@
 
 use slidegate::store::MAX_TIME_MS;
 
+use super::access_log::clip;
+
 const MS_PER_DAY: i64 = 86_400_000;
 const MONTHS: [&str; 12] =
     ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
@@ -257,14 +259,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let day = (day_of_year - (153 * mp + 2) / 5 + 1) as u32;
     let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (year_of_era + era * 400 + i64::from(month <= 2), month, day)
-}
-
-/// At most 40 characters of `s`, for an error message.
-fn clip(s: &str) -> &str {
-    match s.char_indices().nth(40) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
 }
 
 #[cfg(test)]

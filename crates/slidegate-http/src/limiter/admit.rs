@@ -51,6 +51,13 @@ pub struct Admission<'a> {
 }
 
 impl Admission<'_> {
+    /// Why the request was refused before the check (its answer is a 400),
+    /// if it was: a refused path or an ambiguous API key. `None` for a
+    /// request that was checked, whatever the verdict.
+    pub fn refused(&self) -> Option<&'static str> {
+        self.refused
+    }
+
     /// How the request is answered in gRPC's terms, if it is a gRPC call:
     /// an answer the caller makes itself (an upstream failure) must be put
     /// in them too ([`grpc::answer`]).

@@ -376,6 +376,19 @@ impl<S: Store + 'static> RateLimiter<S> {
     }
 
     /// Decides a request: `None` when no rule matches (the request is not limited).
+    ///
+    /// Only the check: this is step 4 of [`RateLimiter::admit`], without
+    /// the steps before it, so it answers some requests that `serve`, the
+    /// layer and forward-auth never check. It does not remove the other
+    /// spellings of the identity headers (`headers` is not changed: an
+    /// `x_api_key` is not read as the key, nor taken away), does
+    /// not refuse a path with an encoded NUL, and does not refuse an
+    /// ambiguous API key: given the key header on two lines it counts the
+    /// first, and a value with a comma as one key. Nor does it say whether
+    /// the request is a gRPC call (which changes the form of a refusal,
+    /// not the verdict). A caller that predicts what a surface answers
+    /// (`slidegate replay`) goes through [`RateLimiter::admit`].
+    ///
     /// `target` is the request target in origin form, the path and its
     /// query (`uri.path_and_query()`); rules match the path, and a breadth
     /// limit of `query:<name>` reads the query (given the path alone, it
