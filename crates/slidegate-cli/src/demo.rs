@@ -128,7 +128,7 @@ struct Memory {
 }
 
 /// Runs `slidegate demo`.
-pub fn run(args: DemoArgs) -> crate::CommandResult {
+pub fn run(args: DemoArgs) -> crate::exit::CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let identities = args.identities as u64;
     let progress = Progress::new(identities);

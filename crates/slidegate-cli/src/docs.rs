@@ -11,8 +11,6 @@
 
 use std::process::ExitCode;
 
-use clap::CommandFactory;
-
 /// Arguments of `slidegate completions`.
 #[derive(clap::Args)]
 pub struct CompletionsArgs {
@@ -42,23 +40,24 @@ pub struct ManArgs {
     out_dir: Option<std::path::PathBuf>,
 }
 
-/// Runs `slidegate completions`.
-pub fn completions(args: CompletionsArgs) -> crate::CommandResult {
+/// Runs `slidegate completions` for `command`, the whole command line's definition.
+pub fn completions(args: CompletionsArgs, mut command: clap::Command) -> crate::exit::CommandResult {
     let shell = match args.shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
         Shell::Fish => clap_complete::Shell::Fish,
     };
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut crate::Cli::command(), "slidegate", &mut script);
+    clap_complete::generate(shell, &mut command, "slidegate", &mut script);
     out!("{}", String::from_utf8_lossy(&script));
     Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `slidegate man`: the page of `slidegate`, whose SUBCOMMANDS
-/// section refers to `slidegate-COMMAND(1)`, or that page of a subcommand.
-pub fn man(args: ManArgs) -> crate::CommandResult {
-    let mut command = crate::Cli::command();
+/// section refers to `slidegate-COMMAND(1)`, or that page of a subcommand;
+/// `root` is the whole command line's definition.
+pub fn man(args: ManArgs, mut root: clap::Command) -> crate::exit::CommandResult {
+    let mut command = root.clone();
     // Gives each subcommand its display name, `slidegate-COMMAND`.
     command.build();
     if let Some(dir) = args.out_dir {
@@ -73,7 +72,7 @@ pub fn man(args: ManArgs) -> crate::CommandResult {
             } else {
                 format!("no subcommand {name:?}: expected one of {}", names.join(", "))
             };
-            crate::Cli::command().error(clap::error::ErrorKind::InvalidValue, message).exit();
+            root.error(clap::error::ErrorKind::InvalidValue, message).exit();
         };
         page = sub.clone().version(env!("CARGO_PKG_VERSION"));
     }
@@ -85,7 +84,7 @@ pub fn man(args: ManArgs) -> crate::CommandResult {
 
 /// Writes the page of `command` and of each of its subcommands, depth first,
 /// into `dir` as `DISPLAY-NAME.1`, naming each file written on stdout.
-fn write_pages(command: &clap::Command, dir: &std::path::Path) -> crate::CommandResult {
+fn write_pages(command: &clap::Command, dir: &std::path::Path) -> crate::exit::CommandResult {
     if !dir.is_dir() {
         return Err(format!("--out-dir {}: not an existing directory", dir.display()).into());
     }

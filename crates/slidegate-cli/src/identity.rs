@@ -77,7 +77,7 @@ struct HashArgs {
 }
 
 /// Runs `slidegate identity`.
-pub fn run(args: IdentityArgs) -> crate::CommandResult {
+pub fn run(args: IdentityArgs) -> crate::exit::CommandResult {
     let args = match args.command {
         IdentityCommand::Hash(args) => args,
         IdentityCommand::Show(args) => {
@@ -89,7 +89,7 @@ pub fn run(args: IdentityArgs) -> crate::CommandResult {
                 }
                 Err(message) => {
                     eprintln!("slidegate: {message}");
-                    Ok(ExitCode::from(crate::EX_USAGE))
+                    Ok(ExitCode::from(crate::exit::EX_USAGE))
                 }
             };
         }
@@ -101,7 +101,7 @@ pub fn run(args: IdentityArgs) -> crate::CommandResult {
         }
         Err(message) => {
             eprintln!("slidegate: {message}");
-            Ok(ExitCode::from(crate::EX_USAGE))
+            Ok(ExitCode::from(crate::exit::EX_USAGE))
         }
     }
 }

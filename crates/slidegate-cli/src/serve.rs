@@ -39,19 +39,19 @@ pub struct CheckConfigArgs {
 fn load(path: &PathBuf) -> Result<Config, ExitCode> {
     Config::load_to_serve(path).map_err(|err: ConfigError| {
         eprintln!("slidegate: {err}");
-        ExitCode::from(crate::EX_USAGE)
+        ExitCode::from(crate::exit::EX_USAGE)
     })
 }
 
 /// Runs `slidegate serve`.
-pub fn run(args: ServeArgs) -> crate::CommandResult {
+pub fn run(args: ServeArgs) -> crate::exit::CommandResult {
     let mut config = match load(&args.config) {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
     if let Err(message) = init_logging(config.server.log_format) {
         eprintln!("slidegate: {message}");
-        return Ok(ExitCode::from(crate::EX_USAGE));
+        return Ok(ExitCode::from(crate::exit::EX_USAGE));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Memory freed by closed connections goes back to the system.
@@ -94,10 +94,10 @@ pub fn run(args: ServeArgs) -> crate::CommandResult {
 }
 
 /// Runs `slidegate check-config`.
-pub fn check_config(args: CheckConfigArgs) -> crate::CommandResult {
+pub fn check_config(args: CheckConfigArgs) -> crate::exit::CommandResult {
     // The group requires exactly one of the two.
     let Some(file) = args.config.or(args.file) else {
-        return Ok(ExitCode::from(crate::EX_USAGE));
+        return Ok(ExitCode::from(crate::exit::EX_USAGE));
     };
     let config = match load(&file) {
         Ok(config) => config,

@@ -51,7 +51,7 @@ pub struct AccuracyArgs {
 }
 
 /// Runs `slidegate accuracy`.
-pub fn run(args: AccuracyArgs) -> crate::CommandResult {
+pub fn run(args: AccuracyArgs) -> crate::exit::CommandResult {
     let quota = Quota::new(args.limit, std::time::Duration::from_secs(args.window_secs))?;
     let traffic =
         traffic::generate(args.requests, args.sources, quota.permits(), quota.window_ms(), args.seed);

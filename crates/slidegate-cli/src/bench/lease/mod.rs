@@ -103,12 +103,12 @@ struct Run {
 }
 
 /// Runs `slidegate bench lease`.
-pub fn run(args: LeaseArgs) -> crate::CommandResult {
+pub fn run(args: LeaseArgs) -> crate::exit::CommandResult {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(bench(args))
 }
 
-async fn bench(args: LeaseArgs) -> crate::CommandResult {
+async fn bench(args: LeaseArgs) -> crate::exit::CommandResult {
     let urls: Vec<String> =
         args.redis_url.iter().cloned().chain(args.redis_cluster.iter().cloned()).collect();
     for url in &urls {
@@ -119,7 +119,7 @@ async fn bench(args: LeaseArgs) -> crate::CommandResult {
         };
         if !(host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())) {
             eprintln!("slidegate bench lease: {host} is not a loopback address; this load only goes to a Redis on this machine");
-            return Ok(ExitCode::from(crate::EX_USAGE));
+            return Ok(ExitCode::from(crate::exit::EX_USAGE));
         }
     }
     let mut admin = match &args.redis_url {
@@ -184,7 +184,7 @@ async fn script_totals(admin: &mut Nodes) -> Result<(u64, u64), Box<dyn std::err
     Ok((calls, usec))
 }
 
-fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)], masters: usize) -> crate::CommandResult {
+fn report(args: &LeaseArgs, runs: &[(&str, &str, Run)], masters: usize) -> crate::exit::CommandResult {
     if args.json {
         let loads: serde_json::Map<String, Value> = runs
             .iter()

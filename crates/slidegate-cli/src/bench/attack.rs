@@ -75,12 +75,12 @@ struct Run {
 }
 
 /// Runs `slidegate bench attack`.
-pub fn run(args: AttackArgs) -> crate::CommandResult {
+pub fn run(args: AttackArgs) -> crate::exit::CommandResult {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(attack(args))
 }
 
-async fn attack(args: AttackArgs) -> crate::CommandResult {
+async fn attack(args: AttackArgs) -> crate::exit::CommandResult {
     let client = redis::Client::open(args.redis_url.as_str())?;
     let host = match client.get_connection_info().addr() {
         ConnectionAddr::Tcp(host, _) => host.clone(),
@@ -88,7 +88,7 @@ async fn attack(args: AttackArgs) -> crate::CommandResult {
     };
     if !(host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())) {
         eprintln!("slidegate bench attack: {host} is not a loopback address; this load only goes to a Redis on this machine");
-        return Ok(ExitCode::from(crate::EX_USAGE));
+        return Ok(ExitCode::from(crate::exit::EX_USAGE));
     }
     let mut admin =
         client.get_multiplexed_async_connection().await.map_err(|e| unreachable(&args.redis_url, e))?;
