@@ -28,9 +28,6 @@ mod identity;
 mod replay;
 mod serve;
 
-// `replay/` still names these at the root; it moves to `exit::` with its
-// own change, and this line goes then.
-use exit::{CommandResult, EX_USAGE};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -73,12 +73,12 @@ struct Log {
 }
 
 /// Runs `slidegate replay`.
-pub fn run(args: ReplayArgs) -> crate::CommandResult {
+pub fn run(args: ReplayArgs) -> crate::exit::CommandResult {
     let mut config = match Config::load_limiter(&args.config) {
         Ok(config) => config,
         Err(err) => {
             eprintln!("slidegate: {err}");
-            return Ok(ExitCode::from(crate::EX_USAGE));
+            return Ok(ExitCode::from(crate::exit::EX_USAGE));
         }
     };
     // The deny cache counts on the process's clock, not the replay's; it is
