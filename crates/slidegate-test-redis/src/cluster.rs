@@ -52,6 +52,8 @@ struct ClusterNode {
     id: String,
     process: RedisNode,
     killed: bool,
+    /// What it was started with (its own `nodes.conf`), to start it again.
+    spec: NodeSpec,
 }
 
 /// One line of `CLUSTER NODES`, as far as the harness needs it.
@@ -152,9 +154,10 @@ impl RedisCluster {
             let starts: Vec<_> = (0..MASTERS * 2)
                 .map(|_| {
                     scope.spawn(|| {
-                        let process = RedisNode::start(&node_spec(&dir, args), dir.path());
+                        let spec = node_spec(&dir, args);
+                        let process = RedisNode::start(&spec, dir.path());
                         let id = redis_cli(process.port(), &[], &["CLUSTER", "MYID"]);
-                        ClusterNode { id, process, killed: false }
+                        ClusterNode { id, process, killed: false, spec }
                     })
                 })
                 .collect();
@@ -265,6 +268,24 @@ impl RedisCluster {
         node.killed = true;
     }
 
+    /// Starts the killed node on `port` again, on the same port with its
+    /// own `nodes.conf` and no data (nothing is saved): it rejoins as a
+    /// replica of the master that took its slots, as a crashed master
+    /// restarted by its supervisor does. Waits until the cluster agrees.
+    ///
+    /// # Panics
+    /// If no node on `port` was killed, or it does not start and rejoin
+    /// within 30 s.
+    pub fn restart_node(&mut self, port: u16) {
+        let dir = self.dir.path().to_owned();
+        let node = self.nodes.iter_mut().find(|n| n.process.port() == port && n.killed);
+        let node = node.unwrap_or_else(|| panic!("no killed cluster node on port {port}"));
+        node.process = RedisNode::start_on(&node.spec, &dir, port)
+            .unwrap_or_else(|why| panic!("cannot start the node on port {port} again: {why}"));
+        node.killed = false;
+        self.wait_until_settled("the restarted node to rejoin");
+    }
+
     /// Waits until the slots of the killed master(s) belong to promoted
     /// replicas, every running node reports `cluster_state:ok` and agrees on
     /// the slot map; returns the port of the master that now owns the slots of
@@ -309,7 +330,8 @@ impl RedisCluster {
     /// If the node does not start or join within 30 s.
     pub fn add_master(&mut self) -> u16 {
         let args: Vec<&str> = self.node_args.iter().map(String::as_str).collect();
-        let process = RedisNode::start(&node_spec(&self.dir, &args), self.dir.path());
+        let spec = node_spec(&self.dir, &args);
+        let process = RedisNode::start(&spec, self.dir.path());
         let port = process.port();
         let id = redis_cli(port, &[], &["CLUSTER", "MYID"]);
         let seed = self.masters()[0];
@@ -317,7 +339,7 @@ impl RedisCluster {
             &["add-node", &format!("127.0.0.1:{port}"), &format!("127.0.0.1:{seed}")],
             &format!("add-node {port}"),
         );
-        self.nodes.push(ClusterNode { id, process, killed: false });
+        self.nodes.push(ClusterNode { id, process, killed: false, spec });
         self.wait_until_settled("every node to know the added master");
         port
     }

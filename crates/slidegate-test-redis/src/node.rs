@@ -95,7 +95,7 @@ impl RedisNode {
         panic!("could not start redis-server after {START_ATTEMPTS} attempts:\n{}", failures.join("\n"));
     }
 
-    fn start_on(spec: &NodeSpec, dir: &Path, port: u16) -> Result<RedisNode, String> {
+    pub(crate) fn start_on(spec: &NodeSpec, dir: &Path, port: u16) -> Result<RedisNode, String> {
         let log = dir.join(format!("redis-{port}.log"));
         let port_args: Vec<String> = if spec.tls_port {
             vec!["--tls-port".into(), port.to_string(), "--port".into(), "0".into()]

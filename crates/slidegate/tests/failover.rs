@@ -316,3 +316,79 @@ fn until_lane_on(
         });
     }
 }
+
+/// A killed master comes back (empty, as a replica of the node that took
+/// its slots), three times, while six connections of serve's deadline
+/// (50 ms) decide at full speed: once the cluster has settled, every
+/// connection decides again within a few seconds, each time. None may stay
+/// stuck timing out on a topology it no longer matches.
+#[test]
+fn every_connection_decides_again_after_a_killed_master_comes_back() {
+    let mut cluster = RedisCluster::start();
+    let runtime = runtime();
+    let quick = RedisOptions::new()
+        .with_timeout(Duration::from_millis(50))
+        .with_connect_timeout(Duration::from_millis(500));
+    let stores: Vec<RedisStore> = (0..6)
+        .map(|_| {
+            runtime
+                .block_on(RedisStore::connect_to(&RedisTarget::Cluster(cluster.urls()), quick.clone()))
+                .unwrap_or_else(|e| panic!("connect: {e}"))
+        })
+        .collect();
+    let wide = limit(Algorithm::FixedWindow, 1_000_000_000, 600_000);
+    let identity = "comeback".to_owned();
+    let slot = slot_of(&stores[0].keys_for(&id(&identity), &wide)[0]);
+    // When each connection last decided: set by its task.
+    let last_ok: Arc<Vec<Mutex<Instant>>> =
+        Arc::new(stores.iter().map(|_| Mutex::new(Instant::now())).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, store)| {
+            let (store, identity, last_ok, stop) =
+                (store.clone(), identity.clone(), last_ok.clone(), stop.clone());
+            runtime.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if store.decide_one(&id(&identity), &wide, 1).await.is_ok() {
+                        *last_ok[i].lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    for round in 0..3 {
+        let master = cluster.master_of_slot(slot);
+        let index = cluster.masters().iter().position(|&m| m == master).unwrap_or_else(|| panic!("{master}"));
+        cluster.kill_master(index);
+        // Started again as soon as a node sees the slot's new master, as a
+        // supervisor would, before the cluster agrees.
+        let promoted = Instant::now() + Duration::from_secs(30);
+        while cluster.master_of_slot(slot) == master {
+            assert!(Instant::now() < promoted, "round {round}: no replica took slot {slot} from {master}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cluster.restart_node(master);
+        let settled = Instant::now();
+        let deadline = settled + Duration::from_secs(10);
+        loop {
+            let stuck: Vec<usize> = (0..stores.len())
+                .filter(|&i| *last_ok[i].lock().unwrap_or_else(|e| e.into_inner()) < settled)
+                .collect();
+            if stuck.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: connections {stuck:?} did not decide in the 10 s after the killed master {master} came back"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        runtime.block_on(task).unwrap_or_else(|e| panic!("a decision task panicked: {e}"));
+    }
+}

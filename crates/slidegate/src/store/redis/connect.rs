@@ -8,6 +8,7 @@ use std::sync::Arc;
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClientBuilder;
 
+use super::cluster_link::ClusterLink;
 use super::link::Link;
 use super::scripts::{self, Assembly};
 use super::target::{self, SentinelSource, Source};
@@ -164,7 +165,7 @@ impl RedisStore {
             super::version::check_reply(&info)?;
         }
         let store = Self {
-            conn: Connection::Cluster(conn),
+            conn: Connection::Cluster(ClusterLink::new(client, conn, options.connect_timeout)),
             timeout: options.timeout,
             prefix: DEFAULT_PREFIX.into(),
             time: TimeSource::Server,

@@ -177,7 +177,7 @@ impl RedisStore {
                     self.probe_module(generation, &mut conn).await
                 }
                 Connection::Manager(manager) => self.probe_module(0, &mut manager.clone()).await,
-                Connection::Cluster(cluster) => self.probe_cluster_module(&mut cluster.clone()).await,
+                Connection::Cluster(cluster) => self.probe_cluster_module(&mut cluster.get()).await,
             }
         };
         match tokio::time::timeout(self.timeout, probe).await {

@@ -55,6 +55,7 @@
 //! Needs Redis 7.0 or newer (`SET … PXAT`, `ZRANGE … BYSCORE`, and scripts
 //! replicated by effects, which makes `TIME` inside a script safe).
 
+mod cluster_link;
 mod connect;
 mod engine;
 mod key;
@@ -75,9 +76,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
+use self::cluster_link::ClusterLink;
 pub use self::engine::Engine;
 use self::engine::ModuleProbe;
 use self::key::{IdentityKeys, KeyHead, StateKey};
@@ -111,7 +112,7 @@ enum Connection {
     /// The `redis` crate's cluster connection: routes each script by its
     /// keys' slot, follows `MOVED`/`ASK`, retries `TRYAGAIN`, all within the
     /// store's deadline.
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
 }
 
 /// A [`Store`] in Redis. Cheap to clone: clones share one multiplexed,
@@ -351,7 +352,11 @@ impl RedisStore {
                     Ok(reply?)
                 }
                 Connection::Manager(manager) => Ok(run(&mut manager.clone(), &cmd, fallback).await?),
-                Connection::Cluster(cluster) => Ok(run(&mut cluster.clone(), &cmd, fallback).await?),
+                Connection::Cluster(cluster) => {
+                    let reply = run(&mut cluster.get(), &cmd, fallback).await;
+                    cluster.note(reply.is_ok());
+                    Ok(reply?)
+                }
             }
         };
         self.settle(tokio::time::timeout_at(deadline.local.into(), call).await, deadline)
@@ -370,7 +375,11 @@ impl RedisStore {
                     Ok(reply?)
                 }
                 Connection::Manager(manager) => Ok(cmd.query_async(&mut manager.clone()).await?),
-                Connection::Cluster(cluster) => Ok(cmd.query_async(&mut cluster.clone()).await?),
+                Connection::Cluster(cluster) => {
+                    let reply = cmd.query_async(&mut cluster.get()).await;
+                    cluster.note(reply.is_ok());
+                    Ok(reply?)
+                }
             }
         };
         self.settle(tokio::time::timeout_at(deadline.local.into(), call).await, deadline)
