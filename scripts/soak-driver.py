@@ -369,6 +369,16 @@ def report(args):
 
     verdicts = oracle(result, touched)
     failures = []
+    # The fallback decides while the store cannot; long after every fault
+    # has ended, an instance still deciding by it has lost its store for
+    # good (a connection stuck after a kill): a failure, not a fault.
+    recovered_within = 30
+    for name, rows in sorted(fallback.items()):
+        for (t0, a), (t1, b) in zip(rows, rows[1:]):
+            if sum(b.values()) > sum(a.values()) and not any(s - 5 < t1 and e + recovered_within > t0 for s, e, _ in faults):
+                failures.append(f"serve {name}: decided by its fallback at +{t0 - result['started']:.0f}s,"
+                                f" more than {recovered_within} s after any fault")
+                break
     for rule, v in verdicts.items():
         if v["windows_beyond_bound"]:
             failures.append(f"oracle: {rule}: {v['windows_beyond_bound']} windows over their bound")
