@@ -169,6 +169,8 @@ pub(super) fn restart_required(old: &Config, new: &Config) -> Vec<String> {
             "server.max_upstream_connections_per_client",
             differs(&a.max_upstream_connections_per_client, &b.max_upstream_connections_per_client),
         ),
+        // Each listener's cap and timeouts are its acceptor's, set at bind.
+        ("server.connections", differs(&a.connections, &b.connections)),
     ];
     let (a, b) = (&old.store, &new.store);
     // `[store] on_error` is each rule's default, applied with the rules.
@@ -403,6 +405,8 @@ limits = { search = [{ limit = 40, window = "1s" }] }
             "[server]\nlisten = \"127.0.0.1:8081\"\nthreads = 2\n[store]\ntimeout_ms = 20\non_error = \"deny\"\n",
         );
         assert_eq!(restart_required(&old, &new), ["server.listen", "server.threads", "store"]);
+        let capped = config("[server]\nlisten = \"127.0.0.1:8080\"\nconnections.public = { max = 100 }\n");
+        assert_eq!(restart_required(&old, &capped), ["server.connections"]);
         // `on_error` alone is each rule's default: applied with the rules.
         let deny = config("[server]\nlisten = \"127.0.0.1:8080\"\n[store]\non_error = \"deny\"\n");
         assert!(restart_required(&old, &deny).is_empty());
