@@ -21,7 +21,8 @@
 # against docs/serve.md's bounds. Exits 1 if the oracle finds more, a
 # process died, a reload failed, or RSS or fds grew beyond the tolerance
 # (after warm-up: RSS 1.5x + 32 MB, fds + 64; with SOAK_FLAT_MB=M, serve's RSS
-# at the end of each fault cycle after the first within M MB of the first's).
+# at the end of each fault cycle after the first within M MB of the first's),
+# or an instance still decides by its fallback 30 s after every fault.
 # Needs: redis-server and redis-cli (7.x), curl with HTTP/2, python3.
 # Usage: scripts/soak.sh MINUTES [JSON_OUT]   (SOAK_KEEP=1 keeps the temp dir: logs, samples;
 #        SOAK_FAULTS=N runs N fault cycles, one by default; SOAK_KILL=1 adds
@@ -51,7 +52,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# Six node ports whose cluster bus ports (+10000) are free too: 20000..45535.
+# Six node ports whose cluster bus ports (+10000) are free too, all below the
+# kernel's ephemeral range (32768 on): a killed node's port in that range can
+# be handed to an outgoing connection meanwhile — to a client reconnecting
+# to it, which then connects to itself (TCP self-connect) and reads its own
+# commands back as replies — and the node cannot bind it again.
 NODE_BASE=$(python3 -c '
 import random, socket
 def free(p):
@@ -60,7 +65,7 @@ def free(p):
     except OSError: return False
     finally: s.close()
 while True:
-    b = random.randrange(20000, 45530)
+    b = random.randrange(20000, 22762)
     if all(free(b + i) and free(b + i + 10000) for i in range(6)): print(b); break')
 NODES=($(seq "$NODE_BASE" $((NODE_BASE + 5))))
 

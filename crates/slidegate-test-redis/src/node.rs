@@ -261,26 +261,39 @@ pub(crate) fn wait_for<T>(
     }
 }
 
+/// Where cluster nodes listen, their bus ports (+10000) included: below the
+/// kernel's ephemeral range (32768–60999 by default). A node's port in that
+/// range, once the node is killed, can be handed to an outgoing connection
+/// as its local port — to a client reconnecting to that very port, which
+/// then connects to itself (a TCP self-connect) and reads its own commands
+/// back as replies, and the node cannot bind its port again.
+const CLUSTER_PORTS: std::ops::Range<u16> = 20_000..22_768;
+
 /// A loopback port that was free a moment ago, never a reserved one. With
-/// `needs_bus`, the port is below 55536 and `port + 10000` was free too.
-/// Another process may take it before redis-server binds it; node starts
-/// retry with a new one then.
+/// `needs_bus`, a port of [`CLUSTER_PORTS`] whose `port + 10000` was free
+/// too. Another process may take it before redis-server binds it; node
+/// starts retry with a new one then.
 fn free_port(needs_bus: bool) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
     loop {
+        if needs_bus {
+            let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+            let span = u64::from(CLUSTER_PORTS.end - CLUSTER_PORTS.start);
+            let port = CLUSTER_PORTS.start + u16::try_from(random % span).unwrap_or(0);
+            let bus = port + CLUSTER_BUS_OFFSET;
+            if RESERVED_PORTS.contains(&port) || RESERVED_PORTS.contains(&bus) {
+                continue;
+            }
+            let free = |p: u16| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok();
+            if free(port) && free(bus) {
+                return port;
+            }
+            continue;
+        }
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .unwrap_or_else(|e| panic!("cannot bind an ephemeral port on 127.0.0.1: {e}"));
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
-        if port == 0 || RESERVED_PORTS.contains(&port) {
-            continue;
-        }
-        if !needs_bus {
-            return port;
-        }
-        let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) else { continue };
-        if RESERVED_PORTS.contains(&bus) {
-            continue;
-        }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).is_ok() {
+        if port != 0 && !RESERVED_PORTS.contains(&port) {
             return port;
         }
     }

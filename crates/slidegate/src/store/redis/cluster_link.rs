@@ -5,16 +5,21 @@
 //! reconnects to a node that went away and refreshes its slot map by
 //! itself. Yet in the soak's kill variant (`SOAK_KILL=1 scripts/soak.sh`:
 //! SIGKILL of the master holding the hot key, its replica promoted, the
-//! node started again as a replica), three of twenty-four connections
-//! (one per `serve` instance and kill) never answered again: every call,
-//! to every master, timed out in the client for the remaining ten minutes,
-//! while a new connection to the same cluster answered at once. So the
-//! store watches its connection: when calls have been made and none has
-//! succeeded for [`STUCK_AFTER`], one background task opens a new
-//! connection from the same client (seeds, credentials, TLS, retries) and
-//! swaps it in; calls already sent finish or time out on the old one. A
-//! Cluster that is down as a whole costs one connection attempt per
-//! [`STUCK_AFTER`], within the connect timeout.
+//! node started again as a replica), three of twenty-four connections (one
+//! per `serve` instance and kill) never answered again: every call, to
+//! every master, timed out in the client for the remaining ten minutes.
+//! The nodes listened on ports in the kernel's ephemeral range; while one
+//! was dead, the client reconnecting to its port could be given that very
+//! port as its own local port and connect to itself (a TCP self-connect:
+//! a rerun logged its own `EVALSHA` read back as the reply), and the node,
+//! started again, could not bind its port. Keeping Redis ports below the
+//! ephemeral range (docs/serve.md) prevents that; this guards against any
+//! connection that stops answering whatever the cause: when calls have
+//! been made and none has succeeded for [`STUCK_AFTER`], one background
+//! task opens a new connection from the same client (seeds, credentials,
+//! TLS, retries) and swaps it in, the old one dropped once the calls
+//! already sent on it end. A Cluster that is down as a whole costs one
+//! connection attempt per [`STUCK_AFTER`], within the connect timeout.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
