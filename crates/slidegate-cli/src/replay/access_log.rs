@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::Value;
 
+use super::clip::clip;
 use super::timestamp;
 
 /// A request as a log line records it.
@@ -161,15 +162,6 @@ fn kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
-    }
-}
-
-/// At most 40 characters of `s`, for an error message (a line's reasons,
-/// here and in `timestamp`).
-pub(super) fn clip(s: &str) -> &str {
-    match s.char_indices().nth(40) {
-        Some((i, _)) => &s[..i],
-        None => s,
     }
 }
 

@@ -14,6 +14,7 @@
 //! [`tally::MAX_BUCKETS`] buckets per rule, widening them as the span grows.
 
 mod access_log;
+mod clip;
 mod held;
 mod line_reader;
 mod replayer;

@@ -9,7 +9,7 @@
 
 use slidegate::store::MAX_TIME_MS;
 
-use super::access_log::clip;
+use super::clip::clip;
 
 const MS_PER_DAY: i64 = 86_400_000;
 const MONTHS: [&str; 12] =
