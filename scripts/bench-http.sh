@@ -21,6 +21,11 @@
 # answering the same requests with a fixed JSON body. Both also with one
 # server thread (threads = 1; minimal_hyper ADDR 1): wrk takes a core of the
 # two, and a second server thread then competes with it for the other.
+# When throttlecrab-server is on PATH (cargo install throttlecrab-server;
+# its build needs protoc: apt-get install protobuf-compiler), the same load
+# with a limit of 100 per 60 s goes to its POST /throttle (in-memory store)
+# and to /v1/check with a rule of 100 per 60 s: the decision service
+# against a peer made for the job.
 # Paths are measured in interleaved rounds; medians and ranges are reported.
 # Needs: nginx, wrk, redis-server (apt-get install nginx wrk redis-server).
 # Usage: scripts/bench-http.sh [seconds per run, default 3] [rounds, default 5]
@@ -68,7 +73,7 @@ fi
 # Ports: free ones the kernel picks, or consecutive ones from
 # SLIDEGATE_BENCH_PORTS (e.g. 17450) on a machine where ports are assigned.
 NEXT_PORT="${SLIDEGATE_BENCH_PORTS:-}"
-for name in UPSTREAM NGINX SG SGR SGP REDIS HYP SGC SGCA HYP1 SGC1 SGCA1; do
+for name in UPSTREAM NGINX SG SGR SGP REDIS HYP SGC SGCA SGCH HYP1 SGC1 SGCA1 TC; do
     if [ -n "$NEXT_PORT" ]; then
         printf -v "$name" %s "$NEXT_PORT"
         NEXT_PORT=$((NEXT_PORT + 1))
@@ -136,21 +141,36 @@ url = \"redis://127.0.0.1:$REDIS/\"" > "$WORK/sgr.toml"
 sg_conf "$SGP" "" "/never-requested" > "$WORK/sgp.toml"
 # The decision service: /v1/check on the admin listener, one rule whose
 # window outlasts the run, so the store holds all 100,000 identities.
-check_conf() { # port, admin port, threads
+# With an auth port, the forward-auth hook too (nginx's requests sent to it
+# directly: one decision per request, as /v1/check's).
+check_conf() { # port, admin port, threads, auth port
+    local auth=""
+    if [ -n "${4:-}" ]; then auth="auth_listen = \"127.0.0.1:$4\""; fi
     cat <<EOF
 [server]
 listen = "127.0.0.1:$1"
 upstream = "http://127.0.0.1:$UPSTREAM"
 admin_listen = "127.0.0.1:$2"
 ${3:+threads = $3}
+$auth
+
+[identity]
+api_key_header = "x-api-key"
+trusted_proxies = ["127.0.0.1/32"]
 
 [[rules]]
 name = "check"
 path = "/*"
 limits = [{ limit = 1000000000, window = "1h" }]
+
+# throttlecrab-server's load: 100 per 60 s an identity.
+[[rules]]
+name = "per-minute"
+path = "/never-requested"
+limits = [{ limit = 100, window = "60s" }]
 EOF
 }
-check_conf "$SGC" "$SGCA" > "$WORK/sgc.toml"
+check_conf "$SGC" "$SGCA" "" "$SGCH" > "$WORK/sgc.toml"
 check_conf "$SGC1" "$SGCA1" 1 > "$WORK/sgc1.toml"
 
 "${NICE[@]}" nginx -c "$WORK/upstream/nginx.conf" & PIDS+=($!); UPSTREAM_PID=$!
@@ -172,6 +192,7 @@ done
 # Every path admits: a limiter that rejected would skew the figures.
 curl -sf -D - -o /dev/null "http://127.0.0.1:$SGR/" | grep -qi '^ratelimit:' || { echo "slidegate+redis is not limiting" >&2; exit 1; }
 curl -sf -d '{"rule":"check","key":"probe"}' "http://127.0.0.1:$SGCA/v1/check" | grep -q '"allowed":true' || { echo "/v1/check does not answer" >&2; exit 1; }
+curl -sf -o /dev/null -H 'X-Original-Method: GET' -H 'X-Original-URI: /' -H 'X-Api-Key: probe' "http://127.0.0.1:$SGCH/nginx" || { echo "the forward-auth hook does not admit" >&2; exit 1; }
 
 # CPU time (user + system, clock ticks) of processes and their children.
 ticks() {
@@ -195,22 +216,42 @@ range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s",
 LABELS=(direct hyper nginx slidegate slidegate+redis proxy-only)
 PORTS=($UPSTREAM $HYP $NGINX $SG $SGR $SGP)
 OWNERS=("$UPSTREAM_PID" "$HYPER_PID" "$NGINX_PID" "$SG_PID" "$SGR_PID" "$SGP_PID")
-CHECK_LABELS=(check hyper-check check-1-thread hyper-check-1-thread)
+CHECK_LABELS=(check hyper-check check-1-thread hyper-check-1-thread auth-hook)
 CHECK_URLS=("http://127.0.0.1:$SGCA/v1/check" "http://127.0.0.1:$HYP/v1/check"
-    "http://127.0.0.1:$SGCA1/v1/check" "http://127.0.0.1:$HYP1/v1/check")
-CHECK_OWNERS=("$SGC_PID" "$HYPER_PID" "$SGC1_PID" "$HYPER1_PID")
+    "http://127.0.0.1:$SGCA1/v1/check" "http://127.0.0.1:$HYP1/v1/check" "http://127.0.0.1:$SGCH/nginx")
+CHECK_OWNERS=("$SGC_PID" "$HYPER_PID" "$SGC1_PID" "$HYPER1_PID" "$SGC_PID")
+CHECK_SHAPES=(slidegate slidegate slidegate slidegate nginx-hook)
+CHECK_RULES=(check check check check check)
+if command -v throttlecrab-server >/dev/null; then
+    "${NICE[@]}" throttlecrab-server --http --http-host 127.0.0.1 --http-port "$TC" --log-level warn \
+        >"$WORK/tc.log" 2>&1 & PIDS+=($!); TC_PID=$!
+    for _ in $(seq 100); do
+        curl -sf -d '{"key":"probe","max_burst":100,"count_per_period":100,"period":60}' \
+            "http://127.0.0.1:$TC/throttle" | grep -q '"allowed":true' && break
+        sleep 0.05
+    done
+    CHECK_LABELS+=(check-100-per-60s throttlecrab)
+    CHECK_URLS+=("http://127.0.0.1:$SGCA/v1/check" "http://127.0.0.1:$TC/throttle")
+    CHECK_OWNERS+=("$SGC_PID" "$TC_PID")
+    CHECK_SHAPES+=(slidegate throttlecrab)
+    CHECK_RULES+=(per-minute check)
+else
+    echo "bench-http: throttlecrab-server is not on PATH: no peer for /v1/check (cargo install throttlecrab-server)" >&2
+fi
 HZ=$(getconf CLK_TCK)
 RES="$WORK/results"   # one line per round and path: label rps cpu_us p50_us p99_us non2xx
 for i in "${!LABELS[@]}"; do
     "${NICE[@]}" wrk -t2 -c32 -d2s "http://127.0.0.1:${PORTS[$i]}/" >/dev/null   # warm up
 done
 # A lap over the 100,000 identities fills the store before any round.
-for url in "${CHECK_URLS[@]}"; do
-    "${NICE[@]}" wrk -t1 -c64 -d3s -s scripts/check-100k.lua "$url" >/dev/null
+for i in "${!CHECK_URLS[@]}"; do
+    CHECK_SHAPE=${CHECK_SHAPES[$i]} CHECK_RULE=${CHECK_RULES[$i]} \
+        "${NICE[@]}" wrk -t1 -c64 -d3s -s scripts/check-100k.lua "${CHECK_URLS[$i]}" >/dev/null
 done
-check() { # url -> the file holding wrk's report
+check() { # index into CHECK_* -> the file holding wrk's report
     local out="$WORK/wrk-check.txt"
-    "${NICE[@]}" wrk -t1 -c64 -d"${SECS}s" --latency -s scripts/check-100k.lua "$1" > "$out"
+    CHECK_SHAPE=${CHECK_SHAPES[$1]} CHECK_RULE=${CHECK_RULES[$1]} \
+        "${NICE[@]}" wrk -t1 -c64 -d"${SECS}s" --latency -s scripts/check-100k.lua "${CHECK_URLS[$1]}" > "$out"
     echo "$out"
 }
 # The machine may be shared: paths are measured round by round, interleaved,
@@ -231,7 +272,7 @@ for round in $(seq "$ROUNDS"); do
     done
     for i in "${!CHECK_LABELS[@]}"; do
         before=$(ticks ${CHECK_OWNERS[$i]})
-        out=$(check "${CHECK_URLS[$i]}")
+        out=$(check "$i")
         after=$(ticks ${CHECK_OWNERS[$i]})
         requests=$(awk '/requests in/ { print $1 }' "$out")
         cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v r="$requests" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
@@ -276,4 +317,8 @@ echo "nginx p99 - direct p99, per round: median $(paste <(col nginx 5) <(col dir
 for t in "" -1-thread; do
     echo "/v1/check$t p99 / minimal hyper's, per round: median $(ratio check$t hyper-check$t 5 | median) (range $(ratio check$t hyper-check$t 5 | range)); throughput $(ratio check$t hyper-check$t 2 | median)× (range $(ratio check$t hyper-check$t 2 | range))"
 done
+echo "forward-auth hook (nginx's requests) / /v1/check, CPU per decision, per round: median $(ratio auth-hook check 3 | median) (range $(ratio auth-hook check 3 | range)); throughput $(ratio auth-hook check 2 | median)×"
+if [ -n "$(col throttlecrab 2)" ]; then
+    echo "/v1/check (100 per 60 s) / throttlecrab-server, per round: throughput $(ratio check-100-per-60s throttlecrab 2 | median)× (range $(ratio check-100-per-60s throttlecrab 2 | range)), p99 $(ratio check-100-per-60s throttlecrab 5 | median)× (range $(ratio check-100-per-60s throttlecrab 5 | range)), CPU per request $(ratio check-100-per-60s throttlecrab 3 | median)× (range $(ratio check-100-per-60s throttlecrab 3 | range))"
+fi
 echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), redis $(redis-server --version | awk '{print $3}' | sed 's/v=//'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(nproc) cores"

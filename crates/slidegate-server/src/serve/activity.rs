@@ -68,8 +68,9 @@ impl Activity {
 
     fn start(self: &Arc<Self>) -> Busy {
         self.seen.store(true, Relaxed);
+        // No clock read: while a request is in flight the connection is not
+        // idle, and its end (`Busy`'s drop) sets the time idleness counts from.
         self.in_flight.fetch_add(1, Relaxed);
-        self.touch();
         Busy(Arc::clone(self))
     }
 }

@@ -149,7 +149,7 @@ pub(crate) async fn handle(
         let path = request.uri().path().to_owned();
         let key = path.strip_prefix(state.admin_prefix.as_str()).unwrap_or(&path);
         let key = key.strip_prefix(super::overrides::PATH).unwrap_or_default();
-        return super::overrides::handle(state, request, key).await;
+        return Box::pin(super::overrides::handle(state, request, key)).await;
     }
     let method = request.method().clone();
     if method != endpoint.method() && !(method == Method::HEAD && endpoint.method() == Method::GET) {
@@ -163,7 +163,7 @@ pub(crate) async fn handle(
     }
     match endpoint {
         Endpoint::Health => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
-        Endpoint::Ready => match state.readiness.answer(&state.limiter()).await {
+        Endpoint::Ready => match Box::pin(state.readiness.answer(&state.limiter())).await {
             Answer::Ready(body) => text(StatusCode::OK, "text/plain; charset=utf-8", body),
             Answer::NotReady(detail) => {
                 bad_request(StatusCode::SERVICE_UNAVAILABLE, request.uri().path(), &detail)
@@ -205,10 +205,12 @@ pub(crate) async fn handle(
             if let Some(refused) = super::token::refused(state, &request, name) {
                 return refused;
             }
+            // The rare endpoints boxed: their futures are large, and
+            // `/v1/check`'s, inline, is moved with every decision's.
             match endpoint {
                 Endpoint::Check => check(state, request).await,
-                Endpoint::Reload => reload(state, request).await,
-                _ => super::penalty::lift(state, request, &state.admin_prefix).await,
+                Endpoint::Reload => Box::pin(reload(state, request)).await,
+                _ => Box::pin(super::penalty::lift(state, request, &state.admin_prefix)).await,
             }
         }
     }

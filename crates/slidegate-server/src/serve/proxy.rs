@@ -199,7 +199,8 @@ async fn exchange(
     match (upgrade, pending) {
         (Upgrade::WebSocket, pending) => {
             let idle = upstream.limits().tunnel_idle;
-            let response = websocket::open(upstream, request, client, idle).await?;
+            // Boxed, as the tunnel's future is large and rare (`Upstream::checkout`).
+            let response = Box::pin(websocket::open(upstream, request, client, idle)).await?;
             Ok(charge_handshake(limiter, pending, response).await)
         }
         (_, None) => upstream.send(request, client).await.map(|response| (boxed(response), None)),

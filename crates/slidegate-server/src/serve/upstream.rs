@@ -352,6 +352,14 @@ impl Upstream {
                 }
             }
         }
+        // Boxed: a new connection's future (connect, TLS, handshake) is
+        // kilobytes, and every request's future would otherwise carry it
+        // and be copied whole each time it moves.
+        Box::pin(self.open(held)).await
+    }
+
+    /// A new connection once a slot is free (the shared one for HTTP/2).
+    async fn open(&self, held: usize) -> Result<Sender, UpstreamError> {
         let Some(slot) = self.limits.slots.acquire(held, self.limits.queue_wait).await else {
             return Err(UpstreamError::Busy(self.limits.max));
         };

@@ -163,7 +163,11 @@ fn http_service(
     service_fn(move |request: Request<Incoming>| {
         let state = Arc::clone(&state);
         let peer_value = peer_value.clone();
-        async move {
+        // Boxed: a request's future is kilobytes (the admission, the
+        // exchange, the charge), and hyper and the activity tracking move
+        // the future they hold: a box moves as a pointer (BENCHMARKS.md,
+        // "Where a proxied request's CPU goes").
+        Box::pin(async move {
             let mut response = if admin_only {
                 admin::handle_only_admin(&state, request).await
             } else {
@@ -177,7 +181,7 @@ fn http_service(
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             Ok::<_, Infallible>(response)
-        }
+        })
     })
 }
 
@@ -232,7 +236,9 @@ async fn handle(
     }
     if state.admin_here {
         if let Some(endpoint) = admin::endpoint(state, request.uri().path()) {
-            return admin::handle(state, endpoint, request).await;
+            // Boxed: the admin endpoints' futures (a reload, a check) are
+            // kilobytes, which every proxied request's future would carry.
+            return Box::pin(admin::handle(state, endpoint, request)).await;
         }
     }
     proxy::forward(state, request, peer, peer_value).await
