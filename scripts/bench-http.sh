@@ -198,7 +198,8 @@ curl -sf -o /dev/null -H 'X-Original-Method: GET' -H 'X-Original-URI: /' -H 'X-A
 ticks() {
     local total=0 pid
     for pid in "$@" $(for p in "$@"; do pgrep -P "$p"; done); do
-        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+        # A child that ended since pgrep saw it counts for nothing.
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)))
     done
     echo "$total"
 }
