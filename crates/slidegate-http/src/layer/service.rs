@@ -35,13 +35,13 @@ impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
 
 impl<Inner, S> RateLimit<Inner, S> {
     /// `inner`, rate-limited by `limiter`; the client address comes from
-    /// the [`PeerAddr`] extension.
+    /// the [`PeerAddr`](super::PeerAddr) extension.
     pub fn new(inner: Inner, limiter: RateLimiter<S>) -> Self {
         Self { inner, limiter, peer: peer_addr_extension, grpc_denial: GrpcDenialStatus::default() }
     }
 
     /// The gRPC status of a rate limit denial of a gRPC call, as
-    /// [`RateLimitLayer::grpc_denial`].
+    /// [`RateLimitLayer::grpc_denial`](super::RateLimitLayer::grpc_denial).
     pub fn grpc_denial(mut self, status: GrpcDenialStatus) -> Self {
         self.grpc_denial = status;
         self
