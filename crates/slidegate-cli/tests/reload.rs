@@ -470,7 +470,7 @@ fn rss_kib(sg: &Slidegate) -> u64 {
 /// Fifty reloads asked at once of a 2,000-rule file: one runs at a time and
 /// the calls that arrive while it runs share the next, so all fifty answer
 /// 200 with the same changes from a handful of runs, and the memory comes
-/// back to within 10% of what it was. (Before, each call parsed and built
+/// back to within 10% of what it was once serve's heap trim has run. (Before, each call parsed and built
 /// its own copy at once: RSS peaked near 500 MB and kept most of it; run
 /// on each caller's thread, each reload also left its garbage in another
 /// allocator arena.)
@@ -506,6 +506,14 @@ fn parallel_reloads_run_one_at_a_time_and_give_their_memory_back() {
     // Fifty calls sent at once make two runs when they all arrive during the
     // first; the bound leaves room for a slow machine spreading them out.
     assert!((1.0..=10.0).contains(&runs), "{runs} reloads ran for 50 calls");
-    let after = rss_kib(&sg);
-    assert!(after * 10 <= before * 11, "RSS {before} KiB before 50 parallel reloads, {after} KiB after");
+    // Given back by the time serve's heap trim (every 5 s) has run once
+    // after the reloads: straight after them, glibc may still hold what
+    // they freed (seen once under a loaded machine: 60.4 → 68.3 MB).
+    let deadline = std::time::Instant::now() + Duration::from_secs(7);
+    let mut after = rss_kib(&sg);
+    while after * 10 > before * 11 && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(250));
+        after = rss_kib(&sg);
+    }
+    assert!(after * 10 <= before * 11, "RSS {before} KiB before 50 parallel reloads, {after} KiB 7 s after");
 }
