@@ -470,10 +470,10 @@ fn rss_kib(sg: &Slidegate) -> u64 {
 /// Fifty reloads asked at once of a 2,000-rule file: one runs at a time and
 /// the calls that arrive while it runs share the next, so all fifty answer
 /// 200 with the same changes from a handful of runs, and the memory comes
-/// back to within 10% of what it was once serve's heap trim has run. (Before, each call parsed and built
-/// its own copy at once: RSS peaked near 500 MB and kept most of it; run
-/// on each caller's thread, each reload also left its garbage in another
-/// allocator arena.)
+/// back to within 10% of what it was once serve's heap trim has run.
+/// (Before, each call parsed and built its own copy at once: RSS peaked
+/// near 500 MB and kept most of it; run on each caller's thread, each
+/// reload also left its garbage in another allocator arena.)
 #[test]
 fn parallel_reloads_run_one_at_a_time_and_give_their_memory_back() {
     let upstream = Upstream::start();
