@@ -5,12 +5,16 @@
 //! A request is in flight from the moment hyper hands it to the service
 //! until its response body is dropped — sent or abandoned —, so a long
 //! download or a gRPC stream keeps its connection busy, not idle.
+//!
+//! The timers run beside hyper's connection in the connection's task, each
+//! inside an [`OnWake`]: polled when its own timer fires, not at each of the
+//! task's wake-ups for the connection's I/O.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -163,6 +167,59 @@ impl<B: Body> Body for TrackedBody<B> {
     }
 }
 
+/// A future polled only when its own waker has fired since its last poll.
+///
+/// `select!` polls every branch at each of the task's wake-ups, and a
+/// connection's task wakes for its I/O several times a request: its two
+/// timers (the first request's deadline, the idle timeout) cost about 600
+/// instructions a proxied request that way, for timers that fire once in a
+/// connection's life (BENCHMARKS.md, "Where a proxied request's CPU goes").
+/// Wrapped, each is passed by unless its timer woke the task.
+pub(super) struct OnWake<F> {
+    future: Pin<Box<F>>,
+    woken: Arc<Woken>,
+    waker: Waker,
+}
+
+/// Whether an [`OnWake`]'s future asked to be polled, and the task to wake then.
+struct Woken {
+    asked: AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.asked.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl<F: Future> OnWake<F> {
+    /// `future`, polled at the first poll and then when it wakes.
+    pub(super) fn new(future: F) -> Self {
+        let woken = Arc::new(Woken { asked: AtomicBool::new(true), task: Default::default() });
+        Self { future: Box::pin(future), waker: Waker::from(Arc::clone(&woken)), woken }
+    }
+}
+
+impl<F: Future> Future for OnWake<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        // Registered before the flag is read: a wake-up in between is not lost.
+        this.woken.task.register(cx.waker());
+        if !this.woken.asked.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        this.future.as_mut().poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +251,47 @@ mod tests {
         let start = Instant::now();
         late.first_request_overdue(Duration::from_secs(5)).await;
         assert_eq!(Instant::now() - start, Duration::from_secs(5));
+    }
+
+    /// A task waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_future_on_wake_is_polled_only_when_its_own_waker_fired() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let inner: Arc<std::sync::Mutex<Option<Waker>>> = Arc::default();
+        let (counted, kept) = (Arc::clone(&polls), Arc::clone(&inner));
+        let mut future = OnWake::new(std::future::poll_fn(move |cx| {
+            *kept.lock().unwrap() = Some(cx.waker().clone());
+            match counted.fetch_add(1, Relaxed) {
+                2 => Poll::Ready("done"),
+                _ => Poll::Pending,
+            }
+        }));
+        let task = Arc::new(Count::default());
+        let waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&waker);
+        // The first poll reaches the future; the next ones, with no wake-up, do not.
+        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Relaxed), 1);
+        // Its own wake-up wakes the task, and the next poll reaches it.
+        inner.lock().unwrap().take().unwrap().wake();
+        assert_eq!(task.0.load(Relaxed), 1);
+        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Relaxed), 2);
+        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Relaxed), 2);
+        inner.lock().unwrap().take().unwrap().wake_by_ref();
+        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Ready("done"));
+        assert_eq!((polls.load(Relaxed), task.0.load(Relaxed)), (3, 2));
     }
 }

@@ -136,13 +136,14 @@ impl RequestBody {
         pace: BodyPace,
         fault: std::sync::Arc<FaultCell>,
     ) -> Self {
-        let now = tokio::time::Instant::now();
+        // Both reset when the upstream first asks for the body: one clock read here.
+        let deadline = tokio::time::sleep(pace.idle);
         Self {
             inner,
             pace,
-            deadline: tokio::time::sleep(pace.idle),
             started: false,
-            silent_at: now + pace.idle,
+            silent_at: deadline.deadline(),
+            deadline,
             received: 0,
             waited: std::time::Duration::ZERO,
             waiting_since: None,

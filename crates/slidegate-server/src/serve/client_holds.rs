@@ -16,9 +16,13 @@
 //!
 //! A client is its address as the limits group it (the client IP after
 //! trusted proxies, an IPv6 address by its `ipv6_prefix` network), kept
-//! only as a keyed hash made as the limits make theirs ([`IdentityHasher`]),
-//! under a secret of this process's own: no address is stored, and the
-//! hasher is read, never written, by the threads sharing it. The
+//! only as a 64-bit keyed hash (std's SipHash under keys drawn from the
+//! operating system's randomness when the process starts): no address is
+//! stored, and a client cannot aim its hash at another's without the keys.
+//! The counts never leave this process, so no other needs the keys, and
+//! the limits' BLAKE3 identity hash (stable across instances, sent to the
+//! store) would cost more for nothing here: it was 1.7% of a proxied
+//! request's instructions (BENCHMARKS.md). The
 //! API key plays no part: keys are not verified, and a client sending a new
 //! one with each request would otherwise have a share per request.
 //!
@@ -31,7 +35,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use slidegate::{Digest, IdentityHasher, Source};
+use std::hash::{BuildHasher, RandomState};
+
 use slidegate_http::client_share::crowded;
 pub(crate) use slidegate_http::client_share::FREE_PER_HELD;
 use slidegate_http::IdentityExtractor;
@@ -52,7 +57,7 @@ pub(crate) enum Refusal {
 
 /// One client, as [`ClientHolds`] counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct ClientKey(Digest);
+pub(crate) struct ClientKey(u64);
 
 /// The requests each client has forwarded, shared by every worker thread.
 #[derive(Debug)]
@@ -64,8 +69,8 @@ pub(crate) struct ClientHolds {
     /// Requests forwarded now, all clients together.
     total: AtomicUsize,
     shards: [Mutex<HashMap<ClientKey, usize>>; SHARDS],
-    /// Hashes the addresses under a secret drawn when the process starts.
-    hasher: IdentityHasher,
+    /// Hashes the addresses under keys drawn when the process starts.
+    hasher: RandomState,
 }
 
 impl ClientHolds {
@@ -77,14 +82,14 @@ impl ClientHolds {
             max: max.max(1),
             total: AtomicUsize::new(0),
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
-            hasher: IdentityHasher::new(&process_secret()),
+            hasher: RandomState::new(),
         }
     }
 
     /// The client at `ip` (after the trusted proxies), grouped by the
     /// limits' `identity` (IPv6 prefix).
     pub(crate) fn key(&self, identity: &IdentityExtractor, ip: IpAddr) -> ClientKey {
-        ClientKey(self.hasher.digest(Source::Ip, &identity.ip_bytes(ip)))
+        ClientKey(self.hasher.hash_one(identity.ip_bytes(ip)))
     }
 
     /// One more request for `client`, held until the [`ClientHold`] is
@@ -123,22 +128,9 @@ impl ClientHolds {
     }
 
     fn shard(&self, client: ClientKey) -> std::sync::MutexGuard<'_, HashMap<ClientKey, usize>> {
-        // The digest is a keyed hash: its bytes are uniform, and a client
-        // cannot choose its shard.
-        self.shards[usize::from(client.0 .0[0]) % SHARDS].lock().unwrap_or_else(PoisonError::into_inner)
+        // The key is a keyed hash: uniform, and a client cannot choose its shard.
+        self.shards[(client.0 % SHARDS as u64) as usize].lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// 128 bits from the operating system's randomness, through the keys std
-/// draws for its hash maps: the counts live in this process only, so no
-/// other process needs the secret.
-fn process_secret() -> [u8; 16] {
-    use std::hash::{BuildHasher, RandomState};
-    let state = RandomState::new();
-    let mut secret = [0u8; 16];
-    secret[..8].copy_from_slice(&state.hash_one(0u8).to_le_bytes());
-    secret[8..].copy_from_slice(&state.hash_one(1u8).to_le_bytes());
-    secret
 }
 
 /// A request of one client being forwarded; dropping it ends the hold.

@@ -31,7 +31,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
 
-use super::activity::{Activity, Tracked};
+use super::activity::{Activity, OnWake, Tracked};
 use crate::config::{ConnectionLimits, ServerConfig};
 
 /// How long a client has to complete the TLS handshake.
@@ -124,8 +124,9 @@ impl Protocols {
             }
         };
         let result = tokio::select! {
+            biased;
             result = served => result,
-            () = activity.first_request_overdue(self.header_timeout) => {
+            () = OnWake::new(activity.first_request_overdue(self.header_timeout)) => {
                 Err("no request within the header timeout".into())
             }
         };
@@ -171,15 +172,19 @@ impl Protocols {
         activity: &Activity,
     ) -> Result<(), BoxError> {
         let mut closing = false;
+        // Polled only until `closing`, which either of them ending sets.
+        let mut drain = OnWake::new(draining.wait_for(|draining| *draining));
+        let mut idle = OnWake::new(activity.idle_for(self.idle_timeout));
         loop {
             tokio::select! {
+                biased;
                 result = connection.as_mut() => return result,
                 // A worker gone (`Err`) drains too.
-                _ = draining.wait_for(|draining| *draining), if !closing => {
+                _ = &mut drain, if !closing => {
                     close(connection.as_mut());
                     closing = true;
                 }
-                () = activity.idle_for(self.idle_timeout), if !closing => {
+                () = &mut idle, if !closing => {
                     close(connection.as_mut());
                     closing = true;
                 }

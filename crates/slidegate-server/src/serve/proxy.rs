@@ -31,8 +31,9 @@ pub(crate) struct Proxy {
     grpc_denial: crate::config::GrpcDenialStatus,
 }
 
-/// Headers meaningful for one connection only (RFC 9110 §7.6.1), never forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers meaningful for one connection only (RFC 9110 §7.6.1), never
+/// forwarded. Transfer-Encoding is hop-by-hop too: hyper re-frames the body.
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -41,6 +42,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::UPGRADE,
+    header::TRANSFER_ENCODING,
 ];
 
 impl Proxy {
@@ -58,29 +60,40 @@ impl Proxy {
 
 /// Removes hop-by-hop headers, those the `Connection` header names included.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names (standard names compare as integers) finds
-    // the few present: most messages carry none, an upstream's answer one
-    // (`Connection: keep-alive`), and each found costs one hashed removal
-    // instead of the nine a removal of every name would.
-    // Transfer-Encoding is hop-by-hop too; hyper re-frames the body itself.
-    let mut present: Vec<HeaderName> = Vec::new();
+    // One pass over the names (standard names compare as integers) notes
+    // which of the fixed ones are present: most messages carry none, an
+    // upstream's answer one (`Connection: keep-alive`). Each present costs
+    // one hashed removal, instead of the nine a removal of every name would,
+    // and nothing is allocated unless `Connection` names another header.
+    let mut present = 0u16;
     for name in headers.keys() {
-        if name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(name) {
-            present.push(name.clone());
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present |= 1 << i;
         }
     }
-    if present.is_empty() {
+    if present == 0 {
         return;
     }
+    let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
         let Ok(value) = value.to_str() else { continue };
-        for name in value.split(',') {
-            if let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) {
-                present.push(name);
+        for token in value.split(',').map(str::trim) {
+            // `close` names no header; a fixed name is removed below if present.
+            if token.eq_ignore_ascii_case("close") || token.eq_ignore_ascii_case("keep-alive") {
+                continue;
+            }
+            match HeaderName::from_bytes(token.as_bytes()) {
+                Ok(name) if !HOP_BY_HOP.contains(&name) => named.push(name),
+                _ => {}
             }
         }
     }
-    for name in &present {
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    for name in &named {
         headers.remove(name);
     }
 }
@@ -398,6 +411,25 @@ mod tests {
         h.insert("x-api-key", HeaderValue::from_static("k"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-api-key"]);
+    }
+
+    #[test]
+    fn connection_naming_fixed_hops_in_any_case_removes_only_what_is_there() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("TE, Keep-Alive, CLOSE, Upgrade, x-gone"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["x-api-key", "x-kept"]);
+        // A message with no hop-by-hop header at all is left as it was.
+        let mut h = HeaderMap::new();
+        h.insert("x-connection", HeaderValue::from_static("x-api-key"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
     }
 
     #[test]

@@ -247,10 +247,10 @@ async fn handle(
 /// The protocol checks of a request before anything else reads it; may
 /// rewrite `Host` (absolute form).
 fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
-    let path = request.uri().path().to_owned();
     if request.method() == Method::CONNECT {
         // A reverse proxy to one upstream opens no tunnels.
-        let mut response = problem(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported", &path);
+        let mut response =
+            problem(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported", request.uri().path());
         response
             .headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
@@ -259,7 +259,7 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
     if request.headers().get_all(header::HOST).iter().nth(1).is_some() {
         // RFC 9112 §3.2: two Host headers are a bad request; which one a
         // server behind believes is anybody's guess.
-        return Some(problem(StatusCode::BAD_REQUEST, "more than one Host header", &path));
+        return Some(problem(StatusCode::BAD_REQUEST, "more than one Host header", request.uri().path()));
     }
     if request.version() == http::Version::HTTP_11 && !request.headers().contains_key(header::HOST) {
         // RFC 9112 §3.2: a server must answer 400 to an HTTP/1.1 request
@@ -268,7 +268,7 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
         return Some(problem(
             StatusCode::BAD_REQUEST,
             "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
-            &path,
+            request.uri().path(),
         ));
     }
     if let Some(authority) = request.uri().authority() {
@@ -279,7 +279,7 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
             return Some(problem(
                 StatusCode::BAD_REQUEST,
                 "the request target carries user information (user@host): refused",
-                &path,
+                request.uri().path(),
             ));
         }
         // RFC 9112 §3.2.2: with an absolute-form target the target's
@@ -290,7 +290,9 @@ fn refuse(request: &mut Request<Incoming>) -> Option<Response<ServeBody>> {
                 request.headers_mut().remove(header::HOST);
                 request.headers_mut().insert(header::HOST, host);
             }
-            Err(_) => return Some(problem(StatusCode::BAD_REQUEST, "invalid request target", &path)),
+            Err(_) => {
+                return Some(problem(StatusCode::BAD_REQUEST, "invalid request target", request.uri().path()))
+            }
         }
     }
     None

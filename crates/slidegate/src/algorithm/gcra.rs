@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::{Definition, Usage};
+use super::Usage;
 use crate::{Decision, Quota};
 
 /// The theoretical arrival time of the next permit: `tat_ms + frac / limit` ms since the epoch.
@@ -94,21 +94,6 @@ pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
 /// GCRA as the stores see it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gcra;
-
-impl Definition for Gcra {
-    const NAME: &'static str = "gcra";
-    type State = State;
-
-    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
-        decide(state, now_ms, cost, quota)
-    }
-    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
-        is_idle(state, now_ms, quota)
-    }
-    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
-        usage(state, now_ms, quota)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -170,6 +170,32 @@ macro_rules! algorithm_table {
 
 for_each_algorithm!(algorithm_table);
 
+/// Each algorithm's [`Definition`]: its module's `decide`, `is_idle` and
+/// `usage`, named after the module.
+macro_rules! definitions {
+    ($($variant:ident => $module:ident,)*) => {
+        $(
+            impl Definition for $module::$variant {
+                const NAME: &'static str = stringify!($module);
+                type State = $module::State;
+
+                #[inline]
+                fn decide(state: Self::State, now_ms: u64, cost: u64, quota: &Quota) -> (Self::State, Decision) {
+                    $module::decide(state, now_ms, cost, quota)
+                }
+                fn is_idle(state: &Self::State, now_ms: u64, quota: &Quota) -> bool {
+                    $module::is_idle(state, now_ms, quota)
+                }
+                fn usage(state: &Self::State, now_ms: u64, quota: &Quota) -> Usage {
+                    $module::usage(state, now_ms, quota)
+                }
+            }
+        )*
+    };
+}
+
+for_each_algorithm!(definitions);
+
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Definition, Usage};
+use super::Usage;
 use crate::{Decision, Quota};
 
 /// The largest limit a sliding log accepts: 10,000.
@@ -123,21 +123,6 @@ pub fn usage(log: &Log, now_ms: u64, quota: &Quota) -> Usage {
 /// The sliding log as the stores see it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlidingLog;
-
-impl Definition for SlidingLog {
-    const NAME: &'static str = "sliding_log";
-    type State = Log;
-
-    fn decide(log: Log, now_ms: u64, cost: u64, quota: &Quota) -> (Log, Decision) {
-        decide(log, now_ms, cost, quota)
-    }
-    fn is_idle(log: &Log, now_ms: u64, quota: &Quota) -> bool {
-        is_idle(log, now_ms, quota)
-    }
-    fn usage(log: &Log, now_ms: u64, quota: &Quota) -> Usage {
-        usage(log, now_ms, quota)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use super::{Definition, Usage};
+use super::Usage;
 use crate::{Decision, Quota};
 
 /// The counters of the window they were last written in and of the one before.
@@ -130,22 +130,6 @@ pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
 /// The sliding window counter as the stores see it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlidingWindowCounter;
-
-impl Definition for SlidingWindowCounter {
-    const NAME: &'static str = "sliding_window_counter";
-    type State = State;
-
-    #[inline]
-    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
-        decide(state, now_ms, cost, quota)
-    }
-    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
-        is_idle(state, now_ms, quota)
-    }
-    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
-        usage(state, now_ms, quota)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{Definition, Usage};
+use super::Usage;
 use crate::{Decision, Quota};
 
 /// How far below full the bucket was when it was last charged.
@@ -68,21 +68,6 @@ pub fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
 /// The token bucket as the stores see it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TokenBucket;
-
-impl Definition for TokenBucket {
-    const NAME: &'static str = "token_bucket";
-    type State = State;
-
-    fn decide(state: State, now_ms: u64, cost: u64, quota: &Quota) -> (State, Decision) {
-        decide(state, now_ms, cost, quota)
-    }
-    fn is_idle(state: &State, now_ms: u64, quota: &Quota) -> bool {
-        is_idle(state, now_ms, quota)
-    }
-    fn usage(state: &State, now_ms: u64, quota: &Quota) -> Usage {
-        usage(state, now_ms, quota)
-    }
-}
 
 #[cfg(test)]
 mod tests {
