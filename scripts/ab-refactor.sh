@@ -33,9 +33,8 @@ ROUNDS="${AB_ROUNDS:-3}"
 SECS="${AB_SECS:-2}"
 SBS_ROUNDS="${AB_SBS_ROUNDS:-7}"
 read -r -a PHASES <<< "${AB_PHASES:-side_by_side redis http}"
-for tool in git redis-server nginx wrk python3; do
-    command -v "$tool" >/dev/null || { echo "ab-refactor: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs ab-refactor git redis-server nginx wrk python3
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
 WORK="$(mktemp -d -t slidegate-ab-XXXXXX)"
@@ -74,7 +73,6 @@ worktree() { # rev -> path of a temporary worktree at rev
 build base "$(worktree "$BASE_REV")"
 if [ -n "$NEW_REV" ]; then build new "$(worktree "$NEW_REV")"; else build new "$ROOT"; fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 order() { # round -> the two builds, alternating which goes first
     if [ $(($1 % 2)) = 1 ]; then echo "base new"; else echo "new base"; fi
 }

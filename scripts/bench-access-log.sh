@@ -15,37 +15,14 @@ cd "$(dirname "$0")/.."
 
 SECS="${1:-3}"
 ROUNDS="${2:-3}"
-for tool in nginx wrk; do
-    command -v "$tool" >/dev/null || { echo "bench-access-log: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs bench-access-log nginx wrk
 cargo build --release -q -p slidegate-cli --bin slidegate
 BIN="${CARGO_TARGET_DIR:-target}/release/slidegate"
 
-WORK="$(mktemp -d -t slidegate-access-log-XXXXXX)"
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UPSTREAM=$(free_port)
-
-cat > "$WORK/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK; proxy_temp_path $WORK; fastcgi_temp_path $WORK;
-    uwsgi_temp_path $WORK; scgi_temp_path $WORK;
-    server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 "ok\n"; } }
-}
-EOF
+scratch slidegate-access-log
+ports UPSTREAM
+nginx_conf upstream 1 "server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 \"ok\n\"; } }"
 sg_conf() { # port, [access_log] table or ""
     cat <<EOF
 [server]
@@ -66,7 +43,7 @@ path = "/*"
 limits = [{ limit = 1000000000, window = "1s" }]
 EOF
 }
-nginx -c "$WORK/nginx.conf" & PIDS+=($!)
+nginx -c "$WORK/upstream/nginx.conf" & PIDS+=($!)
 export SLIDEGATE_BENCH_SECRET=bench SLIDEGATE_LOG=warn
 declare -A PID PORT
 for label in off sample-0.01 sample-1; do
@@ -75,7 +52,7 @@ for label in off sample-0.01 sample-1; do
         sample-0.01) table=$(printf '[access_log]\npath = "%s/s001.jsonl"\nsample_allowed = 0.01' "$WORK") ;;
         sample-1) table=$(printf '[access_log]\npath = "%s/s1.jsonl"\nsample_allowed = 1' "$WORK") ;;
     esac
-    PORT[$label]=$(free_port)
+    ports "PORT[$label]"
     sg_conf "${PORT[$label]}" "$table" > "$WORK/$label.toml"
     "$BIN" serve --config "$WORK/$label.toml" 2>"$WORK/$label.log" & PIDS+=($!); PID[$label]=$!
 done

@@ -22,47 +22,20 @@ cd "$(dirname "$0")/.."
 
 SECS="${1:-3}"
 ROUNDS="${2:-3}"
-for tool in nginx wrk curl python3; do
-    command -v "$tool" >/dev/null || { echo "bench-forward-auth: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs bench-forward-auth nginx wrk curl python3
 TRAEFIK="${SLIDEGATE_TRAEFIK:-$HOME/.cache/slidegate-proxies/venv/bin/traefik}"
 CADDY="${SLIDEGATE_CADDY:-$HOME/.cache/slidegate-proxies/venv/bin/caddy}"
 
 cargo build --release -q -p slidegate-cli --bin slidegate
 BIN="${CARGO_TARGET_DIR:-target}/release/slidegate"
 
-WORK="$(mktemp -d -t slidegate-fa-XXXXXX)"
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch slidegate-fa
+ports UPSTREAM SERVE AUTH AUTH_PUBLIC NGINX NGINX_HOOK \
+    TRAEFIK_PLAIN TRAEFIK_HOOK CADDY_PLAIN CADDY_HOOK
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UPSTREAM=$(free_port); SERVE=$(free_port); AUTH=$(free_port); AUTH_PUBLIC=$(free_port)
-NGINX=$(free_port); NGINX_HOOK=$(free_port)
-TRAEFIK_PLAIN=$(free_port); TRAEFIK_HOOK=$(free_port); CADDY_PLAIN=$(free_port); CADDY_HOOK=$(free_port)
-
-nginx_conf() { # name, server blocks
-    mkdir -p "$WORK/$1"
-    cat > "$WORK/$1/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $WORK/$1/nginx.pid;
-error_log $WORK/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/$1; proxy_temp_path $WORK/$1; fastcgi_temp_path $WORK/$1;
-    uwsgi_temp_path $WORK/$1; scgi_temp_path $WORK/$1;
-    $2
-}
-EOF
-}
-nginx_conf upstream "server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 \"ok\n\"; } }"
-nginx_conf plain "
+nginx_conf upstream 1 "server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 \"ok\n\"; } }"
+nginx_conf plain 1 "
     upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
     server {
         listen 127.0.0.1:$NGINX;
@@ -74,7 +47,7 @@ block=$(sed -n '/<!-- forward-auth: nginx -->/,/<!-- \/forward-auth: nginx -->/p
 block=${block//"server 127.0.0.1:9091;"/"server 127.0.0.1:$AUTH;"}
 block=${block//"listen 80;"/"listen 127.0.0.1:$NGINX_HOOK; keepalive_requests 1000000;"}
 block=${block//"proxy_pass http://127.0.0.1:8080;"/"proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";"}
-nginx_conf hook "upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
+nginx_conf hook 1 "upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
 $block"
 
 cat > "$WORK/serve.toml" <<EOF

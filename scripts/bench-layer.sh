@@ -41,36 +41,15 @@ if [ -n "${BENCH_LAYER_BASELINE:-}" ]; then
     VARIANTS+=(baseline)
 fi
 SCENARIOS=(one 100k over)
-for tool in wrk python3; do
-    command -v "$tool" >/dev/null || { echo "bench-layer: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs bench-layer wrk python3
 
 cargo build --release -q -p slidegate-http --example layer_bench
 BIN="${CARGO_TARGET_DIR:-target}/release/examples/layer_bench"
 
-WORK="$(mktemp -d -t slidegate-bench-layer-XXXXXX)"
-PIDS=()
-GROUP_NICE=""
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-    if [ -n "$GROUP_NICE" ]; then echo "$GROUP_NICE" > /proc/self/autogroup; fi
-}
-trap cleanup EXIT
-
-# As root, the benchmark runs at the highest priority, its session's
-# autogroup too (see scripts/bench-http.sh for why both).
-NICE=()
-if [ "$(id -u)" = 0 ]; then
-    NICE=(nice -n -19)
-    if [ -w /proc/self/autogroup ]; then
-        GROUP_NICE=$(awk '{ print $NF }' /proc/self/autogroup)
-        echo -19 > /proc/self/autogroup
-    fi
-fi
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+scratch slidegate-bench-layer
+# The highest priority, its session's autogroup too (scripts/lib.sh says why both).
+top_priority
 
 # One server per variant and limit: "allowed" (far above what is sent) and "over" (1 per hour).
 declare -A PORT PID

@@ -15,35 +15,11 @@ A="${1:?usage: bench-serve-ab.sh BINARY_A BINARY_B [secs] [rounds]}"
 B="${2:?usage: bench-serve-ab.sh BINARY_A BINARY_B [secs] [rounds]}"
 SECS="${3:-5}"
 ROUNDS="${4:-5}"
-for tool in nginx wrk; do
-    command -v "$tool" >/dev/null || { echo "bench-serve-ab: $tool is not installed" >&2; exit 1; }
-done
-
-WORK="$(mktemp -d -t slidegate-ab-XXXXXX)"
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UPSTREAM=$(free_port); PORT_A=$(free_port); PORT_B=$(free_port)
-
-cat > "$WORK/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK; proxy_temp_path $WORK; fastcgi_temp_path $WORK;
-    uwsgi_temp_path $WORK; scgi_temp_path $WORK;
-    server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 "ok\n"; } }
-}
-EOF
+. scripts/lib.sh
+needs bench-serve-ab nginx wrk
+scratch slidegate-ab
+ports UPSTREAM PORT_A PORT_B
+nginx_conf upstream 1 "server { listen 127.0.0.1:$UPSTREAM; keepalive_requests 1000000; location / { return 200 \"ok\n\"; } }"
 sg_conf() { # port
     cat <<EOF
 [server]
@@ -62,7 +38,7 @@ EOF
 sg_conf "$PORT_A" > "$WORK/a.toml"
 sg_conf "$PORT_B" > "$WORK/b.toml"
 
-nginx -c "$WORK/nginx.conf" & PIDS+=($!)
+nginx -c "$WORK/upstream/nginx.conf" & PIDS+=($!)
 export SLIDEGATE_BENCH_SECRET=bench SLIDEGATE_LOG=warn
 "$A" serve --config "$WORK/a.toml" 2>"$WORK/a.log" & PIDS+=($!); PID_A=$!
 "$B" serve --config "$WORK/b.toml" 2>"$WORK/b.log" & PIDS+=($!); PID_B=$!

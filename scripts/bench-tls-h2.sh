@@ -23,27 +23,18 @@ cd "$(dirname "$0")/.."
 
 SECS="${1:-3}"
 ROUNDS="${2:-5}"
-for tool in nginx wrk h2load openssl; do
-    command -v "$tool" >/dev/null || { echo "bench-tls-h2: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs bench-tls-h2 nginx wrk h2load openssl
 
 cargo build --release -q -p slidegate-cli --bin slidegate
 BIN="${CARGO_TARGET_DIR:-target}/release/slidegate"
 
-WORK="$(mktemp -d -t slidegate-bench-tls-XXXXXX)"
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch slidegate-bench-tls
 
 NICE=()
 if [ "$(id -u)" = 0 ]; then NICE=(nice -n -19); fi
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UP=$(port); UPC=$(port); NG=$(port); NGC=$(port); NGH2=$(port); SG=$(port); SGC=$(port)
+ports UP UPC NG NGC NGH2 SG SGC
 
 # A CA and a certificate for 127.0.0.1 and localhost (P-256), as the tests make them.
 (
@@ -56,25 +47,6 @@ UP=$(port); UPC=$(port); NG=$(port); NGC=$(port); NGH2=$(port); SG=$(port); SGC=
 )
 CERT="$WORK/server.crt" KEY="$WORK/server.key" CA="$WORK/ca.crt"
 
-nginx_conf() { # name, workers, server blocks
-    mkdir -p "$WORK/$1"
-    cat > "$WORK/$1/nginx.conf" <<EOF
-daemon off;
-worker_processes $2;
-pid $WORK/$1/nginx.pid;
-error_log $WORK/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/$1;
-    proxy_temp_path $WORK/$1;
-    fastcgi_temp_path $WORK/$1;
-    uwsgi_temp_path $WORK/$1;
-    scgi_temp_path $WORK/$1;
-    $3
-}
-EOF
-}
 # The upstream: "ok" over TLS (for the TLS paths) and in clear (for HTTP/2).
 nginx_conf upstream 1 "server {
         listen 127.0.0.1:$UP ssl; listen 127.0.0.1:$UPC;

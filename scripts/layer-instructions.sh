@@ -16,9 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in valgrind callgrind_control wrk curl python3; do
-    command -v "$tool" >/dev/null || { echo "layer-instructions: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs layer-instructions valgrind callgrind_control wrk curl python3
 if [ $# -eq 0 ]; then set -- slidegate governor; fi
 BIN="${LAYER_BENCH:-}"
 if [ -z "$BIN" ]; then
@@ -35,7 +34,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 for limiter in "$@"; do
     port=$(free_port)

@@ -32,9 +32,8 @@ cd "$(dirname "$0")/.."
 
 MINUTES="${1:?usage: soak.sh MINUTES [JSON_OUT]}"
 JSON_OUT="${2:-}"
-for tool in redis-server redis-cli curl python3; do
-    command -v "$tool" >/dev/null || { echo "soak: $tool is not installed" >&2; exit 1; }
-done
+. scripts/lib.sh
+needs soak redis-server redis-cli curl python3
 curl -V | grep -qw HTTP2 || { echo "soak: curl lacks HTTP/2" >&2; exit 1; }
 SECS=$(python3 -c "print(int(float('$MINUTES') * 60))")
 
@@ -51,7 +50,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # Six node ports whose cluster bus ports (+10000) are free too, all below the
 # kernel's ephemeral range (32768 on): a killed node's port in that range can
 # be handed to an outgoing connection meanwhile — to a client reconnecting

@@ -41,7 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::client_share::crowded;
 use crate::config::DelayConfig;
-use crate::identity::{random_secret, IdentityExtractor};
+use crate::extractor::{random_secret, IdentityExtractor};
 use crate::in_flight::{Counted, InFlight, InFlightSlot};
 use crate::verdict::{DecisionSource, Verdict};
 

@@ -48,9 +48,9 @@ pub mod client_share;
 pub mod config;
 mod cost_headers;
 pub mod delay;
+mod extractor;
 pub mod grpc;
 pub mod headers;
-mod identity;
 mod in_flight;
 mod layer;
 pub mod lift;
@@ -66,7 +66,7 @@ mod verdict;
 pub use breadth::{BreadthConfig, BreadthOf, BreadthOfError};
 pub use config::{BreakerPolicy, LimiterConfig, OnError, StoreGuard};
 pub use cost_headers::CostHeaders;
-pub use identity::{AmbiguousKey, ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
+pub use extractor::{AmbiguousKey, ForwardedHeader, IdentityExtractor, UnknownForwardedHeader};
 pub use layer::{PeerAddr, PeerFn, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
 pub use limiter::{Admission, CheckError, KeyCheck, LimiterError, RateLimiter};
 pub use lists::{canonical_net, AccessLists, ClientList, KeyHasher, KeyList, ListScope};
@@ -76,5 +76,5 @@ pub use response_cost::ResponseCost;
 pub use rules::{
     lenient_path, normalize_path, refused_path, PathPattern, PathPatternError, RuleMatch, RuleMatcher,
 };
-pub use slidegate::{parse_duration, Delay, DurationError};
+pub use slidegate::{parse_duration, DurationError, TimeSpan};
 pub use verdict::{DecisionSource, PendingCharge, Policies, PolicyResult, Verdict};

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 use slidegate::Digest;
 
 use crate::config::PlansConfig;
-use crate::identity::IdentityExtractor;
+use crate::extractor::IdentityExtractor;
 
 /// A plan, by its place in [`PlansConfig::plans`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,7 +31,6 @@
 pub mod algorithm;
 mod clock;
 mod decision;
-mod delay;
 pub mod distinct;
 mod identity;
 mod penalty;
@@ -39,11 +38,11 @@ mod penalty;
 pub mod protect;
 mod quota;
 pub mod store;
+mod time_span;
 
 pub use algorithm::{Algorithm, Limit, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
-pub use delay::{parse_duration, Delay, DurationError};
 pub use identity::{Digest, Identity, IdentityHasher, Source};
 pub use penalty::{block_denials, Penalty, PenaltyError, PenaltyState, MAX_PENALTY_MS};
 pub use quota::{Quota, QuotaError, MAX_EXACT, MAX_LIMIT, MAX_WINDOW};
@@ -57,3 +56,4 @@ pub use store::{
     NoDistinct, NoJoint, NoLeases, NoTables, Origin, Outcome, Part, Request, SharedTables, Store, StoreError,
     TableEntry, TableError, TableName, Unavailable,
 };
+pub use time_span::{parse_duration, DurationError, TimeSpan};

@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use slidegate::algorithm::{fixed_window, sliding_window_counter};
 use slidegate::protect::{LeasePolicy, Leased, NoEvents, Protect};
-use slidegate::Delay;
+use slidegate::TimeSpan;
 use slidegate::{
     Algorithm, Buckets, Charge, Clock, Engine, GiveBack, Identity, Layout, LeaseStore, Limit, ManualClock,
     MemoryStore, Quota, RedisOptions, RedisStore, RedisTarget, Request, Store, TimeSource,
@@ -80,7 +80,7 @@ fn limit(counter: bool) -> Limit {
 }
 
 fn policy() -> Option<LeasePolicy> {
-    Some(LeasePolicy { max: 16, horizon: Delay::from_millis(50) })
+    Some(LeasePolicy { max: 16, horizon: TimeSpan::from_millis(50) })
 }
 
 /// Runs `steps` through one lease layer per instance over `store`, on

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use slidegate::protect::{Events, FallbackPolicy, LeasePolicy, NoEvents, Protect, Protected, StoreGuard};
 use slidegate::{
-    Algorithm, Charge, Delay, Identity, Limit, Origin, Quota, RedisOptions, RedisStore, Request, Store,
+    Algorithm, Charge, Identity, Limit, Origin, Quota, RedisOptions, RedisStore, Request, Store, TimeSpan,
 };
 use slidegate_test_redis::{CommandStats, RedisServer};
 
@@ -88,9 +88,9 @@ async fn a_worker_limits_each_tenant_through_a_redis_outage() {
     let store = RedisStore::connect_with(&redis.url(), options).await.expect("connect");
     let events = Arc::new(Counted::default());
     let mut guard = StoreGuard::default();
-    guard.lease = Some(LeasePolicy { max: 8, horizon: Delay::from_secs(1) });
-    guard.calls.timeout = Delay::from_millis(200);
-    guard.calls.probe_interval = Delay::from_millis(50);
+    guard.lease = Some(LeasePolicy { max: 8, horizon: TimeSpan::from_secs(1) });
+    guard.calls.timeout = TimeSpan::from_millis(200);
+    guard.calls.probe_interval = TimeSpan::from_millis(50);
     let store = Protect::new(store, Arc::clone(&events) as Arc<dyn Events>)
         .leases(guard.lease)
         .guard(guard.calls)

@@ -3,7 +3,7 @@
 //!
 //! - [`LimiterConfig`]: the rules ([`RuleConfig`], [`LimitConfig`]), the
 //!   identity settings, the header switches and the [`StoreGuard`].
-//! - [`Delay`] and [`parse_duration`] (re-exported): lengths of time that
+//! - [`TimeSpan`] and [`parse_duration`] (re-exported): lengths of time that
 //!   are not windows.
 //!
 //! The module keeps the name `config` because these are the library's
@@ -16,7 +16,7 @@ mod types;
 
 pub use plans::{PlanConfig, PlanKeys, PlansConfig};
 pub use slidegate::protect::{BreakerPolicy, FallbackPolicy, GuardPolicy, LeasePolicy, StoreGuard};
-pub use slidegate::{parse_duration, Delay, DurationError};
+pub use slidegate::{parse_duration, DurationError, TimeSpan};
 pub use types::{
     DelayConfig, DelayError, HeadersConfig, IdentityConfig, IdentityKind, LimitConfig, LimiterConfig,
     OnError, RuleConfig, RuleLimits,

@@ -7,10 +7,10 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use slidegate::{check_charge, Limit, StoreError};
 
-use crate::identity::ForwardedHeader;
+use crate::extractor::ForwardedHeader;
 use crate::rules::PathPattern;
 use slidegate::protect::StoreGuard;
-use slidegate::Delay;
+use slidegate::TimeSpan;
 
 /// Everything a [`RateLimiter`](crate::RateLimiter) is built from: rules,
 /// identities, headers and how it guards itself against its store.
@@ -235,18 +235,18 @@ impl RuleConfig {
 /// is longer, the request is refused at once.
 ///
 /// ```
-/// use slidegate_http::config::{Delay, DelayConfig};
+/// use slidegate_http::config::{TimeSpan, DelayConfig};
 ///
-/// let delay = DelayConfig::new(Delay::from_millis(500), 4)?;
-/// assert_eq!((delay.max_wait, delay.per_identity), (Delay::from_millis(500), 4));
-/// assert!(DelayConfig::new(Delay::from_secs(61), 4).is_err());
+/// let delay = DelayConfig::new(TimeSpan::from_millis(500), 4)?;
+/// assert_eq!((delay.max_wait, delay.per_identity), (TimeSpan::from_millis(500), 4));
+/// assert!(DelayConfig::new(TimeSpan::from_secs(61), 4).is_err());
 /// # Ok::<(), slidegate_http::config::DelayError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DelayConfig {
     /// The longest a request is held, over all its decisions.
-    pub max_wait: Delay,
+    pub max_wait: TimeSpan,
     /// How many requests of one identity the rule holds at once.
     pub per_identity: u32,
 }
@@ -257,7 +257,7 @@ pub struct DelayConfig {
 pub enum DelayError {
     /// `max_wait` is zero or above [`DelayConfig::MAX_WAIT`].
     #[error("max_wait must be more than 0 and at most {}s, got {}ms", DelayConfig::MAX_WAIT.as_millis() / 1000, .0.as_millis())]
-    MaxWait(Delay),
+    MaxWait(TimeSpan),
     /// `per_identity` is zero or above [`DelayConfig::MAX_PER_IDENTITY`].
     #[error("per_identity must be from 1 to {}, got {}", DelayConfig::MAX_PER_IDENTITY, .0)]
     PerIdentity(u32),
@@ -266,7 +266,7 @@ pub enum DelayError {
 impl DelayConfig {
     /// The longest `max_wait`: a client that cannot handle 429 can still
     /// time out, and a held request keeps its connection open.
-    pub const MAX_WAIT: Delay = Delay::from_secs(60);
+    pub const MAX_WAIT: TimeSpan = TimeSpan::from_secs(60);
 
     /// The most `per_identity`.
     pub const MAX_PER_IDENTITY: u32 = 1_000;
@@ -286,8 +286,8 @@ impl DelayConfig {
     /// # Errors
     /// [`DelayError`] for a zero or too long `max_wait`, or a zero or too
     /// large `per_identity`.
-    pub fn new(max_wait: Delay, per_identity: u32) -> Result<Self, DelayError> {
-        if max_wait == Delay::default() || max_wait > Self::MAX_WAIT {
+    pub fn new(max_wait: TimeSpan, per_identity: u32) -> Result<Self, DelayError> {
+        if max_wait == TimeSpan::default() || max_wait > Self::MAX_WAIT {
             return Err(DelayError::MaxWait(max_wait));
         }
         if per_identity == 0 || per_identity > Self::MAX_PER_IDENTITY {

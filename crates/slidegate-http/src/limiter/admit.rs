@@ -24,9 +24,9 @@ use http_body_util::Full;
 use slidegate::Store;
 
 use super::RateLimiter;
+use crate::extractor::AmbiguousKey;
 use crate::grpc::{self, GrpcAnswer, GrpcDenialStatus};
 use crate::headers;
-use crate::identity::AmbiguousKey;
 use crate::verdict::Verdict;
 
 /// What [`RateLimiter::admit`] made of a request. The answer to a refused

@@ -95,7 +95,7 @@ mod tests {
     use slidegate::{Algorithm, Clock, Limit, MemoryStore, Quota};
 
     use super::*;
-    use crate::config::{Delay, IdentityKind, LimitConfig, LimiterConfig, RuleConfig, RuleLimits};
+    use crate::config::{IdentityKind, LimitConfig, LimiterConfig, RuleConfig, RuleLimits, TimeSpan};
 
     /// The store's clock on tokio's, which the tests pause: a whole second
     /// of the epoch plus what tokio says has passed.
@@ -119,7 +119,7 @@ mod tests {
             "/api/*".parse().unwrap(),
             RuleLimits::Shared { identity: IdentityKind::Ip, limits },
         );
-        rule.delay = Some(DelayConfig::new(Delay::from_millis(max_wait_ms), per_identity).unwrap());
+        rule.delay = Some(DelayConfig::new(TimeSpan::from_millis(max_wait_ms), per_identity).unwrap());
         let mut config = LimiterConfig::default();
         config.rules.push(rule);
         config.max_delayed = cap;

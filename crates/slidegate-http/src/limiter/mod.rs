@@ -26,7 +26,7 @@ use slidegate::{Identity, MemoryStore, Source, Store};
 use crate::config::{IdentityConfig, LimiterConfig, OnError, PlansConfig, RuleConfig, StoreGuard};
 use crate::cost_headers::CostHeaders;
 use crate::delay::Delays;
-use crate::identity::IdentityExtractor;
+use crate::extractor::IdentityExtractor;
 use crate::in_flight::InFlight;
 use crate::lift::{AppliedLifts, LiftError, Lifted};
 use crate::lists::{AccessLists, Lists};

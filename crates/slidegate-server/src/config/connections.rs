@@ -7,7 +7,7 @@
 //! it, so no listener may hold an unbounded number of them, nor keep one a
 //! client neither finishes nor uses.
 
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 
 /// The bounds of one listener's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,10 +23,10 @@ pub struct ConnectionLimits {
     /// the connection waits for a request, so it also closes an idle
     /// keep-alive connection; on HTTP/2 it bounds the wait for the preface
     /// and the first request (later half-sent requests are the idle timeout's).
-    pub header_timeout: Delay,
+    pub header_timeout: TimeSpan,
     /// How long a connection with no request in flight stays open
     /// (`idle_timeout`); then it is closed gracefully (HTTP/2: GOAWAY).
-    pub idle_timeout: Delay,
+    pub idle_timeout: TimeSpan,
 }
 
 impl ConnectionLimits {
@@ -36,16 +36,16 @@ impl ConnectionLimits {
 
     /// The longest `header_timeout`: a client that needs longer to send a
     /// request head is broken or a slowloris.
-    pub const MAX_HEADER_TIMEOUT: Delay = Delay::from_secs(600);
+    pub const MAX_HEADER_TIMEOUT: TimeSpan = TimeSpan::from_secs(600);
 
     /// The longest `idle_timeout`.
-    pub const MAX_IDLE_TIMEOUT: Delay = Delay::from_secs(86_400);
+    pub const MAX_IDLE_TIMEOUT: TimeSpan = TimeSpan::from_secs(86_400);
 
     /// The bounds with `max` connections, and the default timeouts: a
     /// 30 s header timeout (hyper's own, what `serve` always had) and 60 s
     /// idle (a proxy or Envoy reconnects after a GOAWAY at no cost).
     const fn with_max(max: usize) -> Self {
-        Self { max, header_timeout: Delay::from_secs(30), idle_timeout: Delay::from_secs(60) }
+        Self { max, header_timeout: TimeSpan::from_secs(30), idle_timeout: TimeSpan::from_secs(60) }
     }
 }
 

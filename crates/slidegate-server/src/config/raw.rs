@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use http::HeaderName;
 use serde::Deserialize;
-use slidegate_http::config::{Delay, IdentityKind, OnError};
+use slidegate_http::config::{IdentityKind, OnError, TimeSpan};
 use slidegate_http::{ForwardedHeader, PathPattern};
 use toml::Spanned;
 
@@ -89,21 +89,21 @@ pub(super) struct RawServer {
     pub(super) grpc_listen: Option<Spanned<Parsed<SocketAddr>>>,
     /// The forward-auth listener (a proxy's auth hook).
     pub(super) auth_listen: Option<Spanned<Parsed<SocketAddr>>>,
-    pub(super) shutdown_grace: Option<Parsed<Delay>>,
-    pub(super) drain_delay: Option<Spanned<Parsed<Delay>>>,
+    pub(super) shutdown_grace: Option<Parsed<TimeSpan>>,
+    pub(super) drain_delay: Option<Spanned<Parsed<TimeSpan>>>,
     pub(super) threads: Option<Spanned<u16>>,
     pub(super) admin_on_public: Option<Spanned<bool>>,
     pub(super) check_token_env: Option<Spanned<String>>,
-    pub(super) body_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) body_timeout: Option<Spanned<Parsed<TimeSpan>>>,
     pub(super) max_upstream_connections: Option<Spanned<u32>>,
     pub(super) min_body_rate: Option<Spanned<u32>>,
-    pub(super) body_rate_grace: Option<Spanned<Parsed<Delay>>>,
+    pub(super) body_rate_grace: Option<Spanned<Parsed<TimeSpan>>>,
     pub(super) max_upstream_connections_per_client: Option<Spanned<u32>>,
     pub(super) log_format: Option<Spanned<String>>,
     pub(super) watch_config: Option<bool>,
     /// The limiter's cap on requests held by rules' `delay` (`LimiterConfig::max_delayed`).
     pub(super) max_delayed: Option<Spanned<u32>>,
-    pub(super) websocket_idle_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) websocket_idle_timeout: Option<Spanned<Parsed<TimeSpan>>>,
     pub(super) grpc_denial_status: Option<Spanned<String>>,
     // Protocols: TLS on the listener, https:// upstreams, HTTP/2.
     pub(super) tls: Option<Spanned<RawTls>>,
@@ -130,8 +130,8 @@ pub(super) struct RawConnections {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConnectionLimits {
     pub(super) max: Option<Spanned<i64>>,
-    pub(super) header_timeout: Option<Spanned<Parsed<Delay>>>,
-    pub(super) idle_timeout: Option<Spanned<Parsed<Delay>>>,
+    pub(super) header_timeout: Option<Spanned<Parsed<TimeSpan>>>,
+    pub(super) idle_timeout: Option<Spanned<Parsed<TimeSpan>>>,
 }
 
 /// `tls = { cert = "server.crt", key = "server.key" }`.
@@ -257,7 +257,7 @@ pub(super) struct RawRule {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDelay {
-    pub(super) max_wait: Spanned<Parsed<Delay>>,
+    pub(super) max_wait: Spanned<Parsed<TimeSpan>>,
     pub(super) per_identity: Option<Spanned<u32>>,
 }
 
@@ -275,9 +275,9 @@ pub(super) struct RawBreadth {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPenalty {
     pub(super) after: Spanned<u64>,
-    pub(super) within: Parsed<Delay>,
-    pub(super) block: Parsed<Delay>,
-    pub(super) max_block: Option<Parsed<Delay>>,
+    pub(super) within: Parsed<TimeSpan>,
+    pub(super) block: Parsed<TimeSpan>,
+    pub(super) max_block: Option<Parsed<TimeSpan>>,
 }
 
 #[derive(Deserialize)]

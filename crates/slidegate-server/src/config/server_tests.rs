@@ -1,7 +1,7 @@
 //! `[server]` and `[access_log]`: listeners, drain, reload, WebSockets,
 //! gRPC and the access log, with their defaults and located errors.
 
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 
 use super::tests::{err, parse};
 use super::*;
@@ -88,11 +88,14 @@ fn auth_listen_without_trusted_proxies_is_warned_of() {
 
 #[test]
 fn drain_delay_defaults_to_none_and_bad_values_are_located() {
-    assert_eq!(parse("").unwrap().server.drain_delay, Delay::from_secs(0));
+    assert_eq!(parse("").unwrap().server.drain_delay, TimeSpan::from_secs(0));
     let c = parse("[server]\ndrain_delay = \"5s\"\n").unwrap();
-    assert_eq!(c.server.drain_delay, Delay::from_secs(5));
-    assert_eq!(parse("[server]\ndrain_delay = \"0s\"\n").unwrap().server.drain_delay, Delay::from_secs(0));
-    assert_eq!(parse("[server]\ndrain_delay = \"5m\"\n").unwrap().server.drain_delay, Delay::from_secs(300));
+    assert_eq!(c.server.drain_delay, TimeSpan::from_secs(5));
+    assert_eq!(parse("[server]\ndrain_delay = \"0s\"\n").unwrap().server.drain_delay, TimeSpan::from_secs(0));
+    assert_eq!(
+        parse("[server]\ndrain_delay = \"5m\"\n").unwrap().server.drain_delay,
+        TimeSpan::from_secs(300)
+    );
     for bad in ["\"soon\"", "\"-5s\"", "\"5\"", "\"\"", "\"5 s\"", "5", "true", "\"99999999999999999999d\""] {
         let (l, c, m) = err(&format!("[server]\ndrain_delay = {bad}\n"));
         assert_eq!((l, c), (2, 15), "{bad}: {m}");
@@ -160,11 +163,11 @@ fn watch_config_is_off_unless_set_and_must_be_a_boolean() {
 fn websocket_idle_timeout_and_grpc_denial_status_have_defaults_and_located_errors() {
     use crate::config::GrpcDenialStatus;
     let c = parse("[server]\n").unwrap();
-    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(300));
+    assert_eq!(c.server.websocket_idle_timeout, TimeSpan::from_secs(300));
     assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::ResourceExhausted);
     let c =
         parse("[server]\nwebsocket_idle_timeout = \"45s\"\ngrpc_denial_status = \"unavailable\"\n").unwrap();
-    assert_eq!(c.server.websocket_idle_timeout, Delay::from_secs(45));
+    assert_eq!(c.server.websocket_idle_timeout, TimeSpan::from_secs(45));
     assert_eq!(c.server.grpc_denial_status, GrpcDenialStatus::Unavailable);
     let (l, c, m) = err("[server]\nwebsocket_idle_timeout = \"0s\"\n");
     assert_eq!((l, c), (2, 26));

@@ -7,7 +7,7 @@ use slidegate::Algorithm;
 use super::validate::Use;
 use super::*;
 use slidegate::RedisTarget;
-use slidegate_http::config::{Delay, IdentityConfig, IdentityKind, OnError, RuleLimits};
+use slidegate_http::config::{IdentityConfig, IdentityKind, OnError, RuleLimits, TimeSpan};
 use slidegate_http::{BreadthOf, ForwardedHeader, StoreGuard};
 
 /// The example configuration shipped in `examples/` (also the README's), word for word.
@@ -41,7 +41,7 @@ fn the_example_config_parses_as_written() {
     let c = Config::parse_with_env(EXAMPLE_CONFIG, "slidegate.toml", &env).unwrap();
     assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
     assert_eq!(c.store.redis, Some(RedisTarget::Single(example_redis_url().to_owned())));
-    assert_eq!(c.limiter.guard.calls.timeout, Delay::from_millis(50));
+    assert_eq!(c.limiter.guard.calls.timeout, TimeSpan::from_millis(50));
     assert_eq!(c.store.on_error, OnError::Fallback);
     assert_eq!(c.limiter.identity.api_key_header.as_ref().unwrap().as_str(), "x-api-key");
     assert_eq!(c.limiter.identity.secret.as_deref(), Some(&b"test-secret"[..]));
@@ -141,14 +141,14 @@ fn bad_values_are_located_and_say_what_was_expected() {
 fn the_store_keys_default_and_insurance_reads_as_fallback() {
     let c = parse("").unwrap();
     assert_eq!(c.limiter.guard, StoreGuard::default());
-    assert_eq!(c.server.shutdown_grace, Delay::from_secs(10));
+    assert_eq!(c.server.shutdown_grace, TimeSpan::from_secs(10));
     assert_eq!(c.store.on_error, OnError::Fallback, "a failing store never means unlimited by default");
     let c = parse("[store]\nfallback = true\n").unwrap();
     assert_eq!(c.store.on_error, OnError::Fallback);
     let c = parse("[store]\ninsurance = true\n").unwrap();
     assert_eq!(c.store.on_error, OnError::Fallback);
     let c = parse("[server]\nshutdown_grace = \"250ms\"\n").unwrap();
-    assert_eq!(c.server.shutdown_grace, Delay::from_millis(250));
+    assert_eq!(c.server.shutdown_grace, TimeSpan::from_millis(250));
     let (l, c, m) = err("[server]\nshutdown_grace = \"soon\"\n");
     assert_eq!((l, c), (2, 18));
     assert!(m.starts_with("invalid duration \"soon\""), "{m}");
@@ -288,7 +288,7 @@ fn the_admin_surface_defaults_closed_and_its_keys_are_checked() {
     let c = parse("[server]\n").unwrap();
     assert!(!c.server.admin_on_public);
     assert_eq!((c.server.admin_listen, c.server.check_token.as_deref()), (None, None));
-    assert_eq!(c.server.body_timeout, Delay::from_secs(30));
+    assert_eq!(c.server.body_timeout, TimeSpan::from_secs(30));
     assert_eq!(c.server.max_upstream_connections, 1024);
     assert!(parse("[server]\nadmin_on_public = true\n").unwrap().server.admin_on_public);
     let (l, _, m) = err("[server]\nadmin_listen = \"127.0.0.1:0\"\nadmin_on_public = true\n");
@@ -302,7 +302,7 @@ fn the_admin_surface_defaults_closed_and_its_keys_are_checked() {
     let c = Config::parse_with_env("[server]\ncheck_token_env = \"CHECK_TOKEN\"\n", "t.toml", &env).unwrap();
     assert_eq!(c.server.check_token.as_deref(), Some("t0ken"));
     let c = parse("[server]\nbody_timeout = \"300ms\"\nmax_upstream_connections = 4\n").unwrap();
-    assert_eq!((c.server.body_timeout, c.server.max_upstream_connections), (Delay::from_millis(300), 4));
+    assert_eq!((c.server.body_timeout, c.server.max_upstream_connections), (TimeSpan::from_millis(300), 4));
     assert_eq!(err("[server]\nbody_timeout = \"0s\"\n").0, 2);
     assert_eq!(err("[server]\nmax_upstream_connections = 0\n").0, 2);
 }
@@ -393,9 +393,9 @@ fn breadth_and_response_costs_parse_and_bad_ones_are_located() {
 fn store_lease_is_read_and_checked() {
     assert_eq!(parse("").unwrap().limiter.guard.lease, None);
     let lease = parse("[store]\nlease = { max = 32, horizon = \"20ms\" }\n").unwrap().limiter.guard.lease;
-    assert_eq!(lease, Some(slidegate::protect::LeasePolicy { max: 32, horizon: Delay::from_millis(20) }));
+    assert_eq!(lease, Some(slidegate::protect::LeasePolicy { max: 32, horizon: TimeSpan::from_millis(20) }));
     let lease = parse("[store]\nlease = { max = 64 }\n").unwrap().limiter.guard.lease;
-    assert_eq!(lease.map(|l| l.horizon), Some(Delay::from_millis(50)));
+    assert_eq!(lease.map(|l| l.horizon), Some(TimeSpan::from_millis(50)));
     let err = parse("[store]\nlease = { max = 1 }\n").unwrap_err().to_string();
     assert!(err.contains("lease max is 2 to 10000 permits, got 1") && err.contains(":2:"), "{err}");
     let err = parse("[store]\nlease = { max = 8, horizon = \"1h\" }\n").unwrap_err().to_string();
@@ -501,7 +501,7 @@ fn query_breadth_and_format_suffix_are_read_and_bad_ones_located() {
 #[test]
 fn the_body_rate_and_the_per_client_share_of_the_pool_are_read_and_checked() {
     let c = parse("[server]\n").unwrap();
-    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (500, Delay::from_secs(10)));
+    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (500, TimeSpan::from_secs(10)));
     assert_eq!(c.server.upstream_connections_per_client(), 64);
     let c = parse("[server]\nmax_upstream_connections = 50\n").unwrap();
     assert_eq!(c.server.upstream_connections_per_client(), 3);
@@ -511,7 +511,7 @@ fn the_body_rate_and_the_per_client_share_of_the_pool_are_read_and_checked() {
         "[server]\nmin_body_rate = 0\nbody_rate_grace = \"2s\"\nmax_upstream_connections_per_client = 1024\n",
     )
     .unwrap();
-    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (0, Delay::from_secs(2)));
+    assert_eq!((c.server.min_body_rate, c.server.body_rate_grace), (0, TimeSpan::from_secs(2)));
     assert_eq!(c.server.upstream_connections_per_client(), 1024);
 
     let (l, col, m) = err("[server]\nbody_rate_grace = \"0s\"\n");
@@ -621,7 +621,7 @@ fn delay_is_read_and_every_bad_value_is_located() {
     ))
     .unwrap();
     let d = c.limiter.rules[0].delay.unwrap();
-    assert_eq!((d.max_wait, d.per_identity, c.limiter.max_delayed), (Delay::from_millis(500), 2, 50));
+    assert_eq!((d.max_wait, d.per_identity, c.limiter.max_delayed), (TimeSpan::from_millis(500), 2, 50));
     let c = parse(&rule("delay = { max_wait = \"60s\" }\n")).unwrap();
     assert_eq!(c.limiter.rules[0].delay.unwrap().per_identity, 4, "the default");
     assert_eq!(c.limiter.max_delayed, 1_000, "the default");

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use http::Uri;
 use slidegate::{Engine, Layout, RedisTarget};
-use slidegate_http::config::{Delay, LimiterConfig, OnError};
+use slidegate_http::config::{LimiterConfig, OnError, TimeSpan};
 
 /// A validated configuration file.
 ///
@@ -91,10 +91,10 @@ pub struct ServerConfig {
     /// nowhere. See docs/forward-auth.md.
     pub auth_listen: Option<SocketAddr>,
     /// How long a graceful shutdown waits for open connections.
-    pub shutdown_grace: Delay,
+    pub shutdown_grace: TimeSpan,
     /// How long after `SIGTERM` new connections are still accepted, with
     /// `/readyz` answering 503, so a load balancer can stop sending first.
-    pub drain_delay: Delay,
+    pub drain_delay: TimeSpan,
     /// Worker threads, each with its own runtime and upstream pool; `None`: one per CPU.
     pub threads: Option<usize>,
     /// Whether the admin endpoints are served on the public listener (under
@@ -106,7 +106,7 @@ pub struct ServerConfig {
     pub check_token: Option<String>,
     /// How long a request body may stay silent before the request is
     /// abandoned with 408 and its upstream connection released.
-    pub body_timeout: Delay,
+    pub body_timeout: TimeSpan,
     /// Open upstream connections (busy or idle), over all worker threads; a
     /// request needing one more waits up to [`ServerConfig::UPSTREAM_QUEUE_WAIT`]
     /// for one to close, then gets 503.
@@ -115,7 +115,7 @@ pub struct ServerConfig {
     /// abandoned with 408 once it has taken `body_rate_grace`; 0: no minimum.
     pub min_body_rate: u32,
     /// How long a request body may take before `min_body_rate` applies.
-    pub body_rate_grace: Delay,
+    pub body_rate_grace: TimeSpan,
     /// Requests one client (its address, as the limits group it) may have
     /// forwarded at once, waiting for or holding an upstream connection; one
     /// more gets 429. `None`: [`ServerConfig::upstream_connections_per_client`]'s default.
@@ -127,7 +127,7 @@ pub struct ServerConfig {
     pub watch_config: bool,
     /// How long a WebSocket tunnel may pass no byte either way before it
     /// is closed (`websocket_idle_timeout`), its upstream slot with it.
-    pub websocket_idle_timeout: Delay,
+    pub websocket_idle_timeout: TimeSpan,
     /// The gRPC status a denied gRPC call gets (`grpc_denial_status`).
     pub grpc_denial_status: GrpcDenialStatus,
     /// TLS on the listener (`tls`): its certificate and key, re-read by a
@@ -187,7 +187,7 @@ impl ServerConfig {
 
     /// How long a request waits for an upstream slot when
     /// `max_upstream_connections` are busy, before it is answered 503.
-    pub const UPSTREAM_QUEUE_WAIT: Delay = Delay::from_secs(1);
+    pub const UPSTREAM_QUEUE_WAIT: TimeSpan = TimeSpan::from_secs(1);
 
     /// The upstream connections one client may hold at once: as configured,
     /// or by default a sixteenth of `max_upstream_connections` (at least 1),
@@ -206,19 +206,19 @@ impl Default for ServerConfig {
             admin_listen: None,
             grpc_listen: None,
             auth_listen: None,
-            shutdown_grace: Delay::from_secs(10),
-            drain_delay: Delay::from_secs(0),
+            shutdown_grace: TimeSpan::from_secs(10),
+            drain_delay: TimeSpan::from_secs(0),
             threads: None,
             admin_on_public: false,
             check_token: None,
-            body_timeout: Delay::from_secs(30),
+            body_timeout: TimeSpan::from_secs(30),
             max_upstream_connections: 1024,
             min_body_rate: 500,
-            body_rate_grace: Delay::from_secs(10),
+            body_rate_grace: TimeSpan::from_secs(10),
             max_upstream_connections_per_client: None,
             log_format: LogFormat::Text,
             watch_config: false,
-            websocket_idle_timeout: Delay::from_secs(300),
+            websocket_idle_timeout: TimeSpan::from_secs(300),
             grpc_denial_status: GrpcDenialStatus::ResourceExhausted,
             tls: None,
             upstream_ca: None,

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use slidegate::Algorithm;
-use slidegate_http::config::{parse_duration, Delay};
+use slidegate_http::config::{parse_duration, TimeSpan};
 use toml::Spanned;
 
 /// A value parsed from a TOML string with [`FromStr`], the parse error
@@ -114,16 +114,16 @@ impl<'de> Deserialize<'de> for WindowValue {
     }
 }
 
-/// A [`Delay`] written as a whole number of milliseconds (`timeout_ms = 50`).
+/// A [`TimeSpan`] written as a whole number of milliseconds (`timeout_ms = 50`).
 #[derive(Debug, Clone)]
 pub(super) struct Millis {
-    pub(super) delay: Delay,
+    pub(super) delay: TimeSpan,
     pub(super) span: Range<usize>,
 }
 
 impl<'de> Deserialize<'de> for Millis {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let spanned = Spanned::<u64>::deserialize(d)?;
-        Ok(Millis { delay: Delay::from_millis(*spanned.get_ref()), span: spanned.span() })
+        Ok(Millis { delay: TimeSpan::from_millis(*spanned.get_ref()), span: spanned.span() })
     }
 }

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use slidegate::{Algorithm, Charge, Digest, Identity, Limit, Quota, Request, Source, Store};
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 use slidegate_http::RateLimiter;
 use tokio::sync::Mutex;
 
@@ -68,7 +68,7 @@ pub(crate) enum Answer {
 
 impl Readiness {
     /// Ready, with store checks under `timeout`.
-    pub(crate) fn new(timeout: Delay) -> Self {
+    pub(crate) fn new(timeout: TimeSpan) -> Self {
         let quota =
             Quota::new(1_000_000_000, Duration::from_secs(1)).expect("10^9 per second is a valid quota");
         Self {
@@ -158,7 +158,7 @@ fn unreachable_now(limiter: &RateLimiter<AnyStore>) -> Option<&'static str> {
 
 /// Completes `drain_delay` after `shutdown` does, having turned `/readyz`
 /// 503 at the signal: the acceptor serves until then.
-pub(crate) async fn drain(shutdown: impl Future<Output = ()>, readiness: &Readiness, drain_delay: Delay) {
+pub(crate) async fn drain(shutdown: impl Future<Output = ()>, readiness: &Readiness, drain_delay: TimeSpan) {
     shutdown.await;
     readiness.draining.store(true, Ordering::Relaxed);
     tracing::info!(
@@ -180,12 +180,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_drain_turns_readyz_503_at_the_signal_and_ends_after_the_delay() {
-        let readiness = Readiness::new(Delay::from_millis(50));
+        let readiness = Readiness::new(TimeSpan::from_millis(50));
         let limiter = limiter();
         assert_eq!(readiness.answer(&limiter).await, Answer::Ready("ready\n".into()));
         let (signal, signalled) = tokio::sync::oneshot::channel::<()>();
         let start = tokio::time::Instant::now();
-        let drain = drain(async { drop(signalled.await) }, &readiness, Delay::from_secs(5));
+        let drain = drain(async { drop(signalled.await) }, &readiness, TimeSpan::from_secs(5));
         let mut drain = std::pin::pin!(drain);
         assert!(futures_poll(&mut drain).is_pending());
         assert!(!readiness.is_draining(), "not before the signal");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{MemoryStore, RedisOptions, RedisTarget, StoreError, Unavailable};
-use slidegate_http::config::{Delay, LimitConfig, RuleLimits};
+use slidegate_http::config::{LimitConfig, RuleLimits, TimeSpan};
 use slidegate_http::RateLimiter;
 use tokio::net::TcpListener;
 
@@ -55,8 +55,8 @@ pub struct Server {
     admin_on_public: bool,
     check_token: Option<String>,
     limits: UpstreamLimits,
-    grace: Delay,
-    drain_delay: Delay,
+    grace: TimeSpan,
+    drain_delay: TimeSpan,
     readiness: Arc<Readiness>,
     reloader: Reloader,
     /// What the reloader starts from.

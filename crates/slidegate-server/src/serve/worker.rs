@@ -11,7 +11,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 
 use super::body::ServeBody;
 use super::connection::Protocols;
@@ -63,7 +63,7 @@ pub(super) struct WorkerEnd {
 pub(super) async fn worker(
     mut connections: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     state: Arc<State>,
-    grace: Delay,
+    grace: TimeSpan,
     protocols: ListenerProtocols,
     grpc: Option<GrpcRoutes>,
 ) -> WorkerEnd {
@@ -128,7 +128,7 @@ pub(super) async fn worker(
         }
     }
     heartbeat.abort();
-    // A grace too long to add (a `Delay` built in code) is as good as none.
+    // A grace too long to add (a `TimeSpan` built in code) is as good as none.
     let now = tokio::time::Instant::now();
     let deadline = now.checked_add(grace.get()).unwrap_or(now + Duration::from_secs(100 * 365 * 86_400));
     let _ = drain.send(true);

@@ -3,7 +3,7 @@
 //! of 0 would refuse every client; a cap beyond the system's file
 //! descriptors, or a timeout of days, bounds nothing).
 
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 use toml::Spanned;
 
 use super::super::connections::{ConnectionLimits, ListenerConnections};
@@ -70,9 +70,9 @@ impl Validator<'_> {
     fn connection_timeout(
         &self,
         key: &str,
-        t: Spanned<Parsed<Delay>>,
-        most: Delay,
-    ) -> Result<Delay, ConfigError> {
+        t: Spanned<Parsed<TimeSpan>>,
+        most: TimeSpan,
+    ) -> Result<TimeSpan, ConfigError> {
         let delay = t.get_ref().0;
         if delay.get().is_zero() || delay > most {
             return Err(self.err(
@@ -91,7 +91,7 @@ impl Validator<'_> {
 #[cfg(test)]
 mod tests {
     use crate::config::{Config, ConnectionLimits, ListenerConnections};
-    use slidegate_http::config::Delay;
+    use slidegate_http::config::TimeSpan;
 
     fn parse(server: &str) -> Result<Config, crate::config::ConfigError> {
         Config::parse(&format!("[server]\nupstream = \"http://127.0.0.1:9000\"\n{server}\n"), "t.toml")
@@ -113,8 +113,8 @@ mod tests {
             [10_000, 64, 4_096, 1_024]
         );
         for limits in [connections.public, connections.admin, connections.auth, connections.grpc] {
-            assert_eq!(limits.header_timeout, Delay::from_secs(30));
-            assert_eq!(limits.idle_timeout, Delay::from_secs(60));
+            assert_eq!(limits.header_timeout, TimeSpan::from_secs(30));
+            assert_eq!(limits.idle_timeout, TimeSpan::from_secs(60));
         }
     }
 
@@ -127,9 +127,9 @@ mod tests {
         .unwrap();
         let connections = config.server.connections;
         assert_eq!(connections.auth.max, 3);
-        assert_eq!(connections.auth.header_timeout, Delay::from_secs(2));
-        assert_eq!(connections.auth.idle_timeout, Delay::from_secs(60));
-        assert_eq!(connections.grpc.idle_timeout, Delay::from_millis(500));
+        assert_eq!(connections.auth.header_timeout, TimeSpan::from_secs(2));
+        assert_eq!(connections.auth.idle_timeout, TimeSpan::from_secs(60));
+        assert_eq!(connections.grpc.idle_timeout, TimeSpan::from_millis(500));
         assert_eq!(connections.grpc.max, 1_024);
         assert_eq!(connections.public, ListenerConnections::default().public);
         let most = parse("connections.public = { max = 1000000, idle_timeout = \"1d\" }").unwrap();

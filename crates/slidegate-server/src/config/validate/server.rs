@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use http::Uri;
-use slidegate_http::config::Delay;
+use slidegate_http::config::TimeSpan;
 use toml::Spanned;
 
 use super::super::error::ConfigError;
@@ -13,7 +13,7 @@ use super::super::values::Parsed;
 use super::Validator;
 
 /// The longest `drain_delay`.
-const MAX_DRAIN_DELAY: Delay = Delay::from_secs(300);
+const MAX_DRAIN_DELAY: TimeSpan = TimeSpan::from_secs(300);
 
 impl Validator<'_> {
     pub(super) fn server(&self, mut raw: RawServer) -> Result<ServerConfig, ConfigError> {
@@ -131,7 +131,7 @@ impl Validator<'_> {
     fn tunnels_and_grpc(
         &self,
         server: &mut ServerConfig,
-        idle: Option<Spanned<Parsed<Delay>>>,
+        idle: Option<Spanned<Parsed<TimeSpan>>>,
         grpc: Option<Spanned<String>>,
     ) -> Result<(), ConfigError> {
         if let Some(t) = idle {
@@ -188,7 +188,7 @@ impl Validator<'_> {
     /// `drain_delay`: up to [`MAX_DRAIN_DELAY`]. It covers the time a load
     /// balancer takes to stop sending new connections, seconds; a longer one
     /// would hold every stop (and a rolling update) for nothing.
-    fn drain_delay(&self, d: Spanned<Parsed<Delay>>) -> Result<Delay, ConfigError> {
+    fn drain_delay(&self, d: Spanned<Parsed<TimeSpan>>) -> Result<TimeSpan, ConfigError> {
         let delay = d.get_ref().0;
         if delay > MAX_DRAIN_DELAY {
             return Err(self.err(

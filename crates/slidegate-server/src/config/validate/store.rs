@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use slidegate::protect::LeasePolicy;
 use slidegate::{Engine, Layout, RedisTarget};
-use slidegate_http::config::{Delay, OnError};
+use slidegate_http::config::{OnError, TimeSpan};
 use slidegate_http::StoreGuard;
 use toml::Spanned;
 
@@ -345,7 +345,7 @@ impl Validator<'_> {
             if h.duration < Duration::from_millis(1) || h.duration > Duration::from_secs(10) {
                 return Err(self.err(h.span, format!("lease horizon is 1ms to 10s, got {:?}", h.text)));
             }
-            policy.horizon = Delay::from_millis(h.duration.as_millis() as u64);
+            policy.horizon = TimeSpan::from_millis(h.duration.as_millis() as u64);
         }
         Ok(policy)
     }
@@ -353,7 +353,7 @@ impl Validator<'_> {
     /// Sets `field` to `value`, which must be at least `least_ms`, when the key is there.
     fn set_millis(
         &self,
-        field: &mut Delay,
+        field: &mut TimeSpan,
         key: &str,
         value: Option<Millis>,
         least_ms: u64,

@@ -18,7 +18,7 @@
 //! Time is passed in as milliseconds since an epoch the caller picks, so the
 //! state machine is tested with hand-made times.
 
-use crate::Delay;
+use crate::TimeSpan;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Buckets of the sliding window: the window slides in steps of `window / BUCKETS`.
@@ -34,13 +34,13 @@ pub struct BreakerPolicy {
     /// fewer than `min_calls` calls.
     pub failures: u32,
     /// The sliding window the failure rate is measured over.
-    pub window: Delay,
+    pub window: TimeSpan,
     /// Calls the window must hold before its failure rate is trusted.
     pub min_calls: u32,
     /// Percentage of failed calls in the window (1 to 100) that opens the breaker.
     pub failure_rate: u8,
     /// While open, one decision per this interval calls the store as a trial.
-    pub trial_interval: Delay,
+    pub trial_interval: TimeSpan,
 }
 
 impl Default for BreakerPolicy {
@@ -51,12 +51,12 @@ impl Default for BreakerPolicy {
             // that times out a few dozen is far below half. 20 calls is the
             // least for a rate to mean something; below it (a few requests a
             // second) consecutive failures decide.
-            window: Delay::from_secs(1),
+            window: TimeSpan::from_secs(1),
             min_calls: 20,
             failure_rate: 50,
             // One decision in 20 ms may pay the deadline to learn the store is
             // back: recovery within ~20 ms instead of a probe interval.
-            trial_interval: Delay::from_millis(20),
+            trial_interval: TimeSpan::from_millis(20),
         }
     }
 }
@@ -228,10 +228,10 @@ mod tests {
     fn policy() -> BreakerPolicy {
         BreakerPolicy {
             failures: 3,
-            window: Delay::from_secs(1),
+            window: TimeSpan::from_secs(1),
             min_calls: 20,
             failure_rate: 50,
-            trial_interval: Delay::from_millis(20),
+            trial_interval: TimeSpan::from_millis(20),
         }
     }
 

@@ -21,8 +21,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Algorithm, Charge, Decision, Delay, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part,
-    Quota, Request, SharedTables, Source, Store, StoreError, TableEntry, TableName, Unavailable,
+    Algorithm, Charge, Decision, Digest, DistinctStore, Identity, JointStore, Limit, Outcome, Part, Quota,
+    Request, SharedTables, Source, Store, StoreError, TableEntry, TableName, TimeSpan, Unavailable,
 };
 
 mod breaker;
@@ -38,9 +38,9 @@ use breaker::{Admit, Breaker};
 #[non_exhaustive]
 pub struct GuardPolicy {
     /// Deadline of one store call.
-    pub timeout: Delay,
+    pub timeout: TimeSpan,
     /// How often an open breaker probes the store.
-    pub probe_interval: Delay,
+    pub probe_interval: TimeSpan,
     /// When the breaker opens and how it tries the store again.
     pub breaker: BreakerPolicy,
 }
@@ -48,8 +48,8 @@ pub struct GuardPolicy {
 impl Default for GuardPolicy {
     fn default() -> Self {
         Self {
-            timeout: Delay::from_millis(50),
-            probe_interval: Delay::from_millis(500),
+            timeout: TimeSpan::from_millis(50),
+            probe_interval: TimeSpan::from_millis(500),
             breaker: BreakerPolicy::default(),
         }
     }

@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use crate::Clock;
 
-use crate::Delay;
+use crate::TimeSpan;
 
 /// Shards of the lease table: requests of different identities rarely wait
 /// for one another.
@@ -66,12 +66,12 @@ pub struct LeasePolicy {
     pub max: u64,
     /// How far ahead a lease is sized for: the requests this instance saw
     /// of the identity in the last horizon are those it expects in the next.
-    pub horizon: Delay,
+    pub horizon: TimeSpan,
 }
 
 impl Default for LeasePolicy {
     fn default() -> Self {
-        Self { max: 64, horizon: Delay::from_millis(50) }
+        Self { max: 64, horizon: TimeSpan::from_millis(50) }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::{Algorithm, ManualClock, MemoryStore, Quota};
 const HORIZON_MS: u64 = 50;
 
 fn layer(clock: &ManualClock) -> Leased<MemoryStore<ManualClock>> {
-    let policy = LeasePolicy { max: 16, horizon: Delay::from_millis(HORIZON_MS) };
+    let policy = LeasePolicy { max: 16, horizon: TimeSpan::from_millis(HORIZON_MS) };
     Leased::with_clock(MemoryStore::with_clock(clock.clone()), Some(policy), Arc::new(clock.clone()))
 }
 

@@ -1,10 +1,11 @@
-//! Lengths of time written as `"60s"`, and [`Delay`], the type of the ones
+//! Lengths of time written as `"60s"`, and [`TimeSpan`], the type of the ones
 //! that are not rate-limit windows.
 //!
 //! A window is part of a quota (`slidegate::Quota`) and shapes what a client
-//! may do; a delay (a store deadline, a probe interval, a shutdown grace
+//! may do; a time span (a store deadline, a probe interval, a shutdown grace
 //! period) only shapes how the service behaves. Two types keep one from being
-//! passed where the other belongs.
+//! passed where the other belongs. (It was called `Delay`, which read as
+//! `slidegate_http::delay`, the rules' hold-instead-of-refuse.)
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,25 +15,25 @@ use std::time::Duration;
 /// breaker's probe interval, a shutdown grace period.
 ///
 /// ```
-/// use slidegate::Delay;
+/// use slidegate::TimeSpan;
 ///
-/// let grace: Delay = "10s".parse()?;
-/// assert_eq!(grace, Delay::from_secs(10));
+/// let grace: TimeSpan = "10s".parse()?;
+/// assert_eq!(grace, TimeSpan::from_secs(10));
 /// assert_eq!(grace.get(), std::time::Duration::from_secs(10));
 /// # Ok::<(), slidegate::DurationError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Delay(Duration);
+pub struct TimeSpan(Duration);
 
-impl Delay {
+impl TimeSpan {
     /// `ms` milliseconds.
     pub const fn from_millis(ms: u64) -> Self {
-        Delay(Duration::from_millis(ms))
+        TimeSpan(Duration::from_millis(ms))
     }
 
     /// `secs` seconds.
     pub const fn from_secs(secs: u64) -> Self {
-        Delay(Duration::from_secs(secs))
+        TimeSpan(Duration::from_secs(secs))
     }
 
     /// The length as a [`Duration`], for timers.
@@ -46,23 +47,23 @@ impl Delay {
     }
 }
 
-impl From<Duration> for Delay {
+impl From<Duration> for TimeSpan {
     fn from(d: Duration) -> Self {
-        Delay(d)
+        TimeSpan(d)
     }
 }
 
-impl From<Delay> for Duration {
-    fn from(d: Delay) -> Self {
+impl From<TimeSpan> for Duration {
+    fn from(d: TimeSpan) -> Self {
         d.0
     }
 }
 
-impl FromStr for Delay {
+impl FromStr for TimeSpan {
     type Err = DurationError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        parse_duration(s).map(Delay)
+        parse_duration(s).map(TimeSpan)
     }
 }
 
@@ -99,7 +100,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     n.checked_mul(ms_per_unit).map(Duration::from_millis).ok_or_else(|| DurationError::TooLong(s.to_owned()))
 }
 
-impl fmt::Display for Delay {
+impl fmt::Display for TimeSpan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}ms", self.as_millis())
     }
@@ -125,7 +126,7 @@ mod tests {
 
     #[test]
     fn a_delay_reads_like_a_duration() {
-        assert_eq!("500ms".parse::<Delay>(), Ok(Delay::from_millis(500)));
-        assert!("500".parse::<Delay>().is_err());
+        assert_eq!("500ms".parse::<TimeSpan>(), Ok(TimeSpan::from_millis(500)));
+        assert!("500".parse::<TimeSpan>().is_err());
     }
 }
