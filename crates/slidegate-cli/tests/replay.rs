@@ -38,6 +38,15 @@ fn replay_json(config: &Path, logs: &[&Path], extra: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
 }
 
+/// Writes `config` (TOML) and `log` to a new directory and replays the log
+/// through the config (`replay_json`).
+fn replay_text(config: &str, log: impl AsRef<[u8]>, extra: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "slidegate.toml", config);
+    let log = write(dir.path(), "access.log", log);
+    replay_json(&config, &[&log], extra)
+}
+
 /// The report of the rule named `name`.
 fn rule<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["rules"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()
@@ -73,11 +82,8 @@ limits = [{ limit = 10, window = "60s" }]
 
 #[test]
 fn one_client_making_100_requests_in_10_s_against_10_a_minute_gets_exactly_10() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(dir.path(), "slidegate.toml", CONFIG);
     let log: String = (0..100).map(|i| combined("203.0.113.7", i / 10, "/api/items?page=2", 200)).collect();
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(CONFIG, &log, &[]);
     assert_eq!(counts(rule(&report, "api")), (100, 10, 90, 0), "{report}");
     assert_eq!(report["lines"], 100);
     assert_eq!(report["requests"], 100);
@@ -90,15 +96,12 @@ fn one_client_making_100_requests_in_10_s_against_10_a_minute_gets_exactly_10() 
     assert_eq!(counts(&top[0]), (100, 10, 90, 0));
     assert_eq!(top[0]["kind"], "ip");
     assert_eq!(top[0]["identity"].as_str().unwrap().len(), 16, "the offenders page's short hash");
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("203.0.113.7"));
+    assert!(log.contains("203.0.113.7"));
     assert!(!report.to_string().contains("203.0.113"), "no raw address in the report: {report}");
 }
 
 #[test]
 fn two_clients_are_counted_apart_and_unmatched_requests_are_not_limited() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(dir.path(), "slidegate.toml", CONFIG);
     let mut log = String::new();
     for second in 0..30 {
         log += &combined("198.51.100.1", second, "/api/a", 200);
@@ -110,8 +113,7 @@ fn two_clients_are_counted_apart_and_unmatched_requests_are_not_limited() {
     // A minute after the first request the window has slid past it: the
     // sliding window counter weighs the previous minute's 10 by 0 at 60 s.
     log += &combined("198.51.100.1", 120, "/api/a", 200);
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(CONFIG, log, &[]);
     assert_eq!(counts(rule(&report, "api")), (36, 16, 20, 0), "{report}");
     assert_eq!(report["unmatched"], 30);
     assert_eq!(report["requests"], 66);
@@ -154,47 +156,35 @@ fn json_lines_carry_api_keys_hashes_and_three_time_forms() {
 
 #[test]
 fn the_penalty_box_blocks_on_the_simulated_clock() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "slidegate.toml",
-        r#"
+    let config = r#"
 [[rules]]
 name = "login"
 path = "/login"
 limits = [{ limit = 1, window = "60s" }]
 penalty = { after = 2, within = "1m", block = "10m" }
-"#,
-    );
+"#;
     // 1 allowed, 2 denials tolerated, the third starts a 10-minute block;
     // 700 s later (simulated) the block is over.
     let mut log: String = (0..10).map(|s| combined("203.0.113.9", s, "/login", 401)).collect();
     log += &combined("203.0.113.9", 700, "/login", 200);
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(config, log, &[]);
     assert_eq!(counts(rule(&report, "login")), (11, 2, 2, 7), "{report}");
     assert_eq!(report["replayed_ms"], 700_000);
 }
 
 #[test]
 fn rules_charged_after_the_response_use_the_logged_status() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "slidegate.toml",
-        r#"
+    let config = r#"
 [[rules]]
 name = "probe"
 path = "/*"
 limits = [{ limit = 3, window = "1h" }]
 count_status = [404]
-"#,
-    );
+"#;
     // 20 hits, one in four a 404: the 404s are charged, the 200s are not.
     let log: String =
         (0..20).map(|s| combined("203.0.113.5", s, "/p", if s % 4 == 0 { 404 } else { 200 })).collect();
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(config, log, &[]);
     // The 404s at 0, 4 and 8 s spend the limit; from 9 s on the peek finds
     // nothing left and denies, whatever the status would have been.
     assert_eq!(counts(rule(&report, "probe")), (20, 9, 11, 0), "{report}");
@@ -202,13 +192,10 @@ count_status = [404]
 
 #[test]
 fn lines_out_of_order_are_decided_at_the_latest_time_seen() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(dir.path(), "slidegate.toml", CONFIG);
     let mut log: String = (0..10).map(|_| combined("203.0.113.7", 100, "/api/a", 200)).collect();
     // Written late: 40 s behind, decided at 100 s, so still in the window.
     log += &combined("203.0.113.7", 60, "/api/a", 200);
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(CONFIG, log, &[]);
     assert_eq!(counts(rule(&report, "api")), (11, 10, 1, 0));
     assert_eq!(report["out_of_order"]["lines"], 1);
     assert_eq!(report["out_of_order"]["max_behind_ms"], 40_000);
@@ -481,21 +468,15 @@ fn a_log_on_stdin_is_read_with_a_dash() {
 
 #[test]
 fn a_shadow_rule_reports_what_it_would_refuse() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "slidegate.toml",
-        r#"
+    let config = r#"
 [[rules]]
 name = "api"
 path = "/api/*"
 shadow = true
 limits = [{ limit = 10, window = "60s" }]
-"#,
-    );
+"#;
     let log: String = (0..30).map(|s| combined("203.0.113.7", s, "/api/a", 200)).collect();
-    let log = write(dir.path(), "access.log", log);
-    let report = replay_json(&config, &[&log], &[]);
+    let report = replay_text(config, log, &[]);
     assert_eq!(counts(rule(&report, "api")), (30, 10, 20, 0), "{report}");
     assert_eq!(rule(&report, "api")["shadow"], true);
 }
